@@ -1,0 +1,168 @@
+"""Topology and timing configuration, validated at load (DESIGN.md §7.5).
+
+A bad file fails at start with one message per problem, each naming the field
+(``regions[1].zone``) and what to do about it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REGION_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names each bad field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RegionConfig(_Strict):
+    name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
+    zone: Annotated[
+        str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
+    ]
+    agent: Annotated[
+        str, Field(pattern=HOST_PORT, description="host:port of the region agent's gRPC server")
+    ]
+    capacity_rps: Annotated[
+        float,
+        Field(gt=0, description="Safe throughput under SLO, after the factor of safety"),
+    ]
+    failover_to: Annotated[
+        tuple[str, ...],
+        Field(description="Preferred targets; empty means every region of the same zone"),
+    ] = ()
+
+
+class TimingConfig(_Strict):
+    probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    failure_threshold: Annotated[int, Field(ge=1, description="bad evaluations to go down")] = 3
+    success_threshold: Annotated[int, Field(ge=1, description="good evaluations to come up")] = 3
+    report_stale_s: Annotated[float, Field(gt=0)] = 5.0
+    quorum: Annotated[int, Field(ge=1, le=16, description="observers that must agree")] = 2
+    degraded_dwell_s: Annotated[float, Field(ge=0)] = 30.0
+    recovery_dwell_s: Annotated[float, Field(ge=0)] = 30.0
+    failover_cooldown_s: Annotated[float, Field(ge=0)] = 300.0
+    loop_period_s: Annotated[float, Field(gt=0)] = 1.0
+    retry_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    lease_ttl_s: Annotated[int, Field(ge=2, description="leader lease TTL, whole seconds")] = 10
+
+    @model_validator(mode="after")
+    def _invariants(self) -> Self:
+        budget = self.loop_period_s + 2 * self.retry_timeout_s
+        if budget > self.lease_ttl_s:
+            raise ValueError(
+                f"loop_period_s + 2 x retry_timeout_s = {budget:g}s exceeds lease_ttl_s = "
+                f"{self.lease_ttl_s}s: a leader could act after its lease expired; raise "
+                "lease_ttl_s or lower loop_period_s / retry_timeout_s"
+            )
+        if self.report_stale_s < 2 * self.probe_interval_s:
+            raise ValueError(
+                f"report_stale_s ({self.report_stale_s:g}) must be at least 2 x "
+                f"probe_interval_s ({self.probe_interval_s:g}) or every report looks stale"
+            )
+        return self
+
+
+class RecoveryConfig(_Strict):
+    step_percent: Annotated[float, Field(gt=0, le=100)] = 10.0
+    step_interval_s: Annotated[float, Field(ge=0)] = 10.0
+
+    @property
+    def steps(self) -> int:
+        return max(1, round(100 / self.step_percent))
+
+
+class PrewarmConfig(_Strict):
+    budget_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+    # Testing/drill seam: keep a failover in its pre-warm step this long, so that a
+    # leader can be killed mid-failover. 0 in production.
+    hold_s: Annotated[float, Field(ge=0, le=600)] = 0.0
+
+
+class EtcdConfig(_Strict):
+    endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
+    request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> Self:
+        bad = [e for e in self.endpoints if not re.match(HOST_PORT, e)]
+        if bad:
+            raise ValueError(f"endpoints must be host:port, got {bad}")
+        return self
+
+
+class Topology(_Strict):
+    cluster: Annotated[str, Field(pattern=REGION_NAME)] = "default"
+    etcd: EtcdConfig = EtcdConfig()
+    regions: Annotated[tuple[RegionConfig, ...], Field(min_length=1)]
+    timing: TimingConfig = TimingConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    prewarm: PrewarmConfig = PrewarmConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> Self:
+        names = [r.name for r in self.regions]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"region names must be unique; repeated: {dupes}")
+        for r in self.regions:
+            unknown = [t for t in r.failover_to if t not in names]
+            if unknown:
+                raise ValueError(
+                    f"region {r.name!r}: failover_to names unknown regions {unknown}; "
+                    f"known regions are {names}"
+                )
+            if r.name in r.failover_to:
+                raise ValueError(f"region {r.name!r}: failover_to must not list itself")
+        return self
+
+    def region(self, name: str) -> RegionConfig:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.regions)
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ""
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_topology(data: object, source: str = "<topology>") -> Topology:
+    try:
+        return Topology.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source} is invalid:\n{_describe(e)}") from None
+
+
+def load_topology(path: str | Path) -> Topology:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read topology file {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    return parse_topology(data, str(p))

@@ -1,0 +1,76 @@
+"""The etcd key layout (DESIGN.md §2), one prefix per deployment.
+
+All keys are text; values are JSON of the models in ``controlplane.core.model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    cluster: str = "default"
+
+    @property
+    def root(self) -> str:
+        return f"/tectonic/{self.cluster}/"
+
+    def leader(self) -> str:
+        return self.root + "leader"
+
+    def control(self) -> str:
+        return self.root + "control"
+
+    def regions_prefix(self) -> str:
+        return self.root + "regions/"
+
+    def region_state(self, region: str) -> str:
+        return f"{self.root}regions/{region}/state"
+
+    def region_health(self, region: str) -> str:
+        return f"{self.root}regions/{region}/health"
+
+    def readiness(self, region: str) -> str:
+        return f"{self.root}regions/{region}/readiness"
+
+    def reports_prefix(self, region: str | None = None) -> str:
+        """Raw health reports, one key per (region, observer); overwritten, not appended."""
+        return f"{self.root}reports/" + (f"{region}/" if region else "")
+
+    def report(self, region: str, observer: str) -> str:
+        return f"{self.reports_prefix(region)}{observer}"
+
+    def routing_prefix(self) -> str:
+        return self.root + "routing/"
+
+    def routing(self, region: str) -> str:
+        return f"{self.root}routing/{region}"
+
+    def sessions_prefix(self) -> str:
+        return self.root + "sessions/"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.root}sessions/{session_id}"
+
+    def degradation(self, region: str) -> str:
+        return f"{self.root}degradation/{region}"
+
+    def prefixes(self, region: str) -> str:
+        return f"{self.root}prefixes/{region}"
+
+    def intents_prefix(self) -> str:
+        return self.root + "intents/"
+
+    def intent(self, intent_id: str) -> str:
+        return f"{self.root}intents/{intent_id}"
+
+    def audit_prefix(self) -> str:
+        return self.root + "audit/"
+
+    def audit(self, sortable_id: str) -> str:
+        return f"{self.root}audit/{sortable_id}"
+
+    def region_of(self, key: str, prefix: str) -> str:
+        """The first path segment after ``prefix`` (e.g. the region of a routing key)."""
+        return key[len(prefix) :].split("/", 1)[0]

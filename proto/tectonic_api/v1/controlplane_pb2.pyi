@@ -1,0 +1,312 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REGION_STATE_UNSPECIFIED: _ClassVar[RegionState]
+    NORMAL: _ClassVar[RegionState]
+    DEGRADED: _ClassVar[RegionState]
+    FAILING_OVER: _ClassVar[RegionState]
+    RECOVERED: _ClassVar[RegionState]
+
+class Health(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEALTH_UNSPECIFIED: _ClassVar[Health]
+    HEALTHY: _ClassVar[Health]
+    HEALTH_DEGRADED: _ClassVar[Health]
+    UNHEALTHY: _ClassVar[Health]
+    UNKNOWN: _ClassVar[Health]
+
+class ObserverKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OBSERVER_KIND_UNSPECIFIED: _ClassVar[ObserverKind]
+    AGENT: _ClassVar[ObserverKind]
+    PROBE: _ClassVar[ObserverKind]
+    GATEWAY: _ClassVar[ObserverKind]
+REGION_STATE_UNSPECIFIED: RegionState
+NORMAL: RegionState
+DEGRADED: RegionState
+FAILING_OVER: RegionState
+RECOVERED: RegionState
+HEALTH_UNSPECIFIED: Health
+HEALTHY: Health
+HEALTH_DEGRADED: Health
+UNHEALTHY: Health
+UNKNOWN: Health
+OBSERVER_KIND_UNSPECIFIED: ObserverKind
+AGENT: ObserverKind
+PROBE: ObserverKind
+GATEWAY: ObserverKind
+
+class RegionStatus(_message.Message):
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps")
+    class RoutingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class VotesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    BARRED_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    FAILOVER_STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    zone: str
+    state: RegionState
+    health: Health
+    epoch: int
+    reason: str
+    since: float
+    routing: _containers.ScalarMap[str, float]
+    barred: bool
+    signals: _containers.ScalarMap[str, float]
+    votes: _containers.ScalarMap[str, str]
+    failover_steps_done: str
+    recovery_step: int
+    recovery_steps: int
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at")
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[RegionStatus]
+    paused: bool
+    pause_reason: str
+    leader: str
+    responder: str
+    responder_is_leader: bool
+    generated_at: float
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ...) -> None: ...
+
+class HealthReport(_message.Message):
+    __slots__ = ("region", "observer", "kind", "health", "signals", "detail")
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVER_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    observer: str
+    kind: ObserverKind
+    health: Health
+    signals: _containers.ScalarMap[str, float]
+    detail: str
+    def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ReportHealthResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("region", "from_state", "to_state", "trigger", "reason", "actor", "at", "epoch", "signals")
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    from_state: RegionState
+    to_state: RegionState
+    trigger: str
+    reason: str
+    actor: str
+    at: float
+    epoch: int
+    signals: _containers.ScalarMap[str, float]
+    def __init__(self, region: _Optional[str] = ..., from_state: _Optional[_Union[RegionState, str]] = ..., to_state: _Optional[_Union[RegionState, str]] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("id", "at", "action", "region", "actor", "reason", "result", "decision", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    at: float
+    action: str
+    region: str
+    actor: str
+    reason: str
+    result: str
+    decision: Decision
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., at: _Optional[float] = ..., action: _Optional[str] = ..., region: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., result: _Optional[str] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("region", "replay")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    replay: int
+    def __init__(self, region: _Optional[str] = ..., replay: _Optional[int] = ...) -> None: ...
+
+class FailoverRequest(_message.Message):
+    __slots__ = ("region", "to", "reason", "force", "dry_run", "actor")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    to: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    force: bool
+    dry_run: bool
+    actor: str
+    def __init__(self, region: _Optional[str] = ..., to: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., force: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class FailoverPlan(_message.Message):
+    __slots__ = ("source", "targets", "forced", "warm_first", "headroom_short", "notes")
+    class TargetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIRST_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_SHORT_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    targets: _containers.ScalarMap[str, float]
+    forced: bool
+    warm_first: bool
+    headroom_short: bool
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source: _Optional[str] = ..., targets: _Optional[_Mapping[str, float]] = ..., forced: _Optional[bool] = ..., warm_first: _Optional[bool] = ..., headroom_short: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FailoverResponse(_message.Message):
+    __slots__ = ("accepted", "intent_id", "plan", "dry_run")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    intent_id: str
+    plan: FailoverPlan
+    dry_run: bool
+    def __init__(self, accepted: _Optional[bool] = ..., intent_id: _Optional[str] = ..., plan: _Optional[_Union[FailoverPlan, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class RecoveryRequest(_message.Message):
+    __slots__ = ("region", "reason", "actor")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    reason: str
+    actor: str
+    def __init__(self, region: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class IntentResponse(_message.Message):
+    __slots__ = ("accepted", "intent_id")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    intent_id: str
+    def __init__(self, accepted: _Optional[bool] = ..., intent_id: _Optional[str] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("reason", "actor")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    actor: str
+    def __init__(self, reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class PauseResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("region", "limit")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    limit: int
+    def __init__(self, region: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
