@@ -63,6 +63,7 @@ class RegionHealth(Frozen):
     since: float = 0.0
     votes: dict[str, Health] = Field(default_factory=dict)
     signals: Signals = Field(default_factory=dict)
+    evaluated_at: float = 0.0  # hysteresis counts evaluations, at most one per probe interval
 
 
 class Decision(Frozen):

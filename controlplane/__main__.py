@@ -1,0 +1,103 @@
+"""``python -m controlplane``: run one control-plane replica against etcd."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from controlplane.config import ConfigError, Topology, load_topology
+
+EXAMPLES = """examples:
+  python -m controlplane --topology examples/topology.yaml --id cp-1 --listen 127.0.0.1:50051
+  python -m controlplane --topology examples/topology.yaml --check   # validate and exit
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m controlplane",
+        description="Tectonic control-plane replica: tracks region health, elects a leader "
+        "through etcd, and fails regions over. Run several replicas for high availability.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--topology", required=True, help="topology YAML (regions, timing, etcd)")
+    p.add_argument(
+        "--id",
+        default=f"{socket.gethostname()}-{os.getpid()}",
+        help="replica id, unique per replica (default: host-pid)",
+    )
+    p.add_argument("--listen", default="127.0.0.1:50051", help="gRPC listen address")
+    p.add_argument(
+        "--etcd", default="", help="comma-separated etcd endpoints, overriding the topology file"
+    )
+    p.add_argument("--check", action="store_true", help="validate the topology and exit")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _summary(t: Topology) -> str:
+    lines = [f"cluster {t.cluster}: {len(t.regions)} regions, etcd {', '.join(t.etcd.endpoints)}"]
+    for r in t.regions:
+        lines.append(
+            f"  {r.name:<16} zone={r.zone:<8} agent={r.agent:<22} "
+            f"capacity={r.capacity_rps:g} rps failover_to={list(r.failover_to) or 'zone'}"
+        )
+    tm = t.timing
+    lines.append(
+        f"  detect: {tm.failure_threshold} x {tm.probe_interval_s:g}s, quorum "
+        f"{tm.quorum}; lease {tm.lease_ttl_s}s; cooldown {tm.failover_cooldown_s:g}s"
+    )
+    return "\n".join(lines)
+
+
+async def _run(t: Topology, replica_id: str, listen: str) -> None:
+    from controlplane.server import ControlPlaneReplica
+    from controlplane.store.etcd import EtcdStore
+
+    store = EtcdStore(t.etcd)
+    await store.connect()
+    replica = ControlPlaneReplica(topology=t, store=store, replica_id=replica_id, listen=listen)
+    task = asyncio.create_task(replica.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+    )
+    try:
+        t = load_topology(args.topology)
+        if args.etcd:
+            t = t.model_copy(
+                update={
+                    "etcd": t.etcd.model_copy(update={"endpoints": tuple(args.etcd.split(","))})
+                }
+            )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(_summary(t))
+        return 0
+    logging.getLogger("tectonic").info("starting\n%s", _summary(t))
+    asyncio.run(_run(t, args.id, args.listen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,497 @@
+"""One reconcile tick: snapshot in, actions out. Pure (DESIGN.md §7.1).
+
+``decide`` returns a ``TickResult`` that names every write the orchestrator must
+make; each ``Write`` is one fenced etcd transaction for one region (record CAS,
+routing, audit, intent resolution: all or nothing). Failover steps that take time
+(pre-warm) are returned as ``RunFailover`` and carried out step by step with
+``failover_step_write``, so a new leader resumes at the first step not recorded.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from controlplane.config import Topology
+from controlplane.core.failover import (
+    PlanRefused,
+    plan_failover,
+    routing_after_switch,
+    routing_recovery_step,
+)
+from controlplane.core.health import evaluation_due, fold_health
+from controlplane.core.machine import fire
+from controlplane.core.model import (
+    AuditEntry,
+    Decision,
+    FailoverPlan,
+    FailoverProgress,
+    FailoverStep,
+    Frozen,
+    Health,
+    Intent,
+    IntentKind,
+    RecoveryProgress,
+    RegionHealth,
+    RegionRecord,
+    RegionState,
+    Routing,
+)
+from controlplane.core.snapshot import RegionView, Snapshot
+
+
+class Write(Frozen):
+    """One all-or-nothing transaction about one region."""
+
+    region: str
+    expected_rev: int  # CAS on regions/<r>/state (0 = must be absent)
+    record: RegionRecord
+    routing: dict[str, Routing] = Field(default_factory=dict)
+    routing_revs: dict[str, int] = Field(default_factory=dict)  # CAS on each routing key
+    decision: Decision | None = None
+    audit: tuple[AuditEntry, ...] = ()
+    resolve_intent: str | None = None
+
+
+class WriteHealth(Frozen):
+    region: str
+    health: RegionHealth
+
+
+class RunFailover(Frozen):
+    region: str
+    pending: tuple[FailoverStep, ...]
+
+
+class DropIntent(Frozen):
+    """A refused operator intent: deleted and audited with the reason."""
+
+    intent_id: str
+    audit: AuditEntry
+
+
+class TickResult(Frozen):
+    now: float
+    health: tuple[WriteHealth, ...] = ()
+    writes: tuple[Write, ...] = ()
+    failovers: tuple[RunFailover, ...] = ()
+    dropped: tuple[DropIntent, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        parts = [
+            f"{d.region} {d.from_state.value}->{d.to_state.value} ({d.trigger}: {d.reason})"
+            for w in self.writes
+            if (d := w.decision)
+        ]
+        parts += [
+            f"{f.region}: failover steps pending {[s.value for s in f.pending]}"
+            for f in self.failovers
+        ]
+        parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]
+        return "; ".join(parts + list(self.notes)) or "no change"
+
+
+def pending_steps(record: RegionRecord) -> tuple[FailoverStep, ...]:
+    """Steps of the current failover not yet recorded, in the order they must run."""
+    fo = record.failover
+    if record.state is not RegionState.FAILING_OVER or fo is None:
+        return ()
+    order = (
+        (FailoverStep.PREWARM, FailoverStep.SWITCH)
+        if fo.plan.warm_first
+        else (FailoverStep.SWITCH, FailoverStep.PREWARM)
+    )
+    return tuple(s for s in order if s not in fo.done)
+
+
+def _transition(
+    view: RegionView,
+    trigger: str,
+    *,
+    reason: str,
+    actor: str,
+    now: float,
+    record_changes: dict[str, object],
+    routing: dict[str, Routing] | None = None,
+    routing_revs: dict[str, int] | None = None,
+    intent_id: str | None = None,
+) -> Write:
+    rec = view.record
+    decision = fire(
+        rec,
+        trigger,
+        reason=reason,
+        actor=actor,
+        now=now,
+        signals=view.health.signals,
+        epoch=rec.epoch + 1,
+    )
+    new = rec.model_copy(
+        update={
+            "state": decision.to_state,
+            "epoch": rec.epoch + 1,
+            "reason": reason,
+            "since": now,
+            "last_decision": decision,
+            **record_changes,
+        }
+    )
+    details = {"trigger": trigger}
+    if routing:
+        details["routing"] = "; ".join(
+            f"{k}={dict(sorted(v.targets.items()))}" for k, v in sorted(routing.items())
+        )
+    return Write(
+        region=view.name,
+        expected_rev=view.record_rev,
+        record=new,
+        routing=routing or {},
+        routing_revs=routing_revs or {},
+        decision=decision,
+        audit=(
+            AuditEntry(
+                at=now,
+                actor=actor,
+                action="transition",
+                region=view.name,
+                reason=reason,
+                decision=decision,
+                details=details,
+            ),
+        ),
+        resolve_intent=intent_id,
+    )
+
+
+def _start_failover(
+    view: RegionView, plan: FailoverPlan, trigger: str, now: float, intent_id: str | None = None
+) -> Write:
+    return _transition(
+        view,
+        trigger,
+        reason=plan.reason,
+        actor=plan.actor,
+        now=now,
+        intent_id=intent_id,
+        record_changes={
+            "failover": FailoverProgress(plan=plan, started_at=now),
+            "recovery": None,
+            "last_failover_at": now,
+        },
+    )
+
+
+def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str) -> Write | None:
+    rec = view.record
+    prog = rec.recovery or RecoveryProgress(steps=topology.recovery.steps, last_step_at=rec.since)
+    verdict = view.health.verdict
+    if verdict is not Health.HEALTHY:
+        if prog.held:
+            return None
+        # Guard: a wobble during recovery holds the weights where they are.
+        held = rec.model_copy(update={"recovery": prog.model_copy(update={"held": True})})
+        return Write(
+            region=view.name,
+            expected_rev=view.record_rev,
+            record=held,
+            audit=(
+                AuditEntry(
+                    at=now,
+                    actor=actor,
+                    action="recovery_hold",
+                    region=view.name,
+                    reason=f"health {verdict.value} during recovery",
+                ),
+            ),
+        )
+    if now - prog.last_step_at < topology.recovery.step_interval_s:
+        return None
+    step = prog.step + 1
+    routing = routing_recovery_step(view.effective_routing(), view.name, step / prog.steps)
+    routes = {view.name: routing}
+    revs = {view.name: view.routing_rev}
+    if step >= prog.steps:
+        return _transition(
+            view,
+            "complete",
+            reason="graduated recovery complete",
+            actor=actor,
+            now=now,
+            record_changes={"recovery": None, "failover": None},
+            routing=routes,
+            routing_revs=revs,
+        )
+    new = rec.model_copy(
+        update={"recovery": RecoveryProgress(step=step, steps=prog.steps, last_step_at=now)}
+    )
+    return Write(
+        region=view.name,
+        expected_rev=view.record_rev,
+        record=new,
+        routing=routes,
+        routing_revs=revs,
+        audit=(
+            AuditEntry(
+                at=now,
+                actor=actor,
+                action="recovery_step",
+                region=view.name,
+                reason=f"step {step}/{prog.steps}: {step / prog.steps:.0%} of new sessions home",
+                details={"routing": str(dict(sorted(routing.targets.items())))},
+            ),
+        ),
+    )
+
+
+def _automatic(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> tuple[Write | None, str | None]:
+    rec, h, now, timing = view.record, view.health, snap.now, topology.timing
+    state, verdict = rec.state, h.verdict
+    if state in (RegionState.NORMAL, RegionState.DEGRADED, RegionState.RECOVERED) and (
+        verdict is Health.UNHEALTHY
+    ):
+        relapse = state is RegionState.RECOVERED
+        reason = f"UNHEALTHY confirmed by {int(h.signals.get('votes_down', 0))} observers"
+        try:
+            plan = plan_failover(
+                snap,
+                topology,
+                view.name,
+                reason=reason,
+                actor=actor,
+                cooldown_s=0.0 if relapse else None,
+            )
+        except PlanRefused as e:
+            return None, f"{view.name} not failed over: {e}"
+        return _start_failover(view, plan, "relapse" if relapse else "fail_over", now), None
+    if state is RegionState.NORMAL and verdict is Health.DEGRADED:
+        return _transition(
+            view, "degrade", reason="SLO breach reported", actor=actor, now=now, record_changes={}
+        ), None
+    if (
+        state is RegionState.DEGRADED
+        and verdict is Health.HEALTHY
+        and now - h.since >= timing.degraded_dwell_s
+    ):
+        return _transition(
+            view,
+            "restore",
+            reason=f"healthy for {now - h.since:.0f}s",
+            actor=actor,
+            now=now,
+            record_changes={},
+        ), None
+    if (
+        state is RegionState.FAILING_OVER
+        and not pending_steps(rec)
+        and verdict is Health.HEALTHY
+        and now - h.since >= timing.recovery_dwell_s
+    ):
+        return _begin_recovery(
+            view, topology, f"healthy for {now - h.since:.0f}s", actor, now
+        ), None
+    if state is RegionState.RECOVERED:
+        return _recovery_write(view, topology, now, actor), None
+    return None, None
+
+
+def _begin_recovery(
+    view: RegionView,
+    topology: Topology,
+    reason: str,
+    actor: str,
+    now: float,
+    intent_id: str | None = None,
+) -> Write:
+    return _transition(
+        view,
+        "recover",
+        reason=reason,
+        actor=actor,
+        now=now,
+        intent_id=intent_id,
+        record_changes={
+            "failover": None,
+            "recovery": RecoveryProgress(step=0, steps=topology.recovery.steps, last_step_at=now),
+        },
+    )
+
+
+def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropIntent:
+    now = snap.now
+    view = snap.regions.get(intent.region)
+
+    def refuse(why: str) -> DropIntent:
+        return DropIntent(
+            intent_id=intent.id,
+            audit=AuditEntry(
+                at=now,
+                actor=intent.actor,
+                action=f"intent_{intent.kind.value}",
+                region=intent.region,
+                reason=intent.reason,
+                result=f"refused: {why}",
+                details={"intent": intent.id},
+            ),
+        )
+
+    if view is None:
+        return refuse(f"unknown region {intent.region!r}")
+    state = view.record.state
+    if intent.kind is IntentKind.FAILOVER:
+        if state is RegionState.FAILING_OVER:
+            return refuse(f"{intent.region} is already failed over")
+        try:
+            plan = plan_failover(
+                snap,
+                topology,
+                intent.region,
+                reason=intent.reason,
+                actor=intent.actor,
+                requested=intent.targets,
+                forced=intent.force,
+                manual=True,
+            )
+        except PlanRefused as e:
+            return refuse(str(e))
+        trigger = "relapse" if state is RegionState.RECOVERED else "fail_over"
+        return _start_failover(view, plan, trigger, now, intent.id)
+    # RECOVER
+    if state is not RegionState.FAILING_OVER:
+        return refuse(f"{intent.region} is {state.value}, not FAILING_OVER")
+    if pending_steps(view.record):
+        return refuse(f"{intent.region}'s failover has not finished its steps yet")
+    if view.health.verdict is Health.UNHEALTHY and not intent.force:
+        return refuse(f"{intent.region} is still UNHEALTHY (force with a reason to override)")
+    return _begin_recovery(view, topology, intent.reason, intent.actor, now, intent.id)
+
+
+def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
+    """Decide one tick. ``actor`` names this control-plane replica in decisions."""
+    now = snap.now
+    health_writes: list[WriteHealth] = []
+    regions: dict[str, RegionView] = {}
+    for name, view in snap.regions.items():
+        if evaluation_due(view.health, now, topology.timing):
+            h = fold_health(view.health, snap.reports, now, topology.timing)
+            health_writes.append(WriteHealth(region=name, health=h))
+            view = view.model_copy(update={"health": h})
+        regions[name] = view
+    snap = snap.model_copy(update={"regions": regions})
+
+    writes: dict[str, Write] = {}
+    dropped: list[DropIntent] = []
+    notes: list[str] = []
+    for intent in sorted(snap.intents, key=lambda i: (i.created_at, i.id)):
+        if intent.region in writes:
+            continue  # one change per region per tick; the next tick takes it
+        out = _intent(snap, topology, intent)
+        if isinstance(out, DropIntent):
+            dropped.append(out)
+        else:
+            writes[intent.region] = out
+
+    if not snap.control.paused:
+        for name, view in regions.items():
+            if name in writes:
+                continue
+            w, note = _automatic(snap, topology, view, actor)
+            if w is not None:
+                writes[name] = w
+            if note:
+                notes.append(note)
+
+    failovers = []
+    for name, view in regions.items():
+        rec = writes[name].record if name in writes else view.record
+        steps = pending_steps(rec)
+        if steps:
+            failovers.append(RunFailover(region=name, pending=steps))
+    return TickResult(
+        now=now,
+        health=tuple(health_writes),
+        writes=tuple(writes.values()),
+        failovers=tuple(failovers),
+        dropped=tuple(dropped),
+        notes=tuple(notes),
+    )
+
+
+def failover_step_write(
+    snap: Snapshot,
+    region: str,
+    step: FailoverStep,
+    actor: str,
+    prewarm_result: dict[str, float] | None = None,
+) -> Write:
+    """The write that records ``step`` of ``region``'s failover as done (with the routing
+    switch itself, for SWITCH). Raises ValueError if the step is not pending."""
+    view = snap.regions[region]
+    rec = view.record
+    if step not in pending_steps(rec) or rec.failover is None:
+        raise ValueError(f"{region}: step {step.value} is not pending")
+    fo = rec.failover
+    now = snap.now
+    if step is FailoverStep.PREWARM:
+        result = dict(prewarm_result or {})
+        new = rec.model_copy(
+            update={
+                "failover": fo.model_copy(
+                    update={"done": (*fo.done, step), "prewarm_result": result}
+                )
+            }
+        )
+        return Write(
+            region=region,
+            expected_rev=view.record_rev,
+            record=new,
+            audit=(
+                AuditEntry(
+                    at=now,
+                    actor=actor,
+                    action="prewarm",
+                    region=region,
+                    reason=fo.plan.reason,
+                    details={k: f"{v:g}" for k, v in sorted(result.items())},
+                ),
+            ),
+        )
+    # SWITCH: targets that have since failed over themselves are dropped.
+    live = {
+        t: w
+        for t, w in fo.plan.targets.items()
+        if t in snap.regions and snap.regions[t].record.state is not RegionState.FAILING_OVER
+    }
+    if not live:
+        raise ValueError(f"{region}: every planned target has failed over since; waiting")
+    plan = (
+        fo.plan
+        if live == fo.plan.targets
+        else fo.plan.model_copy(
+            update={"targets": {k: v / sum(live.values()) for k, v in live.items()}}
+        )
+    )
+    routes = routing_after_switch(snap, plan)
+    new = rec.model_copy(
+        update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
+    )
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        routing=routes,
+        routing_revs={k: snap.regions[k].routing_rev for k in routes},
+        audit=(
+            AuditEntry(
+                at=now,
+                actor=actor,
+                action="routing_switch",
+                region=region,
+                reason=plan.reason,
+                details={
+                    k: str(dict(sorted(v.targets.items()))) for k, v in sorted(routes.items())
+                },
+            ),
+        ),
+    )

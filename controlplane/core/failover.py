@@ -1,0 +1,196 @@
+"""Failover planning and routing arithmetic: the safety rules of DESIGN.md §3.
+
+Rules (modelled on AWS ARC's assertion rules), each bypassed only by ``force``
+with a reason:
+
+* never fail over into a region that is barred by a failed drill, UNHEALTHY,
+  UNKNOWN, in another residency zone, or without headroom;
+* never route away from the last healthy region (not even forced);
+* one failover per region at a time, and at most one per cooldown.
+
+Targets share the source's load in proportion to their headroom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.config import Topology
+from controlplane.core.model import FailoverPlan, Health, RegionState, Routing
+from controlplane.core.snapshot import RegionView, Snapshot
+
+LOAD_SIGNAL = "load_rps"  # requests per second the region serves now, from its agent
+_ROUND = 6
+
+
+class PlanRefused(ValueError):
+    """The failover would break a safety rule; the message says which and what to do."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def headroom(view: RegionView, topology: Topology) -> float:
+    cap = topology.region(view.name).capacity_rps
+    return cap - view.health.signals.get(LOAD_SIGNAL, 0.0)
+
+
+def _exclusion(
+    view: RegionView, source: RegionView, topology: Topology, forced: bool
+) -> str | None:
+    """Why ``view`` may not take the source's traffic, or None."""
+    if view.record.state is RegionState.FAILING_OVER:
+        return "is itself failed over"
+    if forced:
+        return None
+    if view.barred:
+        return "is barred by its last drill"
+    if view.health.verdict is Health.UNHEALTHY:
+        return "is UNHEALTHY"
+    if view.health.verdict is Health.UNKNOWN:
+        return "has UNKNOWN health"
+    src_zone = topology.region(source.name).zone
+    if topology.region(view.name).zone != src_zone:
+        return f"is in zone {topology.region(view.name).zone}, not {src_zone}"
+    if headroom(view, topology) <= 0:
+        return "has no headroom"
+    return None
+
+
+def _candidates(source: str, requested: Sequence[str], topology: Topology) -> list[str]:
+    if requested:
+        return list(dict.fromkeys(requested))
+    preferred = topology.region(source).failover_to
+    if preferred:
+        return list(preferred)
+    zone = topology.region(source).zone
+    return [r.name for r in topology.regions if r.name != source and r.zone == zone]
+
+
+def normalise(weights: dict[str, float]) -> dict[str, float]:
+    total = sum(w for w in weights.values() if w > 0)
+    if total <= 0:
+        return {k: round(1 / len(weights), _ROUND) for k in weights}
+    return {k: round(w / total, _ROUND) for k, w in weights.items() if w > 0}
+
+
+def plan_failover(
+    snap: Snapshot,
+    topology: Topology,
+    source: str,
+    *,
+    reason: str,
+    actor: str,
+    requested: Sequence[str] = (),
+    forced: bool = False,
+    manual: bool = False,
+    cooldown_s: float | None = None,
+) -> FailoverPlan:
+    """Choose targets for ``source`` or raise PlanRefused naming the broken rule."""
+    if source not in snap.regions:
+        raise PlanRefused(
+            f"unknown region {source!r}; known regions: {sorted(snap.regions)}",
+            code="unknown_region",
+        )
+    if forced and not reason.strip():
+        raise PlanRefused("a forced failover needs a reason", code="reason_required")
+    src = snap.regions[source]
+    if src.record.state is RegionState.FAILING_OVER:
+        raise PlanRefused(f"{source} is already failed over", code="in_progress")
+    cooldown = topology.timing.failover_cooldown_s if cooldown_s is None else cooldown_s
+    last = src.record.last_failover_at
+    if last is not None and snap.now - last < cooldown and not forced:
+        raise PlanRefused(
+            f"{source} failed over {snap.now - last:.0f}s ago; cooldown is {cooldown:.0f}s "
+            "(force with a reason to override)",
+            code="cooldown",
+        )
+    bad = [t for t in requested if t not in snap.regions or t == source]
+    if bad:
+        raise PlanRefused(
+            f"invalid target(s) {bad}: targets must be other known regions "
+            f"({sorted(set(snap.regions) - {source})})",
+            code="unknown_region",
+        )
+
+    excluded: dict[str, str] = {}
+    room: dict[str, float] = {}
+    for name in _candidates(source, requested, topology):
+        why = _exclusion(snap.regions[name], src, topology, forced)
+        if why:
+            excluded[name] = why
+        else:
+            room[name] = max(headroom(snap.regions[name], topology), 0.0)
+    if not room:
+        detail = "; ".join(f"{k} {v}" for k, v in excluded.items()) or "no candidate regions"
+        raise PlanRefused(
+            f"no eligible failover target for {source}: {detail}. "
+            "Name targets with --to, or force with a reason.",
+            code="no_target",
+        )
+
+    others_healthy = [
+        v
+        for n, v in snap.regions.items()
+        if n != source and v.serving and v.health.verdict in (Health.HEALTHY, Health.DEGRADED)
+    ]
+    # Not even force overrides this one: moving traffic off the only healthy region
+    # onto sick ones can only make things worse.
+    if src.health.verdict in (Health.HEALTHY, Health.DEGRADED) and not others_healthy:
+        raise PlanRefused(
+            f"{source} is the last healthy region; routing away from it would leave no "
+            "healthy region serving",
+            code="last_healthy",
+        )
+
+    load = src.health.signals.get(LOAD_SIGNAL, 0.0)
+    notes = [f"{k} skipped: {v}" for k, v in excluded.items()]
+    short = sum(room.values()) < load
+    if short:
+        notes.append(f"targets' headroom {sum(room.values()):.1f} rps < source load {load:.1f} rps")
+    return FailoverPlan(
+        source=source,
+        targets=normalise(room),
+        forced=forced,
+        manual=manual,
+        warm_first=manual or src.health.verdict is not Health.UNHEALTHY,
+        reason=reason,
+        actor=actor,
+        headroom_short=short,
+        notes=notes,
+    )
+
+
+def routing_after_switch(snap: Snapshot, plan: FailoverPlan) -> dict[str, Routing]:
+    """New routing values: the source's traffic goes to the plan's targets, and any other
+    region whose traffic was sent to the source is redirected the same way.
+    Only changed keys are returned; each gets its epoch bumped."""
+    out: dict[str, Routing] = {}
+    for name, routing in snap.routings().items():
+        if name == plan.source:
+            new = dict(plan.targets)
+        elif plan.source in routing.targets:
+            share = routing.targets[plan.source]
+            new = {k: v for k, v in routing.targets.items() if k != plan.source}
+            for t, w in plan.targets.items():
+                new[t] = new.get(t, 0.0) + share * w
+            new = normalise(new)
+        else:
+            continue
+        if new != routing.targets:
+            out[name] = Routing(targets=new, epoch=routing.epoch + 1)
+    return out
+
+
+def routing_recovery_step(current: Routing, home: str, fraction_home: float) -> Routing:
+    """Send ``fraction_home`` of new sessions back home, the rest as now (proportionally)."""
+    away = {k: v for k, v in current.targets.items() if k != home and v > 0}
+    fraction_home = min(max(fraction_home, 0.0), 1.0)
+    if not away or fraction_home >= 1.0:
+        return Routing(targets={home: 1.0}, epoch=current.epoch + 1)
+    total = sum(away.values())
+    new = {k: round(v / total * (1 - fraction_home), _ROUND) for k, v in away.items()}
+    if fraction_home > 0:
+        new[home] = round(fraction_home, _ROUND)
+    return Routing(targets=new, epoch=current.epoch + 1)

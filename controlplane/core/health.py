@@ -1,0 +1,102 @@
+"""Fold health reports from several vantage points into one verdict per region.
+
+Two stages, both pure:
+
+1. ``quorum_verdict``: the latest fresh report of each observer is a vote. A region
+   is UNHEALTHY only when at least ``quorum`` observers say so and they outnumber
+   those who see it up; a region that fewer observers cannot reach is UNKNOWN (a
+   partition between one observer and the region must not cause a failover).
+2. ``fold_health``: hysteresis over successive evaluations: ``failure_threshold``
+   bad evaluations in a row to go UNHEALTHY, ``success_threshold`` good ones to come
+   back. UNKNOWN evaluations count towards neither streak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from controlplane.config import TimingConfig
+from controlplane.core.model import Health, HealthReport, ObserverKind, RegionHealth, Signals
+
+_UP = (Health.HEALTHY, Health.DEGRADED)
+# When several observers report the same signal, the region's own agent knows best.
+_SIGNAL_PRIORITY = {ObserverKind.GATEWAY: 0, ObserverKind.PROBE: 1, ObserverKind.AGENT: 2}
+
+
+def fresh_votes(
+    reports: Iterable[HealthReport], region: str, now: float, stale_after_s: float
+) -> list[HealthReport]:
+    """The latest report of each observer of ``region`` that is not older than the limit."""
+    latest: dict[str, HealthReport] = {}
+    for r in reports:
+        if r.region != region or now - r.received_at > stale_after_s:
+            continue
+        cur = latest.get(r.observer)
+        if cur is None or r.received_at >= cur.received_at:
+            latest[r.observer] = r
+    return [latest[k] for k in sorted(latest)]
+
+
+def quorum_verdict(votes: list[HealthReport], quorum: int) -> Health:
+    if not votes:
+        return Health.UNKNOWN
+    down = sum(1 for v in votes if v.health is Health.UNHEALTHY)
+    up = sum(1 for v in votes if v.health in _UP)
+    if down >= quorum and down > up:
+        return Health.UNHEALTHY
+    if down > 0:
+        return Health.UNKNOWN
+    degraded = [v for v in votes if v.health is Health.DEGRADED]
+    # The agent alone sees its replicas' SLOs (a probe only sees up/down), so its word
+    # is enough for DEGRADED; other observers need a quorum.
+    if len(degraded) >= quorum or any(v.kind is ObserverKind.AGENT for v in degraded):
+        return Health.DEGRADED
+    return Health.HEALTHY
+
+
+def merged_signals(votes: list[HealthReport]) -> Signals:
+    out: Signals = {}
+    for v in sorted(votes, key=lambda v: _SIGNAL_PRIORITY[v.kind]):
+        out.update(v.signals)
+    out["votes_down"] = float(sum(1 for v in votes if v.health is Health.UNHEALTHY))
+    out["votes_total"] = float(len(votes))
+    return out
+
+
+def fold_health(
+    prev: RegionHealth, reports: Iterable[HealthReport], now: float, timing: TimingConfig
+) -> RegionHealth:
+    """One hysteresis step. Call at most once per probe interval (``evaluation_due``)."""
+    votes = fresh_votes(reports, prev.region, now, timing.report_stale_s)
+    raw = quorum_verdict(votes, timing.quorum)
+    bad, good = prev.bad_streak, prev.good_streak
+    if raw is Health.UNHEALTHY:
+        bad, good = bad + 1, 0
+    elif raw in _UP:
+        bad, good = 0, good + 1
+
+    if prev.verdict is Health.UNHEALTHY:
+        verdict = raw if raw in _UP and good >= timing.success_threshold else Health.UNHEALTHY
+    elif bad >= timing.failure_threshold:
+        verdict = Health.UNHEALTHY
+    elif raw is Health.UNHEALTHY:
+        # Not yet confirmed: keep the previous up-verdict rather than claim UNKNOWN.
+        verdict = prev.verdict if prev.verdict in _UP else Health.UNKNOWN
+    else:
+        verdict = raw
+    return RegionHealth(
+        region=prev.region,
+        verdict=verdict,
+        raw=raw,
+        bad_streak=bad,
+        good_streak=good,
+        since=prev.since if verdict is prev.verdict else now,
+        votes={v.observer: v.health for v in votes},
+        signals=merged_signals(votes),
+        evaluated_at=now,
+    )
+
+
+def evaluation_due(prev: RegionHealth, now: float, timing: TimingConfig) -> bool:
+    # A small slack so that a tick that lands a hair early still counts.
+    return now - prev.evaluated_at >= timing.probe_interval_s * 0.9

@@ -1,0 +1,120 @@
+"""The reconcile loop: level-triggered ticks (DESIGN.md §7.1).
+
+Each tick reads a full snapshot, decides purely, and acts. A watch on intents only
+wakes the loop early; correctness never depends on seeing an event. Only the leader
+acts; followers tick too, so that their health reflects a working loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from controlplane.clock import Clock
+from controlplane.config import Topology
+from controlplane.core.decide import TickResult, decide
+from controlplane.keys import Keys
+from controlplane.orchestrator import Orchestrator
+from controlplane.probe import AgentProber
+from controlplane.snapshot_reader import read_snapshot
+from controlplane.store.port import Compare, Store, StoreError, StoreUnavailable
+
+log = logging.getLogger("tectonic.loop")
+
+
+class Leadership(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    def fence(self) -> list[Compare]: ...
+
+
+class NotActing(Exception):
+    """Raised inside a tick when leadership was lost mid-way (fence refused)."""
+
+
+class ReconcileLoop:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        topology: Topology,
+        clock: Clock,
+        leadership: Leadership,
+        orchestrator: Orchestrator,
+        prober: AgentProber | None,
+        actor: str,
+    ) -> None:
+        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+        self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
+        self.actor = actor
+        self.wake = asyncio.Event()
+        self.last_progress = time.monotonic()
+        self.last_result: TickResult | None = None
+        self.ticks = 0
+        self._was_leader = False
+
+    def stalled(self) -> bool:
+        """True when no tick has completed for three periods (health goes NOT_SERVING)."""
+        limit = 3 * self.topology.timing.loop_period_s + 2 * self.topology.timing.retry_timeout_s
+        return time.monotonic() - self.last_progress > limit
+
+    async def tick(self) -> TickResult | None:
+        leader = self.leadership.is_leader
+        if self._was_leader and not leader:
+            log.warning("no longer leader: stopping all actions")
+            await self.orchestrator.stop_failovers()
+        self._was_leader = leader
+        if not leader:
+            await self.store.get(self.keys.leader())  # proves the store is reachable
+            return None
+        if self.prober is not None:
+            await self.prober.probe_once()
+        snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+        result = decide(snap, self.topology, self.actor)
+        if not self.leadership.is_leader:
+            return None  # lost the lease while deciding: act on nothing
+        await self.orchestrator.apply(result)
+        summary = result.summary()
+        if summary != "no change":
+            log.info("tick: %s", summary)
+        self.last_result = result
+        return result
+
+    async def run(self) -> None:
+        period = self.topology.timing.loop_period_s
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watch_intents(), name="watch-intents")
+            while True:
+                try:
+                    async with asyncio.timeout(period + 2 * self.topology.timing.retry_timeout_s):
+                        await self.tick()
+                    self.last_progress = time.monotonic()
+                    self.ticks += 1
+                except StoreUnavailable as e:
+                    # Acting blind is worse than not acting: wait for the store.
+                    log.warning("store unavailable, not acting this tick: %s", e)
+                except TimeoutError:
+                    log.warning("tick took longer than %.1fs; skipped", period)
+                except (StoreError, ValueError) as e:
+                    if type(e).__name__ == "NotLeader":
+                        log.info("fence refused a write: leadership lost")
+                    else:
+                        log.exception("tick failed")
+                try:
+                    async with asyncio.timeout(period):
+                        await self.wake.wait()
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+
+    async def _watch_intents(self) -> None:
+        """Operator intents wake the loop at once instead of at the next period."""
+        while True:
+            try:
+                async for _ in self.store.watch_prefix(self.keys.intents_prefix()):
+                    self.wake.set()
+            except StoreUnavailable:
+                await asyncio.sleep(self.topology.timing.loop_period_s)

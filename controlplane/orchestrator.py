@@ -1,0 +1,167 @@
+"""Carries out what the pure core decided: every write is one fenced transaction.
+
+Fencing: each transaction also compares the leader key's value and create
+revision, so a replica that lost leadership (even one paused past its lease) can
+no longer change anything. A failed compare is not an error: the next tick
+re-reads the snapshot and decides again (level-triggered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from controlplane.audit import AuditLog
+from controlplane.clock import Clock
+from controlplane.codec import encode
+from controlplane.config import Topology
+from controlplane.core.decide import (
+    DropIntent,
+    TickResult,
+    Write,
+    WriteHealth,
+    failover_step_write,
+    pending_steps,
+)
+from controlplane.core.model import FailoverStep
+from controlplane.keys import Keys
+from controlplane.prewarm import Prewarmer
+from controlplane.snapshot_reader import read_snapshot
+from controlplane.store.port import MAX_TXN_OPS, Compare, Delete, Op, Put, Store
+
+log = logging.getLogger("tectonic.orchestrator")
+
+Fence = Callable[[], Sequence[Compare]]
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        topology: Topology,
+        clock: Clock,
+        fence: Fence,
+        prewarmer: Prewarmer,
+        actor: str,
+    ) -> None:
+        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+        self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
+        self.audit = AuditLog(keys, actor)
+        self._failovers: dict[str, asyncio.Task[None]] = {}
+
+    # ---- writes ------------------------------------------------------------------------
+    async def write(self, w: Write) -> bool:
+        """One region's change as one fenced CAS transaction. False if it lost a race."""
+        compares = [
+            *self.fence(),
+            Compare.mod_revision(self.keys.region_state(w.region), w.expected_rev),
+        ]
+        compares += [
+            Compare.mod_revision(self.keys.routing(r), rev) for r, rev in w.routing_revs.items()
+        ]
+        ops: list[Op] = [Put(self.keys.region_state(w.region), encode(w.record))]
+        ops += [Put(self.keys.routing(r), encode(v)) for r, v in w.routing.items()]
+        ops += [self.audit.op(a) for a in w.audit]
+        if w.resolve_intent:
+            ops.append(Delete(self.keys.intent(w.resolve_intent)))
+        res = await self.store.txn(compares, ops)
+        if not res.succeeded:
+            log.info(
+                "write for %s lost a race (state or routing changed, or leadership "
+                "lost); the next tick re-decides",
+                w.region,
+            )
+        return res.succeeded
+
+    async def write_health(self, items: Sequence[WriteHealth]) -> None:
+        ops = [Put(self.keys.region_health(h.region), encode(h.health)) for h in items]
+        for i in range(0, len(ops), MAX_TXN_OPS):
+            await self.store.txn(list(self.fence()), ops[i : i + MAX_TXN_OPS])
+
+    async def drop_intent(self, d: DropIntent) -> None:
+        log.warning("intent %s refused: %s", d.intent_id, d.audit.result)
+        await self.store.txn(
+            [*self.fence()], [Delete(self.keys.intent(d.intent_id)), self.audit.op(d.audit)]
+        )
+
+    async def apply(self, result: TickResult) -> None:
+        if result.health:
+            await self.write_health(result.health)
+        for dropped in result.dropped:
+            await self.drop_intent(dropped)
+        for w in result.writes:
+            if await self.write(w) and w.decision:
+                d = w.decision
+                log.warning(
+                    "%s: %s -> %s (%s by %s): %s",
+                    d.region,
+                    d.from_state.value,
+                    d.to_state.value,
+                    d.trigger,
+                    d.actor,
+                    d.reason,
+                )
+        for f in result.failovers:
+            self.ensure_failover(f.region)
+
+    # ---- failover steps ---------------------------------------------------------------
+    def ensure_failover(self, region: str) -> None:
+        """Run the region's pending failover steps in the background, once at a time."""
+        task = self._failovers.get(region)
+        if task is not None and not task.done():
+            return
+        self._failovers[region] = asyncio.create_task(
+            self._run_failover(region), name=f"failover-{region}"
+        )
+
+    async def _run_failover(self, region: str) -> None:
+        try:
+            while True:
+                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+                steps = pending_steps(snap.regions[region].record)
+                if not steps:
+                    return
+                step = steps[0]
+                result: dict[str, float] | None = None
+                fo = snap.regions[region].record.failover
+                if step is FailoverStep.PREWARM and fo is not None:
+                    log.info(
+                        "%s: pre-warming %s (budget %.0fs)",
+                        region,
+                        sorted(fo.plan.targets),
+                        self.topology.prewarm.budget_s,
+                    )
+                    result = await self.prewarmer.prewarm(fo.plan, self.topology.prewarm.budget_s)
+                    snap = await read_snapshot(
+                        self.store, self.keys, self.topology, self.clock.now()
+                    )
+                try:
+                    w = failover_step_write(snap, region, step, self.actor, result)
+                except ValueError as e:
+                    log.warning("%s: %s", region, e)
+                    return
+                if not await self.write(w):
+                    return
+                if step is FailoverStep.SWITCH:
+                    log.warning(
+                        "%s: routing switched: %s",
+                        region,
+                        {k: v.targets for k, v in w.routing.items()},
+                    )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The next tick sees the step still pending and starts a new attempt.
+            log.exception("%s: failover step failed; will retry next tick", region)
+
+    async def stop_failovers(self) -> None:
+        tasks = [t for t in self._failovers.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._failovers.clear()
+
+    def failovers_running(self) -> list[str]:
+        return sorted(r for r, t in self._failovers.items() if not t.done())

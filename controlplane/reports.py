@@ -1,0 +1,62 @@
+"""Health reports: validated at the edge, stored one key per (region, observer)."""
+
+from __future__ import annotations
+
+import re
+
+from controlplane.codec import encode
+from controlplane.config import Topology
+from controlplane.core.model import Health, HealthReport, ObserverKind
+from controlplane.keys import Keys
+from controlplane.store.port import Store
+
+OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
+MAX_SIGNALS = 64
+MAX_DETAIL = 1024
+PROBE_OBSERVER = "probe:controlplane"  # one vantage point, whichever replica leads
+
+
+class BadReport(ValueError):
+    """The report is malformed; nothing was stored."""
+
+
+def validate_report(
+    topology: Topology,
+    *,
+    region: str,
+    observer: str,
+    kind: ObserverKind,
+    health: Health,
+    signals: dict[str, float],
+    detail: str,
+    now: float,
+) -> HealthReport:
+    if region not in topology.names:
+        raise BadReport(f"unknown region {region!r}; known regions: {list(topology.names)}")
+    if not OBSERVER_NAME.match(observer):
+        raise BadReport(
+            "observer must be 1-128 characters of letters, digits and ':._@-', "
+            f"starting with a letter or digit; got {observer[:40]!r}"
+        )
+    if health is Health.UNKNOWN:
+        raise BadReport("health must be HEALTHY, DEGRADED or UNHEALTHY; omit the report instead")
+    if len(signals) > MAX_SIGNALS:
+        raise BadReport(f"at most {MAX_SIGNALS} signals per report, got {len(signals)}")
+    if any(len(k) > 64 for k in signals):
+        raise BadReport("signal names are at most 64 characters")
+    if len(detail) > MAX_DETAIL:
+        raise BadReport(f"detail is at most {MAX_DETAIL} characters, got {len(detail)}")
+    return HealthReport(
+        region=region,
+        observer=observer,
+        kind=kind,
+        health=health,
+        signals=dict(signals),
+        received_at=now,
+        detail=detail,
+    )
+
+
+async def store_report(store: Store, keys: Keys, report: HealthReport) -> None:
+    """An observation, not a decision: a plain put (latest wins), no fence needed."""
+    await store.put(keys.report(report.region, report.observer), encode(report))

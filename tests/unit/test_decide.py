@@ -1,0 +1,165 @@
+"""The reconcile tick end to end on the pure world with a fake clock."""
+
+from __future__ import annotations
+
+from controlplane.core.decide import pending_steps
+from controlplane.core.model import (
+    ControlFlags,
+    FailoverStep,
+    Health,
+    Intent,
+    IntentKind,
+    RegionState,
+)
+from tests.unit.world import World
+
+REGIONS = ("us-east", "us-west", "us-central", "eu-west")
+
+
+def run(w: World, ticks: int, health: dict[str, Health] | None = None) -> None:
+    for _ in range(ticks):
+        for r in REGIONS:
+            w.all_report(r, (health or {}).get(r, Health.HEALTHY))
+        w.tick()
+
+
+def test_confirmed_down_region_fails_over_and_routing_moves_in_one_write() -> None:
+    w = World()
+    run(w, 3)
+    assert all(w.state(r) == "NORMAL" for r in REGIONS)
+    run(w, 2, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "NORMAL"  # 2 bad evaluations < failure_threshold 3
+    run(w, 1, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "FAILING_OVER"
+    assert set(w.targets("us-east")) == {"us-west", "us-central"}
+    rec = w.records["us-east"][0]
+    assert rec.failover is not None and rec.failover.done == (
+        FailoverStep.SWITCH, FailoverStep.PREWARM)  # hard down: switch first, then warm
+    actions = [a.action for a in w.audit]
+    assert actions.count("transition") == 1 and actions.count("routing_switch") == 1
+    d = rec.last_decision
+    assert d is not None and (d.from_state, d.to_state, d.trigger) == (
+        RegionState.NORMAL, RegionState.FAILING_OVER, "fail_over")
+
+
+def test_one_unreachable_observer_never_fails_a_region_over() -> None:
+    w = World()
+    for _ in range(10):
+        for r in REGIONS:
+            w.report(r, "agent:" + r, Health.HEALTHY)
+            w.report(r, "probe:controlplane",
+                     Health.UNHEALTHY if r == "us-east" else Health.HEALTHY)
+        w.tick()
+    assert w.state("us-east") == "NORMAL"
+    assert w.health["us-east"].verdict is Health.UNKNOWN
+
+
+def test_recovery_is_graduated_and_completes_to_normal() -> None:
+    w = World()
+    run(w, 3)
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "FAILING_OVER"
+    run(w, 3)  # healthy again, but recovery_dwell_s = 5 not yet reached
+    assert w.state("us-east") == "FAILING_OVER"
+    run(w, 4)
+    assert w.state("us-east") == "RECOVERED"
+    homes = []
+    for _ in range(12):
+        run(w, 1)
+        homes.append(w.targets("us-east").get("us-east", 0.0))
+    assert w.state("us-east") == "NORMAL" and w.targets("us-east") == {"us-east": 1.0}
+    steps = sorted(set(homes))
+    assert steps[:4] == [0.0, 0.25, 0.5, 0.75] and steps[-1] == 1.0  # 25 % steps every 2 s
+
+
+def test_relapse_during_recovery_fails_over_again_without_cooldown() -> None:
+    w = World()
+    run(w, 3)
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    run(w, 8)
+    assert w.state("us-east") == "RECOVERED"
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "FAILING_OVER"
+    assert w.targets("us-east").get("us-east", 0.0) == 0.0
+
+
+def test_degraded_then_restored_after_dwell() -> None:
+    w = World()
+    run(w, 2)
+    run(w, 1, {"us-west": Health.DEGRADED})
+    assert w.state("us-west") == "DEGRADED"
+    run(w, 3)
+    assert w.state("us-west") == "DEGRADED"  # dwell 5 s
+    run(w, 4)
+    assert w.state("us-west") == "NORMAL"
+
+
+def test_pause_stops_automation_but_not_operator_intents() -> None:
+    w = World()
+    run(w, 2)
+    w.control = ControlFlags(paused=True, reason="maintenance")
+    run(w, 5, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "NORMAL"
+    w.intents["i1"] = Intent(id="i1", kind=IntentKind.FAILOVER, region="us-west",
+                             targets=("us-central",), reason="drain", actor="alice",
+                             created_at=w.now)
+    run(w, 1, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-west") == "FAILING_OVER" and w.targets("us-west") == {"us-central": 1.0}
+    assert "i1" not in w.intents
+    rec = w.records["us-west"][0]
+    assert rec.failover is not None and rec.failover.plan.warm_first  # manual: warm first
+    assert rec.failover.done == (FailoverStep.PREWARM, FailoverStep.SWITCH)
+
+
+def test_refused_intent_is_dropped_and_audited_with_the_reason() -> None:
+    w = World()
+    run(w, 2)
+    w.intents["i2"] = Intent(id="i2", kind=IntentKind.FAILOVER, region="us-east",
+                             targets=("eu-west",), reason="try", actor="bob", created_at=w.now)
+    run(w, 1)
+    assert "i2" not in w.intents and w.state("us-east") == "NORMAL"
+    assert w.audit[-1].result.startswith("refused:") and "zone" in w.audit[-1].result
+
+
+def test_manual_recovery_intent() -> None:
+    w = World()
+    run(w, 2)
+    w.intents["f"] = Intent(id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x",
+                            actor="a", created_at=w.now)
+    run(w, 1)
+    w.intents["r"] = Intent(id="r", kind=IntentKind.RECOVER, region="us-east", reason="fixed",
+                            actor="a", created_at=w.now)
+    run(w, 1)
+    assert w.state("us-east") == "RECOVERED"
+
+
+def test_a_half_done_failover_resumes_at_the_missing_step() -> None:
+    w = World()
+    run(w, 2)
+    w.intents["f"] = Intent(id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x",
+                            actor="a", created_at=w.now)
+    # Decide but apply only the transition, as if the leader died before any step.
+    w.now += 1
+    from controlplane.core.decide import decide
+    res = decide(w.snapshot(), w.topo, "old-leader")
+    assert w.apply(res.writes[0])
+    rec = w.records["us-east"][0]
+    assert pending_steps(rec) == (FailoverStep.PREWARM, FailoverStep.SWITCH)
+    run(w, 1)  # a new leader's tick
+    rec = w.records["us-east"][0]
+    assert pending_steps(rec) == ()
+    assert [a.action for a in w.audit].count("routing_switch") == 1
+    assert [a.action for a in w.audit].count("transition") == 1
+
+
+def test_cooldown_blocks_a_second_automatic_failover() -> None:
+    w = World()
+    run(w, 2)
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    run(w, 8)
+    for _ in range(12):
+        run(w, 1)
+    assert w.state("us-east") == "NORMAL"
+    run(w, 4, {"us-east": Health.UNHEALTHY})  # within the 60 s cooldown
+    assert w.state("us-east") == "NORMAL"
+    assert any("cooldown" in n for res in w.results[-3:] for n in res.notes)
