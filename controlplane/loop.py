@@ -15,6 +15,7 @@ from typing import Protocol
 from controlplane.clock import Clock
 from controlplane.config import Topology
 from controlplane.core.decide import TickResult, decide
+from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
@@ -29,10 +30,6 @@ class Leadership(Protocol):
     def is_leader(self) -> bool: ...
 
     def fence(self) -> list[Compare]: ...
-
-
-class NotActing(Exception):
-    """Raised inside a tick when leadership was lost mid-way (fence refused)."""
 
 
 class ReconcileLoop:
@@ -98,11 +95,11 @@ class ReconcileLoop:
                     log.warning("store unavailable, not acting this tick: %s", e)
                 except TimeoutError:
                     log.warning("tick took longer than %.1fs; skipped", period)
-                except (StoreError, ValueError) as e:
-                    if type(e).__name__ == "NotLeader":
-                        log.info("fence refused a write: leadership lost")
-                    else:
-                        log.exception("tick failed")
+                except NotLeader:
+                    log.info("leadership lost mid-tick; not acting")
+                except (StoreError, ValueError):
+                    # A bug or a corrupt value must not kill the loop; the next tick retries.
+                    log.exception("tick failed")
                 try:
                     async with asyncio.timeout(period):
                         await self.wake.wait()

@@ -105,7 +105,7 @@ class ControlPlaneReplica:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        controlplane_pb2_grpc.add_ControlPlaneServicer_to_server(
+        controlplane_pb2_grpc.add_ControlPlaneServicer_to_server(  # type: ignore[no-untyped-call]
             ControlPlaneService(
                 self.store,
                 self.keys,

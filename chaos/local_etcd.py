@@ -1,0 +1,248 @@
+"""Real etcd processes for tests: one member (``EtcdServer``) or a cluster (``EtcdCluster``).
+
+Not a test module. Members listen on free loopback ports with a temporary data dir,
+fast raft timings and no fsync (tests only), and log to a file in their data dir so
+that a failing test can show why. Methods are synchronous (subprocess + HTTP polling);
+from async code call the slow ones (``start``, ``restart_member``) via
+``asyncio.to_thread`` so that keep-alives in the same loop keep running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+ETCD_BINARY = "etcd"
+# Fast elections so that losing a member costs ~0.1-2 s, not the default 1-10 s.
+FAST_FLAGS = (
+    "--logger=zap",
+    "--log-level=warn",
+    "--heartbeat-interval=10",
+    "--election-timeout=100",
+    "--unsafe-no-fsync",
+)
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def etcd_available() -> bool:
+    return shutil.which(ETCD_BINARY) is not None
+
+
+def _healthy(client_port: int) -> bool:
+    """True once the member answers ``/health`` with a leader (quorum) behind it."""
+    url = f"http://127.0.0.1:{client_port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            body = json.loads(resp.read())
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+    return str(body.get("health")) == "true"
+
+
+@dataclass
+class _Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.data_dir.with_suffix(".log")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    def spawn(self, initial_cluster: str, token: str, state: str) -> None:
+        client_url = f"http://{self.endpoint}"
+        args = [
+            ETCD_BINARY,
+            f"--name={self.name}",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={self.peer_url}",
+            f"--initial-advertise-peer-urls={self.peer_url}",
+            f"--initial-cluster={initial_cluster}",
+            f"--initial-cluster-token={token}",
+            f"--initial-cluster-state={state}",
+            *FAST_FLAGS,
+        ]
+        if shutil.which("setpriv"):
+            # If the test process dies hard (SIGKILL, OOM), take etcd down with it.
+            # The kernel ties this to the spawning *thread*: spawn from the main thread
+            # or a pool thread (asyncio.to_thread), not a short-lived thread.
+            args = ["setpriv", "--pdeathsig", "KILL", *args]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class EtcdCluster:
+    """``n`` etcd members on loopback. ``start()`` waits until every member is healthy;
+    ``stop()`` kills them all and removes the data dirs (also on ``__exit__``)."""
+
+    def __init__(self, n: int = 3, *, start_timeout_s: float = 20.0) -> None:
+        if n < 1:
+            raise ValueError("a cluster needs at least one member")
+        self._tmp = Path(tempfile.mkdtemp(prefix="tectonic-etcd-"))
+        self._token = self._tmp.name
+        self._timeout = start_timeout_s
+        self.members = [
+            _Member(f"m{i}", free_port(), free_port(), self._tmp / f"m{i}") for i in range(n)
+        ]
+        self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        self._started = False
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """``host:port`` of every member's client URL, as ``EtcdConfig.endpoints`` wants."""
+        return tuple(m.endpoint for m in self.members)
+
+    def start(self) -> Self:
+        try:
+            for m in self.members:
+                m.spawn(self._initial_cluster, self._token, "new")
+            self._started = True
+            self._wait_healthy(self.members)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.kill()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._started = False
+
+    def kill_member(self, i: int) -> None:
+        """SIGKILL member ``i`` (no graceful leave; its data dir stays for a restart)."""
+        self.members[i].kill(signal.SIGKILL)
+
+    def stop_member(self, i: int) -> None:
+        """SIGTERM member ``i`` and wait for it to exit."""
+        self.members[i].kill(signal.SIGTERM)
+
+    def restart_member(self, i: int) -> None:
+        """Start member ``i`` again from its data dir and wait until it is healthy."""
+        m = self.members[i]
+        m.kill()
+        # An existing data dir makes etcd ignore --initial-cluster-state; "existing"
+        # is right for a wiped one too.
+        state = "existing" if m.data_dir.exists() else "new"
+        m.spawn(self._initial_cluster, self._token, state)
+        self._wait_healthy([m])
+
+    def leader_index(self) -> int | None:
+        """Index of the member that is raft leader (from its ``/metrics``), or None when
+        none can be told (e.g. during an election)."""
+        for i, m in enumerate(self.members):
+            if not m.running():
+                continue
+            try:
+                with urllib.request.urlopen(f"http://{m.endpoint}/metrics", timeout=0.5) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            if re.search(r"^etcd_server_is_leader 1$", text, re.MULTILINE):
+                return i
+        return None
+
+    def _wait_healthy(self, members: list[_Member]) -> None:
+        deadline = time.monotonic() + self._timeout
+        pending = list(members)
+        while pending:
+            for m in list(pending):
+                if not m.running():
+                    raise RuntimeError(f"etcd {m.name} exited:\n{m.log_tail()}")
+                if _healthy(m.client_port):
+                    pending.remove(m)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {m.name}\n{m.log_tail()}" for m in pending)
+                raise TimeoutError(f"etcd not healthy after {self._timeout:g}s:\n{tails}")
+            time.sleep(0.05)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        # Last resort so that no etcd outlives the test session.
+        with contextlib.suppress(Exception):
+            if self._started:
+                self.stop()
+
+
+class EtcdServer(EtcdCluster):
+    """A single etcd member."""
+
+    def __init__(self, *, start_timeout_s: float = 20.0) -> None:
+        super().__init__(1, start_timeout_s=start_timeout_s)
+
+    @property
+    def endpoint(self) -> str:
+        return self.members[0].endpoint
+
+    def kill(self) -> None:
+        self.kill_member(0)
+
+    def restart(self) -> None:
+        self.restart_member(0)

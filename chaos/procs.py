@@ -1,0 +1,296 @@
+"""Launching real processes for tests: free ports, simulator replicas, cleanup.
+
+``start_simulator()`` starts ``python -m regions.simulator`` on ``--port 0`` (or a
+given port), reads the ``READY http://host:port`` line it prints, checks ``/health``
+and returns a :class:`Proc`. Every process started here is killed at interpreter
+exit if a test forgot to. Logs go to a temp file (``Proc.log()``) so a failing
+start shows why; they are removed at exit unless ``TECTONIC_KEEP_LOGS=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_LIVE: set[Proc] = set()
+_LOGS: list[Path] = []  # removed at exit unless TECTONIC_KEEP_LOGS=1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS may hand it out again later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(REPO), str(REPO / "proto")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Proc:
+    """A child process started by a test, with its log file and (for servers) its URL."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, name: str) -> None:
+        self.popen = popen
+        self.log_path = log_path
+        self.name = name
+        self.url = ""
+        self.port = 0
+        _LIVE.add(self)
+        _LOGS.append(log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self, tail: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL and reap: the process dies without any chance to clean up."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+        self._close()
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait for a clean exit (SIGKILL after ``timeout``); returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.send_signal(signal.SIGKILL)
+                self.popen.wait()
+        self._close()
+        return int(self.popen.returncode)
+
+    def _close(self) -> None:
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def __repr__(self) -> str:
+        return f"Proc({self.name}, pid={self.pid}, url={self.url!r})"
+
+
+def spawn(args: Sequence[str], name: str, *, stdout_pipe: bool = False) -> Proc:
+    """Start ``python <args>`` from the repo root with logs in a temp file."""
+    fd, log_name = tempfile.mkstemp(prefix=f"tectonic-{name}-", suffix=".log")
+    with os.fdopen(fd, "wb") as log_file:
+        popen = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdout_pipe else log_file,
+            stderr=log_file,
+        )
+    return Proc(popen, Path(log_name), name)
+
+
+def read_ready(proc: Proc, deadline: float) -> str:
+    """The address from the ``READY <address>`` line the process prints on stdout."""
+    out = proc.popen.stdout
+    assert out is not None
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([out], [], [], 0.1)
+        if ready:
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.decode(errors="replace").splitlines():
+                if line.startswith("READY "):
+                    return line.split()[1]
+        elif not proc.alive():
+            break
+    proc.kill()
+    raise RuntimeError(f"{proc.name} did not become ready; log:\n{proc.log()}")
+
+
+async def until(
+    predicate: Callable[[], Awaitable[bool]],
+    *,
+    within: float = 20.0,
+    every: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """Poll an async predicate until it holds; fail the test after ``within`` seconds.
+
+    For waiting on other processes (no event to await). ``within`` is a generous
+    ceiling, never a pass criterion: tests assert behaviour, not speed.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        if await predicate():
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} did not hold within {within} s")
+        await asyncio.sleep(every)
+
+
+def wait_http_ok(url: str, deadline: float) -> None:
+    """Poll ``url`` until it answers 200 or the deadline passes."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as e:
+            last = e
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not OK in time: {last!r}")
+
+
+def launch_simulator(
+    *,
+    port: int = 0,
+    model: str = "tiny",
+    block_size: int = 16,
+    extra_args: Sequence[str] = (),
+    name: str = "sim",
+) -> Proc:
+    """Start a simulator without waiting for it (see :func:`wait_ready`)."""
+    args = [
+        "-m",
+        "regions.simulator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--block-size",
+        str(block_size),
+        *extra_args,
+    ]
+    return spawn(args, name, stdout_pipe=True)
+
+
+def wait_ready(proc: Proc, timeout: float = 20.0) -> Proc:
+    deadline = time.monotonic() + timeout
+    proc.url = read_ready(proc, deadline)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    try:
+        wait_http_ok(proc.url + "/health", deadline)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
+def start_simulator(
+    *,
+    port: int = 0,
+    model: str = "tiny",
+    block_size: int = 16,
+    extra_args: Sequence[str] = (),
+    name: str = "sim",
+    timeout: float = 20.0,
+) -> Proc:
+    """Start one simulator and wait until ``/health`` answers 200."""
+    proc = launch_simulator(
+        port=port, model=model, block_size=block_size, extra_args=extra_args, name=name
+    )
+    return wait_ready(proc, timeout)
+
+
+def start_simulators(
+    n: int,
+    *,
+    model: str = "tiny",
+    block_size: int = 16,
+    extra_args: Sequence[str] = (),
+    timeout: float = 20.0,
+) -> list[Proc]:
+    """Start ``n`` simulators in parallel (all spawned first, then awaited)."""
+    procs = [
+        launch_simulator(model=model, block_size=block_size, extra_args=extra_args, name=f"sim{i}")
+        for i in range(n)
+    ]
+    try:
+        return [wait_ready(p, timeout) for p in procs]
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+
+
+def start_agent(
+    *,
+    region: str,
+    control_planes: Sequence[str],
+    replicas: Sequence[str],
+    interval: float = 0.25,
+    timeout: float = 0.25,
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 20.0,
+) -> Proc:
+    """Start ``python -m regions.agent`` on a free port; ``Proc.url`` is its gRPC target."""
+    args = [
+        "-m",
+        "regions.agent",
+        "--region",
+        region,
+        "--listen",
+        "127.0.0.1:0",
+        "--control-plane",
+        ",".join(control_planes),
+        "--interval",
+        str(interval),
+        "--timeout",
+        str(timeout),
+        *extra_args,
+    ]
+    for url in replicas:
+        args += ["--replica", url]
+    proc = spawn(args, f"agent-{region}", stdout_pipe=True)
+    proc.url = read_ready(proc, time.monotonic() + ready_timeout)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    return proc
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_LIVE):
+        with contextlib.suppress(Exception):
+            proc.kill()
+    if os.environ.get("TECTONIC_KEEP_LOGS") != "1":
+        for path in _LOGS:
+            path.unlink(missing_ok=True)

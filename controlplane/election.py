@@ -1,0 +1,392 @@
+"""Leader election on the store (DESIGN.md §7.4): lease + txn on ``create_revision == 0``.
+
+The leader is whoever created ``key`` (value = holder id, attached to the holder's
+lease). Safety rests on two things:
+
+* **Local deadline.** After each keep-alive that the server granted, the holder may
+  act until ``sent + ttl - margin`` on its own clock, where ``sent`` is when that
+  request *left* (the server extended the lease no earlier) and ``margin = ttl / 5``
+  absorbs clock-rate drift and scheduling delays. ``is_leader`` compares against
+  that deadline on every read, so it turns False before the server can expire the
+  lease even if the event loop stalls, and even if nobody noticed a failed refresh.
+* **Fencing.** ``fence()`` returns compares (holder value and create_revision of the
+  leader key) to put in every leader write, so a write from a deposed leader fails
+  in etcd whatever its local clock believes.
+
+Use the clock that the event loop runs on (``time.monotonic``) in production; a
+manual clock is for tests and only moves ``is_leader`` and the deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
+
+from controlplane.store.port import (
+    Compare,
+    EventType,
+    KeyValue,
+    LeaseNotFound,
+    Put,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    WatchEvent,
+)
+
+log = logging.getLogger("tectonic.election")
+
+_RESIGNED = "resigned"
+_STOPPED = "election stopped"
+_VOLUNTARY = (_RESIGNED, _STOPPED)
+
+
+@contextlib.asynccontextmanager
+async def _closing(events: AsyncIterator[WatchEvent]) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    """``aclosing`` for the port's AsyncIterator: ends the watch (its gRPC stream) on
+    exit, also when the consumer leaves early."""
+    try:
+        yield events
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class NotLeader(Exception):
+    """This instance does not (or no longer) hold leadership; do not act."""
+
+
+class _Lost(Exception):
+    """Internal: ends the leader's task group with the reason leadership ended."""
+
+
+class LeaderElection:
+    """Campaign for ``key`` as ``holder`` with a lease of ``ttl_s`` seconds.
+
+    ``run()`` campaigns forever: it grants a lease and tries a compare-and-set create
+    of ``key``; while someone else holds it, it watches the key for deletion (and
+    polls every ttl/4); while leading, it refreshes the lease every ttl/3 and watches
+    the key, and steps down as soon as the local deadline passes, the lease is gone,
+    or the key is deleted or overwritten. Await ``wait_changed()`` to learn of changes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        holder: str,
+        ttl_s: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ttl_s < 1:
+            raise ValueError(f"ttl_s must be at least 1 s, got {ttl_s}")
+        self._store = store
+        self._key = key
+        self._holder = holder
+        self._holder_b = holder.encode()
+        self._ttl = ttl_s
+        self._clock = clock
+        self._margin = ttl_s / 5
+        self._refresh_every = ttl_s / 3
+        self._poll_every = ttl_s / 4
+        self._retry_every = max(ttl_s / 10, 0.1)
+
+        self._running = False
+        self._lease = 0
+        self._lease_sent = -math.inf  # when the last grant/refresh that succeeded was sent
+        self._leading = False
+        self._deadline = -math.inf
+        self._create_revision = 0
+        self._key_mod_revision = 0
+        self._seen_leader: str | None = None
+        self._hold_until = -math.inf
+        self._resigns = 0  # bumped by resign(); a campaign that overlapped one is void
+        self._changed = asyncio.Event()
+        self._wakeup = asyncio.Event()
+
+    # ---- what others read ----------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    @property
+    def ttl_s(self) -> int:
+        return self._ttl
+
+    @property
+    def is_leader(self) -> bool:
+        """True only while leading and before the local deadline (see module doc)."""
+        return self._leading and self._clock() < self._deadline
+
+    @property
+    def valid_for_s(self) -> float:
+        """How long this leadership is certainly valid without another keep-alive."""
+        return max(0.0, self._deadline - self._clock()) if self._leading else 0.0
+
+    @property
+    def leader_create_revision(self) -> int:
+        """create_revision of the leader key while leading, else 0."""
+        return self._create_revision if self.is_leader else 0
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease
+
+    def fence(self) -> list[Compare]:
+        """Compares to add to every leader write: the key still holds our id and was
+        created by our campaign. Raises NotLeader when not leading."""
+        if not self.is_leader:
+            raise NotLeader(f"{self._holder} is not the leader of {self._key}")
+        return [
+            Compare.value_is(self._key, self._holder_b),
+            Compare.created_at(self._key, self._create_revision),
+        ]
+
+    async def current_leader(self) -> str | None:
+        """The holder id stored in the key now (one read), or None if vacant."""
+        kv = await self._store.get(self._key)
+        return kv.value.decode(errors="replace") if kv is not None else None
+
+    async def wait_changed(self) -> bool:
+        """Wait for the next gain or loss of leadership; returns ``is_leader``."""
+        await self._changed.wait()
+        return self.is_leader
+
+    # ---- campaign ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Campaign, lead, step down, repeat; until cancelled. Cancelling drops
+        leadership locally only: call ``resign()`` first for a fast handover.
+        Temporary store errors are ridden out; a permanent StoreError (e.g. the store
+        was closed) ends ``run()``, inside an ExceptionGroup if it came while leading."""
+        if self._running:
+            raise RuntimeError(f"election for {self._key} as {self._holder} already runs")
+        self._running = True
+        try:
+            while True:
+                await self._campaign()
+                reason = "?"
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(self._keep_alive())
+                        tg.create_task(self._watch_key())
+                except* _Lost as group:
+                    reason = str(group.exceptions[0])
+                self._step_down(reason)
+        finally:
+            self._running = False
+            self._step_down(_STOPPED)
+
+    async def resign(self, *, hold_off_s: float | None = None) -> None:
+        """Stop leading now, revoke the lease (deleting the key, so another candidate
+        takes over at once) and stay out of the campaign for ``hold_off_s`` (default
+        ``ttl_s``) while ``run()`` goes on."""
+        self._resigns += 1
+        self._hold_until = self._clock() + (self._ttl if hold_off_s is None else hold_off_s)
+        self._step_down(_RESIGNED)
+        self._wake()
+        lease, self._lease = self._lease, 0
+        if lease:
+            try:
+                await self._store.revoke_lease(lease)
+            except StoreUnavailable as e:
+                log.warning(
+                    "resign: could not revoke lease %#x (it expires in %ds): %s",
+                    lease,
+                    self._ttl,
+                    e,
+                )
+
+    async def _campaign(self) -> None:
+        """Return once leading."""
+        while True:
+            await self._nap(self._hold_until - self._clock())
+            if self._clock() < self._hold_until:
+                continue  # woken early by another resign()
+            try:
+                holder_kv = await self._try_acquire()
+                if holder_kv is None:
+                    return
+                await self._wait_vacancy(holder_kv)
+            except LeaseNotFound:
+                self._lease = 0  # expired or revoked under us: take a new one
+            except StoreUnavailable as e:
+                log.warning("campaign for %s: store unavailable: %s", self._key, e)
+                await self._nap(self._retry_every)
+
+    async def _try_acquire(self) -> KeyValue | None:
+        """Compare-and-set create of the key; None when we lead, else the holder's kv."""
+        resigns = self._resigns
+        await self._fresh_lease()
+        result = await self._store.txn(
+            [Compare.absent(self._key)], [Put(self._key, self._holder_b, self._lease)]
+        )
+        kv: KeyValue | None
+        if result.succeeded:
+            kv = KeyValue(
+                self._key, self._holder_b, result.revision, result.revision, 1, self._lease
+            )
+        else:
+            kv = await self._store.get(self._key)
+            if kv is None:
+                return await self._try_acquire()  # vacated in between: try again now
+        if kv.value != self._holder_b or kv.lease != self._lease:
+            self._note_leader(kv)
+            return kv
+        # Ours: just created, or created by an earlier attempt whose answer was lost.
+        if resigns != self._resigns:
+            await self._store.revoke_lease(self._lease)  # resign() raced the campaign
+            self._lease = 0
+            return kv
+        self._become_leader(kv)
+        return None
+
+    async def _fresh_lease(self) -> None:
+        """Refresh our lease, or grant one, and note when the request left."""
+        if self._lease:
+            sent = self._clock()
+            try:
+                await self._store.refresh_lease(self._lease)
+                self._lease_sent = sent
+                return
+            except LeaseNotFound:
+                self._lease = 0
+        sent = self._clock()
+        self._lease = await self._store.grant_lease(self._ttl)
+        self._lease_sent = sent
+
+    async def _wait_vacancy(self, holder_kv: KeyValue) -> None:
+        """Until the key is deleted (watch) or ttl/4 passes (poll), whichever first."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._poll_every):
+                # A broken or refused watch leaves the poll: never spin on the store.
+                with contextlib.suppress(StoreError):
+                    start = holder_kv.mod_revision + 1
+                    events = self._store.watch_prefix(self._key, start_revision=start)
+                    async with _closing(events):
+                        async for ev in events:
+                            if ev.kv.key == self._key and ev.type is EventType.DELETE:
+                                return
+                await self._wakeup.wait()  # resign() or the poll period, whichever first
+
+    # ---- leading -------------------------------------------------------------------
+
+    async def _keep_alive(self) -> NoReturn:
+        """Refresh every ttl/3; raise _Lost when the deadline passes or the lease is gone."""
+        next_refresh = self._lease_sent + self._refresh_every
+        while True:
+            await self._nap(min(next_refresh, self._deadline) - self._clock())
+            self._check_still_leading()
+            sent = self._clock()
+            try:
+                async with asyncio.timeout(max(self._deadline - sent, 0.0)):
+                    ttl = await self._store.refresh_lease(self._lease)
+            except LeaseNotFound as e:
+                raise _Lost(f"lease {self._lease:#x} expired or was revoked") from e
+            except (StoreUnavailable, TimeoutError) as e:
+                log.warning(
+                    "keep-alive of lease %#x failed (%.1fs since the last one): %s",
+                    self._lease,
+                    self._clock() - self._lease_sent,
+                    str(e) or type(e).__name__,
+                )
+                next_refresh = self._clock() + self._retry_every
+                continue
+            self._check_still_leading()
+            self._lease_sent = sent
+            self._deadline = sent + min(ttl, self._ttl) - self._margin
+            next_refresh = sent + self._refresh_every
+
+    def _check_still_leading(self) -> None:
+        if not self._leading:
+            raise _Lost(_RESIGNED)
+        if self._clock() >= self._deadline:
+            raise _Lost(f"keepalive failed for {self._clock() - self._lease_sent:.1f}s")
+
+    async def _watch_key(self) -> NoReturn:
+        """Raise _Lost when the key is deleted or overwritten by someone else."""
+        start = self._key_mod_revision + 1
+        while True:
+            try:
+                events = self._store.watch_prefix(self._key, start_revision=start)
+                async with _closing(events):
+                    async for ev in events:
+                        if ev.kv.key != self._key:
+                            continue
+                        start = ev.kv.mod_revision + 1
+                        if ev.type is EventType.DELETE:
+                            raise _Lost("leader key was deleted (lease gone or removed by hand)")
+                        if ev.kv.value != self._holder_b:
+                            raise _Lost(f"leader key overwritten by {ev.kv.value!r}")
+            except StoreUnavailable:
+                pass  # the keep-alive deadline guards safety meanwhile; watch again
+            except StoreError:
+                # e.g. start revision compacted: look at the key itself instead.
+                with contextlib.suppress(StoreUnavailable):
+                    kv = await self._store.get(self._key)
+                    if kv is None or kv.create_revision != self._create_revision:
+                        raise _Lost("leader key was replaced while unwatched") from None
+                    start = kv.mod_revision + 1
+            await self._nap(self._retry_every)
+
+    # ---- state changes -------------------------------------------------------------
+
+    def _become_leader(self, kv: KeyValue) -> None:
+        self._leading = True
+        self._create_revision = kv.create_revision
+        self._key_mod_revision = kv.mod_revision
+        self._deadline = self._lease_sent + self._ttl - self._margin
+        self._seen_leader = self._holder
+        log.info(
+            "became leader of %s (lease %#x, ttl %ds, create_revision %d)",
+            self._key,
+            self._lease,
+            self._ttl,
+            kv.create_revision,
+        )
+        self._notify()
+
+    def _step_down(self, reason: str) -> None:
+        if not self._leading:
+            return
+        self._leading = False
+        self._deadline = -math.inf
+        self._seen_leader = None
+        level = logging.INFO if reason in _VOLUNTARY else logging.WARNING
+        log.log(level, "lost leadership of %s: %s", self._key, reason)
+        self._notify()
+
+    def _note_leader(self, kv: KeyValue) -> None:
+        holder = kv.value.decode(errors="replace")
+        if holder != self._seen_leader:
+            self._seen_leader = holder
+            log.info("%s follows %s as leader of %s", self._holder, holder, self._key)
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _wake(self) -> None:
+        wakeup, self._wakeup = self._wakeup, asyncio.Event()
+        wakeup.set()
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds``; ``resign()`` wakes every nap early."""
+        if seconds <= 0:
+            return
+        wakeup = self._wakeup
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wakeup.wait()

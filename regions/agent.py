@@ -1,0 +1,325 @@
+"""The region agent (v0): probes its vLLM replicas, serves gRPC health, reports upward.
+
+Every ``interval`` the agent probes each replica (``/health`` + ``/metrics``, see
+:mod:`regions.probe_vllm`), folds the results into a region view with the pure
+:func:`fold_region_view`, publishes it on ``grpc.health.v1`` (services ``""`` and
+``tectonic.v1.RegionAgent``: SERVING unless the region is UNHEALTHY) and pushes it
+to the control plane as a ``ReportHealth`` (kind AGENT, observer ``agent:<region>``),
+trying the listed control-plane endpoints in turn. An unreachable control plane is
+logged (at most every ``warn_every`` seconds), never fatal.
+
+    tectonic-agent --region eu --listen 127.0.0.1:7001 --control-plane 127.0.0.1:7000 \\
+        --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
+
+In-process (tests, demo): ``handle = await serve_agent(AgentConfig(...))``, then
+``handle.view``, ``handle.port``, ``await handle.stop()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tectonic_api.v1 import controlplane_pb2 as pb
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
+
+from controlplane.core.model import Health
+from regions.probe_vllm import ReplicaProbe, probe_replica
+
+log = logging.getLogger("tectonic.agent")
+SERVICE = "tectonic.v1.RegionAgent"
+MAX_DETAIL = 1024  # the control plane rejects longer details
+_HEALTH_TO_PB = {Health.HEALTHY: pb.HEALTHY, Health.DEGRADED: pb.HEALTH_DEGRADED,
+                 Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
+_RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.UNHEALTHY: 3}
+_CHANNEL_OPTIONS = [  # retry a dead endpoint within a second or two, not grpc's 20 s+
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
+    listen: str = "127.0.0.1:0"
+    control_planes: tuple[str, ...] = ()
+    replicas: tuple[str, ...] = Field(min_length=1)
+    interval: float = Field(1.0, gt=0)
+    timeout: float = Field(0.5, gt=0)
+    max_queue: int | None = Field(None, ge=0)  # region-wide waiting requests before DEGRADED
+    warn_every: float = Field(5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _timing(self) -> AgentConfig:
+        if self.timeout > self.interval:
+            raise ValueError(f"timeout ({self.timeout}s) must not exceed interval "
+                             f"({self.interval}s): a tick must fit in its interval")
+        return self
+
+
+class RegionView(BaseModel):
+    """The agent's verdict on its region, with the signals behind it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str
+    health: Health
+    signals: dict[str, float]
+    detail: str
+    probes: tuple[ReplicaProbe, ...] = ()
+
+
+def fold_region_view(region: str, probes: Sequence[ReplicaProbe],
+                     max_queue: int | None = None) -> RegionView:
+    """Pure: HEALTHY when every replica is up (and the queue within bound), DEGRADED
+    when some are down or the region-wide queue exceeds ``max_queue``, UNHEALTHY when
+    none is up."""
+    up = [p for p in probes if p.up]
+    queue = sum(p.waiting or 0.0 for p in up)
+    running = sum(p.running or 0.0 for p in up)
+    over_queue = max_queue is not None and queue > max_queue
+    notes = [f"{len(up)}/{len(probes)} replicas up"]
+    if not up:
+        verdict = Health.UNHEALTHY
+    elif len(up) < len(probes) or over_queue:
+        verdict = Health.DEGRADED
+    else:
+        verdict = Health.HEALTHY
+    if over_queue:
+        notes.append(f"queue {queue:g} > {max_queue}")
+    notes += [f"{p.url} down ({p.reason})" for p in probes if not p.up]
+    signals = {"replicas_up": float(len(up)), "replicas_total": float(len(probes)),
+               "queue_depth": queue, "running": running}
+    detail = "; ".join(notes)[:MAX_DETAIL]
+    return RegionView(region=region, health=verdict, signals=signals, detail=detail,
+                      probes=tuple(probes))
+
+
+class AgentHandle:
+    """A running agent. Build with :func:`serve_agent`; stop with :meth:`stop`."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.view = RegionView(region=config.region, health=Health.UNKNOWN, signals={},
+                               detail="not probed yet")
+        self.port = 0
+        self.reports_sent = 0
+        self.ticks = 0  # completed probe rounds
+        self.report_target: str | None = None  # the control plane that took the last report
+        self._health = health.aio.HealthServicer()
+        self._server = grpc.aio.server()
+        self._session: aiohttp.ClientSession | None = None
+        self._channels = [grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS)
+                          for ep in config.control_planes]
+        self._stubs = [pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]
+                       for ch in self._channels]
+        self._next = 0  # endpoint to try first
+        self._reachable = True
+        self._last_warn = -float("inf")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def _start(self) -> None:
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        names = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self._server)
+        self.port = self._server.add_insecure_port(self.config.listen)
+        if not self.port:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        self._session = aiohttp.ClientSession()
+        await self._tick()  # never serve an UNKNOWN view
+        await self._server.start()
+        self._task = asyncio.create_task(self._supervise(), name=f"agent:{self.config.region}")
+        log.info("agent for region %s serving gRPC on port %d; replicas %s; control plane %s",
+                 self.config.region, self.port, ", ".join(self.config.replicas),
+                 ", ".join(self.config.control_planes) or "(none)")
+
+    async def _supervise(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._probe_loop())
+                if self._stubs:
+                    tg.create_task(self._report_loop())
+        finally:
+            await self._health.enter_graceful_shutdown()  # a dead loop must not look healthy
+
+    async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # of the previous tick (the first one ran in _start)
+        while True:
+            await asyncio.sleep(max(0.0, started + self.config.interval - loop.time()))
+            started = loop.time()
+            await self._tick()
+
+    async def _tick(self) -> None:
+        assert self._session is not None
+        c = self.config
+        probes = await asyncio.gather(
+            *(probe_replica(self._session, url, c.timeout) for url in c.replicas))
+        self._log_replicas(probes)
+        self.ticks += 1
+        view = fold_region_view(c.region, probes, c.max_queue)
+        old, self.view = self.view, view
+        if view.health is not old.health:
+            worse = _RANK[view.health] > _RANK[old.health]
+            log.log(logging.WARNING if worse else logging.INFO, "region view %s -> %s (%s)",
+                    old.health.value, view.health.value, view.detail)
+            status = (health_pb2.HealthCheckResponse.NOT_SERVING
+                      if view.health is Health.UNHEALTHY
+                      else health_pb2.HealthCheckResponse.SERVING)
+            for service in ("", SERVICE):
+                await self._health.set(service, status)
+            self._wake.set()  # report a change at once
+
+    def _log_replicas(self, probes: Sequence[ReplicaProbe]) -> None:
+        before = {p.url: p for p in self.view.probes}
+        for p in probes:
+            prev = before.get(p.url)
+            if p.up and (prev is None or not prev.up):
+                log.info("replica %s up (waiting %s, running %s)%s", p.url, _n(p.waiting),
+                         _n(p.running), f"; {p.reason}" if p.reason else "")
+            elif not p.up and (prev is None or prev.up):
+                log.warning("replica %s down (%s)", p.url, p.reason)
+
+    async def _report_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            await self._report(self.view)
+            try:
+                async with asyncio.timeout(self.config.interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _report(self, view: RegionView) -> None:
+        req = pb.HealthReport(region=view.region, observer=f"agent:{view.region}",
+                              kind=pb.AGENT, health=_HEALTH_TO_PB[view.health],
+                              signals=view.signals, detail=view.detail)
+        eps, failures = self.config.control_planes, []
+        for i in range(len(eps)):
+            idx = (self._next + i) % len(eps)
+            try:
+                resp = await self._stubs[idx].ReportHealth(req, timeout=self.config.timeout)
+            except grpc.aio.AioRpcError as e:
+                failures.append(f"{eps[idx]}: {e.code().name} {e.details() or ''}".strip())
+                continue
+            if not resp.accepted:
+                failures.append(f"{eps[idx]}: report not accepted")
+                continue
+            if not self._reachable or self.report_target not in (None, eps[idx]):
+                log.info("reporting to control plane %s", eps[idx])
+            self._next, self._reachable, self.report_target = idx, True, eps[idx]
+            self.reports_sent += 1
+            return
+        self._reachable = False
+        now = asyncio.get_running_loop().time()
+        if now - self._last_warn >= self.config.warn_every:
+            self._last_warn = now
+            log.warning("no control plane took the report (%s)", "; ".join(failures))
+
+    async def wait(self) -> None:
+        """Until the agent stops; raises if its loops failed."""
+        assert self._task is not None
+        await asyncio.wait({self._task})
+        if not self._task.cancelled() and (exc := self._task.exception()) is not None:
+            raise exc
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Graceful shutdown: NOT_SERVING first, then stop the loops and the server."""
+        if self._stopping:
+            return
+        self._stopping = True
+        await self._health.enter_graceful_shutdown()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+        await self._server.stop(grace)
+        for ch in self._channels:
+            await ch.close()
+        if self._session is not None:
+            await self._session.close()
+        log.info("agent for region %s stopped", self.config.region)
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+async def serve_agent(config: AgentConfig) -> AgentHandle:
+    """Start an agent in the running loop (first probe done, gRPC serving)."""
+    handle = AgentHandle(config)
+    try:
+        await handle._start()
+    except BaseException:
+        await handle.stop(grace=0)
+        raise
+    return handle
+
+
+def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
+    p = argparse.ArgumentParser(prog="tectonic-agent", description="Tectonic region agent")
+    p.add_argument("--region", required=True)
+    p.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (port 0 = any)")
+    p.add_argument("--control-plane", action="append", default=[], required=True,
+                   help="host:port[,host:port...]; repeatable; tried in turn")
+    p.add_argument("--replica", action="append", default=[], required=True,
+                   help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
+    p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="waiting requests (region-wide) above which the region is DEGRADED")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
+    try:
+        return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
+                           replicas=tuple(args.replica), interval=args.interval,
+                           timeout=args.timeout, max_queue=args.max_queue)
+    except ValidationError as e:
+        p.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
+                          for err in e.errors()))
+
+
+async def _run(config: AgentConfig) -> int:
+    handle = await serve_agent(config)
+    print(f"READY {config.listen.rsplit(':', 1)[0]}:{handle.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(stop.wait())
+    runner = asyncio.create_task(handle.wait())
+    done, _ = await asyncio.wait({waiter, runner}, return_when=asyncio.FIRST_COMPLETED)
+    if waiter in done:
+        log.info("signal received; shutting down")
+    await handle.stop()
+    waiter.cancel()
+    await asyncio.wait({waiter, runner})
+    if runner in done and not runner.cancelled() and runner.exception() is not None:
+        log.error("agent loop failed", exc_info=runner.exception())
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``tectonic-agent`` console script."""
+    sys.exit(asyncio.run(_run(parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Fault injection for the simulator (``/_sim/fault``).
+
+Faults act on the inference endpoints (``/v1/completions``, ``/v1/chat/completions``)
+except ``health_down``, which acts on ``/health`` only. ``hang`` holds inference
+requests until the fault is cleared, the way a wedged engine does; like vLLM's own
+``/health`` (which only asks whether the engine process is alive), ``/health`` keeps
+answering 200 while requests hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FaultSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    error_rate: float = Field(0.0, ge=0.0, le=1.0)  # share of requests answered 500
+    unavailable_rate: float = Field(0.0, ge=0.0, le=1.0)  # share answered 503
+    added_latency_s: float = Field(0.0, ge=0.0, le=600.0)  # before the first token
+    hang: bool = False  # inference requests never finish until the fault is cleared
+    health_down: bool = False  # /health answers 503
+
+
+class Verdict(Enum):
+    PASS = "pass"
+    ERROR = "error"  # 500
+    UNAVAILABLE = "unavailable"  # 503
+
+
+class FaultState:
+    """The active fault and the seeded dice that decide each request's fate."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.spec = FaultSpec()
+        self._rng = random.Random(seed)
+        self._unhung = asyncio.Event()
+        self._unhung.set()
+
+    def set(self, spec: FaultSpec) -> None:
+        """Replace the active fault (fields left out are cleared)."""
+        self.spec = spec
+        if spec.hang:
+            self._unhung.clear()
+        else:
+            self._unhung.set()
+
+    def clear(self) -> None:
+        self.set(FaultSpec())
+
+    def roll(self) -> Verdict:
+        s = self.spec
+        if s.unavailable_rate and self._rng.random() < s.unavailable_rate:
+            return Verdict.UNAVAILABLE
+        if s.error_rate and self._rng.random() < s.error_rate:
+            return Verdict.ERROR
+        return Verdict.PASS
+
+    async def wait_unhung(self) -> None:
+        await self._unhung.wait()

@@ -1,0 +1,332 @@
+"""The simulator's HTTP surface: vLLM's OpenAI-compatible API plus ``/_sim/fault``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token
+from regions.simulator.faults import FaultSpec, FaultState, Verdict
+from regions.simulator.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorType,
+    Json,
+    TokenizeRequest,
+    chat_choice,
+    chat_delta,
+    completion_choice,
+    error_body,
+    models_body,
+    new_id,
+    now,
+    usage,
+)
+from regions.simulator.tokenizer import render_chat
+
+log = logging.getLogger("tectonic.simulator")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=BaseModel)
+VERSION = "0.32.0+sim"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    dev_mode: bool = True  # VLLM_SERVER_DEV_MODE: /sleep, /wake_up, /is_sleeping, ...
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, err_type: ErrorType, code: int, param: str | None = None):
+        super().__init__(message)
+        self.body = error_body(message, err_type, code, param)
+        self.code = code
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return _json(e.body, status=e.code)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, status=405)
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))  # like FastAPI's JSONResponse
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+def _sse(payload: Json) -> bytes:
+    return b"data: " + _dumps(payload).encode() + b"\n\n"
+
+
+class Simulator:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine = Engine(config.engine)
+        self.faults = FaultState(config.engine.seed)
+        self.created = now()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors])
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/ping", self.health)
+        r.add_get("/version", self.version)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_get("/metrics", self.metrics)
+        if self.config.dev_mode:
+            r.add_post("/sleep", self.sleep)
+            r.add_post("/wake_up", self.wake_up)
+            r.add_get("/is_sleeping", self.is_sleeping)
+            r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        r.add_get("/_sim/fault", self.get_fault)
+        r.add_post("/_sim/fault", self.set_fault)
+        r.add_delete("/_sim/fault", self.clear_fault)
+        return app
+
+    # -- helpers -------------------------------------------------------------
+    async def _parse(self, request: web.Request, model: type[M]) -> M:
+        try:
+            return model.model_validate(await request.json())
+        except json.JSONDecodeError as e:
+            raise ApiError(f"Invalid JSON body: {e}", "BadRequestError", 400) from e
+        except ValidationError as e:
+            raise ApiError(str(e), "BadRequestError", 400) from e
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.engine.model:
+            raise ApiError(f"The model `{name}` does not exist.", "NotFoundError", 404, "model")
+
+    def _check_len(self, prompt: int, completion: int) -> None:
+        limit = self.config.engine.max_model_len
+        if prompt + completion > limit:
+            raise ApiError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt + completion} tokens ({prompt} in the messages, "
+                f"{completion} in the completion). Please reduce the length of the "
+                "messages or completion.", "BadRequestError", 400,
+            )
+
+    async def _faults(self) -> float:
+        verdict = self.faults.roll()
+        if verdict is Verdict.UNAVAILABLE:
+            raise ApiError("Service Unavailable (injected)", "ServiceUnavailableError", 503)
+        if verdict is Verdict.ERROR:
+            raise ApiError("Internal Server Error (injected)", "InternalServerError", 500)
+        await self.faults.wait_unhung()
+        return self.faults.spec.added_latency_s
+
+    def _cached(self, tokens: list[Token]) -> int | None:
+        if not self.config.prompt_tokens_details or not tokens:
+            return None
+        return tokens[0].cached_tokens
+
+    # -- OpenAI-compatible API ----------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.faults.spec.health_down else 200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        c = self.config.engine
+        return _json(models_body(c.model, c.max_model_len, self.created))
+
+    def _completion_prompt(self, req: CompletionRequest) -> list[int]:
+        p = req.prompt
+        if isinstance(p, list) and p and isinstance(p[0], list | str):
+            if len(p) != 1:
+                raise ApiError("The simulator takes one prompt per request.",
+                               "BadRequestError", 400, "prompt")
+            p = p[0]
+        if isinstance(p, str):
+            ids = self.engine.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
+        else:
+            ids = [int(t) for t in p if isinstance(t, int)]
+        if not ids:
+            raise ApiError("Prompt cannot be empty", "BadRequestError", 400, "prompt")
+        return ids
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = await self._parse(request, CompletionRequest)
+        self._check_model(req.model)
+        prompt = self._completion_prompt(req)
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16
+        self._check_len(len(prompt), max_tokens)
+        latency = await self._faults()
+        gen = GenRequest(tuple(prompt), max_tokens, "length", req.cache_salt, latency)
+        head: Json = {"id": new_id("cmpl"), "object": "text_completion", "created": now(),
+                      "model": self.config.engine.model}
+        if req.stream:
+            include = req.stream_options is not None and bool(req.stream_options.include_usage)
+
+            def chunk(t: Token) -> list[Json]:
+                return [{**head, "choices": [completion_choice(i, t.text, t.finish_reason)
+                                             for i in range(req.n)]}]
+            return await self._stream(request, gen, head, None, chunk, include, req.n)
+        tokens = await self._collect(gen)
+        text = "".join(t.text for t in tokens)
+        body = {**head,
+                "choices": [completion_choice(i, text, "length") for i in range(req.n)],
+                "service_tier": None, "system_fingerprint": None,
+                "usage": usage(len(prompt), req.n * len(tokens), self._cached(tokens)),
+                "kv_transfer_params": None}
+        return _json(body)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req = await self._parse(request, ChatRequest)
+        self._check_model(req.model)
+        text = render_chat([(m.role, m.text()) for m in req.messages],
+                           add_generation_prompt=req.add_generation_prompt)
+        prompt = self.engine.tokenizer.encode(text)
+        limit = req.max_completion_tokens or req.max_tokens
+        max_tokens, finish = (limit, "length") if limit else (16, "stop")
+        self._check_len(len(prompt), max_tokens)
+        latency = await self._faults()
+        gen = GenRequest(tuple(prompt), max_tokens, finish, req.cache_salt, latency)
+        head: Json = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk",
+                      "created": now(), "model": self.config.engine.model}
+        if req.stream:
+            include = req.stream_options is not None and bool(req.stream_options.include_usage)
+            first = {**head, "choices": [chat_delta(i, {"role": "assistant", "content": ""}, None)
+                                         for i in range(req.n)]}
+
+            def chunk(t: Token) -> list[Json]:
+                return [{**head, "choices": [chat_delta(i, {"content": t.text}, t.finish_reason)
+                                             for i in range(req.n)]}]
+            return await self._stream(request, gen, head, first, chunk, include, req.n)
+        tokens = await self._collect(gen)
+        out = "".join(t.text for t in tokens)
+        body = {**head, "object": "chat.completion",
+                "choices": [chat_choice(i, out, finish) for i in range(req.n)],
+                "service_tier": None, "system_fingerprint": None,
+                "usage": usage(len(prompt), req.n * len(tokens), self._cached(tokens)),
+                "prompt_logprobs": None, "kv_transfer_params": None}
+        return _json(body)
+
+    async def _collect(self, gen: GenRequest) -> list[Token]:
+        return [t async for t in self.engine.generate(gen)]
+
+    async def _stream(
+        self, request: web.Request, gen: GenRequest, head: Json, first: Json | None,
+        chunk: Callable[[Token], list[Json]], include_usage: bool, n: int,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        tokens: list[Token] = []
+        stream: AsyncGenerator[Token] = self.engine.generate(gen)
+        try:
+            if first is not None:
+                await resp.write(_sse(first))
+            async for t in stream:
+                tokens.append(t)
+                for payload in chunk(t):
+                    await resp.write(_sse(payload))
+            if include_usage:
+                u = usage(len(gen.prompt_ids), n * len(tokens), self._cached(tokens))
+                await resp.write(_sse({**head, "choices": [], "usage": u}))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            log.debug("client went away mid-stream")
+        finally:
+            await stream.aclose()
+        return resp
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        req = await self._parse(request, TokenizeRequest)
+        self._check_model(req.model)
+        tok = self.engine.tokenizer
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError("Either 'prompt' or 'messages' must be provided, not both.",
+                           "BadRequestError", 400)
+        if req.messages is not None:
+            text = render_chat([(m.role, m.text()) for m in req.messages],
+                               add_generation_prompt=req.add_generation_prompt)
+            ids = tok.encode(text)
+        else:
+            ids = tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+        strs = [tok.token_str(i) for i in ids] if req.return_token_strs else None
+        return _json({"count": len(ids), "max_model_len":
+                                  self.config.engine.max_model_len, "tokens": ids,
+                                  "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        req = await self._parse(request, DetokenizeRequest)
+        self._check_model(req.model)
+        return _json({"prompt": self.engine.tokenizer.decode(req.tokens)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.engine.metrics_text(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Version": "0.0.4"})
+
+    # -- dev-mode admin ------------------------------------------------------
+    async def sleep(self, request: web.Request) -> web.Response:
+        try:
+            level = int(request.query.get("level", "1"))
+        except ValueError as e:
+            raise ApiError("level must be an integer", "BadRequestError", 400, "level") from e
+        self.engine.sleep(level)
+        log.info("engine asleep (level %d); prefix cache reset", level)
+        return web.Response(status=200)
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        self.engine.wake_up()
+        log.info("engine awake")
+        return web.Response(status=200)
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        return _json({"is_sleeping": self.engine.sleep_level > 0})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.engine.reset_prefix_cache()
+        return web.Response(status=200)
+
+    # -- fault injection -----------------------------------------------------
+    async def get_fault(self, request: web.Request) -> web.Response:
+        return _json(self.faults.spec.model_dump())
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        spec = await self._parse(request, FaultSpec)
+        self.faults.set(spec)
+        log.warning("fault injected: %s", spec.model_dump_json())
+        return _json(spec.model_dump())
+
+    async def clear_fault(self, request: web.Request) -> web.Response:
+        self.faults.clear()
+        log.info("faults cleared")
+        return _json(self.faults.spec.model_dump())
+
+
+async def serve(config: SimConfig, host: str, port: int, *, access_log: bool = False,
+                ) -> tuple[web.AppRunner, Simulator, int]:
+    """Start a simulator in the running loop; returns the runner, the app and the bound port."""
+    sim = Simulator(config)
+    runner = web.AppRunner(sim.app(), access_log=log if access_log else None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = int(runner.addresses[0][1]) if port == 0 else port
+    return runner, sim, bound

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up everything Tectonic needs on a new Debian/Ubuntu machine: etcd (Debian's
+# etcd-server) when missing, a virtual environment at .venv, and the project with its
+# dev tools. Safe to run again; it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+if ! command -v etcd >/dev/null 2>&1; then
+  echo "==> installing etcd-server (Debian package)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server etcd-client >/dev/null
+fi
+etcd --version | head -1
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+echo "==> installing tectonic and its dev tools into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
+.venv/bin/python -c "import controlplane, tectonic_api, aetcd, grpc" \
+  || { echo "setup failed: the project does not import" >&2; exit 1; }
+echo "==> ready"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up, then run every check CI runs: lint, types, layering, and the test suite
+# (unit tests, real etcd, real gRPC servers and processes on 127.0.0.1).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k failover
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "==> ruff";  .venv/bin/ruff check .
+echo "==> mypy";  .venv/bin/mypy
+echo "==> import layering"; .venv/bin/lint-imports
+echo "==> pytest"
+exec .venv/bin/pytest -q -p no:cacheprovider "$@"

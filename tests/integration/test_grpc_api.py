@@ -1,0 +1,304 @@
+"""The control plane's gRPC API end to end: a real replica on 127.0.0.1, a real etcd.
+
+Health reports are pushed over gRPC by the test, playing the agent and gateway
+vantage points; the replica's own agent probe is off (there are no agents here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tectonic_api.v1 import controlplane_pb2 as pb
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
+
+from controlplane.config import Topology, parse_topology
+from controlplane.server import ControlPlaneReplica
+from controlplane.store.etcd import EtcdStore
+
+pytestmark = pytest.mark.etcd
+
+REGIONS = ("east", "west", "central", "eu")
+
+
+def fast_topology(endpoints: tuple[str, ...], cluster: str, **prewarm: float) -> Topology:
+    return parse_topology(
+        {
+            "cluster": cluster,
+            "etcd": {"endpoints": list(endpoints)},
+            "regions": [
+                {"name": "east", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100},
+                {"name": "west", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100},
+                {"name": "central", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 50},
+                {"name": "eu", "zone": "eu", "agent": "127.0.0.1:9", "capacity_rps": 100},
+            ],
+            "timing": {
+                "probe_interval_s": 0.2,
+                "failure_threshold": 3,
+                "success_threshold": 2,
+                "report_stale_s": 1.0,
+                "quorum": 2,
+                "degraded_dwell_s": 1,
+                "recovery_dwell_s": 1.0,
+                "failover_cooldown_s": 60,
+                "loop_period_s": 0.2,
+                "retry_timeout_s": 0.5,
+                "lease_ttl_s": 3,
+            },
+            "recovery": {"step_percent": 50, "step_interval_s": 0.3},
+            "prewarm": dict(prewarm),
+        }
+    )
+
+
+@dataclass
+class Running:
+    replica: ControlPlaneReplica
+    stub: pb_grpc.ControlPlaneStub
+    channel: grpc.aio.Channel
+    target: str
+
+
+@contextlib.asynccontextmanager
+async def running_replica(topology: Topology, replica_id: str = "cp-a") -> AsyncIterator[Running]:
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    replica = ControlPlaneReplica(
+        topology=topology, store=store, replica_id=replica_id, probe_agents=False
+    )
+    task = asyncio.create_task(replica.run())
+    await asyncio.wait_for(replica.started.wait(), 10)
+    target = f"127.0.0.1:{replica.port}"
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        yield Running(replica, pb_grpc.ControlPlaneStub(channel), channel, target)
+    finally:
+        await channel.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.close()
+
+
+async def report(stub: pb_grpc.ControlPlaneStub, health: dict[str, int]) -> None:
+    for r in REGIONS:
+        h = health.get(r, pb.HEALTHY)
+        for obs, kind in ((f"agent:{r}", pb.AGENT), ("gateway:g1", pb.GATEWAY)):
+            await stub.ReportHealth(
+                pb.HealthReport(
+                    region=r, observer=obs, kind=kind, health=h, signals={"load_rps": 10}
+                )
+            )
+
+
+async def until(
+    pred: object, stub: pb_grpc.ControlPlaneStub, health: dict[str, int], within: float = 20.0
+) -> pb.StatusResponse:
+    """Keep reporting ``health`` until ``pred(status)`` holds; return that status."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        await report(stub, health)
+        st = await stub.GetStatus(pb.GetStatusRequest())
+        if pred(st):  # type: ignore[operator]
+            return st
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not reached; last status: {st}")
+        await asyncio.sleep(0.1)
+
+
+def region(st: pb.StatusResponse, name: str) -> pb.RegionStatus:
+    return next(r for r in st.regions if r.name == name)
+
+
+@pytest.fixture
+def topology(etcd: object) -> Topology:
+    return fast_topology(etcd.endpoints, f"t{uuid.uuid4().hex[:8]}")  # type: ignore[attr-defined]
+
+
+async def test_automatic_failover_over_grpc_with_event_stream(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        st = await until(
+            lambda s: s.responder_is_leader and all(r.health == pb.HEALTHY for r in s.regions),
+            run.stub,
+            {},
+        )
+        assert st.leader == "cp-a" and region(st, "east").state == pb.NORMAL
+
+        events = run.stub.WatchEvents(pb.WatchEventsRequest(region="east"))
+        st = await until(
+            lambda s: (
+                region(s, "east").state == pb.FAILING_OVER
+                and region(s, "east").failover_steps_done == "switch,prewarm"
+            ),
+            run.stub,
+            {"east": pb.UNHEALTHY},
+        )
+        east = region(st, "east")
+        assert set(east.routing) == {"west", "central"}  # same zone only
+        assert east.routing["west"] == pytest.approx(90 / 130, abs=1e-3)  # by headroom
+        assert east.health == pb.UNHEALTHY
+
+        seen: list[pb.Event] = []
+        async with asyncio.timeout(10):
+            async for ev in events:
+                seen.append(ev)
+                if ev.action == "routing_switch":
+                    break
+        events.cancel()
+        transition = next(e for e in seen if e.action == "transition")
+        assert transition.decision.from_state == pb.NORMAL
+        assert transition.decision.to_state == pb.FAILING_OVER
+        assert transition.decision.actor == "cp-a"
+        assert transition.decision.signals["votes_down"] == 2
+
+        # Healthy again: dwell, then graduated recovery back to NORMAL.
+        st = await until(lambda s: region(s, "east").state == pb.NORMAL, run.stub, {})
+        assert dict(region(st, "east").routing) == {"east": 1.0}
+        hist = await run.stub.GetHistory(pb.HistoryRequest(region="east", limit=100))
+        path = [
+            (e.decision.from_state, e.decision.to_state)
+            for e in hist.events
+            if e.action == "transition"
+        ]
+        assert path == [
+            (pb.NORMAL, pb.FAILING_OVER),
+            (pb.FAILING_OVER, pb.RECOVERED),
+            (pb.RECOVERED, pb.NORMAL),
+        ]
+        assert any(e.action == "recovery_step" for e in hist.events)
+
+
+async def test_bad_requests_are_refused_and_change_nothing(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        await until(
+            lambda s: s.responder_is_leader and all(r.health == pb.HEALTHY for r in s.regions),
+            run.stub,
+            {},
+        )
+        before = await run.stub.GetHistory(pb.HistoryRequest(limit=1000))
+
+        async def code_of(call: object) -> grpc.StatusCode:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call  # type: ignore[misc]
+            return e.value.code()
+
+        s = run.stub
+        assert (
+            await code_of(s.RequestFailover(pb.FailoverRequest(region="mars", reason="x")))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert (
+            await code_of(s.RequestFailover(pb.FailoverRequest(region="east")))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )  # no reason
+        assert (
+            await code_of(
+                s.RequestFailover(pb.FailoverRequest(region="east", to=["eu"], reason="try"))
+            )
+            == grpc.StatusCode.FAILED_PRECONDITION
+        )
+        assert (
+            await code_of(
+                s.RequestFailover(pb.FailoverRequest(region="east", to=["nowhere"], reason="try"))
+            )
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert (
+            await code_of(s.RequestRecovery(pb.RecoveryRequest(region="east", reason="x")))
+            == grpc.StatusCode.FAILED_PRECONDITION
+        )  # not failed over
+        assert (
+            await code_of(
+                s.ReportHealth(pb.HealthReport(region="east", observer="agent:east", kind=pb.AGENT))
+            )
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )  # health unset
+        assert (
+            await code_of(
+                s.ReportHealth(
+                    pb.HealthReport(region="nope", observer="x", kind=pb.AGENT, health=pb.HEALTHY)
+                )
+            )
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert await code_of(s.Pause(pb.PauseRequest())) == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            await code_of(
+                s.RequestFailover(pb.FailoverRequest(region="east", reason="x" * 200_000))
+            )
+            == grpc.StatusCode.RESOURCE_EXHAUSTED
+        )
+        assert (
+            await code_of(s.RequestFailover(pb.FailoverRequest(region="east", reason="y" * 5000)))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+
+        dry = await s.RequestFailover(
+            pb.FailoverRequest(region="east", reason="plan it", dry_run=True)
+        )
+        assert dry.dry_run and not dry.accepted and set(dry.plan.targets) == {"west", "central"}
+
+        after = await s.GetHistory(pb.HistoryRequest(limit=1000))
+        assert list(after.events) == list(before.events)  # nothing audited: nothing happened
+        st = await s.GetStatus(pb.GetStatusRequest())
+        assert all(r.state == pb.NORMAL for r in st.regions) and not st.paused
+
+
+async def test_manual_failover_pause_and_recovery(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        s = run.stub
+        await until(
+            lambda st: st.responder_is_leader and all(r.health == pb.HEALTHY for r in st.regions),
+            s,
+            {},
+        )
+        await s.Pause(pb.PauseRequest(reason="maintenance", actor="alice"))
+        resp = await s.RequestFailover(
+            pb.FailoverRequest(region="west", to=["central"], reason="drain west", actor="alice")
+        )
+        assert resp.accepted and resp.intent_id
+        st = await until(
+            lambda st: region(st, "west").failover_steps_done == "prewarm,switch", s, {}
+        )
+        assert st.paused and dict(region(st, "west").routing) == {"central": 1.0}
+        # Paused: an unhealthy region is not failed over automatically.
+        await asyncio.sleep(1.0)
+        st = await until(
+            lambda st: region(st, "east").health == pb.UNHEALTHY, s, {"east": pb.UNHEALTHY}
+        )
+        assert region(st, "east").state == pb.NORMAL
+        await s.RequestRecovery(pb.RecoveryRequest(region="west", reason="done", actor="alice"))
+        st = await until(lambda st: region(st, "west").state == pb.RECOVERED, s, {})
+        # Graduated recovery is automation too: it waits while paused.
+        await asyncio.sleep(1.0)
+        st = await until(lambda st: True, s, {})
+        assert region(st, "west").state == pb.RECOVERED and region(st, "west").recovery_step == 0
+        await s.Resume(pb.PauseRequest(actor="alice"))
+        st = await until(lambda st: region(st, "west").state == pb.NORMAL, s, {})
+        hist = await s.GetHistory(pb.HistoryRequest(limit=200))
+        actors = {(e.action, e.actor) for e in hist.events}
+        assert ("intent_failover", "alice") in actors and ("pause", "alice") in actors
+        assert ("transition", "alice") in actors
+
+
+async def test_standard_health_and_reflection(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        await until(lambda st: st.responder_is_leader, run.stub, {})
+        hs = health_pb2_grpc.HealthStub(run.channel)
+        resp = await hs.Check(health_pb2.HealthCheckRequest(service="tectonic.v1.ControlPlane"))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(run.channel)
+        names: list[str] = []
+        async for r in refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        ):
+            names = [s.name for s in r.list_services_response.service]
+        assert "tectonic.v1.ControlPlane" in names and "grpc.health.v1.Health" in names
