@@ -14,7 +14,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from chaos.procs import free_port
+
 ETCD_BINARY = "etcd"
 # Fast elections so that losing a member costs ~0.1-2 s, not the default 1-10 s.
 FAST_FLAGS = (
@@ -34,14 +35,6 @@ FAST_FLAGS = (
     "--election-timeout=100",
     "--unsafe-no-fsync",
 )
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def etcd_available() -> bool:

@@ -261,15 +261,17 @@ def start_agent(
     timeout: float = 0.25,
     extra_args: Sequence[str] = (),
     ready_timeout: float = 20.0,
+    listen: str = "127.0.0.1:0",
 ) -> Proc:
-    """Start ``python -m regions.agent`` on a free port; ``Proc.url`` is its gRPC target."""
+    """Start ``python -m regions.agent`` (on a free port unless ``listen`` names one);
+    ``Proc.url`` is its gRPC target."""
     args = [
         "-m",
         "regions.agent",
         "--region",
         region,
         "--listen",
-        "127.0.0.1:0",
+        listen,
         "--control-plane",
         ",".join(control_planes),
         "--interval",
@@ -281,6 +283,32 @@ def start_agent(
     for url in replicas:
         args += ["--replica", url]
     proc = spawn(args, f"agent-{region}", stdout_pipe=True)
+    proc.url = read_ready(proc, time.monotonic() + ready_timeout)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    return proc
+
+
+def start_controlplane(
+    topology: str | Path,
+    replica_id: str,
+    *,
+    listen: str = "127.0.0.1:0",
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+) -> Proc:
+    """Start ``python -m controlplane``; ``Proc.url`` is its gRPC target once it serves."""
+    args = [
+        "-m",
+        "controlplane",
+        "--topology",
+        str(topology),
+        "--id",
+        replica_id,
+        "--listen",
+        listen,
+        *extra_args,
+    ]
+    proc = spawn(args, f"cp-{replica_id}", stdout_pipe=True)
     proc.url = read_ready(proc, time.monotonic() + ready_timeout)
     proc.port = int(proc.url.rsplit(":", 1)[1])
     return proc

@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 
-from controlplane.config import ConfigError, Topology, load_topology
+from controlplane.config import ConfigError, Topology, load_topology, parse_topology
 
 EXAMPLES = """examples:
   python -m controlplane --topology examples/topology.yaml --id cp-1 --listen 127.0.0.1:50051
@@ -64,6 +64,12 @@ async def _run(t: Topology, replica_id: str, listen: str) -> None:
     await store.connect()
     replica = ControlPlaneReplica(topology=t, store=store, replica_id=replica_id, listen=listen)
     task = asyncio.create_task(replica.run())
+    started = asyncio.create_task(replica.started.wait())
+    await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if replica.started.is_set():
+        # Launchers (tests, the demo) wait for this line instead of polling.
+        print(f"READY {listen.rsplit(':', 1)[0]}:{replica.port}", flush=True)
+    started.cancel()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
@@ -83,11 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t = load_topology(args.topology)
         if args.etcd:
-            t = t.model_copy(
-                update={
-                    "etcd": t.etcd.model_copy(update={"endpoints": tuple(args.etcd.split(","))})
-                }
-            )
+            data = t.model_dump()
+            data["etcd"]["endpoints"] = args.etcd.split(",")
+            t = parse_topology(data, "--etcd")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
