@@ -1,0 +1,73 @@
+"""``python -m bench <name>``: benchmarks of a real Tectonic deployment.
+
+Each bench lives in its own module (``bench/<name>.py``) with two functions,
+``add_arguments(parser)`` and ``run(args) -> exit code`` (the ``BenchModule``
+protocol), and is listed in ``BENCHES`` with a one-sentence summary for ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bench import failover
+
+
+class BenchModule(Protocol):
+    def add_arguments(self, p: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+@dataclass(frozen=True)
+class BenchInfo:
+    name: str
+    module: BenchModule
+    summary: str  # one sentence, shown by --help
+
+
+BENCHES = (
+    BenchInfo(
+        "failover",
+        failover,
+        "Kill a region's vLLM servers and the leading control plane, on a real etcd and "
+        "real processes: detection time, routing-switch time, leader-resume time.",
+    ),
+)
+
+EPILOG = """examples:
+  python -m bench failover                 # 5 failover + 3 leader-kill rounds
+  python -m bench failover --rounds 10 --quiet
+  python -m bench failover --help          # options of one bench
+
+Each bench prints one JSON object per round on stdout and a headline object last;
+progress goes to stderr. See bench/README.md for what the figures mean."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmarks of a real Tectonic deployment (etcd, simulators, agents, "
+        "control-plane replicas as processes).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for info in BENCHES:
+        sp = sub.add_parser(info.name, help=info.summary, description=info.summary)
+        info.module.add_arguments(sp)
+        sp.set_defaults(run=info.module.run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
