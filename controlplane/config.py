@@ -41,6 +41,18 @@ class RegionConfig(_Strict):
         tuple[str, ...],
         Field(description="Preferred targets; empty means every region of the same zone"),
     ] = ()
+    replicas: Annotated[
+        tuple[str, ...],
+        Field(description="Base URLs of the region's vLLM servers (or its regional load "
+              "balancer) that gateways forward to"),
+    ] = ()
+
+    @model_validator(mode="after")
+    def _replica_urls(self) -> Self:
+        bad = [u for u in self.replicas if not re.match(r"^https?://[^/\s]+$", u)]
+        if bad:
+            raise ValueError(f"replicas must be base URLs like http://host:8000, got {bad}")
+        return self
 
 
 class TimingConfig(_Strict):
