@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from controlplane.clock import Clock
+from controlplane.codec import CorruptValue, decode
 from controlplane.config import Topology
 from controlplane.core.decide import TickResult, decide
+from controlplane.core.model import HealthReport
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
 from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.port import Compare, Store, StoreError, StoreUnavailable
+from controlplane.store.port import Compare, Store, StoreError, StoreUnavailable, WatchEvent
 
 log = logging.getLogger("tectonic.loop")
 
@@ -30,6 +33,8 @@ class Leadership(Protocol):
     def is_leader(self) -> bool: ...
 
     def fence(self) -> list[Compare]: ...
+
+    async def wait_changed(self) -> bool: ...
 
 
 class ReconcileLoop:
@@ -83,35 +88,78 @@ class ReconcileLoop:
     async def run(self) -> None:
         period = self.topology.timing.loop_period_s
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._watch_intents(), name="watch-intents")
+            tg.create_task(
+                self._wake_on(self.keys.intents_prefix(), _any_change), name="watch-intents"
+            )
+            tg.create_task(
+                self._wake_on(self.keys.reports_prefix(), _HealthChanges()), name="watch-reports"
+            )
+            tg.create_task(self._wake_on_leadership(), name="watch-leadership")
+            next_at = time.monotonic()
             while True:
+                await self._one_tick(period)
+                # Fixed rate: periodic ticks keep their schedule whatever a tick costs;
+                # an early (woken) tick does not push the next periodic one back.
+                if time.monotonic() >= next_at:
+                    next_at = max(next_at + period, time.monotonic())
                 try:
-                    async with asyncio.timeout(period + 2 * self.topology.timing.retry_timeout_s):
-                        await self.tick()
-                    self.last_progress = time.monotonic()
-                    self.ticks += 1
-                except StoreUnavailable as e:
-                    # Acting blind is worse than not acting: wait for the store.
-                    log.warning("store unavailable, not acting this tick: %s", e)
-                except TimeoutError:
-                    log.warning("tick took longer than %.1fs; skipped", period)
-                except NotLeader:
-                    log.info("leadership lost mid-tick; not acting")
-                except (StoreError, ValueError):
-                    # A bug or a corrupt value must not kill the loop; the next tick retries.
-                    log.exception("tick failed")
-                try:
-                    async with asyncio.timeout(period):
+                    async with asyncio.timeout(next_at - time.monotonic()):
                         await self.wake.wait()
                 except TimeoutError:
                     pass
                 self.wake.clear()
 
-    async def _watch_intents(self) -> None:
-        """Operator intents wake the loop at once instead of at the next period."""
+    async def _one_tick(self, period: float) -> None:
+        try:
+            async with asyncio.timeout(period + 2 * self.topology.timing.retry_timeout_s):
+                await self.tick()
+            self.last_progress = time.monotonic()
+            self.ticks += 1
+        except StoreUnavailable as e:
+            # Acting blind is worse than not acting: wait for the store.
+            log.warning("store unavailable, not acting this tick: %s", e)
+        except TimeoutError:
+            log.warning("tick took longer than %.1fs; skipped", period)
+        except NotLeader:
+            log.info("leadership lost mid-tick; not acting")
+        except (StoreError, ValueError):
+            # A bug or a corrupt value must not kill the loop; the next tick retries.
+            log.exception("tick failed")
+
+    async def _wake_on_leadership(self) -> None:
+        """A new leader acts at once instead of at its next period."""
+        while True:
+            await self.leadership.wait_changed()
+            self.wake.set()
+
+    async def _wake_on(self, prefix: str, changed: Callable[[WatchEvent], bool]) -> None:
+        """Wake the loop early on relevant changes under ``prefix``. Only a hint: the
+        tick re-reads everything, so a missed event costs latency, never correctness."""
         while True:
             try:
-                async for _ in self.store.watch_prefix(self.keys.intents_prefix()):
-                    self.wake.set()
+                async for ev in self.store.watch_prefix(prefix):
+                    if changed(ev):
+                        self.wake.set()
             except StoreUnavailable:
                 await asyncio.sleep(self.topology.timing.loop_period_s)
+
+
+def _any_change(ev: WatchEvent) -> bool:
+    return True
+
+
+class _HealthChanges:
+    """True when an observer's reported health differs from its last report: the
+    first bad report starts detection at once; steady reports wake nothing."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+
+    def __call__(self, ev: WatchEvent) -> bool:
+        try:
+            health = decode(HealthReport, ev.kv.value).health.value if ev.kv.value else ""
+        except CorruptValue:
+            return False
+        changed = self._last.get(ev.kv.key) != health
+        self._last[ev.kv.key] = health
+        return changed

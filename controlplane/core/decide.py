@@ -367,13 +367,20 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropI
     return _begin_recovery(view, topology, intent.reason, intent.actor, now, intent.id)
 
 
+def _with_record(snap: Snapshot, w: Write) -> Snapshot:
+    """The snapshot as later decisions of the same tick must see it: a region failed over
+    a moment ago is no longer a target, nor counted as serving."""
+    view = snap.regions[w.region].model_copy(update={"record": w.record})
+    return snap.model_copy(update={"regions": {**snap.regions, w.region: view}})
+
+
 def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
     """Decide one tick. ``actor`` names this control-plane replica in decisions."""
     now = snap.now
     health_writes: list[WriteHealth] = []
     regions: dict[str, RegionView] = {}
     for name, view in snap.regions.items():
-        if evaluation_due(view.health, now, topology.timing):
+        if evaluation_due(view.health, snap.reports, now, topology.timing):
             h = fold_health(view.health, snap.reports, now, topology.timing)
             health_writes.append(WriteHealth(region=name, health=h))
             view = view.model_copy(update={"health": h})
@@ -391,20 +398,22 @@ def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
             dropped.append(out)
         else:
             writes[intent.region] = out
+            snap = _with_record(snap, out)
 
     if not snap.control.paused:
-        for name, view in regions.items():
+        for name in regions:
             if name in writes:
                 continue
-            w, note = _automatic(snap, topology, view, actor)
+            w, note = _automatic(snap, topology, snap.regions[name], actor)
             if w is not None:
                 writes[name] = w
+                snap = _with_record(snap, w)
             if note:
                 notes.append(note)
 
     failovers = []
-    for name, view in regions.items():
-        rec = writes[name].record if name in writes else view.record
+    for name, view in snap.regions.items():
+        rec = view.record
         steps = pending_steps(rec)
         if steps:
             failovers.append(RunFailover(region=name, pending=steps))

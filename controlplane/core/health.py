@@ -97,6 +97,13 @@ def fold_health(
     )
 
 
-def evaluation_due(prev: RegionHealth, now: float, timing: TimingConfig) -> bool:
-    # A small slack so that a tick that lands a hair early still counts.
-    return now - prev.evaluated_at >= timing.probe_interval_s * 0.9
+def evaluation_due(
+    prev: RegionHealth, reports: Iterable[HealthReport], now: float, timing: TimingConfig
+) -> bool:
+    """Fold at most once per probe interval (with a little slack for early ticks), except
+    that a change in the observers' verdict is counted at once: detection then starts
+    when the first bad report lands, not at the next interval boundary."""
+    if now - prev.evaluated_at >= timing.probe_interval_s * 0.9:
+        return True
+    votes = fresh_votes(reports, prev.region, now, timing.report_stale_s)
+    return quorum_verdict(votes, timing.quorum) is not prev.raw

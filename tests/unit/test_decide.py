@@ -34,12 +34,17 @@ def test_confirmed_down_region_fails_over_and_routing_moves_in_one_write() -> No
     assert set(w.targets("us-east")) == {"us-west", "us-central"}
     rec = w.records["us-east"][0]
     assert rec.failover is not None and rec.failover.done == (
-        FailoverStep.SWITCH, FailoverStep.PREWARM)  # hard down: switch first, then warm
+        FailoverStep.SWITCH,
+        FailoverStep.PREWARM,
+    )  # hard down: switch first, then warm
     actions = [a.action for a in w.audit]
     assert actions.count("transition") == 1 and actions.count("routing_switch") == 1
     d = rec.last_decision
     assert d is not None and (d.from_state, d.to_state, d.trigger) == (
-        RegionState.NORMAL, RegionState.FAILING_OVER, "fail_over")
+        RegionState.NORMAL,
+        RegionState.FAILING_OVER,
+        "fail_over",
+    )
 
 
 def test_one_unreachable_observer_never_fails_a_region_over() -> None:
@@ -47,8 +52,9 @@ def test_one_unreachable_observer_never_fails_a_region_over() -> None:
     for _ in range(10):
         for r in REGIONS:
             w.report(r, "agent:" + r, Health.HEALTHY)
-            w.report(r, "probe:controlplane",
-                     Health.UNHEALTHY if r == "us-east" else Health.HEALTHY)
+            w.report(
+                r, "probe:controlplane", Health.UNHEALTHY if r == "us-east" else Health.HEALTHY
+            )
         w.tick()
     assert w.state("us-east") == "NORMAL"
     assert w.health["us-east"].verdict is Health.UNKNOWN
@@ -100,9 +106,15 @@ def test_pause_stops_automation_but_not_operator_intents() -> None:
     w.control = ControlFlags(paused=True, reason="maintenance")
     run(w, 5, {"us-east": Health.UNHEALTHY})
     assert w.state("us-east") == "NORMAL"
-    w.intents["i1"] = Intent(id="i1", kind=IntentKind.FAILOVER, region="us-west",
-                             targets=("us-central",), reason="drain", actor="alice",
-                             created_at=w.now)
+    w.intents["i1"] = Intent(
+        id="i1",
+        kind=IntentKind.FAILOVER,
+        region="us-west",
+        targets=("us-central",),
+        reason="drain",
+        actor="alice",
+        created_at=w.now,
+    )
     run(w, 1, {"us-east": Health.UNHEALTHY})
     assert w.state("us-west") == "FAILING_OVER" and w.targets("us-west") == {"us-central": 1.0}
     assert "i1" not in w.intents
@@ -114,8 +126,15 @@ def test_pause_stops_automation_but_not_operator_intents() -> None:
 def test_refused_intent_is_dropped_and_audited_with_the_reason() -> None:
     w = World()
     run(w, 2)
-    w.intents["i2"] = Intent(id="i2", kind=IntentKind.FAILOVER, region="us-east",
-                             targets=("eu-west",), reason="try", actor="bob", created_at=w.now)
+    w.intents["i2"] = Intent(
+        id="i2",
+        kind=IntentKind.FAILOVER,
+        region="us-east",
+        targets=("eu-west",),
+        reason="try",
+        actor="bob",
+        created_at=w.now,
+    )
     run(w, 1)
     assert "i2" not in w.intents and w.state("us-east") == "NORMAL"
     assert w.audit[-1].result.startswith("refused:") and "zone" in w.audit[-1].result
@@ -124,11 +143,18 @@ def test_refused_intent_is_dropped_and_audited_with_the_reason() -> None:
 def test_manual_recovery_intent() -> None:
     w = World()
     run(w, 2)
-    w.intents["f"] = Intent(id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x",
-                            actor="a", created_at=w.now)
+    w.intents["f"] = Intent(
+        id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x", actor="a", created_at=w.now
+    )
     run(w, 1)
-    w.intents["r"] = Intent(id="r", kind=IntentKind.RECOVER, region="us-east", reason="fixed",
-                            actor="a", created_at=w.now)
+    w.intents["r"] = Intent(
+        id="r",
+        kind=IntentKind.RECOVER,
+        region="us-east",
+        reason="fixed",
+        actor="a",
+        created_at=w.now,
+    )
     run(w, 1)
     assert w.state("us-east") == "RECOVERED"
 
@@ -136,11 +162,13 @@ def test_manual_recovery_intent() -> None:
 def test_a_half_done_failover_resumes_at_the_missing_step() -> None:
     w = World()
     run(w, 2)
-    w.intents["f"] = Intent(id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x",
-                            actor="a", created_at=w.now)
+    w.intents["f"] = Intent(
+        id="f", kind=IntentKind.FAILOVER, region="us-east", reason="x", actor="a", created_at=w.now
+    )
     # Decide but apply only the transition, as if the leader died before any step.
     w.now += 1
     from controlplane.core.decide import decide
+
     res = decide(w.snapshot(), w.topo, "old-leader")
     assert w.apply(res.writes[0])
     rec = w.records["us-east"][0]
@@ -163,3 +191,24 @@ def test_cooldown_blocks_a_second_automatic_failover() -> None:
     run(w, 4, {"us-east": Health.UNHEALTHY})  # within the 60 s cooldown
     assert w.state("us-east") == "NORMAL"
     assert any("cooldown" in n for res in w.results[-3:] for n in res.notes)
+
+
+def test_intents_for_every_region_in_one_tick_leave_one_serving() -> None:
+    """Found by the property test: plans made in one tick must see each other."""
+    w = World()
+    run(w, 2)
+    for r in REGIONS:
+        w.intents[r] = Intent(
+            id=r,
+            kind=IntentKind.FAILOVER,
+            region=r,
+            reason="x",
+            actor="a",
+            force=r == "eu-west",
+            targets=("us-east",) if r == "eu-west" else (),
+            created_at=w.now,
+        )
+    run(w, 1)
+    assert any(w.state(r) != "FAILING_OVER" for r in REGIONS)
+    refused = [a for a in w.audit if a.result.startswith("refused")]
+    assert refused and all("last healthy" in a.result or "no eligible" in a.result for a in refused)

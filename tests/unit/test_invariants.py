@@ -104,7 +104,7 @@ class ControlPlaneModel(RuleBasedStateMachine):
 
 
 ControlPlaneModel.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=300, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestControlPlaneInvariants = ControlPlaneModel.TestCase

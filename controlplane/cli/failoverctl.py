@@ -1,0 +1,400 @@
+"""failoverctl — the on-call CLI for Tectonic.
+
+Talks gRPC to any control-plane replica (``--server``, or ``TECTONIC_SERVER``; a
+comma-separated list is tried in order). Everything that moves traffic asks for a
+reason and a confirmation; ``--json`` prints machine-readable output; exit codes are
+documented in ``controlplane/cli/client.py`` and in ``failoverctl --help``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from tectonic_api.v1 import controlplane_pb2 as pb
+
+from controlplane.cli import render
+from controlplane.cli.client import (
+    DEFAULT_SERVER,
+    EXIT_ABORTED,
+    EXIT_BAD_INPUT,
+    Client,
+    CliError,
+    default_actor,
+)
+
+HELP = (
+    "The on-call CLI for Tectonic: region states, failovers, recovery, sessions.\n\n"
+    "Exit codes: 0 done · 1 refused by the control plane · 2 bad input · 3 control plane "
+    "unreachable (nothing changed) · 4 aborted at the confirmation prompt."
+)
+
+app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich")
+sessions_app = typer.Typer(help="Look up or pin a sticky session.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+out = Console()
+err = Console(stderr=True)
+
+
+@dataclass
+class Ctx:
+    client: Client
+    actor: str
+    json: bool
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (goes to the audit log).")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    server: Annotated[
+        str,
+        typer.Option(
+            envvar="TECTONIC_SERVER", help="Control-plane replicas, host:port[,host:port]."
+        ),
+    ] = DEFAULT_SERVER,
+    actor: Annotated[
+        str, typer.Option(envvar="TECTONIC_ACTOR", help="Who you are, for the audit log.")
+    ] = "",
+    timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 5.0,
+) -> None:
+    servers = [s.strip() for s in server.split(",") if s.strip()]
+    if not servers:
+        err.print("error: --server is empty")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    ctx.obj = Ctx(Client(servers, timeout), actor or default_actor(), False)
+
+
+def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:
+    c: Ctx = ctx.obj
+    c.json = json_out
+    return c
+
+
+def _fail(e: CliError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {e}")
+    return typer.Exit(e.code)
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        err.print("refusing to act without confirmation: no terminal to ask on; pass --yes")
+        raise typer.Exit(EXIT_ABORTED)
+    if not typer.confirm(question, default=False):
+        err.print("aborted; nothing was changed")
+        raise typer.Exit(EXIT_ABORTED)
+
+
+def _status(c: Ctx) -> pb.StatusResponse:
+    st: pb.StatusResponse = c.client.call(
+        lambda s: s.GetStatus(pb.GetStatusRequest(), timeout=c.client.timeout_s)
+    )
+    return st
+
+
+@app.command()
+def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Every region's state, health, routing and progress.
+
+    Example: failoverctl status --json | jq '.regions[] | select(.state != "NORMAL")'
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        st = _status(c)
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, render.to_dict(st))
+    else:
+        out.print(render.status_table(st))
+
+
+@app.command()
+def regions(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """Who sees each region how: observer votes and the signals behind the verdict.
+
+    Example: failoverctl regions
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        st = _status(c)
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, [render.to_dict(r) for r in st.regions])
+    else:
+        out.print(render.regions_table(st))
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Option(help="Only this region.")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many, newest last.")] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """The audit log: transitions, switches, intents, pauses — who, what, why.
+
+    Example: failoverctl history --region us-east --limit 20
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        h = c.client.call(
+            lambda s: s.GetHistory(
+                pb.HistoryRequest(region=region, limit=limit), timeout=c.client.timeout_s
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, [render.to_dict(ev) for ev in h.events])
+    else:
+        for ev in h.events:
+            out.print(render.event_line(ev), highlight=False)
+
+
+@app.command()
+def events(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Option(help="Only this region.")] = "",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming.")] = False,
+    replay: Annotated[int, typer.Option(min=0, max=1000, help="Recent events first.")] = 20,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stream events as they happen (Ctrl-C to stop); without --follow, show recent ones.
+
+    Example: failoverctl events --follow --region us-east
+    """
+    c = _ctx(ctx, json_out)
+    if not follow:
+        history(ctx, region=region, limit=max(replay, 1), json_out=json_out)
+        return
+    try:
+        for e in c.client.stream(
+            lambda s: s.WatchEvents(pb.WatchEventsRequest(region=region, replay=replay))
+        ):
+            if c.json:
+                out.print_json(data=render.to_dict(e))
+            else:
+                out.print(render.event_line(e), highlight=False)
+    except CliError as e:
+        raise _fail(e) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _wait_for_switch(c: Ctx, region: str, within: float) -> None:
+    """Show progress until the failover's routing switch is recorded."""
+    deadline, last = time.monotonic() + within, ""
+    with err.status(f"waiting for {region}'s failover ...") as spinner:
+        while time.monotonic() < deadline:
+            r = next(x for x in _status(c).regions if x.name == region)
+            now = f"{render.state_name(r.state)} steps: {r.failover_steps_done or 'planned'}"
+            if now != last:
+                spinner.update(f"{region}: {now}")
+                last = now
+            if "switch" in r.failover_steps_done.split(","):
+                err.print(f"{region}: traffic now goes to {render.routing_text(dict(r.routing))}")
+                return
+            time.sleep(0.3)
+    err.print(
+        f"[yellow]still in progress after {within:.0f}s[/]; follow with "
+        f"`failoverctl events -f --region {region}`"
+    )
+
+
+@app.command()
+def failover(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="The region to move traffic away from.")],
+    reason: ReasonOpt,
+    to: Annotated[
+        list[str] | None, typer.Option("--to", help="Target region (repeatable).")
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(help="Override residency/barred/headroom/cooldown rules. Needs a reason."),
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan only.")] = False,
+    yes: YesOpt = False,
+    wait: Annotated[bool, typer.Option(help="Wait for the routing switch.")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Move a region's traffic to other regions (shows the plan, then asks).
+
+    Example: failoverctl failover us-east --reason "INC-42: TTFT 5x" --to us-west
+    """
+    c = _ctx(ctx, json_out)
+    req = pb.FailoverRequest(
+        region=region, to=to or [], reason=reason, force=force, actor=c.actor, dry_run=True
+    )
+    try:
+        plan = c.client.call(lambda s: s.RequestFailover(req, timeout=c.client.timeout_s))
+        if dry_run:
+            if c.json:
+                render.print_json(out, render.to_dict(plan))
+            else:
+                out.print(render.plan_text(plan.plan))
+            return
+        if not c.json:
+            out.print(render.plan_text(plan.plan))
+        _confirm(f"Fail over {region} now?", yes)
+        req.dry_run = False
+        resp = c.client.call(lambda s: s.RequestFailover(req, timeout=c.client.timeout_s))
+        if c.json:
+            render.print_json(out, render.to_dict(resp))
+        else:
+            err.print(f"accepted: intent {resp.intent_id}")
+        if wait and not c.json:
+            _wait_for_switch(c, region, 60.0)
+    except CliError as e:
+        raise _fail(e) from None
+
+
+@app.command()
+def recover(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="A FAILING_OVER region to bring back.")],
+    reason: ReasonOpt,
+    yes: YesOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Start graduated recovery of a failed-over region now, without waiting for the dwell.
+
+    Example: failoverctl recover us-east --reason "driver rolled back"
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        _confirm(f"Start recovery of {region}? New sessions will move back in steps.", yes)
+        resp = c.client.call(
+            lambda s: s.RequestRecovery(
+                pb.RecoveryRequest(region=region, reason=reason, actor=c.actor),
+                timeout=c.client.timeout_s,
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, render.to_dict(resp))
+    else:
+        err.print(f"accepted: intent {resp.intent_id}; follow with failoverctl status")
+
+
+@app.command()
+def pause(ctx: typer.Context, reason: ReasonOpt, json_out: JsonOpt = False) -> None:
+    """Stop automatic failovers and recovery steps (manual commands still work).
+
+    Example: failoverctl pause --reason "etcd maintenance"
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        resp = c.client.call(
+            lambda s: s.Pause(
+                pb.PauseRequest(reason=reason, actor=c.actor), timeout=c.client.timeout_s
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    render.print_json(out, render.to_dict(resp)) if c.json else err.print("automation paused")
+
+
+@app.command()
+def resume(
+    ctx: typer.Context,
+    reason: Annotated[str, typer.Option("--reason", "-r")] = "",
+    json_out: JsonOpt = False,
+) -> None:
+    """Resume automation after a pause.
+
+    Example: failoverctl resume
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        resp = c.client.call(
+            lambda s: s.Resume(
+                pb.PauseRequest(reason=reason, actor=c.actor), timeout=c.client.timeout_s
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    render.print_json(out, render.to_dict(resp)) if c.json else err.print("automation resumed")
+
+
+@sessions_app.command("get")
+def sessions_get(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="The session id (x-session-id).")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Where a session is pinned.
+
+    Example: failoverctl sessions get conv-8f2a
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        info = c.client.call(
+            lambda s: s.GetSession(
+                pb.GetSessionRequest(session_id=session_id), timeout=c.client.timeout_s
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, render.to_dict(info))
+    elif not info.found:
+        out.print(f"{session_id}: not pinned (new or expired)")
+    else:
+        out.print(
+            f"{session_id}: served in {info.region} (home {info.home}), moved "
+            f"{info.moves} times, pinned {render.ago(info.pinned_at)}, epoch {info.epoch}"
+        )
+
+
+@sessions_app.command("pin")
+def sessions_pin(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="The session id.")],
+    region: Annotated[str, typer.Option("--region", help="Serve it from this region.")],
+    reason: ReasonOpt,
+    yes: YesOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pin a session to a region by hand (e.g. to debug one conversation).
+
+    Example: failoverctl sessions pin conv-8f2a --region us-west --reason "repro INC-42"
+    """
+    c = _ctx(ctx, json_out)
+    try:
+        _confirm(f"Pin {session_id} to {region}?", yes)
+        info = c.client.call(
+            lambda s: s.PinSession(
+                pb.PinSessionRequest(
+                    session_id=session_id, region=region, reason=reason, actor=c.actor
+                ),
+                timeout=c.client.timeout_s,
+            )
+        )
+    except CliError as e:
+        raise _fail(e) from None
+    if c.json:
+        render.print_json(out, render.to_dict(info))
+    else:
+        out.print(f"{session_id}: pinned to {info.region}")
+
+
+def run() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,126 @@
+"""How failoverctl shows things: rich tables for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+from tectonic_api.v1 import controlplane_pb2 as pb
+
+STATE_STYLE = {
+    "NORMAL": "green",
+    "DEGRADED": "yellow",
+    "FAILING_OVER": "bold red",
+    "RECOVERED": "cyan",
+}
+HEALTH_NAME = {
+    pb.HEALTHY: "HEALTHY",
+    pb.HEALTH_DEGRADED: "DEGRADED",
+    pb.UNHEALTHY: "UNHEALTHY",
+    pb.UNKNOWN: "UNKNOWN",
+    pb.HEALTH_UNSPECIFIED: "-",
+}
+HEALTH_STYLE = {
+    "HEALTHY": "green",
+    "DEGRADED": "yellow",
+    "UNHEALTHY": "bold red",
+    "UNKNOWN": "magenta",
+}
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    d: dict[str, Any] = MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return d
+
+
+def print_json(console: Console, data: object) -> None:
+    console.print_json(json.dumps(data))
+
+
+def state_name(v: int) -> str:
+    return str(pb.RegionState.Name(v))
+
+
+def ago(ts: float) -> str:
+    if ts <= 0:
+        return "-"
+    s = max(0.0, time.time() - ts)
+    return (
+        f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
+    )
+
+
+def routing_text(routing: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(routing.items(), key=lambda kv: -kv[1]))
+
+
+def status_table(st: pb.StatusResponse) -> Table:
+    leader = st.leader or "[red]none[/red]"
+    title = f"leader {leader} · answered by {st.responder}"
+    if st.paused:
+        title += f" · [bold yellow]AUTOMATION PAUSED[/bold yellow] ({st.pause_reason})"
+    t = Table(title=title, title_justify="left")
+    for col in ("region", "zone", "state", "health", "since", "routing", "progress", "reason"):
+        t.add_column(col)
+    for r in st.regions:
+        state, health = state_name(r.state), HEALTH_NAME.get(r.health, "?")
+        progress = r.failover_steps_done or (
+            f"recovery {r.recovery_step}/{r.recovery_steps}" if r.recovery_steps else ""
+        )
+        name = r.name + (" [red](barred)[/red]" if r.barred else "")
+        t.add_row(
+            name,
+            r.zone,
+            f"[{STATE_STYLE[state]}]{state}[/]",
+            f"[{HEALTH_STYLE.get(health, 'white')}]{health}[/]",
+            ago(r.since),
+            routing_text(dict(r.routing)),
+            progress,
+            r.reason,
+        )
+    return t
+
+
+def regions_table(st: pb.StatusResponse) -> Table:
+    t = Table(title="observers and signals", title_justify="left")
+    for col in ("region", "votes", "signals"):
+        t.add_column(col)
+    for r in st.regions:
+        votes = ", ".join(f"{k}={v}" for k, v in sorted(r.votes.items()))
+        signals = ", ".join(f"{k}={v:g}" for k, v in sorted(r.signals.items()))
+        t.add_row(r.name, votes or "-", signals or "-")
+    return t
+
+
+def event_line(e: pb.Event) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(e.at))
+    if e.HasField("decision"):
+        d = e.decision
+        what = f"{state_name(d.from_state)} → {state_name(d.to_state)} ({d.trigger})"
+    else:
+        what = e.action + (f" [{e.result}]" if e.result and e.result != "ok" else "")
+    extra = "; ".join(f"{k}={v}" for k, v in sorted(e.details.items()))
+    return (
+        f"{when}  {e.region or '-':<12} {what}  by {e.actor}"
+        + (f": {e.reason}" if e.reason else "")
+        + (f"  ({extra})" if extra else "")
+    )
+
+
+def plan_text(p: pb.FailoverPlan) -> str:
+    lines = [
+        f"fail over {p.source} → {routing_text(dict(p.targets))}"
+        + (" [forced]" if p.forced else "")
+        + (" · pre-warm first, then switch" if p.warm_first else " · switch, then warm")
+    ]
+    if p.headroom_short:
+        lines.append("  [yellow]warning: targets' headroom is short of the source's load[/]")
+    lines += [f"  note: {n}" for n in p.notes]
+    return "\n".join(lines)
