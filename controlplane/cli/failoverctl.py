@@ -193,20 +193,27 @@ def events(
         pass
 
 
-def _wait_for_switch(c: Ctx, region: str, within: float) -> None:
-    """Show progress until the failover's routing switch is recorded."""
+def _wait_for_switch(c: Ctx, region: str, epoch0: int, within: float) -> None:
+    """Show progress until the failover's routing switch is recorded (or the region has
+    already moved on past it: a fast recovery can follow within seconds)."""
     deadline, last = time.monotonic() + within, ""
-    with err.status(f"waiting for {region}'s failover ...") as spinner:
-        while time.monotonic() < deadline:
-            r = next(x for x in _status(c).regions if x.name == region)
-            now = f"{render.state_name(r.state)} steps: {r.failover_steps_done or 'planned'}"
-            if now != last:
-                spinner.update(f"{region}: {now}")
-                last = now
-            if "switch" in r.failover_steps_done.split(","):
-                err.print(f"{region}: traffic now goes to {render.routing_text(dict(r.routing))}")
-                return
-            time.sleep(0.3)
+    while time.monotonic() < deadline:
+        r = next(x for x in _status(c).regions if x.name == region)
+        steps = r.failover_steps_done.split(",") if r.failover_steps_done else []
+        now = f"{render.state_name(r.state)}, steps done: {', '.join(steps) or 'none yet'}"
+        if now != last:
+            err.print(f"  {region}: {now}", highlight=False)
+            last = now
+        if "switch" in steps:
+            err.print(f"{region}: traffic now goes to {render.routing_text(dict(r.routing))}")
+            return
+        if r.epoch > epoch0 and r.state != pb.FAILING_OVER:
+            err.print(
+                f"{region}: failed over and already moved on to "
+                f"{render.state_name(r.state)}; see failoverctl history"
+            )
+            return
+        time.sleep(0.3)
     err.print(
         f"[yellow]still in progress after {within:.0f}s[/]; follow with "
         f"`failoverctl events -f --region {region}`"
@@ -249,6 +256,7 @@ def failover(
         if not c.json:
             out.print(render.plan_text(plan.plan))
         _confirm(f"Fail over {region} now?", yes)
+        epoch0 = next(x.epoch for x in _status(c).regions if x.name == region)
         req.dry_run = False
         resp = c.client.call(lambda s: s.RequestFailover(req, timeout=c.client.timeout_s))
         if c.json:
@@ -256,7 +264,7 @@ def failover(
         else:
             err.print(f"accepted: intent {resp.intent_id}")
         if wait and not c.json:
-            _wait_for_switch(c, region, 60.0)
+            _wait_for_switch(c, region, epoch0, 60.0)
     except CliError as e:
         raise _fail(e) from None
 

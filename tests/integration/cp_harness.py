@@ -109,3 +109,24 @@ async def until(
 
 def region(st: pb.StatusResponse, name: str) -> pb.RegionStatus:
     return next(r for r in st.regions if r.name == name)
+
+
+@contextlib.asynccontextmanager
+async def reporting(
+    stub: pb_grpc.ControlPlaneStub, health: dict[str, int], every: float = 0.2
+) -> AsyncIterator[dict[str, int]]:
+    """Keep every region's observers reporting in the background (fresh votes);
+    mutate the yielded dict to change what they report."""
+
+    async def loop() -> None:
+        while True:
+            await report(stub, health)
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield health
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
