@@ -98,7 +98,7 @@ class Options:
 
 
 def topology_data(
-    endpoint: str, agent_ports: dict[str, int], lease_ttl_s: int
+    endpoint: str, agents: dict[str, int], replicas: dict[str, list[str]], lease_ttl_s: int
 ) -> dict[str, object]:
     """The bench topology: detection as in production (1 s x 3), fast recovery."""
     retry_timeout = min(2.0, (lease_ttl_s - LOOP_PERIOD_S) / 2)
@@ -106,7 +106,13 @@ def topology_data(
         "cluster": CLUSTER,
         "etcd": {"endpoints": [endpoint]},
         "regions": [
-            {"name": r, "zone": "us", "agent": f"127.0.0.1:{agent_ports[r]}", "capacity_rps": 100}
+            {
+                "name": r,
+                "zone": "us",
+                "agent": f"127.0.0.1:{agents[r]}",
+                "capacity_rps": 100,
+                "replicas": replicas[r],
+            }
             for r in REGIONS
         ],
         "timing": {
@@ -177,7 +183,8 @@ class Deployment:
             self.sim_ports[r] = [p.port for p in self.sims[r]]
         agent_ports = {r: free_port() for r in REGIONS}
         self.cp_ports = {c: free_port() for c in CONTROL_PLANES}
-        data = topology_data(self.etcd_endpoint, agent_ports, self.lease_ttl_s)
+        urls = {r: [p.url for p in self.sims[r]] for r in REGIONS}
+        data = topology_data(self.etcd_endpoint, agent_ports, urls, self.lease_ttl_s)
         self.topology_path.write_text(yaml.safe_dump(data))
         cp_targets = [f"127.0.0.1:{p}" for p in self.cp_ports.values()]
         agents = _start_all([self._agent_starter(r, agent_ports[r], cp_targets) for r in REGIONS])

@@ -24,9 +24,11 @@ from controlplane.core.decide import (
     failover_step_write,
     pending_steps,
 )
-from controlplane.core.model import FailoverStep
+from controlplane.core.model import AuditEntry, FailoverStep, Routing
+from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.prewarm import Prewarmer
+from controlplane.session_store import SessionStore
 from controlplane.snapshot_reader import read_snapshot
 from controlplane.store.port import MAX_TXN_OPS, Compare, Delete, Op, Put, Store
 
@@ -45,11 +47,14 @@ class Orchestrator:
         fence: Fence,
         prewarmer: Prewarmer,
         actor: str,
+        sessions: SessionStore | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
+        self.sessions = sessions
         self.audit = AuditLog(keys, actor)
         self._failovers: dict[str, asyncio.Task[None]] = {}
+        self._repins: dict[str, asyncio.Task[None]] = {}
 
     # ---- writes ------------------------------------------------------------------------
     async def write(self, w: Write) -> bool:
@@ -150,18 +155,57 @@ class Orchestrator:
                         region,
                         {k: v.targets for k, v in w.routing.items()},
                     )
+                    self._start_repin(region, {**snap.routings(), **w.routing})
         except asyncio.CancelledError:
             raise
         except Exception:
             # The next tick sees the step still pending and starts a new attempt.
             log.exception("%s: failover step failed; will retry next tick", region)
 
+    # ---- background session re-pin -------------------------------------------------------
+    def _start_repin(self, region: str, routings: dict[str, Routing]) -> None:
+        """Off the critical path: the switch is already written, and gateways re-pin
+        lazily anyway; this only spares them the write on each session's next request."""
+        if self.sessions is None:
+            return
+        old = self._repins.get(region)
+        if old is not None and not old.done():
+            old.cancel()  # a newer switch of the same region: its routing wins
+        self._repins[region] = asyncio.create_task(
+            self._repin(self.sessions, region, routings), name=f"repin-{region}"
+        )
+
+    async def _repin(
+        self, sessions: SessionStore, region: str, routings: dict[str, Routing]
+    ) -> None:
+        try:
+            report = await sessions.repin_away(region, routings)
+            log.warning("%s", report.summary())
+            entry = AuditEntry(
+                at=self.clock.now(),
+                actor=self.actor,
+                action="sessions_repinned",
+                region=region,
+                reason=f"background re-pin after the routing switch of {region}",
+                details=report.details(),
+            )
+            if not (await self.store.txn([*self.fence()], [self.audit.op(entry)])).succeeded:
+                log.info("%s: re-pin report not audited: leadership lost", region)
+        except asyncio.CancelledError:
+            raise
+        except NotLeader:
+            log.info("%s: re-pin report not audited: no longer leader", region)
+        except Exception:
+            log.exception("%s: background session re-pin failed; sessions re-pin lazily", region)
+
     async def stop_failovers(self) -> None:
-        tasks = [t for t in self._failovers.values() if not t.done()]
+        """Cancel failover steps and session re-pins (on leadership loss or shutdown)."""
+        tasks = [t for t in (*self._failovers.values(), *self._repins.values()) if not t.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._failovers.clear()
+        self._repins.clear()
 
     def failovers_running(self) -> list[str]:
         return sorted(r for r, t in self._failovers.items() if not t.done())

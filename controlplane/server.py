@@ -26,6 +26,7 @@ from controlplane.loop import ReconcileLoop
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import HoldPrewarmer, NoPrefixData, Prewarmer
 from controlplane.probe import AgentProber
+from controlplane.session_store import SessionStore
 from controlplane.store.port import Store
 
 log = logging.getLogger("tectonic.server")
@@ -56,8 +57,22 @@ class ControlPlaneReplica:
         pre = self.prewarmer or (
             HoldPrewarmer(t.prewarm.hold_s) if t.prewarm.hold_s > 0 else NoPrefixData()
         )
+        self.sessions = SessionStore(
+            self.store,
+            self.keys,
+            regions=t.names,
+            clock=self.clock,
+            writer=f"sessions-{self.replica_id}",
+        )
         self.orchestrator = Orchestrator(
-            self.store, self.keys, t, self.clock, self.election.fence, pre, self.replica_id
+            self.store,
+            self.keys,
+            t,
+            self.clock,
+            self.election.fence,
+            pre,
+            self.replica_id,
+            sessions=self.sessions,
         )
         self.prober = (
             AgentProber(self.store, self.keys, t, self.clock) if self.probe_agents else None
@@ -113,6 +128,7 @@ class ControlPlaneReplica:
                 self.clock,
                 self.replica_id,
                 lambda: self.election.is_leader,
+                sessions=self.sessions,
             ),
             server,
         )

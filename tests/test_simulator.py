@@ -99,7 +99,9 @@ def long_prompt(words: int = 300) -> str:
     return " ".join(f"{tag[i % 32]}word{i}" for i in range(words))
 
 
-async def complete(http: aiohttp.ClientSession, sim: Proc, prompt: str, **kw: object) -> JsonObj:
+async def complete(
+    http: aiohttp.ClientSession, sim: Proc, prompt: str | list[int], **kw: object
+) -> JsonObj:
     return await post_json(
         http,
         sim.url + "/v1/completions",
@@ -293,7 +295,15 @@ async def test_api_errors_have_vllm_shape(http: aiohttp.ClientSession, sim: Proc
     body = await post_json(
         http, sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 5000}, status=400
     )
+    assert body["error"]["param"] == "max_tokens"  # above max_model_len, whatever the prompt
+    assert "cannot be greater than max_model_len=4096" in body["error"]["message"]
+    body = await post_json(
+        http, sim.url + "/v1/completions", {"prompt": [7] * 4097, "max_tokens": 8}, status=400
+    )
+    assert body["error"]["param"] == "input_tokens"
     assert "maximum context length" in body["error"]["message"]
+    body = await post_json(http, sim.url + "/v1/completions", {"prompt": [7] * 4096}, status=400)
+    assert body["error"]["param"] == "max_tokens"  # no room left for one output token
     body = await post_json(http, sim.url + "/v1/chat/completions", {"model": "tiny"}, status=400)
     assert body["error"]["type"] == "BadRequestError"
     async with http.post(sim.url + "/v1/completions", data=b"{not json") as r:
@@ -383,6 +393,94 @@ async def test_sleep_queues_requests_until_wake(
     # sleep dropped the prefix cache: the first request after waking was cold
     cached = sorted(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results)
     assert cached[0] == 0 and cached[1] > 0
+
+
+@pytest.mark.slow
+async def test_max_tokens_is_capped_by_the_context(http: aiohttp.ClientSession, sim: Proc) -> None:
+    body = await complete(http, sim, [7] * 4090, max_tokens=4096)
+    assert body["usage"]["completion_tokens"] == 6
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def admin(http: aiohttp.ClientSession, url: str, status: int = 200, **q: str) -> JsonObj:
+    async with http.post(url, params=q) as r:
+        text = await r.text()
+        assert r.status == status, text
+        body = json.loads(text)
+        assert isinstance(body, dict)
+        return body
+
+
+@pytest.mark.slow
+async def test_sleep_aborts_running_and_waiting_requests(
+    http: aiohttp.ClientSession, small_sim: Proc
+) -> None:
+    url = small_sim.url
+    running = asyncio.create_task(complete(http, small_sim, "runs", max_tokens=500))
+    await wait_metric(http, small_sim, "vllm:num_requests_running", 1)
+    waiting = asyncio.create_task(complete(http, small_sim, "waits", max_tokens=500))
+    await wait_metric(http, small_sim, "vllm:num_requests_waiting", 1)
+    # Running requests hold blocks: the reset fails unless they are reset too.
+    assert await admin(http, url + "/reset_prefix_cache") == {"success": False}
+    reset = await admin(http, url + "/reset_prefix_cache", reset_running_requests="true")
+    assert reset == {"success": True}
+    try:
+        assert await admin(http, url + "/sleep") == {"status": "sleeping", "level": 1}
+        ran, waited = await asyncio.wait_for(asyncio.gather(running, waiting), 5)
+    finally:
+        assert await admin(http, url + "/wake_up") == {"status": "awake", "tags": None}
+    assert ran["choices"][0]["finish_reason"] == "abort"
+    assert 0 < ran["usage"]["completion_tokens"] < 500
+    assert (waited["choices"][0]["text"], waited["choices"][0]["finish_reason"]) == ("", "abort")
+    assert waited["usage"]["completion_tokens"] == 0  # aborted before it was admitted
+    await wait_metric(http, small_sim, "vllm:num_requests_running", 0)
+
+
+@pytest.mark.slow
+async def test_sleep_modes_levels_and_wake_up_tags(
+    http: aiohttp.ClientSession, small_sim: Proc
+) -> None:
+    url = small_sim.url
+
+    async def sleep_state() -> list[float]:
+        async with http.get(url + "/metrics") as r:
+            return [v for _, v in samples(await r.text(), "vllm:engine_sleep_state")]
+
+    # mode=wait answers once running requests are done (1 s here); they finish normally.
+    task = asyncio.create_task(complete(http, small_sim, "finish me", max_tokens=50))
+    await wait_metric(http, small_sim, "vllm:num_requests_running", 1)
+    await admin(http, url + "/sleep", mode="wait")
+    assert await metric(http, small_sim, "vllm:num_requests_running") == 0
+    await admin(http, url + "/wake_up")
+    assert (await task)["choices"][0]["finish_reason"] == "length"
+    # mode=keep freezes them until wake-up.
+    task = asyncio.create_task(complete(http, small_sim, "hold me", max_tokens=50))
+    await wait_metric(http, small_sim, "vllm:num_requests_running", 1)
+    await admin(http, url + "/sleep", mode="keep")
+    done, _ = await asyncio.wait({task}, timeout=1.5)
+    assert not done
+    await admin(http, url + "/wake_up")
+    assert (await task)["usage"]["completion_tokens"] == 50
+    # Level 0 only pauses scheduling: asleep, but neither offload state is set.
+    assert await admin(http, url + "/sleep", level="0") == {"status": "sleeping", "level": 0}
+    assert await get_json(http, url + "/is_sleeping") == {"is_sleeping": True}
+    assert await sleep_state() == [0.0, 0.0, 0.0]
+    assert await admin(http, url + "/wake_up") == {"status": "awake", "tags": None}
+    assert await sleep_state() == [1.0, 0.0, 0.0]
+    # Level 1 offloads weights and KV cache; waking one tag leaves the engine asleep.
+    await admin(http, url + "/sleep", level="1")
+    woke = await admin(http, url + "/wake_up", tags="weights")
+    assert woke == {"status": "sleeping", "tags": ["weights"]}
+    assert await get_json(http, url + "/is_sleeping") == {"is_sleeping": True}
+    woke = await admin(http, url + "/wake_up", tags="kv_cache")
+    assert woke == {"status": "awake", "tags": ["kv_cache"]}
+    assert await get_json(http, url + "/is_sleeping") == {"is_sleeping": False}
+    # Bad query parameters: FastAPI's validation error, as vLLM answers it.
+    error = (await admin(http, url + "/sleep", 400, level="3"))["error"]
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", "query.level", 400)
+    error = (await admin(http, url + "/sleep", 400, mode="bogus"))["error"]
+    assert error["param"] == "query.mode" and "'abort', 'wait' or 'keep'" in error["message"]
+    assert await get_json(http, url + "/is_sleeping") == {"is_sleeping": False}
 
 
 @pytest.mark.slow

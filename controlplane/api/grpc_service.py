@@ -37,8 +37,10 @@ from controlplane.core.model import (
     IntentKind,
     RegionState,
 )
+from controlplane.core.sessions import SessionPin
 from controlplane.keys import Keys
 from controlplane.reports import BadReport, store_report, validate_report
+from controlplane.session_store import SessionStore, validate_session_id
 from controlplane.snapshot_reader import read_snapshot
 from controlplane.store.port import Compare, KeyValue, Put, Store, StoreUnavailable
 
@@ -84,11 +86,15 @@ class ControlPlaneService(pb_grpc.ControlPlaneServicer):
         clock: Clock,
         replica_id: str,
         is_leader: object,
+        sessions: SessionStore | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.replica_id = replica_id
         self._is_leader = is_leader  # a zero-argument callable
         self.audit = AuditLog(keys, f"api-{replica_id}")
+        self.sessions = sessions or SessionStore(
+            store, keys, regions=topology.names, clock=clock, writer=f"sessions-{replica_id}"
+        )
 
     # ---- helpers -------------------------------------------------------------------
     async def _checked_text(
@@ -395,3 +401,55 @@ class ControlPlaneService(pb_grpc.ControlPlaneServicer):
         self, request: pb.PauseRequest, context: grpc.aio.ServicerContext
     ) -> pb.PauseResponse:
         return await self._set_paused(False, request, context)
+
+    # ---- sticky sessions ---------------------------------------------------------------
+    async def _session_id(self, ctx: grpc.aio.ServicerContext, session_id: str) -> str:
+        try:
+            return validate_session_id(session_id)
+        except ValueError as e:
+            await _abort(ctx, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    @_store_errors
+    async def GetSession(
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SessionInfo:
+        sid = await self._session_id(context, request.session_id)
+        try:
+            got = await self.sessions.get(sid)
+        except CorruptValue as e:
+            await _abort(context, grpc.StatusCode.DATA_LOSS, f"{e}; PinSession overwrites it")
+        if got is None:
+            return pb.SessionInfo(session_id=sid, found=False)  # not an error: new or expired
+        return _session_info(sid, got[0])
+
+    @_store_errors
+    async def PinSession(
+        self, request: pb.PinSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SessionInfo:
+        sid = await self._session_id(context, request.session_id)
+        region = await self._known_region(context, request.region)
+        home = await self._known_region(context, request.home) if request.home else None
+        reason = await self._checked_text(
+            context, "reason", request.reason, MAX_REASON, required=True
+        )
+        actor = (
+            await self._checked_text(context, "actor", request.actor, MAX_ACTOR, required=False)
+            or "operator"
+        )
+        try:
+            pin = await self.sessions.pin(sid, region, home=home, actor=actor, reason=reason)
+        except ValueError as e:  # SessionContention is temporary: UNAVAILABLE, above
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return _session_info(sid, pin)
+
+
+def _session_info(session_id: str, pin: SessionPin) -> pb.SessionInfo:
+    return pb.SessionInfo(
+        session_id=session_id,
+        found=True,
+        home=pin.home,
+        region=pin.region,
+        epoch=pin.epoch,
+        pinned_at=pin.pinned_at,
+        moves=pin.moves,
+    )

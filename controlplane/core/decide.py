@@ -285,12 +285,15 @@ def _automatic(
     if (
         state is RegionState.FAILING_OVER
         and not pending_steps(rec)
+        and rec.failover is not None
+        # An operator's failover (a drain) is undone by an operator, never by automation.
+        and not rec.failover.plan.manual
         and verdict is Health.HEALTHY
-        and now - h.since >= timing.recovery_dwell_s
+        # Healthy for the whole dwell *since the failover*, not merely since the verdict.
+        and now - max(h.since, rec.since) >= timing.recovery_dwell_s
     ):
-        return _begin_recovery(
-            view, topology, f"healthy for {now - h.since:.0f}s", actor, now
-        ), None
+        healthy_for = now - max(h.since, rec.since)
+        return _begin_recovery(view, topology, f"healthy for {healthy_for:.0f}s", actor, now), None
     if state is RegionState.RECOVERED:
         return _recovery_write(view, topology, now, actor), None
     return None, None

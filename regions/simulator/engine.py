@@ -1,27 +1,30 @@
 """The simulated engine: a scheduler with a waiting queue and a latency model.
 
-- At most ``max_num_seqs`` requests run; the rest wait in FIFO order (vLLM's
-  ``num_requests_running`` / ``num_requests_waiting``). A sleeping engine admits
-  nothing, like vLLM's paused scheduler.
+- Admission, the waiting queue and pausing are the :class:`Scheduler`'s; a sleeping
+  engine admits nothing, like vLLM's paused scheduler, and by default (``mode="abort"``)
+  ends the requests it holds with ``finish_reason: "abort"``.
 - On admission the prefix cache is queried; prefill takes
   ``uncached_tokens / prefill_tokens_per_s`` (plus any injected latency), then
   each output token takes ``1 / decode_tokens_per_s``.
 - Full blocks are cached after prefill (prompt) and at the end (prompt + output).
+- Sleep levels and wake-up tags follow vLLM: level 0 only pauses scheduling; levels 1
+  and 2 also drop the prefix cache and put the ``weights`` and ``kv_cache`` tags to
+  sleep; the engine is awake again once no tag sleeps.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import math
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from regions.simulator.metrics import EngineStats, Snapshot, render_metrics
 from regions.simulator.prefix_cache import PrefixCache, block_hashes
+from regions.simulator.scheduler import PauseMode, Scheduler
 from regions.simulator.tokenizer import Tokenizer
+
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what sleep levels 1 and 2 offload
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,14 @@ class GenRequest:
 @dataclass(frozen=True)
 class Token:
     text: str
-    token_id: int
+    token_id: int | None  # None: no token, only the finish_reason (an abort)
     finish_reason: str | None  # set on the last token
     cached_tokens: int  # prefix-cache hit tokens of this request's prompt
 
 
-@dataclass
-class _Running:
-    tokens: int
+def generated(tokens: Iterable[Token]) -> int:
+    """How many output tokens ``tokens`` hold (an abort marker is none)."""
+    return sum(t.token_id is not None for t in tokens)
 
 
 @dataclass
@@ -64,33 +67,59 @@ class Engine:
     config: EngineConfig
     tokenizer: Tokenizer = field(default_factory=Tokenizer)
     stats: EngineStats = field(default_factory=EngineStats)
-    sleep_level: int = 0
+    sleep_level: int | None = None  # None while awake
 
     def __post_init__(self) -> None:
         self.cache = PrefixCache(
-            self.config.block_size, self.config.num_blocks,
+            self.config.block_size,
+            self.config.num_blocks,
             enabled=self.config.enable_prefix_caching,
         )
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._running: dict[int, _Running] = {}
-        self._tickets = itertools.count()
+        self.scheduler = Scheduler(self.config.max_num_seqs)
+        self._asleep_tags: set[str] = set()
 
     # -- admin ---------------------------------------------------------------
-    def sleep(self, level: int) -> None:
-        self.sleep_level = max(1, min(level, 2))
-        self.cache.reset()
+    @property
+    def sleeping(self) -> bool:
+        return self.scheduler.paused
 
-    def wake_up(self) -> None:
-        self.sleep_level = 0
-        self._dispatch()
+    async def sleep(self, level: int, mode: PauseMode = "abort") -> None:
+        """vLLM's ``/sleep``: pause (handling running requests per ``mode``), then sleep."""
+        self.scheduler.pause(mode)
+        if mode == "wait":
+            await self.scheduler.drained()
+            if not self.scheduler.paused:
+                return  # woken up while draining
+        if level >= 1:
+            self.cache.reset()
+            self._asleep_tags = set(SLEEP_TAGS)
+        self.sleep_level = level
 
-    def reset_prefix_cache(self) -> None:
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Wake ``tags`` (all when None); True once fully awake and scheduling again."""
+        if tags is None:
+            self._asleep_tags.clear()
+        else:
+            self._asleep_tags.difference_update(tags)
+        if self._asleep_tags:
+            return False
+        self.sleep_level = None
+        self.scheduler.resume()
+        return True
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop the cached blocks; like vLLM it fails while running requests hold blocks
+        unless ``reset_running_requests`` (which vLLM preempts; here they run on)."""
+        if self.scheduler.running and not reset_running_requests:
+            return False
         self.cache.reset()
+        return True
 
     # -- observation ---------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        used = sum(math.ceil(r.tokens / self.config.block_size) for r in self._running.values())
         c = self.config
+        running = self.scheduler.running.values()
+        used = sum(math.ceil(r.tokens / c.block_size) for r in running)
         info = {
             "block_size": str(c.block_size),
             "cache_dtype": "auto",
@@ -101,60 +130,40 @@ class Engine:
             "prefix_caching_hash_algo": "sha256",
         }
         return Snapshot(
-            running=len(self._running), waiting=len(self._waiters),
+            running=len(running),
+            waiting=self.scheduler.num_waiting,
             kv_cache_usage=min(used / c.num_blocks, 1.0),
-            prefix_queries=self.cache.queries, prefix_hits=self.cache.hits,
-            sleep_level=self.sleep_level, cache_info=info,
+            prefix_queries=self.cache.queries,
+            prefix_hits=self.cache.hits,
+            sleep_level=self.sleep_level,
+            cache_info=info,
         )
 
     def metrics_text(self) -> str:
         return render_metrics(self.config.model, self.stats, self.snapshot())
 
     # -- generation ----------------------------------------------------------
-    def _dispatch(self) -> None:
-        """Admit waiting requests in FIFO order while there is room and we are awake."""
-        while (
-            self.sleep_level == 0
-            and self._waiters
-            and len(self._running) < self.config.max_num_seqs
-        ):
-            ticket, fut = self._waiters.popleft()
-            if not fut.done():
-                self._running[ticket] = _Running(0)
-                fut.set_result(None)
-
-    async def _admit(self, ticket: int) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((ticket, fut))
-        self._dispatch()
-        try:
-            await fut
-        except BaseException:
-            if (ticket, fut) in self._waiters:
-                self._waiters.remove((ticket, fut))
-            self._release(ticket)
-            raise
-
-    def _release(self, ticket: int) -> None:
-        self._running.pop(ticket, None)
-        self._dispatch()
-
     async def generate(self, req: GenRequest) -> AsyncGenerator[Token]:
-        """Yield the request's output tokens with the simulated timing."""
+        """Yield the request's output tokens with the simulated timing. An aborted
+        request ends with a token-less ``Token`` whose finish_reason is "abort"."""
         c = self.config
         arrival = time.monotonic()
-        ticket = next(self._tickets)
-        await self._admit(ticket)
+        seq = await self.scheduler.admit()
         finished = "abort"
+        hit_tokens = 0
         try:
+            if seq.aborted:
+                yield Token("", None, "abort", 0)
+                return
             self.stats.queue_time.observe(time.monotonic() - arrival)
             prompt = req.prompt_ids
-            running = self._running[ticket]
-            running.tokens = len(prompt)
+            seq.tokens = len(prompt)
             hit = self.cache.lookup(prompt, cache_salt=req.cache_salt)
-            await asyncio.sleep(
-                (len(prompt) - hit.hit_tokens) / c.prefill_tokens_per_s + req.extra_prefill_s
-            )
+            hit_tokens = hit.hit_tokens
+            prefill_s = (len(prompt) - hit_tokens) / c.prefill_tokens_per_s + req.extra_prefill_s
+            if not await self.scheduler.nap(seq, prefill_s):
+                yield Token("", None, "abort", hit_tokens)
+                return
             self.cache.insert(hit.hashes)
             self.stats.prompt_tokens += len(prompt)
             pieces = self.tokenizer.generate(prompt, req.max_tokens, seed=c.seed)
@@ -162,19 +171,20 @@ class Engine:
             for i, (piece, tid) in enumerate(zip(pieces, ids, strict=True)):
                 if i == 0:
                     self.stats.ttft.observe(time.monotonic() - arrival)
-                else:
-                    await asyncio.sleep(1.0 / c.decode_tokens_per_s)
-                running.tokens += 1
+                elif not await self.scheduler.nap(seq, 1.0 / c.decode_tokens_per_s):
+                    yield Token("", None, "abort", hit_tokens)
+                    return
+                seq.tokens += 1
                 self.stats.generation_tokens += 1
                 last = i == len(pieces) - 1
                 if last:
                     finished = req.finish_reason
                     self._cache_sequence(prompt, ids, req.cache_salt)
-                yield Token(piece, tid, req.finish_reason if last else None, hit.hit_tokens)
+                yield Token(piece, tid, req.finish_reason if last else None, hit_tokens)
         finally:
             self.stats.finished[finished] = self.stats.finished.get(finished, 0) + 1
             self.stats.e2e.observe(time.monotonic() - arrival)
-            self._release(ticket)
+            self.scheduler.release(seq)
 
     def _cache_sequence(
         self, prompt: Sequence[int], output: Sequence[int], salt: str | None

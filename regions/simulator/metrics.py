@@ -16,12 +16,51 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
 LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 )
 FINISH_REASONS = ("stop", "length", "abort")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
@@ -40,7 +79,7 @@ def go_float(value: float) -> str:
     s = repr(d)
     dot = s.find(".")
     if d > 0 and dot > 6:
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
         return f"{mantissa}e+0{dot - 1}"
     return s
 
@@ -133,42 +172,82 @@ class Snapshot:
     kv_cache_usage: float
     prefix_queries: int
     prefix_hits: int
-    sleep_level: int
+    sleep_level: int | None  # None while awake
     cache_info: Mapping[str, str]
 
 
 def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
     base = {"model_name": model, "engine": "0"}
     out = Exposition(stats.created)
-    out.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-              [(base, snap.running)])
-    out.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-              [(base, snap.waiting)])
-    out.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-              [(base, snap.kv_cache_usage)])
-    out.counter("vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.",
-                [(base, snap.prefix_queries)])
-    out.counter("vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.",
-                [(base, snap.prefix_hits)])
-    out.counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                [(base, stats.prompt_tokens)])
-    out.counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                [(base, stats.generation_tokens)])
-    out.counter("vllm:request_success", "Count of successfully processed requests.",
-                [({**base, "finished_reason": r}, n) for r, n in stats.finished.items()])
-    out.histogram("vllm:time_to_first_token_seconds",
-                  "Histogram of time to first token in seconds.", base, stats.ttft)
-    out.histogram("vllm:e2e_request_latency_seconds",
-                  "Histogram of e2e request latency in seconds.", base, stats.e2e)
-    out.histogram("vllm:request_queue_time_seconds",
-                  "Histogram of time spent in WAITING phase for request.", base, stats.queue_time)
-    state = SLEEP_STATES[min(snap.sleep_level, 2)]
-    out.gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; "
-              "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
-              "discard_all = 1 means sleep level 2.",
-              [({**base, "sleep_state": s}, float(s == state)) for s in SLEEP_STATES])
-    out.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-              [({**snap.cache_info, "engine": "0"}, 1.0)])
+    out.gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        [(base, snap.running)],
+    )
+    out.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        [(base, snap.waiting)],
+    )
+    out.gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        [(base, snap.kv_cache_usage)],
+    )
+    out.counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        [(base, snap.prefix_queries)],
+    )
+    out.counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        [(base, snap.prefix_hits)],
+    )
+    out.counter(
+        "vllm:prompt_tokens", "Number of prefill tokens processed.", [(base, stats.prompt_tokens)]
+    )
+    out.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        [(base, stats.generation_tokens)],
+    )
+    out.counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        [({**base, "finished_reason": r}, n) for r, n in stats.finished.items()],
+    )
+    out.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        base,
+        stats.ttft,
+    )
+    out.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        base,
+        stats.e2e,
+    )
+    out.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        base,
+        stats.queue_time,
+    )
+    # Like vLLM: asleep, awake = 0; level 0 (scheduling paused only) sets no other state.
+    level = snap.sleep_level
+    state = "awake" if level is None else {1: SLEEP_STATES[1], 2: SLEEP_STATES[2]}.get(level)
+    out.gauge(
+        "vllm:engine_sleep_state",
+        "Engine sleep state; awake = 0 means engine is sleeping; "
+        "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
+        "discard_all = 1 means sleep level 2.",
+        [({**base, "sleep_state": s}, float(s == state)) for s in SLEEP_STATES],
+    )
+    out.gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        [({**snap.cache_info, "engine": "0"}, 1.0)],
+    )
     return out.text()

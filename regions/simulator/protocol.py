@@ -7,6 +7,7 @@ simulator acts on are typed. Errors use vLLM's current shape:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Literal
@@ -82,12 +83,30 @@ class DetokenizeRequest(_Request):
 
 
 ErrorType = Literal[
-    "BadRequestError", "NotFoundError", "InternalServerError", "ServiceUnavailableError"
+    "BadRequestError",
+    "Bad Request",  # FastAPI's request validation (e.g. a bad query parameter)
+    "NotFoundError",
+    "InternalServerError",
+    "ServiceUnavailableError",
 ]
 
 
 def error_body(message: str, err_type: ErrorType, code: int, param: str | None = None) -> Json:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+class ApiError(Exception):
+    """An error answered with vLLM's error body and ``code`` as the HTTP status."""
+
+    def __init__(self, message: str, err_type: ErrorType, code: int, param: str | None = None):
+        super().__init__(message)
+        self.body = error_body(message, err_type, code, param)
+        self.code = code
+
+
+def dumps(obj: object) -> str:
+    """Compact JSON, like FastAPI's JSONResponse."""
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def new_id(prefix: str) -> str:
@@ -109,14 +128,27 @@ def usage(prompt: int, completion: int, cached: int | None) -> Json:
 
 def models_body(model: str, max_model_len: int, created: int) -> Json:
     permission: Json = {
-        "id": new_id("modelperm"), "object": "model_permission", "created": created,
-        "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-        "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-        "organization": "*", "group": None, "is_blocking": False,
+        "id": new_id("modelperm"),
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
     }
     card: Json = {
-        "id": model, "object": "model", "created": created, "owned_by": "vllm",
-        "root": model, "parent": None, "max_model_len": max_model_len,
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
         "permission": [permission],
     }
     return {"object": "list", "data": [card]}
@@ -124,24 +156,39 @@ def models_body(model: str, max_model_len: int, created: int) -> Json:
 
 def completion_choice(index: int, text: str, finish: str | None) -> Json:
     return {
-        "index": index, "text": text, "logprobs": None,
-        "finish_reason": finish, "stop_reason": None,
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
     }
 
 
 def chat_choice(index: int, text: str, finish: str | None) -> Json:
     message: Json = {
-        "role": "assistant", "content": text, "refusal": None, "annotations": None,
-        "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None,
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [],
+        "reasoning_content": None,
     }
     return {
-        "index": index, "message": message, "logprobs": None,
-        "finish_reason": finish, "stop_reason": None,
+        "index": index,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
     }
 
 
 def chat_delta(index: int, delta: Json, finish: str | None) -> Json:
     return {
-        "index": index, "delta": delta, "logprobs": None,
-        "finish_reason": finish, "stop_reason": None,
+        "index": index,
+        "delta": delta,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
     }

@@ -11,19 +11,21 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token
+from regions.simulator.admin import AdminApi
+from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token, generated
 from regions.simulator.faults import FaultSpec, FaultState, Verdict
+from regions.simulator.limits import check_max_tokens, output_budget
 from regions.simulator.protocol import (
+    ApiError,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
-    ErrorType,
     Json,
     TokenizeRequest,
     chat_choice,
     chat_delta,
     completion_choice,
-    error_body,
+    dumps,
     models_body,
     new_id,
     now,
@@ -44,13 +46,6 @@ class SimConfig:
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
 
 
-class ApiError(Exception):
-    def __init__(self, message: str, err_type: ErrorType, code: int, param: str | None = None):
-        super().__init__(message)
-        self.body = error_body(message, err_type, code, param)
-        self.code = code
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -63,16 +58,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json({"detail": "Method Not Allowed"}, status=405)
 
 
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"))  # like FastAPI's JSONResponse
-
-
 def _json(body: object, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status, dumps=_dumps)
+    return web.json_response(body, status=status, dumps=dumps)
 
 
 def _sse(payload: Json) -> bytes:
-    return b"data: " + _dumps(payload).encode() + b"\n\n"
+    return b"data: " + dumps(payload).encode() + b"\n\n"
 
 
 class Simulator:
@@ -95,10 +86,7 @@ class Simulator:
         r.add_post("/detokenize", self.detokenize)
         r.add_get("/metrics", self.metrics)
         if self.config.dev_mode:
-            r.add_post("/sleep", self.sleep)
-            r.add_post("/wake_up", self.wake_up)
-            r.add_get("/is_sleeping", self.is_sleeping)
-            r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+            AdminApi(self.engine).add_routes(r)
         r.add_get("/_sim/fault", self.get_fault)
         r.add_post("/_sim/fault", self.set_fault)
         r.add_delete("/_sim/fault", self.clear_fault)
@@ -116,16 +104,6 @@ class Simulator:
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.engine.model:
             raise ApiError(f"The model `{name}` does not exist.", "NotFoundError", 404, "model")
-
-    def _check_len(self, prompt: int, completion: int) -> None:
-        limit = self.config.engine.max_model_len
-        if prompt + completion > limit:
-            raise ApiError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {prompt + completion} tokens ({prompt} in the messages, "
-                f"{completion} in the completion). Please reduce the length of the "
-                "messages or completion.", "BadRequestError", 400,
-            )
 
     async def _faults(self) -> float:
         verdict = self.faults.roll()
@@ -152,12 +130,14 @@ class Simulator:
         c = self.config.engine
         return _json(models_body(c.model, c.max_model_len, self.created))
 
-    def _completion_prompt(self, req: CompletionRequest) -> list[int]:
+    def _completion_prompt(self, req: CompletionRequest) -> tuple[list[int], bool]:
+        """The prompt's token ids, and whether it was given as text."""
         p = req.prompt
         if isinstance(p, list) and p and isinstance(p[0], list | str):
             if len(p) != 1:
-                raise ApiError("The simulator takes one prompt per request.",
-                               "BadRequestError", 400, "prompt")
+                raise ApiError(
+                    "The simulator takes one prompt per request.", "BadRequestError", 400, "prompt"
+                )
             p = p[0]
         if isinstance(p, str):
             ids = self.engine.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
@@ -165,71 +145,125 @@ class Simulator:
             ids = [int(t) for t in p if isinstance(t, int)]
         if not ids:
             raise ApiError("Prompt cannot be empty", "BadRequestError", 400, "prompt")
-        return ids
+        return ids, isinstance(p, str)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self._parse(request, CompletionRequest)
         self._check_model(req.model)
-        prompt = self._completion_prompt(req)
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16
-        self._check_len(len(prompt), max_tokens)
+        context = self.config.engine.max_model_len
+        check_max_tokens(req.max_tokens, context)
+        prompt, from_text = self._completion_prompt(req)
+        requested = req.max_tokens if req.max_tokens is not None else 16
+        max_tokens = output_budget(len(prompt), requested, context, from_text=from_text)
         latency = await self._faults()
         gen = GenRequest(tuple(prompt), max_tokens, "length", req.cache_salt, latency)
-        head: Json = {"id": new_id("cmpl"), "object": "text_completion", "created": now(),
-                      "model": self.config.engine.model}
+        head: Json = {
+            "id": new_id("cmpl"),
+            "object": "text_completion",
+            "created": now(),
+            "model": self.config.engine.model,
+        }
         if req.stream:
             include = req.stream_options is not None and bool(req.stream_options.include_usage)
 
             def chunk(t: Token) -> list[Json]:
-                return [{**head, "choices": [completion_choice(i, t.text, t.finish_reason)
-                                             for i in range(req.n)]}]
+                return [
+                    {
+                        **head,
+                        "choices": [
+                            completion_choice(i, t.text, t.finish_reason) for i in range(req.n)
+                        ],
+                    }
+                ]
+
             return await self._stream(request, gen, head, None, chunk, include, req.n)
         tokens = await self._collect(gen)
         text = "".join(t.text for t in tokens)
-        body = {**head,
-                "choices": [completion_choice(i, text, "length") for i in range(req.n)],
-                "service_tier": None, "system_fingerprint": None,
-                "usage": usage(len(prompt), req.n * len(tokens), self._cached(tokens)),
-                "kv_transfer_params": None}
+        finish = tokens[-1].finish_reason
+        body = {
+            **head,
+            "choices": [completion_choice(i, text, finish) for i in range(req.n)],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage(len(prompt), req.n * generated(tokens), self._cached(tokens)),
+            "kv_transfer_params": None,
+        }
         return _json(body)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req = await self._parse(request, ChatRequest)
         self._check_model(req.model)
-        text = render_chat([(m.role, m.text()) for m in req.messages],
-                           add_generation_prompt=req.add_generation_prompt)
+        context = self.config.engine.max_model_len
+        if req.max_completion_tokens is not None:
+            check_max_tokens(req.max_completion_tokens, context, "max_completion_tokens")
+        else:
+            check_max_tokens(req.max_tokens, context)
+        text = render_chat(
+            [(m.role, m.text()) for m in req.messages],
+            add_generation_prompt=req.add_generation_prompt,
+        )
         prompt = self.engine.tokenizer.encode(text)
         limit = req.max_completion_tokens or req.max_tokens
-        max_tokens, finish = (limit, "length") if limit else (16, "stop")
-        self._check_len(len(prompt), max_tokens)
+        max_tokens = output_budget(len(prompt), limit or 16, context, from_text=True)
+        # Without a limit the simulated model stops by itself after 16 tokens, unless the
+        # context ends first (vLLM's default max_tokens is what is left of the context).
+        finish = "length" if limit or max_tokens < 16 else "stop"
         latency = await self._faults()
         gen = GenRequest(tuple(prompt), max_tokens, finish, req.cache_salt, latency)
-        head: Json = {"id": new_id("chatcmpl"), "object": "chat.completion.chunk",
-                      "created": now(), "model": self.config.engine.model}
+        head: Json = {
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion.chunk",
+            "created": now(),
+            "model": self.config.engine.model,
+        }
         if req.stream:
             include = req.stream_options is not None and bool(req.stream_options.include_usage)
-            first = {**head, "choices": [chat_delta(i, {"role": "assistant", "content": ""}, None)
-                                         for i in range(req.n)]}
+            first = {
+                **head,
+                "choices": [
+                    chat_delta(i, {"role": "assistant", "content": ""}, None) for i in range(req.n)
+                ],
+            }
 
             def chunk(t: Token) -> list[Json]:
-                return [{**head, "choices": [chat_delta(i, {"content": t.text}, t.finish_reason)
-                                             for i in range(req.n)]}]
+                return [
+                    {
+                        **head,
+                        "choices": [
+                            chat_delta(i, {"content": t.text}, t.finish_reason)
+                            for i in range(req.n)
+                        ],
+                    }
+                ]
+
             return await self._stream(request, gen, head, first, chunk, include, req.n)
         tokens = await self._collect(gen)
         out = "".join(t.text for t in tokens)
-        body = {**head, "object": "chat.completion",
-                "choices": [chat_choice(i, out, finish) for i in range(req.n)],
-                "service_tier": None, "system_fingerprint": None,
-                "usage": usage(len(prompt), req.n * len(tokens), self._cached(tokens)),
-                "prompt_logprobs": None, "kv_transfer_params": None}
+        finish = tokens[-1].finish_reason or finish
+        body = {
+            **head,
+            "object": "chat.completion",
+            "choices": [chat_choice(i, out, finish) for i in range(req.n)],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage(len(prompt), req.n * generated(tokens), self._cached(tokens)),
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
         return _json(body)
 
     async def _collect(self, gen: GenRequest) -> list[Token]:
         return [t async for t in self.engine.generate(gen)]
 
     async def _stream(
-        self, request: web.Request, gen: GenRequest, head: Json, first: Json | None,
-        chunk: Callable[[Token], list[Json]], include_usage: bool, n: int,
+        self,
+        request: web.Request,
+        gen: GenRequest,
+        head: Json,
+        first: Json | None,
+        chunk: Callable[[Token], list[Json]],
+        include_usage: bool,
+        n: int,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
@@ -243,7 +277,7 @@ class Simulator:
                 for payload in chunk(t):
                     await resp.write(_sse(payload))
             if include_usage:
-                u = usage(len(gen.prompt_ids), n * len(tokens), self._cached(tokens))
+                u = usage(len(gen.prompt_ids), n * generated(tokens), self._cached(tokens))
                 await resp.write(_sse({**head, "choices": [], "usage": u}))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -258,18 +292,26 @@ class Simulator:
         self._check_model(req.model)
         tok = self.engine.tokenizer
         if (req.prompt is None) == (req.messages is None):
-            raise ApiError("Either 'prompt' or 'messages' must be provided, not both.",
-                           "BadRequestError", 400)
+            raise ApiError(
+                "Either 'prompt' or 'messages' must be provided, not both.", "BadRequestError", 400
+            )
         if req.messages is not None:
-            text = render_chat([(m.role, m.text()) for m in req.messages],
-                               add_generation_prompt=req.add_generation_prompt)
+            text = render_chat(
+                [(m.role, m.text()) for m in req.messages],
+                add_generation_prompt=req.add_generation_prompt,
+            )
             ids = tok.encode(text)
         else:
             ids = tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
         strs = [tok.token_str(i) for i in ids] if req.return_token_strs else None
-        return _json({"count": len(ids), "max_model_len":
-                                  self.config.engine.max_model_len, "tokens": ids,
-                                  "token_strs": strs})
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": self.config.engine.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         req = await self._parse(request, DetokenizeRequest)
@@ -277,31 +319,12 @@ class Simulator:
         return _json({"prompt": self.engine.tokenizer.decode(req.tokens)})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.engine.metrics_text(),
-                            content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Version": "0.0.4"})
-
-    # -- dev-mode admin ------------------------------------------------------
-    async def sleep(self, request: web.Request) -> web.Response:
-        try:
-            level = int(request.query.get("level", "1"))
-        except ValueError as e:
-            raise ApiError("level must be an integer", "BadRequestError", 400, "level") from e
-        self.engine.sleep(level)
-        log.info("engine asleep (level %d); prefix cache reset", level)
-        return web.Response(status=200)
-
-    async def wake_up(self, request: web.Request) -> web.Response:
-        self.engine.wake_up()
-        log.info("engine awake")
-        return web.Response(status=200)
-
-    async def is_sleeping(self, request: web.Request) -> web.Response:
-        return _json({"is_sleeping": self.engine.sleep_level > 0})
-
-    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        self.engine.reset_prefix_cache()
-        return web.Response(status=200)
+        return web.Response(
+            text=self.engine.metrics_text(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Version": "0.0.4"},
+        )
 
     # -- fault injection -----------------------------------------------------
     async def get_fault(self, request: web.Request) -> web.Response:
@@ -319,12 +342,16 @@ class Simulator:
         return _json(self.faults.spec.model_dump())
 
 
-async def serve(config: SimConfig, host: str, port: int, *, access_log: bool = False,
-                ) -> tuple[web.AppRunner, Simulator, int]:
+async def serve(
+    config: SimConfig,
+    host: str,
+    port: int,
+    *,
+    access_log: bool = False,
+) -> tuple[web.AppRunner, Simulator, int]:
     """Start a simulator in the running loop; returns the runner, the app and the bound port."""
     sim = Simulator(config)
-    runner = web.AppRunner(sim.app(), access_log=log if access_log else None,
-                           shutdown_timeout=1.0)
+    runner = web.AppRunner(sim.app(), access_log=log if access_log else None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

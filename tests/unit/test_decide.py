@@ -212,3 +212,40 @@ def test_intents_for_every_region_in_one_tick_leave_one_serving() -> None:
     assert any(w.state(r) != "FAILING_OVER" for r in REGIONS)
     refused = [a for a in w.audit if a.result.startswith("refused")]
     assert refused and all("last healthy" in a.result or "no eligible" in a.result for a in refused)
+
+
+def test_a_manual_failover_is_not_undone_by_automation() -> None:
+    w = World()
+    run(w, 10)  # long healthy: the verdict's "since" is far in the past
+    w.intents["d"] = Intent(
+        id="d",
+        kind=IntentKind.FAILOVER,
+        region="us-west",
+        reason="drain",
+        actor="a",
+        created_at=w.now,
+    )
+    run(w, 30)
+    assert w.state("us-west") == "FAILING_OVER"  # stays drained until an operator recovers it
+    w.intents["r"] = Intent(
+        id="r",
+        kind=IntentKind.RECOVER,
+        region="us-west",
+        reason="done",
+        actor="a",
+        created_at=w.now,
+    )
+    run(w, 1)
+    assert w.state("us-west") == "RECOVERED"
+
+
+def test_recovery_dwell_counts_from_the_failover_not_from_an_old_verdict() -> None:
+    w = World()
+    run(w, 3)
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    failed_at = w.now
+    # Healthy again at once; the dwell (5 s) must run from the failover onwards.
+    run(w, 4)
+    assert w.state("us-east") == "FAILING_OVER"
+    run(w, 3)
+    assert w.state("us-east") == "RECOVERED" and w.now - failed_at >= 5

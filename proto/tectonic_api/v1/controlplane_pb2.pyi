@@ -310,3 +310,41 @@ class HistoryResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Event]
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class PinSessionRequest(_message.Message):
+    __slots__ = ("session_id", "region", "home", "reason", "actor")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    region: str
+    home: str
+    reason: str
+    actor: str
+    def __init__(self, session_id: _Optional[str] = ..., region: _Optional[str] = ..., home: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "found", "home", "region", "epoch", "pinned_at", "moves")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PINNED_AT_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    found: bool
+    home: str
+    region: str
+    epoch: int
+    pinned_at: float
+    moves: int
+    def __init__(self, session_id: _Optional[str] = ..., found: _Optional[bool] = ..., home: _Optional[str] = ..., region: _Optional[str] = ..., epoch: _Optional[int] = ..., pinned_at: _Optional[float] = ..., moves: _Optional[int] = ...) -> None: ...

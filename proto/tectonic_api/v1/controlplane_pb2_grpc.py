@@ -74,6 +74,16 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/GetSession',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.PinSession = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/PinSession',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -127,6 +137,18 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +191,16 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.GetHistory,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HistoryRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HistoryResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.GetSessionRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.SerializeToString,
+            ),
+            'PinSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinSession,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +419,60 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/GetHistory',
             tectonic__api_dot_v1_dot_controlplane__pb2.HistoryRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/GetSession',
+            tectonic__api_dot_v1_dot_controlplane__pb2.GetSessionRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/PinSession',
+            tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,436 @@
+"""``python -m bench gateway``: what the gateway adds in latency and costs in throughput.
+
+A real etcd (holding ``routing/`` of one region), one simulator process with a fast
+latency model (prefill and decode rates so high that the simulator answers in
+microseconds plus its HTTP handling) and one gateway process in front of it are
+started. This process then sends the same request mix (small non-streaming
+completions, or with ``--stream`` streaming chat) directly to the simulator and
+through the gateway, with one aiohttp client, in alternating blocks (the order
+flips every round so that drift hits both sides alike), in two phases:
+
+* **latency**: one request at a time; ``added_latency_ms_p50`` / ``_p99`` are the
+  gateway's latency percentiles minus the direct ones (whole response read);
+* **throughput**: ``--concurrency`` requests in flight; ``throughput_ratio`` is the
+  median over the rounds of the gateway's requests per second over the direct ones
+  in the same round (robust to load from outside the bench, which the ratio of the
+  totals, also reported, is not).
+
+Requests carry ``x-session-id`` from a pool of ``--sessions`` ids, so the gateway
+resolves real sessions (pins created in etcd during the warm-up, then cached).
+Load generator, gateway and simulator share this machine's cores (``cores`` in the
+output): through the gateway, three processes compete for them instead of two, so
+the throughput ratio understates what a gateway on its own cores does.
+
+One JSON object per phase and side goes to stdout, then the headline with goals
+(p50 added latency <= 1 ms, throughput ratio >= 0.6) and whether each was met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from chaos.local_etcd import EtcdServer, etcd_available
+from chaos.procs import Proc, read_ready, spawn, start_simulator
+from controlplane.codec import encode
+from controlplane.config import EtcdConfig, parse_topology
+from controlplane.core.model import Routing
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
+
+REGION = "bench"
+CLUSTER = "bench-gateway"
+FAST_SIM = (
+    "--prefill-tokens-per-s",
+    "1e9",
+    "--decode-tokens-per-s",
+    "1e9",
+    "--max-num-seqs",
+    "1024",
+    "--num-blocks",
+    "65536",
+)
+
+
+@dataclass(frozen=True)
+class Goals:
+    added_latency_ms_p50: float = 1.0
+    throughput_ratio: float = 0.6
+
+
+GOALS = Goals()
+
+
+@dataclass(frozen=True)
+class Options:
+    requests: int = 500  # per block and side
+    blocks: int = 10  # rounds of (direct block, gateway block) per phase
+    concurrency: int = 16
+    sessions: int = 64
+    max_tokens: int = 4
+    stream: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class Side:
+    """One side's measurements in one phase."""
+
+    latencies: list[float]
+    elapsed_s: float = 0.0
+    errors: int = 0
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.elapsed_s if self.elapsed_s else 0.0
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+# ---- the deployment ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
+    """etcd + simulator + gateway; yields (direct URL, gateway URL)."""
+    procs: list[Proc] = []
+    with EtcdServer() as etcd:
+        try:
+            sim = start_simulator(extra_args=FAST_SIM, name="bench-sim")
+            procs.append(sim)
+            topo = {
+                "cluster": CLUSTER,
+                "etcd": {"endpoints": [etcd.endpoint]},
+                "regions": [
+                    {
+                        "name": REGION,
+                        "zone": "z",
+                        "agent": "127.0.0.1:9",
+                        "capacity_rps": 1000,
+                        "replicas": [sim.url],
+                    }
+                ],
+            }
+            parse_topology(topo, "bench topology")
+            path = tmp / "topology.yaml"
+            path.write_text(yaml.safe_dump(topo))
+            asyncio.run(_write_routing(etcd.endpoint))
+            gw = spawn(
+                [
+                    "-m",
+                    "regions.gateway",
+                    "--topology",
+                    str(path),
+                    "--region",
+                    REGION,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--log-level",
+                    "WARNING",
+                ],
+                "bench-gateway",
+                stdout_pipe=True,
+            )
+            procs.append(gw)
+            gw.url = read_ready(gw, time.monotonic() + 30)
+            yield sim.url, gw.url
+        finally:
+            for p in procs:
+                p.kill()
+
+
+async def _write_routing(endpoint: str) -> None:
+    async with EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store:
+        await store.put(Keys(CLUSTER).routing(REGION), encode(Routing(targets={REGION: 1.0})))
+
+
+# ---- load -------------------------------------------------------------------------------
+
+
+def request_for(i: int, opts: Options) -> tuple[str, bytes, dict[str, str]]:
+    """The i-th request of the mix: path, body, headers (identical on both sides)."""
+    topic = i % 32  # a few shared prefixes, as in real traffic
+    if opts.stream:
+        body: dict[str, object] = {
+            "model": "tiny",
+            "max_tokens": opts.max_tokens,
+            "stream": True,
+            "messages": [
+                {"role": "system", "content": f"You answer about topic {topic}."},
+                {"role": "user", "content": f"question {i}"},
+            ],
+        }
+        path = "/v1/chat/completions"
+    else:
+        body = {
+            "model": "tiny",
+            "prompt": f"topic {topic}: question {i}",
+            "max_tokens": opts.max_tokens,
+        }
+        path = "/v1/completions"
+    headers = {"content-type": "application/json", "x-session-id": f"bench-{i % opts.sessions}"}
+    return path, json.dumps(body).encode(), headers
+
+
+async def drive(
+    client: aiohttp.ClientSession,
+    base: str,
+    opts: Options,
+    count: int,
+    concurrency: int,
+    offset: int = 0,
+) -> Side:
+    """``count`` requests, ``concurrency`` at a time; latency = whole response read."""
+    side = Side([])
+    next_i = offset
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < offset + count:
+            i = next_i
+            next_i += 1
+            path, body, headers = request_for(i, opts)
+            t0 = time.perf_counter()
+            try:
+                async with client.post(base + path, data=body, headers=headers) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                side.latencies.append(time.perf_counter() - t0)
+            else:
+                side.errors += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    side.elapsed_s = time.perf_counter() - t0
+    return side
+
+
+@dataclass
+class Phase:
+    total: dict[str, Side]
+    rounds: list[dict[str, Side]]  # per round, the two sides' blocks run back to back
+
+    def round_ratios(self) -> list[float]:
+        """Gateway rps / direct rps of each round: the two blocks of a round ran
+        seconds apart, so load from outside the bench hits both alike."""
+        return [r["gateway"].rps / r["direct"].rps for r in self.rounds if r["direct"].rps]
+
+
+async def phase(
+    client: aiohttp.ClientSession,
+    urls: dict[str, str],
+    opts: Options,
+    concurrency: int,
+    say: Reporter,
+) -> Phase:
+    """Alternating blocks; the side that goes first flips every round."""
+    result = Phase({name: Side([]) for name in urls}, [])
+    order = list(urls)
+    for b in range(opts.blocks):
+        this_round: dict[str, Side] = {}
+        for name in order if b % 2 == 0 else reversed(order):
+            side = await drive(
+                client, urls[name], opts, opts.requests, concurrency, offset=b * opts.requests
+            )
+            this_round[name] = side
+            total = result.total[name]
+            total.latencies += side.latencies
+            total.elapsed_s += side.elapsed_s
+            total.errors += side.errors
+        result.rounds.append(this_round)
+        say.progress(f"  round {b + 1}/{opts.blocks} done")
+    return result
+
+
+async def measure(direct: str, gateway: str, opts: Options, say: Reporter) -> dict[str, object]:
+    urls = {"direct": direct, "gateway": gateway}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        say.progress("warming up (pins, connections)")
+        for url in urls.values():
+            await drive(client, url, opts, max(200, opts.sessions * 2), opts.concurrency)
+        say.progress("latency phase (one request at a time)")
+        lat = await phase(client, urls, opts, 1, say)
+        say.progress(f"throughput phase ({opts.concurrency} in flight)")
+        thr = await phase(client, urls, opts, opts.concurrency, say)
+    for name in urls:
+        say.line({"phase": "latency", "side": name, **_summary(lat.total[name])})
+    for name in urls:
+        say.line(
+            {
+                "phase": "throughput",
+                "side": name,
+                "concurrency": opts.concurrency,
+                **_summary(thr.total[name]),
+            }
+        )
+    errors = sum(s.errors for s in (*lat.total.values(), *thr.total.values()))
+    if errors:
+        raise BenchError(f"{errors} requests failed; the figures would be meaningless")
+    return headline(opts, lat, thr)
+
+
+def _summary(side: Side) -> dict[str, object]:
+    return {
+        "requests": len(side.latencies),
+        "errors": side.errors,
+        "p50_ms": _ms(percentile(side.latencies, 50)),
+        "p99_ms": _ms(percentile(side.latencies, 99)),
+        "rps": round(side.rps, 1),
+    }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def headline(opts: Options, lat: Phase, thr: Phase) -> dict[str, object]:
+    direct, gateway = lat.total["direct"].latencies, lat.total["gateway"].latencies
+    d50, d99 = percentile(direct, 50), percentile(direct, 99)
+    g50, g99 = percentile(gateway, 50), percentile(gateway, 99)
+    added50, added99 = (g50 - d50) * 1000, (g99 - d99) * 1000
+    ratios = thr.round_ratios()
+    ratio = percentile(ratios, 50) if ratios else 0.0
+    d_rps, g_rps = thr.total["direct"].rps, thr.total["gateway"].rps
+    return {
+        "bench": "gateway",
+        "cores": os.cpu_count(),
+        "mix": "chat, streaming" if opts.stream else "completions, non-streaming",
+        "requests_per_side": opts.requests * opts.blocks,
+        "concurrency": opts.concurrency,
+        "added_latency_ms_p50": round(added50, 3),
+        "added_latency_ms_p99": round(added99, 3),
+        "throughput_ratio": round(ratio, 3),
+        "throughput_ratio_of_totals": round(g_rps / d_rps, 3) if d_rps else 0.0,
+        "throughput_ratio_rounds": [round(r, 3) for r in ratios],
+        "direct_p50_ms": _ms(d50),
+        "direct_p99_ms": _ms(d99),
+        "gateway_p50_ms": _ms(g50),
+        "gateway_p99_ms": _ms(g99),
+        "direct_rps": round(d_rps, 1),
+        "gateway_rps": round(g_rps, 1),
+        "goals": asdict(GOALS),
+        "met": {
+            "added_latency_ms_p50": added50 <= GOALS.added_latency_ms_p50,
+            "throughput_ratio": ratio >= GOALS.throughput_ratio,
+        },
+    }
+
+
+# ---- running ----------------------------------------------------------------------------
+
+
+class Reporter:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def progress(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def line(self, obj: dict[str, object]) -> None:
+        if not self.quiet:
+            print(json.dumps(obj), flush=True)
+
+
+def run_bench(opts: Options, say: Reporter) -> dict[str, object]:
+    say.progress("starting etcd, a fast simulator and a gateway")
+    with (
+        tempfile.TemporaryDirectory(prefix="tectonic-bench-gw-") as tmp,
+        deployment(Path(tmp)) as (direct, gateway),
+    ):
+        return asyncio.run(measure(direct, gateway, opts, say))
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--requests", type=_positive, default=500, help="requests per block and side (default 500)"
+    )
+    p.add_argument(
+        "--blocks",
+        type=_positive,
+        default=10,
+        help="rounds of alternating blocks per phase (default 10)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=16,
+        help="requests in flight in the throughput phase (default 16)",
+    )
+    p.add_argument("--sessions", type=_positive, default=64, help="session ids (default 64)")
+    p.add_argument("--max-tokens", type=_positive, default=4, help="tokens per answer")
+    p.add_argument(
+        "--stream", action="store_true", help="streaming chat instead of non-streaming completions"
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = Options(
+        requests=args.requests,
+        blocks=args.blocks,
+        concurrency=args.concurrency,
+        sessions=args.sessions,
+        max_tokens=args.max_tokens,
+        stream=args.stream,
+        quiet=args.quiet,
+    )
+    if not etcd_available():
+        print("error: the etcd binary is not installed (scripts/setup.sh)", file=sys.stderr)
+        return 2
+    try:
+        result = run_bench(opts, Reporter(opts.quiet))
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    except (BenchError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gateway",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

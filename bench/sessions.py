@@ -1,0 +1,428 @@
+"""``python -m bench sessions``: sticky sessions at scale, on a real etcd.
+
+Two identical single-member etcds are started (``chaos.local_etcd.EtcdServer``:
+loopback, fast raft timings, ``--unsafe-no-fsync``): one holds 1,000 pinned
+sessions, the other ``--sessions-large`` (default 1,000,000), written in 128-op
+transactions with ``--concurrency`` in flight. Then:
+
+* **the failover switch** (``switch_ms_p99_1k``, ``switch_ms_p99_1m``): the
+  orchestrator's SWITCH write — ``Orchestrator.write`` of a ``failover_step_write``:
+  one fenced transaction on ``regions/<r>/state`` and ``routing/*`` with its audit
+  entry — is timed ``--switches`` times on each etcd, alternating between the two
+  (ABBA order) so that whatever else runs on the machine weighs on both alike.
+  Between switches the region is put back (untimed). ``switch_ratio`` = large ÷
+  small: failover costs O(1) writes, so it must not grow with the sessions
+  (goal ≤ 1.2).
+* **background re-pin** (``repin_keys_per_s``): ``SessionStore.repin_away`` over
+  ``--repin-sessions`` sessions all pinned to the failed region, on the large etcd
+  (under their own deployment prefix): sessions moved per second, scan included
+  (goal ≥ 25,000 on one member).
+
+One JSON object per phase goes to stdout, then the headline object; progress goes
+to stderr. Both etcds are stopped on exit, also on Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from types import FrameType
+from typing import NoReturn
+
+from chaos.local_etcd import EtcdServer, etcd_available
+from controlplane.clock import SystemClock
+from controlplane.codec import encode
+from controlplane.config import EtcdConfig, Topology, parse_topology
+from controlplane.core.decide import failover_step_write
+from controlplane.core.model import (
+    FailoverPlan,
+    FailoverProgress,
+    FailoverStep,
+    RegionRecord,
+    RegionState,
+    Routing,
+)
+from controlplane.core.sessions import SessionPin
+from controlplane.keys import Keys
+from controlplane.orchestrator import Orchestrator
+from controlplane.prewarm import NoPrefixData
+from controlplane.session_store import SessionStore
+from controlplane.snapshot_reader import read_snapshot
+from controlplane.store.etcd import EtcdStore
+from controlplane.store.port import MAX_TXN_OPS, Compare, Op, Put, StoreError
+
+REGIONS = ("us-east", "us-west", "us-central")
+SOURCE = "us-east"
+CLUSTER = "bench-sessions"
+REPIN_CLUSTER = "bench-repin"
+ACTOR = "bench"
+SMALL = 1_000
+WARMUP_SWITCHES = 5
+
+
+@dataclass(frozen=True)
+class Goals:
+    switch_ratio: float = 1.2
+    repin_keys_per_s: float = 25_000.0
+
+
+GOALS = Goals()
+
+
+class BenchError(RuntimeError):
+    """Something a phase needs did not happen; the message says what."""
+
+
+@dataclass(frozen=True)
+class Options:
+    switches: int = 2000
+    sessions_large: int = 1_000_000
+    repin_sessions: int = 100_000
+    concurrency: int = 16
+    quiet: bool = False
+
+
+class Reporter:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def progress(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def phase(self, obj: dict[str, object]) -> None:
+        if not self.quiet:
+            print(json.dumps(obj), flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _topology(endpoint: str) -> Topology:
+    return parse_topology(
+        {
+            "cluster": CLUSTER,
+            "etcd": {"endpoints": [endpoint]},
+            "regions": [
+                {"name": r, "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100}
+                for r in REGIONS
+            ],
+        },
+        "bench topology",
+    )
+
+
+class Fence:
+    """The election's fence without an election: the leader key holds our id, created
+    at a known revision. Same compares, so the SWITCH txn has the production shape."""
+
+    def __init__(self, key: str) -> None:
+        self.key, self.created = key, 0
+
+    async def take(self, store: EtcdStore) -> None:
+        await store.put(self.key, ACTOR.encode())
+        kv = await store.get(self.key)
+        if kv is None:
+            raise BenchError("leader key vanished")
+        self.created = kv.create_revision
+
+    def __call__(self) -> list[Compare]:
+        return [
+            Compare.value_is(self.key, ACTOR.encode()),
+            Compare.created_at(self.key, self.created),
+        ]
+
+
+class Deployment:
+    """One etcd with a control plane's view of it: the fence, the orchestrator, the
+    region put back in FAILING_OVER before each timed switch."""
+
+    def __init__(self, store: EtcdStore, topo: Topology, opts: Options, out: Reporter) -> None:
+        self.store, self.topo, self.opts, self.out = store, topo, opts, out
+        self.keys = Keys(CLUSTER)
+        self.clock = SystemClock()
+        self.fence = Fence(self.keys.leader())
+        self.orch = Orchestrator(
+            self.store, self.keys, self.topo, self.clock, self.fence, NoPrefixData(), ACTOR
+        )
+        self.loaded = 0
+        self._epoch = 0
+
+    # ---- pinning sessions fast -------------------------------------------------------
+    async def load(self, keys: Keys, count: int, regions: Sequence[str]) -> float:
+        """Pin ``count`` sessions round-robin over ``regions`` (home == region, as a
+        CREATE under normal routing writes them), attached to one shared lease; 128
+        puts per txn, ``concurrency`` txns in flight. Returns the seconds taken."""
+        lease = await self.store.grant_lease(3600 + 60)
+        now = self.clock.now()
+        values = [encode(SessionPin(home=r, region=r, epoch=0, pinned_at=now)) for r in regions]
+        chunks = iter(range(0, count, MAX_TXN_OPS))
+
+        async def worker() -> None:
+            for first in chunks:  # a shared iterator: each chunk goes to one worker
+                ops: list[Op] = [
+                    Put(keys.session(f"s{i:08d}"), values[i % len(values)], lease)
+                    for i in range(first, min(first + MAX_TXN_OPS, count))
+                ]
+                await self.store.txn([], ops)
+
+        t0 = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(self.opts.concurrency):
+                tg.create_task(worker())
+        return time.perf_counter() - t0
+
+    async def pin_sessions(self, count: int) -> None:
+        self.out.progress(f"pinning {count:,} sessions ...")
+        seconds = await self.load(self.keys, count, REGIONS)
+        self.loaded = count
+        self.out.phase(
+            {
+                "kind": "load",
+                "sessions": count,
+                "seconds": round(seconds, 3),
+                "keys_per_s": round(count / seconds),
+            }
+        )
+        self.out.progress(
+            f"pinned {count:,} sessions in {seconds:.1f} s ({count / seconds:,.0f}/s)"
+        )
+
+    # ---- the switch ------------------------------------------------------------------
+    async def _reset(self) -> None:
+        """``SOURCE`` failing over with its SWITCH pending; every routing normal."""
+        self._epoch += 1
+        now = self.clock.now()
+        plan = FailoverPlan(
+            source=SOURCE,
+            targets={"us-west": 0.6, "us-central": 0.4},
+            reason="bench",
+            actor=ACTOR,
+        )
+        record = RegionRecord(
+            region=SOURCE,
+            state=RegionState.FAILING_OVER,
+            epoch=self._epoch,
+            reason="bench",
+            since=now,
+            failover=FailoverProgress(plan=plan, started_at=now),
+        )
+        ops: list[Op] = [Put(self.keys.region_state(SOURCE), encode(record))]
+        ops += [
+            Put(self.keys.routing(r), encode(Routing(targets={r: 1.0}, epoch=self._epoch)))
+            for r in REGIONS
+        ]
+        await self.store.txn([], ops)
+
+    async def switch_once(self) -> float:
+        """One SWITCH, as the orchestrator writes it; returns its milliseconds."""
+        await self._reset()
+        snap = await read_snapshot(self.store, self.keys, self.topo, self.clock.now())
+        w = failover_step_write(snap, SOURCE, FailoverStep.SWITCH, ACTOR)
+        t0 = time.perf_counter()
+        ok = await self.orch.write(w)
+        elapsed = time.perf_counter() - t0
+        if not ok:
+            raise BenchError("the SWITCH transaction lost its compare (nothing else writes)")
+        return elapsed * 1000
+
+    # ---- background re-pin -------------------------------------------------------------
+    async def repin(self) -> float:
+        n = self.opts.repin_sessions
+        keys = Keys(REPIN_CLUSTER)
+        self.out.progress(f"pinning {n:,} sessions to {SOURCE} for the re-pin ...")
+        await self.load(keys, n, (SOURCE,))
+        sessions = SessionStore(self.store, keys, regions=REGIONS, clock=self.clock)
+        routings = {r: Routing(targets={r: 1.0}) for r in REGIONS}
+        routings[SOURCE] = Routing(targets={"us-west": 0.6, "us-central": 0.4}, epoch=1)
+        gc.collect()
+        report = await sessions.repin_away(SOURCE, routings)
+        if report.moved != n:
+            raise BenchError(f"re-pin moved {report.moved:,} of {n:,} sessions: {report}")
+        rate = report.moved / report.seconds
+        self.out.phase(
+            {
+                "kind": "repin",
+                "sessions": n,
+                "scanned": report.scanned,
+                "moved": report.moved,
+                "conflicts": report.conflicts,
+                "batches": report.batches,
+                "seconds": round(report.seconds, 3),
+                "keys_per_s": round(rate),
+            }
+        )
+        self.out.progress(f"{report.summary()}: {rate:,.0f} sessions/s")
+        return rate
+
+
+def _switch_phase(dep: Deployment, times: Sequence[float]) -> float:
+    p50, p99 = percentile(times, 50), percentile(times, 99)
+    dep.out.phase(
+        {
+            "kind": "switch",
+            "sessions": dep.loaded,
+            "switches": len(times),
+            "ms_p50": round(p50, 3),
+            "ms_p99": round(p99, 3),
+            "ms_max": round(max(times), 3),
+        }
+    )
+    dep.out.progress(
+        f"switch with {dep.loaded:,} sessions pinned: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+        f"over {len(times)} switches"
+    )
+    return p99
+
+
+async def interleaved_switches(small: Deployment, large: Deployment, n: int) -> tuple[float, float]:
+    """``n`` timed switches on each, in ABBA order, after a few untimed ones."""
+    times: dict[int, list[float]] = {id(small): [], id(large): []}
+    for i in range(WARMUP_SWITCHES + n):
+        for dep in (small, large) if i % 2 == 0 else (large, small):
+            ms = await dep.switch_once()
+            if i >= WARMUP_SWITCHES:
+                times[id(dep)].append(ms)
+    return _switch_phase(small, times[id(small)]), _switch_phase(large, times[id(large)])
+
+
+async def _connect(endpoint: str) -> EtcdStore:
+    store = EtcdStore(EtcdConfig(endpoints=(endpoint,), request_timeout_s=10.0))
+    await store.connect()
+    return store
+
+
+async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> dict[str, object]:
+    started = time.monotonic()
+    stores = [await _connect(e) for e in endpoints]
+    try:
+        small, large = (
+            Deployment(s, _topology(e), opts, out) for s, e in zip(stores, endpoints, strict=True)
+        )
+        for dep in (small, large):
+            await dep.fence.take(dep.store)
+        await small.pin_sessions(SMALL)
+        await large.pin_sessions(opts.sessions_large)
+        gc.collect()
+        p99_small, p99_large = await interleaved_switches(small, large, opts.switches)
+        rate = await large.repin()
+    finally:
+        for s in stores:
+            await s.close()
+    ratio = p99_large / p99_small
+    return {
+        "bench": "sessions",
+        "switch_ms_p99_1k": round(p99_small, 3),
+        "switch_ms_p99_1m": round(p99_large, 3),
+        "switch_ratio": round(ratio, 3),
+        "repin_keys_per_s": round(rate),
+        "sessions_small": SMALL,
+        "sessions_large": opts.sessions_large,
+        "switches": opts.switches,
+        "repin_sessions": opts.repin_sessions,
+        "etcd": "2 x 1 member, loopback, --unsafe-no-fsync",
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        "goals": asdict(GOALS),
+        "met": {
+            "switch_ratio": ratio <= GOALS.switch_ratio,
+            "repin_keys_per_s": rate >= GOALS.repin_keys_per_s,
+        },
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM cleans up like Ctrl-C does."""
+
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--switches",
+        type=_at_least(10),
+        default=2000,
+        help="timed switches per etcd (default 2,000: enough for a p99 that is not the max)",
+    )
+    p.add_argument(
+        "--sessions-large",
+        type=_at_least(SMALL + 1),
+        default=1_000_000,
+        metavar="N",
+        help="sessions pinned for the second switch phase (default 1,000,000)",
+    )
+    p.add_argument(
+        "--repin-sessions",
+        type=_at_least(1),
+        default=100_000,
+        metavar="N",
+        help="sessions re-pinned away from the failed region (default 100,000)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        choices=range(1, 65),
+        metavar="N",
+        help="transactions in flight while pinning, 1-64 (default 16)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        n = int(text.replace(",", "").replace("_", ""))
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low:,}, got {n:,}")
+        return n
+
+    return parse
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = Options(
+        switches=args.switches,
+        sessions_large=args.sessions_large,
+        repin_sessions=args.repin_sessions,
+        concurrency=args.concurrency,
+        quiet=args.quiet,
+    )
+    if not etcd_available():
+        print("error: the etcd binary is not installed (scripts/setup.sh)", file=sys.stderr)
+        return 2
+    out = Reporter(opts.quiet)
+    try:
+        with _terminate_as_interrupt(), EtcdServer() as small, EtcdServer() as large:
+            out.progress(f"etcd at {small.endpoint} (1,000 sessions) and {large.endpoint}")
+            result = asyncio.run(measure((small.endpoint, large.endpoint), opts, out))
+    except KeyboardInterrupt:
+        print("interrupted; etcd was stopped", file=sys.stderr)
+        return 130
+    except (BenchError, StoreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,163 @@
+"""The gateway's HTTP surface (aiohttp): the OpenAI-compatible endpoints, health, metrics.
+
+Per request: read the body (bounded), validate just what routing needs, take the
+session key (a configurable header, else the body's ``user`` field), resolve the
+region (local cache, read-through to etcd on a miss), tell the prefix observer,
+pick a replica by prompt prefix, forward and stream back. Every answer says which
+region served it in ``x-tectonic-region``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from controlplane.core.sessions import NoRegionServing, serving
+from controlplane.session_store import InvalidSessionId, validate_session_id
+from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from regions.gateway.observe import NoopObserver, PrefixObserver
+from regions.gateway.proxy import Forwarder, NoReplica, json_error
+from regions.gateway.replicas import DEFAULT_PREFIX_CHARS, prefix_key
+from regions.gateway.requests import BadRequest, Endpoint, error_type, parse
+from regions.gateway.routing_cache import RoutingCache
+from regions.gateway.sessions import SessionResolver
+
+log = logging.getLogger("tectonic.gateway")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NO_REGION = "none"  # the region label of requests refused before a region was chosen
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    home: str
+    session_header: str = "x-session-id"
+    max_body_bytes: int = 1 << 20
+    prefix_chars: int = DEFAULT_PREFIX_CHARS
+    retry_after_s: int = 1
+
+
+class GatewayApp:
+    def __init__(
+        self,
+        config: AppConfig,
+        routing: RoutingCache,
+        resolver: SessionResolver,
+        forwarder: Forwarder,
+        metrics: GatewayMetrics,
+        observer: PrefixObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.routing = routing
+        self.resolver = resolver
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.observer: PrefixObserver = observer or NoopObserver()
+        self.stopping = False
+
+    def app(self) -> web.Application:
+        # client_max_size: aiohttp refuses a larger body while reading it (413), so a
+        # chunked upload without Content-Length is bounded too.
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        r = app.router
+        r.add_post(Endpoint.COMPLETIONS.value, self._endpoint(Endpoint.COMPLETIONS))
+        r.add_post(Endpoint.CHAT.value, self._endpoint(Endpoint.CHAT))
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics_page)
+        return app
+
+    def _endpoint(self, endpoint: Endpoint) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.proxy(request, endpoint)
+
+        return handler
+
+    async def proxy(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        started = time.monotonic()
+        try:
+            body = await self._body(request)
+            req = parse(endpoint, body, self.config.prefix_chars)
+            session = request.headers.get(self.config.session_header) or req.user
+            if session:
+                validate_session_id(session)
+                region = await self.resolver.region_for(session)
+            else:
+                region = self.resolver.region_for_sessionless(req.prefix)
+        except BadRequest as e:
+            return self._refuse(e.status, e.message, e.param)
+        except InvalidSessionId as e:
+            return self._refuse(400, str(e))
+        except NoRegionServing as e:
+            return self._unavailable(NO_REGION, "no_region", str(e))
+        try:
+            self.observer.observe(region, session, req.prefix)
+        except Exception:  # an observer bug must not fail requests
+            log.exception("prefix observer failed")
+        try:
+            return await self.forwarder.forward(
+                request, region, body, prefix_key(req.prefix, self.config.prefix_chars), started
+            )
+        except NoReplica as e:
+            return self._unavailable(region, "no_replica", str(e))
+
+    async def _body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BadRequest(
+                f"request body of {request.content_length} bytes exceeds the "
+                f"limit of {limit} bytes",
+                status=413,
+            )
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            raise BadRequest(f"request body exceeds the limit of {limit} bytes", status=413) from e
+
+    def _refuse(self, status: int, message: str, param: str | None = None) -> web.Response:
+        self.metrics.error(NO_REGION, "bad_request")
+        self.metrics.request(NO_REGION, status)
+        return json_error(status, message, error_type(status), param=param)
+
+    def _unavailable(self, region: str, kind: str, message: str) -> web.Response:
+        """503 with Retry-After: the client should retry shortly (a failover is usually
+        under way, and the retry lands on the new region)."""
+        self.metrics.error(region, kind)
+        self.metrics.request(region, 503)
+        retry = str(self.config.retry_after_s)
+        return json_error(503, message, "ServiceUnavailableError", headers={"Retry-After": retry})
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        routings = self.routing.routings
+        home = self.config.home
+        regions = [home] if serving(routings, home) else []
+        regions += sorted(r for r in self.forwarder.regions if r != home and serving(routings, r))
+        resp = await self.forwarder.get_any("/v1/models", regions)
+        if resp is None:
+            return self._unavailable(NO_REGION, "no_replica", "no serving replica answered")
+        return resp
+
+    async def health(self, request: web.Request) -> web.Response:
+        body = {
+            "status": "stopping" if self.stopping else "serving",
+            "home": self.config.home,
+            "routing_revision": self.routing.revision,
+            "routing_connected": self.routing.connected,
+            "store_up": self.resolver.store_up,
+            "pending_pins": self.resolver.pending,
+        }
+        return web.Response(
+            status=503 if self.stopping else 200,
+            text=json.dumps(body),
+            content_type="application/json",
+        )
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        self.metrics.routing_revision.set(self.routing.revision)
+        resp = web.Response(body=self.metrics.render())
+        resp.headers["Content-Type"] = CONTENT_TYPE
+        return resp

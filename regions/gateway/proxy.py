@@ -1,0 +1,298 @@
+"""Forwarding one request to a replica of its region, streaming the answer back.
+
+* Upstream requests go through ``UpstreamPool`` (``upstream.py``): pooled
+  keep-alive connections, one write per request, bodies passed through as bytes
+  (never decompressed or re-encoded).
+* Streaming pass-through: response bytes are written to the client as they arrive,
+  never collected; only a small body with a known length is read in one piece,
+  which saves a write per chunk and holds at most ``small_body_bytes``.
+* Retries go to another replica of the same region (never another region: that
+  would break the session's pin) and only before the first byte reached the client:
+  on a refused/failed connection, a disconnect before the first body bytes, or a
+  5xx answer. No new attempt starts after ``retry_deadline_s`` from the request's
+  arrival; a replica that refused a connection is skipped for ``eject_s``.
+* After the first byte is sent an upstream failure cannot be hidden: an SSE stream
+  gets a final ``data: {"error": ...}`` event (what vLLM itself sends), then the
+  connection is closed without the terminating chunk, so the client sees the cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.replicas import ReplicaBalancer
+from regions.gateway.requests import error_body
+from regions.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+
+log = logging.getLogger("tectonic.gateway.proxy")
+REGION_HEADER = "x-tectonic-region"
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+# Hop-by-hop headers (RFC 9110 §7.6.1) and those the upstream client sets itself.
+_SKIP_REQUEST = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "expect",
+    }
+)
+_SKIP_RESPONSE = frozenset(
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "trailer",
+        "upgrade",
+        "date",
+        "server",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    retry_deadline_s: float = 10.0
+    connect_timeout_s: float = 1.0
+    read_timeout_s: float = 300.0  # between two chunks (and for the head): long prefill
+    eject_s: float = 2.0
+    small_body_bytes: int = 64 * 1024
+
+
+class NoReplica(Exception):
+    """No replica of the region took the request before the deadline (503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    kind: str  # connect | disconnect | timeout | protocol | upstream_5xx
+    detail: str
+    status: int = 0
+    body: bytes = b""
+    headers: CIMultiDict[str] | None = None
+
+
+def new_pool(config: ProxyConfig) -> UpstreamPool:
+    return UpstreamPool(
+        connect_timeout_s=config.connect_timeout_s, read_timeout_s=config.read_timeout_s
+    )
+
+
+def forward_headers(request: web.Request) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in request.headers.items() if k.lower() not in _SKIP_REQUEST]
+
+
+def json_error(
+    status: int,
+    message: str,
+    err_type: str,
+    *,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(error_body(message, err_type, status, param)).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+class Forwarder:
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        balancers: Mapping[str, ReplicaBalancer],
+        metrics: GatewayMetrics,
+        config: ProxyConfig | None = None,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_attempt: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self._on_attempt = on_attempt  # (region, answered): the gateway's health vote
+        self._pool = pool
+        self._balancers = balancers
+        self._metrics = metrics
+        self.config = config or ProxyConfig()
+        self._monotonic = monotonic
+
+    @property
+    def regions(self) -> list[str]:
+        return list(self._balancers)
+
+    async def forward(
+        self, request: web.Request, region: str, body: bytes, key: int, started: float
+    ) -> web.StreamResponse:
+        """Send ``body`` to ``request.path`` on a replica of ``region`` chosen by ``key``.
+        Returns the response (already streamed, or to be sent); raises NoReplica."""
+        balancer = self._balancers.get(region)
+        if balancer is None or not balancer.replicas:
+            raise NoReplica(f"region {region!r} has no replicas configured")
+        headers = forward_headers(request)
+        deadline = started + self.config.retry_deadline_s
+        tried: set[str] = set()
+        failed: _Failed | None = None
+        while True:
+            now = self._monotonic()
+            replica = balancer.choose(key, now=now, exclude=tried)
+            if replica is None or (tried and now >= deadline):
+                break
+            if tried:
+                self._metrics.retry(region)
+            tried.add(replica)
+            balancer.acquire(replica)
+            try:
+                outcome = await self._attempt(request, region, replica, body, headers, started)
+            finally:
+                balancer.release(replica)
+            if not isinstance(outcome, _Failed):
+                balancer.readmit(replica)
+                return outcome
+            failed = outcome
+            self._metrics.error(region, outcome.kind)
+            if self._on_attempt is not None:
+                self._on_attempt(region, False)
+            if outcome.kind == "connect":
+                balancer.eject(replica, self._monotonic() + self.config.eject_s)
+            log.info(
+                "%s %s on %s: %s (%s)",
+                request.method,
+                request.path,
+                replica,
+                outcome.kind,
+                outcome.detail,
+            )
+        if failed is not None and failed.status:
+            return self._relay_failure(failed, region)  # the replica's own 5xx answer
+        raise NoReplica(
+            f"no replica of {region} answered: {failed.detail if failed else 'none available'}"
+        )
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        region: str,
+        replica: str,
+        body: bytes,
+        headers: Sequence[tuple[str, str]],
+        started: float,
+    ) -> web.StreamResponse | _Failed:
+        try:
+            up = await self._pool.request(replica, request.method, request.path_qs, headers, body)
+        except UpstreamError as e:
+            return _Failed(e.kind, e.detail)
+        try:
+            if up.status in RETRYABLE_STATUS:
+                return _Failed(
+                    "upstream_5xx",
+                    f"HTTP {up.status}",
+                    up.status,
+                    await up.read(),
+                    _response_headers(up),
+                )
+            return await self._relay(request, up, region, started)
+        except UpstreamError as e:  # raised by _relay only before the first byte
+            return _Failed(e.kind, e.detail)
+        finally:
+            up.release()
+
+    async def _relay(
+        self, request: web.Request, up: UpstreamResponse, region: str, started: float
+    ) -> web.StreamResponse:
+        """Pass the replica's answer through. Until the first bytes are written, errors
+        propagate (the caller retries); after them, they end the stream here."""
+        hdrs = _response_headers(up)
+        hdrs[REGION_HEADER] = region
+        length = up.content_length
+        if length is not None and length <= self.config.small_body_bytes:
+            data = await up.read()
+            self._answered(region, up.status, started)
+            return web.Response(status=up.status, body=data, headers=hdrs)
+        first = await up.next_chunk() or b""
+        resp = web.StreamResponse(status=up.status, headers=hdrs)
+        if length is not None:
+            resp.content_length = length
+        try:
+            await resp.prepare(request)
+            await resp.write(first)
+            self._answered(region, up.status, started)
+            while (chunk := await up.next_chunk()) is not None:
+                await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionError:
+            self._metrics.error(region, "client_gone")  # nobody left to tell
+        except UpstreamError as e:
+            await self._cut(request, resp, region, up, e)
+        return resp
+
+    async def _cut(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        region: str,
+        up: UpstreamResponse,
+        e: UpstreamError,
+    ) -> None:
+        """The replica failed mid-stream: say so in-band if the stream is SSE, then drop
+        the connection so that the truncation is visible."""
+        self._metrics.error(region, "stream_broken")
+        log.warning("stream from a replica of %s broke after the first byte: %s", region, e)
+        if up.content_type == "text/event-stream":
+            event = error_body("the replica failed mid-stream", "ServiceUnavailableError", 502)
+            with contextlib.suppress(ConnectionError):
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        if request.transport is not None:
+            request.transport.close()
+
+    def _answered(self, region: str, status: int, started: float) -> None:
+        self._metrics.first_byte(region, self._monotonic() - started)
+        self._metrics.request(region, status)
+        if self._on_attempt is not None:
+            self._on_attempt(region, True)
+
+    def _relay_failure(self, failed: _Failed, region: str) -> web.Response:
+        hdrs = failed.headers if failed.headers is not None else CIMultiDict[str]()
+        hdrs[REGION_HEADER] = region
+        self._metrics.request(region, failed.status)
+        return web.Response(status=failed.status, body=failed.body, headers=hdrs)
+
+    async def get_any(self, path: str, regions: Sequence[str]) -> web.Response | None:
+        """``GET path`` from the first replica that answers 200, trying ``regions`` in
+        order (for ``/v1/models``: any serving replica knows the model list)."""
+        for region in regions:
+            balancer = self._balancers.get(region)
+            for replica in balancer.replicas if balancer else ():
+                try:
+                    up = await self._pool.request(replica, "GET", path, ())
+                    try:
+                        data = await up.read()
+                    finally:
+                        up.release()
+                except UpstreamError as e:
+                    log.info("GET %s on %s: %s", path, replica, e)
+                    continue
+                if up.status == 200:
+                    hdrs = _response_headers(up)
+                    hdrs[REGION_HEADER] = region
+                    return web.Response(status=200, body=data, headers=hdrs)
+        return None
+
+
+def _response_headers(up: UpstreamResponse) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in up.headers if k.lower() not in _SKIP_RESPONSE)

@@ -1,0 +1,135 @@
+"""The gateway as a health observer (kind GATEWAY) of the regions it forwards to.
+
+What a gateway's own requests saw is a vantage point the region's agent and the
+control plane's probe lack (a network path that broke between users and a region,
+say). Every ``interval_s`` the gateway folds the attempts of the last interval into
+one verdict per region and sends it with ``ReportHealth``, trying the listed
+control-plane endpoints in turn. A region that got no traffic gets no report: the
+gateway has no opinion, and a stale report ages out of the quorum on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import grpc
+from tectonic_api.v1 import controlplane_pb2 as pb
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
+
+from controlplane.core.model import Health
+
+log = logging.getLogger("tectonic.gateway.report")
+_TO_PB = {
+    Health.HEALTHY: pb.HEALTHY,
+    Health.DEGRADED: pb.HEALTH_DEGRADED,
+    Health.UNHEALTHY: pb.UNHEALTHY,
+}
+_CHANNEL_OPTIONS = [  # retry a dead endpoint within a second or two, not grpc's 20 s+
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+UNHEALTHY_AT = 0.5  # share of failed attempts
+DEGRADED_AT = 0.05
+
+
+def classify(ok: int, failed: int, *, min_attempts: int = 3) -> Health | None:
+    """The verdict on one interval's attempts; None when there is too little to judge
+    (but a handful of attempts that all failed is judged: that is the outage case)."""
+    total = ok + failed
+    if total == 0 or (total < min_attempts and ok > 0):
+        return None
+    rate = failed / total
+    if rate >= UNHEALTHY_AT:
+        return Health.UNHEALTHY
+    return Health.DEGRADED if rate >= DEGRADED_AT else Health.HEALTHY
+
+
+class HealthReporter:
+    def __init__(
+        self,
+        control_planes: Sequence[str],
+        observer: str,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 0.5,
+        warn_every_s: float = 30.0,
+    ) -> None:
+        self.observer = observer
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._endpoints = list(control_planes)
+        self._channels = [
+            grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS) for ep in self._endpoints
+        ]
+        self._stubs = [
+            pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]
+            for ch in self._channels
+        ]
+        self._next = 0
+        self._counts: dict[str, list[int]] = {}  # region -> [ok, failed]
+        self._warn_every_s = warn_every_s
+        self._last_warn = -warn_every_s
+        self.sent = 0
+
+    def record(self, region: str, ok: bool) -> None:
+        """One attempt into ``region``: answered (any status below 500) or failed."""
+        counts = self._counts.get(region)
+        if counts is None:
+            counts = self._counts[region] = [0, 0]
+        counts[0 if ok else 1] += 1
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.report_once()
+
+    async def report_once(self) -> int:
+        counts, self._counts = self._counts, {}
+        sent = 0
+        for region, (ok, failed) in sorted(counts.items()):
+            health = classify(ok, failed)
+            if health is None:
+                continue
+            total = ok + failed
+            report = pb.HealthReport(
+                region=region,
+                observer=self.observer,
+                kind=pb.GATEWAY,
+                health=_TO_PB[health],
+                signals={
+                    "attempts": float(total),
+                    "failed": float(failed),
+                    "error_rate": failed / total,
+                },
+                detail=f"{failed}/{total} attempts failed in the last {self.interval_s:g} s",
+            )
+            if await self._send(report):
+                sent += 1
+        self.sent += sent
+        return sent
+
+    async def _send(self, report: pb.HealthReport) -> bool:
+        failures: list[str] = []
+        for i in range(len(self._stubs)):
+            idx = (self._next + i) % len(self._stubs)
+            try:
+                resp = await self._stubs[idx].ReportHealth(report, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as e:
+                failures.append(f"{self._endpoints[idx]}: {e.code().name}")
+                continue
+            if resp.accepted:
+                self._next = idx
+                return True
+            failures.append(f"{self._endpoints[idx]}: not accepted")
+        now = asyncio.get_running_loop().time()
+        if now - self._last_warn >= self._warn_every_s:
+            self._last_warn = now
+            log.warning("no control plane took the gateway's report (%s)", "; ".join(failures))
+        return False
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()

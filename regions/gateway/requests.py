@@ -1,0 +1,148 @@
+"""Parsing and validating the OpenAI-style request bodies the gateway forwards.
+
+The gateway reads just enough of a body to route it: the model (required, so that a
+typo fails here with a clear message rather than deep in a region), ``stream``, the
+``user`` field (the session key when no session header is sent) and the prompt's
+first characters (the replica-choice key and what the pre-warm tracker counts).
+The body itself is forwarded byte for byte. Errors use vLLM's shape:
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+Json = dict[str, object]
+
+
+class Endpoint(StrEnum):
+    COMPLETIONS = "/v1/completions"
+    CHAT = "/v1/chat/completions"
+
+
+class BadRequest(Exception):
+    """A request the gateway refuses before forwarding (4xx)."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    endpoint: Endpoint
+    body: bytes
+    model: str
+    stream: bool
+    prefix: str  # the prompt's first characters, for replica choice and pre-warm
+    user: str  # the ``user`` field, "" when absent
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> Json:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_type(status: int) -> str:
+    """vLLM's error type names for the statuses the gateway produces itself."""
+    return {
+        404: "NotFoundError",
+        413: "RequestEntityTooLarge",
+        503: "ServiceUnavailableError",
+    }.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+
+
+def parse(endpoint: Endpoint, body: bytes, prefix_chars: int) -> ProxyRequest:
+    """Validate ``body`` for ``endpoint``; raises BadRequest with a message naming the field."""
+    data = _object(body)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a non-empty string", param="model")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    user = data.get("user", "")
+    if user is None:
+        user = ""
+    if not isinstance(user, str):
+        raise BadRequest("'user' must be a string", param="user")
+    if endpoint is Endpoint.CHAT:
+        prefix = chat_prefix(data.get("messages"), prefix_chars)
+    else:
+        prefix = completion_prefix(data.get("prompt"), prefix_chars)
+    return ProxyRequest(endpoint, body, model, stream, prefix, user)
+
+
+def _object(body: bytes) -> Mapping[str, object]:
+    if not body:
+        raise BadRequest("the request body is empty; send a JSON object")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(f"Invalid JSON body: {e}") from e
+    if not isinstance(data, dict):
+        raise BadRequest(f"the request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def completion_prefix(prompt: object, chars: int) -> str:
+    """The first ``chars`` characters of a completion prompt (text, token ids, or a
+    one-element batch of either)."""
+    if prompt is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        prompt = prompt[0]  # a batch: route by its first prompt
+    if isinstance(prompt, str):
+        return prompt[:chars]
+    if isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        # Token ids: their decimal text is a faithful, cheap prefix identity.
+        out: list[str] = []
+        size = 0
+        for t in prompt:
+            if size >= chars:
+                break
+            s = str(t)
+            out.append(s)
+            size += len(s) + 1
+        return " ".join(out)[:chars]
+    raise BadRequest(
+        "'prompt' must be a string, a list of token ids, or a list of either", param="prompt"
+    )
+
+
+def chat_prefix(messages: object, chars: int) -> str:
+    """The first ``chars`` characters of the conversation as ``role\\ncontent\\n`` lines."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty list", param="messages")
+    parts: list[str] = []
+    size = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(
+                f"messages[{i}] must be an object with a string 'role'", param="messages"
+            )
+        if size < chars:
+            text = f"{m['role']}\n{_content_text(m.get('content'))}\n"
+            parts.append(text)
+            size += len(text)
+    return "".join(parts)[:chars]
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type", "text") == "text"
+        )
+    return ""

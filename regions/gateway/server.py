@@ -1,0 +1,188 @@
+"""A running gateway: etcd store, routing cache, session resolver, HTTP server, and the
+background tasks behind them, started and stopped as one.
+
+Start-up waits for the first full read of ``routing/`` (a gateway that does not know
+where traffic goes must not guess); after that, etcd being down only means serving
+from the cache. Shutdown is graceful: ``/health`` turns 503, the listener closes,
+requests in flight get ``grace_s`` to finish, then the background tasks stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from controlplane.clock import SystemClock
+from controlplane.config import EtcdConfig, Topology
+from controlplane.keys import Keys
+from controlplane.session_store import SessionStore
+from controlplane.store.etcd import EtcdStore
+from controlplane.store.port import Store
+from regions.gateway.app import AppConfig, GatewayApp
+from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.observe import PrefixObserver
+from regions.gateway.proxy import Forwarder, ProxyConfig, new_pool
+from regions.gateway.replicas import DEFAULT_LOAD_FACTOR, ReplicaBalancer
+from regions.gateway.report import HealthReporter
+from regions.gateway.routing_cache import RoutingCache
+from regions.gateway.sessions import SessionResolver
+
+log = logging.getLogger("tectonic.gateway")
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    topology: Topology
+    app: AppConfig
+    listen: str = "127.0.0.1:0"
+    etcd_endpoints: tuple[str, ...] = ()  # () = the topology's
+    etcd_timeout_s: float = 0.5  # per etcd request; the store retries within 2x this
+    store_timeout_s: float = 1.0  # how long a request waits for etcd before fail-static
+    revalidate_s: float = 300.0  # re-read a cached pin this often (also extends its TTL)
+    max_pins: int = 100_000
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    session_ttl_s: int = 3600
+    grace_s: float = 5.0
+    control_planes: tuple[str, ...] = ()  # report region health as a GATEWAY observer
+    observer_id: str = ""  # default: gateway:<home>:<port>
+    report_interval_s: float = 1.0
+
+    def etcd(self) -> EtcdConfig:
+        endpoints = self.etcd_endpoints or self.topology.etcd.endpoints
+        return EtcdConfig(endpoints=endpoints, request_timeout_s=self.etcd_timeout_s)
+
+
+class GatewayServer:
+    def __init__(
+        self,
+        options: GatewayOptions,
+        *,
+        store: Store | None = None,
+        observer: PrefixObserver | None = None,
+    ) -> None:
+        topo = options.topology
+        if options.app.home not in topo.names:
+            raise ValueError(
+                f"home region {options.app.home!r} is not in the topology "
+                f"(regions: {', '.join(topo.names)})"
+            )
+        self.options = options
+        self.keys = Keys(topo.cluster)
+        self.store: Store = store or EtcdStore(options.etcd())
+        self._own_store = store is None
+        self.metrics = GatewayMetrics()
+        self.routing = RoutingCache(self.store, self.keys)
+        self.sessions = SessionStore(
+            self.store,
+            self.keys,
+            regions=topo.names,
+            clock=SystemClock(),
+            ttl_s=options.session_ttl_s,
+            writer="gateway",
+        )
+        self.resolver = SessionResolver(
+            self.sessions,
+            self.routing,
+            options.app.home,
+            self.metrics,
+            max_pins=options.max_pins,
+            revalidate_s=options.revalidate_s,
+            store_timeout_s=options.store_timeout_s,
+        )
+        self.balancers = {
+            r.name: ReplicaBalancer(r.replicas, load_factor=options.load_factor)
+            for r in topo.regions
+        }
+        self.pool = new_pool(options.proxy)
+        self.reporter: HealthReporter | None = None
+        if options.control_planes:
+            self.reporter = HealthReporter(
+                options.control_planes, options.observer_id, interval_s=options.report_interval_s
+            )
+        self.forwarder = Forwarder(
+            self.pool,
+            self.balancers,
+            self.metrics,
+            options.proxy,
+            on_attempt=self.reporter.record if self.reporter else None,
+        )
+        self.app = GatewayApp(
+            options.app, self.routing, self.resolver, self.forwarder, self.metrics, observer
+        )
+        self.runner = web.AppRunner(
+            self.app.app(), access_log=None, shutdown_timeout=options.grace_s, handle_signals=False
+        )
+        self.port = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.listen.rsplit(':', 1)[0]}:{self.port}"
+
+    async def start(self) -> None:
+        """Start the background tasks, wait for the first routing read, then listen."""
+        self._task = asyncio.create_task(self._supervise(), name="gateway")
+        waiter = asyncio.create_task(self.routing.loaded.wait())
+        while not waiter.done():
+            done, _ = await asyncio.wait(
+                {waiter, self._task}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self._task in done:
+                waiter.cancel()
+                await self._task  # raises what stopped it
+                raise RuntimeError("gateway tasks ended before routing was read")
+            if not done:
+                log.warning(
+                    "waiting for etcd (%s) to read routing/ before serving",
+                    ", ".join(self.options.etcd().endpoints),
+                )
+        await self.runner.setup()
+        host, _, port = self.options.listen.rpartition(":")
+        site = web.TCPSite(self.runner, host, int(port), reuse_address=True, backlog=1024)
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+        if self.reporter is not None and not self.options.observer_id:
+            self.reporter.observer = f"gateway:{self.options.app.home}:{self.port}"
+        log.info(
+            "gateway for home region %s serving on %s (routing revision %d)",
+            self.options.app.home,
+            self.url,
+            self.routing.revision,
+        )
+
+    async def _supervise(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.routing.run(), name="routing-watch")
+            tg.create_task(self.resolver.run(), name="pin-reconcile")
+            if self.reporter is not None:
+                tg.create_task(self.reporter.run(), name="health-report")
+
+    async def wait(self) -> None:
+        """Until the background tasks end (they only end by failing or on stop)."""
+        assert self._task is not None
+        await asyncio.wait({self._task})
+        if not self._task.cancelled() and (exc := self._task.exception()) is not None:
+            raise exc
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.app.stopping = True
+        with contextlib.suppress(Exception):
+            await self.runner.cleanup()  # stop listening, let requests in flight finish
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+        self.pool.close()
+        if self.reporter is not None:
+            await self.reporter.close()
+        if self._own_store:
+            await self.store.close()
+        log.info("gateway stopped")

@@ -1,0 +1,318 @@
+"""Which region serves a session, as fast as a dict lookup on the hot path.
+
+In front of the shared ``SessionStore`` (pins in etcd, create-if-absent / CAS
+re-pin) sits a bounded LRU of pins. A request whose session is cached and whose
+pinned region still serves (by the routing cache) costs no I/O. A miss, a pin whose
+region stopped serving, or a pin not confirmed by etcd for ``revalidate_s`` goes to
+the store; concurrent requests of one session share that one call.
+
+Fail-static: when etcd is unavailable (StoreUnavailable, or no answer within
+``store_timeout_s``) the gateway keeps serving. A cached pin is used as it is; an
+unknown session, or one whose region stopped serving, is resolved purely from the
+cached routing (the same deterministic choice every gateway makes) and remembered
+as *pending*. While etcd is down (a broken routing watch counts as down too) the
+store is not asked on the request path, which would add a timeout to every new
+session; a background loop probes it and, once it answers and the routing watch is
+back, writes each pending pin (create-if-absent / re-pin) and adopts etcd's answer,
+counting a session move where that answer differs.
+
+``revalidate_s`` also bounds how long a busy session goes without the store seeing
+it: each store call re-attaches the pin to the current expiry lease, so a session
+in use lives at least ``ttl_s - revalidate_s`` past its last request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from controlplane.clock import Clock, SystemClock
+from controlplane.codec import CorruptValue
+from controlplane.core.model import Routing
+from controlplane.core.sessions import (
+    PinAction,
+    Resolution,
+    SessionPin,
+    pick_region,
+    resolve,
+    serving,
+)
+from controlplane.session_store import SessionContention
+from controlplane.store.port import StoreError, StoreUnavailable
+from regions.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("tectonic.gateway.sessions")
+PROBE_SESSION = "_gateway_probe"  # read (never written) to learn that etcd is back
+
+
+class SessionStoreLike(Protocol):
+    """The part of ``controlplane.session_store.SessionStore`` the gateway uses."""
+
+    async def get(self, session_id: str) -> tuple[SessionPin, int] | None: ...
+
+    async def resolve(
+        self, session_id: str, home: str, routings: Mapping[str, Routing]
+    ) -> Resolution: ...
+
+
+class RoutingView(Protocol):
+    connected: bool  # False while the routing watch is broken: etcd is likely down
+
+    @property
+    def routings(self) -> Mapping[str, Routing]: ...
+
+
+@dataclass(slots=True)
+class _Entry:
+    pin: SessionPin
+    checked_at: float  # monotonic time etcd last confirmed this pin
+    pending: bool = False  # made while etcd was unavailable; not confirmed yet
+
+
+class SessionResolver:
+    def __init__(
+        self,
+        sessions: SessionStoreLike,
+        routing: RoutingView,
+        home: str,
+        metrics: GatewayMetrics,
+        *,
+        max_pins: int = 100_000,
+        revalidate_s: float = 300.0,
+        store_timeout_s: float = 1.0,
+        probe_every_s: float = 0.5,
+        clock: Clock | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = sessions
+        self._routing = routing
+        self.home = home
+        self._metrics = metrics
+        self._max_pins = max_pins
+        self._revalidate_s = revalidate_s
+        self._store_timeout_s = store_timeout_s
+        self._probe_every_s = probe_every_s
+        self._clock = clock or SystemClock()
+        self._monotonic = monotonic
+        self._pins: OrderedDict[str, _Entry] = OrderedDict()
+        self._pending: dict[str, SessionPin] = {}  # bounded by max_pins, insertion order
+        self._flights: dict[str, asyncio.Task[str]] = {}
+        self.store_up = True
+        self._woken = asyncio.Event()
+        metrics.store_up.set(1)
+
+    # ---- the request path ------------------------------------------------------------
+
+    async def region_for(self, session_id: str) -> str:
+        """The region that serves ``session_id`` now; raises NoRegionServing."""
+        routings = self._routing.routings
+        entry = self._pins.get(session_id)
+        if (
+            entry is not None
+            and serving(routings, entry.pin.region)
+            and (
+                entry.pending
+                or not self.store_up
+                or self._monotonic() - entry.checked_at < self._revalidate_s
+            )
+        ):
+            self._pins.move_to_end(session_id)
+            return entry.pin.region
+        flight = self._flights.get(session_id)
+        if flight is None:
+            flight = asyncio.ensure_future(self._resolve(session_id))
+            flight.add_done_callback(self._landed(session_id))
+            self._flights[session_id] = flight
+        # shield: a client that goes away must not cancel the pin write others await
+        return await asyncio.shield(flight)
+
+    def region_for_sessionless(self, key: str) -> str:
+        """A request without a session: the same weighted choice, keyed by its prompt
+        prefix (so a prefix keeps its region), and nothing written."""
+        return pick_region(self._routing.routings, self.home, key)
+
+    def cached(self, session_id: str) -> SessionPin | None:
+        entry = self._pins.get(session_id)
+        return entry.pin if entry is not None else None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _landed(self, session_id: str) -> Callable[[asyncio.Task[str]], None]:
+        def done(task: asyncio.Task[str]) -> None:
+            self._flights.pop(session_id, None)
+            if not task.cancelled():
+                task.exception()  # retrieved by the awaiters; no "never retrieved" noise
+
+        return done
+
+    async def _resolve(self, session_id: str) -> str:
+        entry = self._pins.get(session_id)
+        routings = self._routing.routings
+        if not self._routing.connected and self.store_up:
+            # The routing watch already broke: etcd is almost surely down, and asking
+            # it would cost this request store_timeout_s.
+            self._store_lost(StoreUnavailable("the routing watch is down"))
+        if not self.store_up:
+            return self._static(session_id, entry, routings)
+        home = entry.pin.home if entry is not None else self.home
+        try:
+            async with asyncio.timeout(self._store_timeout_s):
+                res = await self._sessions.resolve(session_id, home, routings)
+        except SessionContention as e:  # busy key, not a dead store: only this one waits
+            log.warning("session %s: %s; resolving from the cache for now", session_id, e)
+            return self._static(session_id, entry, routings)
+        except (StoreUnavailable, TimeoutError) as e:
+            self._store_lost(e)
+            return self._static(session_id, entry, routings)
+        except (StoreError, CorruptValue) as e:
+            log.error("session %s: store refused (%s); resolving from the cache", session_id, e)
+            return self._static(session_id, entry, routings, pending=False)
+        self._store_back()
+        if res.action is PinAction.REPIN:
+            self._metrics.session_moves.inc()
+            log.info(
+                "session %s moved %s -> %s",
+                session_id,
+                entry.pin.region if entry else "?",
+                res.region,
+            )
+        self._adopt(session_id, entry, res.pin)
+        return res.region
+
+    def _static(
+        self,
+        session_id: str,
+        entry: _Entry | None,
+        routings: Mapping[str, Routing],
+        *,
+        pending: bool = True,
+    ) -> str:
+        """Fail-static resolution from what this gateway knows; raises NoRegionServing."""
+        self._metrics.fail_static.inc()
+        if entry is not None and serving(routings, entry.pin.region):
+            self._pins.move_to_end(session_id)
+            return entry.pin.region
+        home = entry.pin.home if entry is not None else self.home
+        res = resolve(entry.pin if entry else None, session_id, home, routings, self._clock.now())
+        if res.action is PinAction.REPIN:
+            self._metrics.session_moves.inc()
+        self._remember(session_id, _Entry(res.pin, self._monotonic(), pending=pending))
+        if pending:
+            self._pending.pop(session_id, None)
+            self._pending[session_id] = res.pin
+            if len(self._pending) > self._max_pins:
+                dropped = next(iter(self._pending))
+                del self._pending[dropped]
+                log.warning("too many pending pins; session %s will be re-resolved", dropped)
+            self._metrics.pending_pins.set(len(self._pending))
+            self._woken.set()
+        return res.region
+
+    def _adopt(self, session_id: str, entry: _Entry | None, pin: SessionPin) -> None:
+        """Take etcd's pin. If ours named another region that still serves, the session
+        was (or would have been) served in two places: a consistency violation."""
+        if (
+            entry is not None
+            and not entry.pending
+            and entry.pin.region != pin.region
+            and serving(self._routing.routings, entry.pin.region)
+        ):
+            self._metrics.consistency_violations.inc()
+            log.error(
+                "session %s: cached pin %s disagrees with etcd's %s",
+                session_id,
+                entry.pin.region,
+                pin.region,
+            )
+        if entry is not None and entry.pending and entry.pin.region != pin.region:
+            self._metrics.session_moves.inc()  # served from the cache, etcd said otherwise
+        if self._pending.pop(session_id, None) is not None:
+            self._metrics.pending_pins.set(len(self._pending))
+        self._remember(session_id, _Entry(pin, self._monotonic()))
+
+    def _remember(self, session_id: str, entry: _Entry) -> None:
+        self._pins[session_id] = entry
+        self._pins.move_to_end(session_id)
+        while len(self._pins) > self._max_pins:
+            self._pins.popitem(last=False)
+
+    # ---- etcd availability and reconciliation ---------------------------------------
+
+    def _store_lost(self, e: BaseException) -> None:
+        if self.store_up:
+            log.warning(
+                "etcd unavailable (%s); serving sessions from the cache", str(e) or type(e).__name__
+            )
+        self.store_up = False
+        self._metrics.store_up.set(0)
+        self._woken.set()
+
+    def _store_back(self) -> None:
+        if not self.store_up:
+            log.info("etcd answers again; %d pending pins to write", len(self._pending))
+        self.store_up = True
+        self._metrics.store_up.set(1)
+
+    async def run(self) -> None:
+        """Background: while etcd is down, probe it; then write the pending pins."""
+        while True:
+            if self.store_up and not self._pending:
+                self._woken.clear()
+                await self._woken.wait()
+                continue
+            await asyncio.sleep(self._probe_every_s)
+            if not self.store_up and not await self._probe():
+                continue
+            await self.reconcile()
+
+    async def _probe(self) -> bool:
+        if not self._routing.connected:
+            return False  # pins resolved against stale routing could be wrong
+        try:
+            async with asyncio.timeout(self._store_timeout_s):
+                await self._sessions.get(PROBE_SESSION)
+        except (StoreError, CorruptValue, TimeoutError):
+            return False
+        self._store_back()
+        return True
+
+    async def reconcile(self) -> int:
+        """Write pending pins to etcd (create-if-absent, or re-pin); adopt etcd's answer.
+        Returns how many were settled; stops at the first unavailability."""
+        settled = 0
+        for session_id, pin in list(self._pending.items()):
+            if self._pending.get(session_id) is not pin:
+                continue  # replaced meanwhile; its newer pin is later in the order
+            try:
+                async with asyncio.timeout(self._store_timeout_s):
+                    res = await self._sessions.resolve(session_id, pin.home, self._routing.routings)
+            except (StoreUnavailable, TimeoutError) as e:
+                self._store_lost(e)
+                break
+            except (StoreError, CorruptValue) as e:
+                log.error("session %s: cannot write its pin (%s); dropped", session_id, e)
+                res = None
+            if self._pending.get(session_id) is pin:
+                del self._pending[session_id]
+            settled += 1
+            if res is None:
+                continue
+            if res.region != pin.region:
+                self._metrics.session_moves.inc()
+                log.warning(
+                    "session %s: served in %s while etcd was unavailable; etcd says "
+                    "%s, following etcd",
+                    session_id,
+                    pin.region,
+                    res.region,
+                )
+            self._remember(session_id, _Entry(res.pin, self._monotonic()))
+        self._metrics.pending_pins.set(len(self._pending))
+        return settled

@@ -1,0 +1,282 @@
+"""Sticky sessions on a real etcd: races, expiry, background re-pin at scale, the gRPC
+API of a real control-plane replica, and the re-pin a failover starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from contextlib import aclosing
+from pathlib import Path
+
+import grpc
+import pytest
+from tectonic_api.v1 import controlplane_pb2 as pb
+
+from chaos.local_etcd import EtcdServer
+from controlplane.clock import SystemClock
+from controlplane.codec import decode, encode
+from controlplane.config import EtcdConfig, Topology
+from controlplane.core.model import AuditEntry, Routing
+from controlplane.core.sessions import PinAction, SessionPin, resolve
+from controlplane.keys import Keys
+from controlplane.session_store import SessionStore
+from controlplane.store.etcd import EtcdStore
+from controlplane.store.port import MAX_TXN_OPS, Compare, EventType, Op, Put, Store, TxnResult
+from tests.integration.cp_harness import fast_topology, region, running_replica, until
+
+pytestmark = pytest.mark.etcd
+
+REGIONS = ("us-east", "us-west", "us-central")
+NORMAL = {r: Routing(targets={r: 1.0}) for r in REGIONS}
+EAST_DOWN = {**NORMAL, "us-east": Routing(targets={"us-west": 0.5, "us-central": 0.5}, epoch=1)}
+
+
+class RecordingEtcdStore(EtcdStore):
+    """Records the number of ops of every transaction."""
+
+    txn_sizes: list[int]
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        self.txn_sizes.append(len(success))
+        return await super().txn(compares, success, failure)
+
+
+@pytest.fixture
+async def recording_store(etcd: EtcdServer) -> RecordingEtcdStore:
+    store = RecordingEtcdStore(EtcdConfig(endpoints=etcd.endpoints, request_timeout_s=5.0))
+    store.txn_sizes = []
+    await store.connect()
+    yield store  # type: ignore[misc]
+    await store.close()
+
+
+async def seed(
+    store: Store, gw: SessionStore, n: int, homes: Sequence[str], prefix: str = "s"
+) -> dict[str, SessionPin]:
+    """``n`` pins as the lazy path would create them, written 128 per transaction."""
+    lease = await gw.leases.current()
+    now = gw.clock.now()
+    pins = {
+        f"{prefix}{i:06d}": resolve(
+            None, f"{prefix}{i:06d}", homes[i % len(homes)], NORMAL, now
+        ).pin
+        for i in range(n)
+    }
+    items = list(pins.items())
+    sem = asyncio.Semaphore(8)
+
+    async def write(chunk: list[tuple[str, SessionPin]]) -> None:
+        async with sem:
+            ops: list[Op] = [Put(gw.keys.session(s), encode(p), lease) for s, p in chunk]
+            assert (await store.txn([], ops)).succeeded
+
+    await asyncio.gather(*(write(items[i : i + MAX_TXN_OPS]) for i in range(0, n, MAX_TXN_OPS)))
+    return pins
+
+
+def store_for(store: Store, keys: Keys, writer: str = "gw", **kw: int) -> SessionStore:
+    return SessionStore(store, keys, regions=REGIONS, clock=SystemClock(), writer=writer, **kw)
+
+
+async def test_racing_gateways_agree_on_a_new_session(etcd_store: EtcdStore, keys: Keys) -> None:
+    gws = [store_for(etcd_store, keys, f"gw{i}") for i in range(4)]
+    results = await asyncio.gather(
+        *(gws[i % 4].resolve(f"race-{j}", "us-east", NORMAL) for j in range(20) for i in range(8))
+    )
+    for j in range(20):
+        mine = results[j * 8 : (j + 1) * 8]
+        assert len({r.pin for r in mine}) == 1
+        assert [r.action for r in mine].count(PinAction.CREATE) == 1
+        kv = await etcd_store.get(keys.session(f"race-{j}"))
+        assert kv is not None and kv.version == 1
+    leases = {kv.lease for kv in (await etcd_store.get_prefix(keys.sessions_prefix())).kvs}
+    assert len(leases) == 1  # four gateways, one bucket, one lease
+
+
+async def test_sessions_expire_with_their_bucket_lease(etcd_store: EtcdStore, keys: Keys) -> None:
+    gw = store_for(etcd_store, keys, ttl_s=1, bucket_s=1)  # lease TTL 2 s
+    await gw.resolve("short-lived", "us-west", NORMAL)
+    got = await gw.get("short-lived")
+    assert got is not None
+    key = keys.session("short-lived")
+    async with (
+        asyncio.timeout(15),
+        aclosing(etcd_store.watch_prefix(key, start_revision=got[1] + 1)) as events,
+    ):
+        async for ev in events:
+            if ev.kv.key == key and ev.type is EventType.DELETE:
+                break
+    assert await gw.get("short-lived") is None
+
+
+async def test_twenty_thousand_sessions_repinned_away_with_lazy_repins_racing(
+    recording_store: RecordingEtcdStore, keys: Keys
+) -> None:
+    store = recording_store
+    gw = store_for(store, keys, "bg")
+    pins = await seed(store, gw, 20_000, REGIONS)
+    east = sorted(s for s, p in pins.items() if p.region == "us-east")
+    before = {kv.key: kv for kv in (await store.get_prefix(keys.sessions_prefix())).kvs}
+    store.txn_sizes.clear()
+    gateway = store_for(store, keys, "lazy")
+
+    async def lazy() -> int:
+        n = 0
+        for sid in east[::97]:  # a gateway serving some of them meanwhile
+            res = await gateway.resolve(sid, "us-east", EAST_DOWN)
+            n += res.action is PinAction.REPIN
+        return n
+
+    report, lazily = await asyncio.gather(gw.repin_away("us-east", EAST_DOWN), lazy())
+
+    assert report.scanned == 20_000
+    assert report.moved + report.conflicts == len(east)
+    assert report.moved + lazily == len(east)  # each session moved by exactly one writer
+    assert max(store.txn_sizes) <= MAX_TXN_OPS
+    after = {kv.key: kv for kv in (await store.get_prefix(keys.sessions_prefix())).kvs}
+    assert after.keys() == before.keys()
+    for key, kv in after.items():
+        pin, old = decode(SessionPin, kv.value), decode(SessionPin, before[key].value)
+        if old.region != "us-east":
+            assert kv.mod_revision == before[key].mod_revision  # untouched
+        else:
+            sid = key.rsplit("/", 1)[1]
+            want = resolve(old, sid, "us-east", EAST_DOWN, 0.0).region
+            assert (pin.region, pin.moves, kv.version) == (want, 1, 2)
+            assert kv.lease == before[key].lease
+
+
+@pytest.fixture
+def topology(etcd: EtcdServer) -> Topology:
+    return fast_topology(etcd.endpoints, f"t{uuid.uuid4().hex[:8]}")
+
+
+async def test_get_and_pin_session_over_grpc(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        s = run.stub
+        missing = await s.GetSession(pb.GetSessionRequest(session_id="nobody"))
+        assert not missing.found and missing.session_id == "nobody"
+
+        async def code_of(call: object) -> grpc.StatusCode:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call  # type: ignore[misc]
+            return e.value.code()
+
+        bad = [
+            s.GetSession(pb.GetSessionRequest(session_id="a/b")),
+            s.GetSession(pb.GetSessionRequest(session_id="")),
+            s.PinSession(pb.PinSessionRequest(session_id="s1", region="mars", reason="x")),
+            s.PinSession(
+                pb.PinSessionRequest(session_id="s1", region="west", home="x", reason="x")
+            ),
+            s.PinSession(pb.PinSessionRequest(session_id="s1", region="west")),  # no reason
+            s.PinSession(pb.PinSessionRequest(session_id="x" * 300, region="west", reason="x")),
+        ]
+        for call in bad:
+            assert await code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError, match="printable ASCII"):
+            await s.GetSession(pb.GetSessionRequest(session_id="a/b"))
+
+        info = await s.PinSession(
+            pb.PinSessionRequest(
+                session_id="s1", region="west", home="east", reason="VIP test", actor="alice"
+            )
+        )
+        assert (info.found, info.home, info.region, info.moves) == (True, "east", "west", 0)
+        moved = await s.PinSession(
+            pb.PinSessionRequest(session_id="s1", region="central", reason="drain west")
+        )
+        assert (moved.home, moved.region, moved.moves) == ("east", "central", 1)
+        got = await s.GetSession(pb.GetSessionRequest(session_id="s1"))
+        assert got == moved
+        hist = await s.GetHistory(pb.HistoryRequest(limit=100))
+        pins = [(e.actor, e.reason, e.region) for e in hist.events if e.action == "session_pin"]
+        assert pins == [("alice", "VIP test", "west"), ("operator", "drain west", "central")]
+
+
+async def test_a_failover_repins_the_failed_regions_sessions_once(topology: Topology) -> None:
+    keys = Keys(topology.cluster)
+    async with running_replica(topology) as run:
+        s = run.stub
+        await until(
+            lambda st: st.responder_is_leader and all(r.health == pb.HEALTHY for r in st.regions),
+            s,
+            {},
+        )
+        gw = SessionStore(
+            run.replica.store, keys, regions=topology.names, clock=SystemClock(), writer="t"
+        )
+        routings = {r: Routing(targets={r: 1.0}) for r in topology.names}
+        homes = ("east", "west", "central")
+        for i in range(300):
+            await gw.resolve(f"c{i:04d}", homes[i % 3], routings)
+        events_seen = asyncio.Event()
+        since = (await run.replica.store.get_prefix(keys.audit_prefix())).revision + 1
+
+        async def watch_audit() -> None:
+            async for ev in run.replica.store.watch_prefix(
+                keys.audit_prefix(), start_revision=since
+            ):
+                if ev.kv.value and b"sessions_repinned" in ev.kv.value:
+                    events_seen.set()
+
+        watcher = asyncio.create_task(watch_audit())
+
+        await until(
+            lambda st: region(st, "east").failover_steps_done == "switch,prewarm",
+            s,
+            {"east": pb.UNHEALTHY},
+        )
+
+        async def repin_audits() -> list[AuditEntry]:
+            page = await run.replica.store.get_prefix(keys.audit_prefix())
+            entries = [decode(AuditEntry, kv.value) for kv in page.kvs]
+            return [e for e in entries if e.action == "sessions_repinned"]
+
+        async with asyncio.timeout(20):
+            await events_seen.wait()
+        await until(lambda st: region(st, "east").state == pb.NORMAL, s, {})  # recovered
+
+        watcher.cancel()
+        audits = await repin_audits()
+        assert [(a.region, a.details["moved"], a.actor) for a in audits] == [
+            ("east", "100", "cp-a")
+        ]
+        for i in range(300):
+            info = await s.GetSession(pb.GetSessionRequest(session_id=f"c{i:04d}"))
+            if i % 3 == 0:  # homed in east: moved once, and not back after recovery
+                assert info.region in ("west", "central") and info.moves == 1
+            else:
+                assert info.region == homes[i % 3] and info.moves == 0
+
+
+def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
+    """Shape only: whether the goals are met is for the bench on a quiet machine."""
+    script = (
+        "import argparse, sys; from bench import sessions; p = argparse.ArgumentParser(); "
+        "sessions.add_arguments(p); sys.exit(sessions.run(p.parse_args(sys.argv[1:])))"
+    )
+    args = ["--sessions-large", "3000", "--repin-sessions", "500", "--switches", "10"]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert [x.get("kind") for x in lines[:-1]] == ["load", "load", "switch", "switch", "repin"]
+    out = lines[-1]
+    assert out["bench"] == "sessions" and out["sessions_large"] == 3000
+    for key in ("switch_ms_p99_1k", "switch_ms_p99_1m", "switch_ratio", "repin_keys_per_s"):
+        assert isinstance(out[key], int | float) and out[key] > 0, key
+    assert lines[-2]["moved"] == 500 and lines[-2]["conflicts"] == 0
+    assert set(out["met"]) == set(out["goals"]) == {"switch_ratio", "repin_keys_per_s"}
