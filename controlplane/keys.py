@@ -53,6 +53,10 @@ class Keys:
     def session(self, session_id: str) -> str:
         return f"{self.root}sessions/{session_id}"
 
+    def session_lease(self, bucket: int) -> str:
+        """The lease shared by every session written in time bucket ``bucket``."""
+        return f"{self.root}session-leases/{bucket}"
+
     def degradation(self, region: str) -> str:
         return f"{self.root}degradation/{region}"
 
