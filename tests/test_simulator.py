@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -565,3 +566,18 @@ def test_prometheus_float_format() -> None:
         "+Inf",
         "1.7959703206935499e+09",
     ]
+
+
+def test_crash_fault_kills_the_process() -> None:
+    proc = start_simulator(name="sim-crash")
+    try:
+        req = urllib.request.Request(proc.url + "/_sim/fault", data=b'{"crash": true}',
+                                     headers={"content-type": "application/json"},
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200
+        assert proc.popen.wait(timeout=10) == 70
+        with pytest.raises(OSError):
+            urllib.request.urlopen(proc.url + "/health", timeout=1)
+    finally:
+        proc.kill()

@@ -1,7 +1,8 @@
 """Fault injection for the simulator (``/_sim/fault``).
 
 Faults act on the inference endpoints (``/v1/completions``, ``/v1/chat/completions``)
-except ``health_down``, which acts on ``/health`` only. ``hang`` holds inference
+except ``health_down``, which acts on ``/health`` only, and ``crash``, which ends the
+process. ``hang`` holds inference
 requests until the fault is cleared, the way a wedged engine does; like vLLM's own
 ``/health`` (which only asks whether the engine process is alive), ``/health`` keeps
 answering 200 while requests hang.
@@ -24,6 +25,9 @@ class FaultSpec(BaseModel):
     added_latency_s: float = Field(0.0, ge=0.0, le=600.0)  # before the first token
     hang: bool = False  # inference requests never finish until the fault is cleared
     health_down: bool = False  # /health answers 503
+    # The process dies (exit code 70) right after answering: a crashed engine, as a
+    # drill sees it. Everything in flight is lost, like a real crash.
+    crash: bool = False
 
 
 class Verdict(Enum):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -33,6 +35,7 @@ from regions.simulator.protocol import (
 )
 from regions.simulator.tokenizer import render_chat
 
+CRASH_EXIT_CODE = 70  # EX_SOFTWARE
 log = logging.getLogger("tectonic.simulator")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
@@ -332,6 +335,11 @@ class Simulator:
 
     async def set_fault(self, request: web.Request) -> web.Response:
         spec = await self._parse(request, FaultSpec)
+        if spec.crash:
+            log.error("fault injected: crash; exiting now")
+            # Let the answer go out first, then die without any clean-up.
+            asyncio.get_running_loop().call_later(0.05, os._exit, CRASH_EXIT_CODE)
+            return _json(spec.model_dump())
         self.faults.set(spec)
         log.warning("fault injected: %s", spec.model_dump_json())
         return _json(spec.model_dump())
