@@ -314,6 +314,37 @@ def start_controlplane(
     return proc
 
 
+def start_gateway(
+    topology: str | Path,
+    region: str,
+    *,
+    control_planes: Sequence[str] = (),
+    listen: str = "127.0.0.1:0",
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+) -> Proc:
+    """Start ``python -m regions.gateway`` with home ``region`` (reporting what its
+    requests saw to ``control_planes`` when given); ``Proc.url`` is its base URL once
+    it serves."""
+    args = [
+        "-m",
+        "regions.gateway",
+        "--topology",
+        str(topology),
+        "--region",
+        region,
+        "--listen",
+        listen,
+        *extra_args,
+    ]
+    if control_planes:
+        args += ["--control-plane", ",".join(control_planes)]
+    proc = spawn(args, f"gw-{region}", stdout_pipe=True)
+    proc.url = read_ready(proc, time.monotonic() + ready_timeout)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    return proc
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for proc in list(_LIVE):

@@ -13,7 +13,7 @@ if ! command -v etcd >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server etcd-client >/dev/null
 fi
-etcd --version | head -1
+etcd --version 2>&1 | sed -n 1p  # not `head`: under pipefail etcd may die of SIGPIPE
 
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3

@@ -1,0 +1,271 @@
+"""The demo's traffic: chat sessions through the gateways, and what each one saw.
+
+Every session sends one short chat completion at a time through the gateway of its
+home region, about every ``interval_s``, with its id in ``x-session-id``; groups of
+sessions share a system prompt, so prompt prefixes repeat (what prefix-aware hashing
+and the replicas' prefix caches are for). Each answer's ``x-tectonic-region`` header
+says which region served it. From those, :func:`analyse` checks stickiness: a
+session's requests stay in one region, a failover moves only the failed region's
+sessions, once, and nothing bounces back when that region recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+SESSION_HEADER = "x-session-id"
+REGION_HEADER = "x-tectonic-region"
+MODEL = "tiny"  # what chaos.procs.start_simulator serves
+TOPICS = (
+    "billing questions for a cloud storage product",
+    "a travel agency planning trips across Europe",
+    "technical support for home Wi-Fi routers",
+    "a cooking assistant for quick weeknight dinners",
+    "an internal helpdesk for laptop and VPN issues",
+    "a tutor for high-school algebra",
+)
+
+
+def system_prompt(group: int) -> str:
+    """A long-ish system prompt shared by every session of ``group``: the repeated
+    prefix (longer than the gateway's 256 prefix characters)."""
+    topic = TOPICS[group % len(TOPICS)]
+    return (
+        f"You are assistant #{group} for {topic}. Answer briefly and politely, in plain "
+        "language, without markdown. If a question is outside your remit, say so and "
+        "suggest where the user could ask instead. Never invent account numbers, prices "
+        "or policies; when unsure, say that you are unsure. Keep every answer under "
+        "three sentences unless the user explicitly asks for more detail."
+    )
+
+
+@dataclass
+class Session:
+    sid: str
+    home: str  # the gateway it talks to: where a new session starts
+    gateway: str  # base URL of that gateway
+    system: str
+    served: list[str] = field(default_factory=list)  # region of each answered request
+    sent: int = 0
+    failing: bool = False  # its last request failed
+
+    @property
+    def region(self) -> str:
+        """The region that answered last ('-' before any answer)."""
+        return self.served[-1] if self.served else "-"
+
+    @property
+    def moves(self) -> int:
+        return sum(1 for a, b in zip(self.served, self.served[1:], strict=False) if a != b)
+
+
+@dataclass(frozen=True)
+class Failure:
+    t: float  # monotonic
+    sid: str
+    home: str
+    reason: str
+
+
+class Traffic:
+    """The bounded load: ``Traffic.add`` sessions, ``start`` them, ``stop`` at the end."""
+
+    def __init__(
+        self,
+        gateways: Mapping[str, str],
+        *,
+        interval_s: float = 0.5,
+        group_size: int = 5,
+        timeout_s: float = 5.0,
+        seed: int = 7,
+    ) -> None:
+        self.gateways = dict(gateways)  # home region -> gateway URL
+        self.interval_s = interval_s
+        self.group_size = group_size
+        self.timeout_s = timeout_s
+        self.sessions: list[Session] = []
+        self.ok = 0
+        self.failures: list[Failure] = []
+        self._rng = random.Random(seed)
+        self._http: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- sessions ------------------------------------------------------------------------
+    def add(self, count: int, homes: Sequence[str], prefix: str = "s") -> list[Session]:
+        """``count`` new sessions, homes round-robin over ``homes``; started at once if
+        the traffic runs already."""
+        new = []
+        for i in range(count):
+            n = len(self.sessions)
+            home = homes[i % len(homes)]
+            s = Session(
+                sid=f"{prefix}-{n:03d}-{home}",
+                home=home,
+                gateway=self.gateways[home],
+                system=system_prompt(n // self.group_size),
+            )
+            self.sessions.append(s)
+            new.append(s)
+            if self._http is not None:
+                self._tasks.append(asyncio.create_task(self._loop(s)))
+        return new
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        )
+        self._tasks = [asyncio.create_task(self._loop(s)) for s in self.sessions]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _loop(self, s: Session) -> None:
+        await asyncio.sleep(self._rng.uniform(0, self.interval_s))  # spread the starts
+        while True:
+            await self.send(s)
+            await asyncio.sleep(self.interval_s * self._rng.uniform(0.8, 1.2))
+
+    async def send(self, s: Session) -> None:
+        """One chat turn of ``s``; records the serving region or why it failed."""
+        assert self._http is not None
+        s.sent += 1
+        body = {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": s.system},
+                {"role": "user", "content": f"Question {s.sent} from {s.sid}: any news?"},
+            ],
+            "max_tokens": 4,
+        }
+        url = s.gateway + "/v1/chat/completions"
+        try:
+            async with self._http.post(url, json=body, headers={SESSION_HEADER: s.sid}) as r:
+                payload = await r.read()
+                region = r.headers.get(REGION_HEADER, "")
+                if r.status == 200 and region:
+                    s.served.append(region)
+                    s.failing = False
+                    self.ok += 1
+                    return
+                reason = (
+                    f"HTTP {r.status} {_message(payload)}"
+                    if r.status != 200
+                    else (f"200 without {REGION_HEADER}")
+                )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            reason = type(e).__name__
+        s.failing = True
+        self.failures.append(Failure(time.monotonic(), s.sid, s.home, reason))
+
+    # ---- the live view -------------------------------------------------------------------
+    def serving(self, sessions: Iterable[Session] | None = None) -> dict[str, int]:
+        """Sessions per region that answered their last request."""
+        counts = Counter(s.region for s in (self.sessions if sessions is None else sessions))
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def distribution(self) -> str:
+        """Sessions per serving region, those whose last request failed apart."""
+        ok = [s for s in self.sessions if not s.failing]
+        spread = ", ".join(f"{r} {n}" for r, n in self.serving(ok).items())
+        failing = len(self.sessions) - len(ok)
+        return spread + (f" (failing now: {failing})" if failing else "")
+
+    def line(self) -> str:
+        """The live view's traffic line ('' before any session exists)."""
+        if not self.sessions:
+            return ""
+        return (
+            f"traffic: {self.ok} requests ok / {len(self.failures)} failed; "
+            f"sessions by serving region: {self.distribution()}"
+        )
+
+    def answered(self, at_least: int, sessions: Iterable[Session] | None = None) -> bool:
+        """Every session (of ``sessions``) got at least ``at_least`` answers."""
+        group = self.sessions if sessions is None else sessions
+        return all(len(s.served) >= at_least for s in group)
+
+
+def _message(payload: bytes) -> str:
+    """The OpenAI-style error message of a refused request, shortened."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        return _no_address(str(json.loads(payload)["error"]["message"]))[:120]
+    return _no_address(payload[:120].decode(errors="replace"))
+
+
+def _no_address(text: str) -> str:
+    """Without replica addresses, so that one cause reads as one reason."""
+    return re.sub(r"\s*\(?'?127\.0\.0\.1'?(?:, |:)\d+\)?", "", text)
+
+
+def analyse(traffic: Traffic, victim: str, late: Sequence[Session], t0: float) -> dict[str, object]:
+    """The stickiness figures. ``late``: sessions started after the victim recovered;
+    ``t0``: the demo's start (failure times are reported relative to it)."""
+    moved = [s for s in traffic.sessions if s.moves > 0]
+    bounced = []
+    violations = 0
+    for s in moved:
+        first = next(i for i in range(1, len(s.served)) if s.served[i] != s.served[i - 1])
+        after = s.served[first:]
+        # every request after the move served by the region it moved to
+        violations += sum(1 for r in after if r != after[0])
+        if s.moves > 1 or s.home in after:
+            bounced.append(s.sid)
+    reasons = Counter(f.reason for f in traffic.failures)
+    times = [round(f.t - t0, 1) for f in traffic.failures]
+    return {
+        "requests": traffic.ok + len(traffic.failures),
+        "requests_ok": traffic.ok,
+        "requests_failed": len(traffic.failures),
+        "failure_reasons": dict(reasons.most_common()),
+        "failed_by_home": dict(Counter(f.home for f in traffic.failures)),
+        "failure_window": [min(times), max(times)] if times else [],
+        "sessions": len(traffic.sessions),
+        "sessions_moved": len(moved),
+        "moved_by_home": dict(Counter(s.home for s in moved)),
+        "moved_outside_victim": sum(1 for s in moved if s.home != victim),
+        "moved_to": dict(Counter(s.region for s in moved)),
+        "victim_sessions": sum(1 for s in traffic.sessions if s.home == victim and s not in late),
+        "bounces": len(bounced),
+        "bounced_sessions": bounced[:10],
+        "violations": violations,
+        "late_sessions": len(late),
+        "late_sessions_at_home": sum(1 for s in late if s.served and set(s.served) == {s.home}),
+        "sessions_by_region_end": traffic.serving(),
+    }
+
+
+async def gateway_counters(urls: Iterable[str]) -> dict[str, float]:
+    """What the gateways counted themselves (summed over them): session moves and
+    pin disagreements (``consistency_violations``), from their ``/metrics``."""
+    names = {
+        "tectonic_gateway_session_moves_total": "gateway_session_moves",
+        "tectonic_gateway_consistency_violations_total": "gateway_consistency_violations",
+        "tectonic_gateway_retries_total": "gateway_retries",
+    }
+    totals = dict.fromkeys(names.values(), 0.0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+        for url in urls:
+            async with http.get(url + "/metrics") as r:
+                text = await r.text()
+            for line in text.splitlines():
+                metric = line.split("{", 1)[0].split(" ", 1)[0]
+                if metric in names:
+                    totals[names[metric]] += float(line.rsplit(" ", 1)[1])
+    return totals
