@@ -37,16 +37,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yaml
 
-from chaos.local_etcd import EtcdServer, etcd_available
+from bench._common import (
+    BenchError,
+    Reporter,
+    at_least,
+    goals_and_met,
+    kill_all,
+    main,
+    percentile,
+    write_topology,
+)
+from chaos.local_etcd import EtcdServer
 from chaos.procs import Proc, read_ready, spawn, start_simulator
 from controlplane.codec import encode
-from controlplane.config import EtcdConfig, parse_topology
+from controlplane.config import EtcdConfig
 from controlplane.core.model import Routing
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
@@ -98,18 +107,10 @@ class Side:
         return len(self.latencies) / self.elapsed_s if self.elapsed_s else 0.0
 
 
-class BenchError(RuntimeError):
-    pass
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def _pct(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile; NaN if there are no values."""
+    p = percentile(values, q)
+    return math.nan if p is None else p
 
 
 # ---- the deployment ---------------------------------------------------------------------
@@ -123,7 +124,7 @@ def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
         try:
             sim = start_simulator(extra_args=FAST_SIM, name="bench-sim")
             procs.append(sim)
-            topo = {
+            topo: dict[str, object] = {
                 "cluster": CLUSTER,
                 "etcd": {"endpoints": [etcd.endpoint]},
                 "regions": [
@@ -136,9 +137,7 @@ def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
                     }
                 ],
             }
-            parse_topology(topo, "bench topology")
-            path = tmp / "topology.yaml"
-            path.write_text(yaml.safe_dump(topo))
+            path = write_topology(tmp / "topology.yaml", topo)
             asyncio.run(_write_routing(etcd.endpoint))
             gw = spawn(
                 [
@@ -160,8 +159,7 @@ def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
             gw.url = read_ready(gw, time.monotonic() + 30)
             yield sim.url, gw.url
         finally:
-            for p in procs:
-                p.kill()
+            kill_all(procs)
 
 
 async def _write_routing(endpoint: str) -> None:
@@ -302,8 +300,8 @@ def _summary(side: Side) -> dict[str, object]:
     return {
         "requests": len(side.latencies),
         "errors": side.errors,
-        "p50_ms": _ms(percentile(side.latencies, 50)),
-        "p99_ms": _ms(percentile(side.latencies, 99)),
+        "p50_ms": _ms(_pct(side.latencies, 50)),
+        "p99_ms": _ms(_pct(side.latencies, 99)),
         "rps": round(side.rps, 1),
     }
 
@@ -314,11 +312,11 @@ def _ms(seconds: float) -> float:
 
 def headline(opts: Options, lat: Phase, thr: Phase) -> dict[str, object]:
     direct, gateway = lat.total["direct"].latencies, lat.total["gateway"].latencies
-    d50, d99 = percentile(direct, 50), percentile(direct, 99)
-    g50, g99 = percentile(gateway, 50), percentile(gateway, 99)
+    d50, d99 = _pct(direct, 50), _pct(direct, 99)
+    g50, g99 = _pct(gateway, 50), _pct(gateway, 99)
     added50, added99 = (g50 - d50) * 1000, (g99 - d99) * 1000
     ratios = thr.round_ratios()
-    ratio = percentile(ratios, 50) if ratios else 0.0
+    ratio = _pct(ratios, 50) if ratios else 0.0
     d_rps, g_rps = thr.total["direct"].rps, thr.total["gateway"].rps
     return {
         "bench": "gateway",
@@ -337,28 +335,15 @@ def headline(opts: Options, lat: Phase, thr: Phase) -> dict[str, object]:
         "gateway_p99_ms": _ms(g99),
         "direct_rps": round(d_rps, 1),
         "gateway_rps": round(g_rps, 1),
-        "goals": asdict(GOALS),
-        "met": {
-            "added_latency_ms_p50": added50 <= GOALS.added_latency_ms_p50,
-            "throughput_ratio": ratio >= GOALS.throughput_ratio,
-        },
+        **goals_and_met(
+            GOALS,
+            {"added_latency_ms_p50": added50, "throughput_ratio": ratio},
+            at_least={"throughput_ratio"},
+        ),
     }
 
 
 # ---- running ----------------------------------------------------------------------------
-
-
-class Reporter:
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def progress(self, text: str) -> None:
-        if not self.quiet:
-            print(text, file=sys.stderr, flush=True)
-
-    def line(self, obj: dict[str, object]) -> None:
-        if not self.quiet:
-            print(json.dumps(obj), flush=True)
 
 
 def run_bench(opts: Options, say: Reporter) -> dict[str, object]:
@@ -370,11 +355,7 @@ def run_bench(opts: Options, say: Reporter) -> dict[str, object]:
         return asyncio.run(measure(direct, gateway, opts, say))
 
 
-def _positive(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
-    return n
+_positive = at_least(1, "_positive")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -411,19 +392,11 @@ def run(args: argparse.Namespace) -> int:
         stream=args.stream,
         quiet=args.quiet,
     )
-    if not etcd_available():
-        print("error: the etcd binary is not installed (scripts/setup.sh)", file=sys.stderr)
-        return 2
-    try:
-        result = run_bench(opts, Reporter(opts.quiet))
-    except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        return 130
-    except (BenchError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    return main(
+        lambda: run_bench(opts, Reporter(opts.quiet)),
+        (BenchError, RuntimeError),
+        on_sigterm_too=False,
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from controlplane.config import ConfigError, Topology, load_topology, parse_topo
 
 EXAMPLES = """examples:
   python -m controlplane --topology examples/topology.yaml --id cp-1 --listen 127.0.0.1:50051
+  python -m controlplane --topology examples/topology.yaml --http-listen 127.0.0.1:8081
+      # also serve /healthz /readyz /metrics /v1/* and the dashboard at http://127.0.0.1:8081/
   python -m controlplane --topology examples/topology.yaml --check   # validate and exit
 """
 
@@ -33,6 +35,13 @@ def _parser() -> argparse.ArgumentParser:
         help="replica id, unique per replica (default: host-pid)",
     )
     p.add_argument("--listen", default="127.0.0.1:50051", help="gRPC listen address")
+    p.add_argument(
+        "--http-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="also serve the HTTP API and dashboard here (port 0: any free port; "
+        "the log says which); off by default",
+    )
     p.add_argument(
         "--etcd", default="", help="comma-separated etcd endpoints, overriding the topology file"
     )
@@ -56,13 +65,15 @@ def _summary(t: Topology) -> str:
     return "\n".join(lines)
 
 
-async def _run(t: Topology, replica_id: str, listen: str) -> None:
+async def _run(t: Topology, replica_id: str, listen: str, http_listen: str | None) -> None:
     from controlplane.server import ControlPlaneReplica
     from controlplane.store.etcd import EtcdStore
 
     store = EtcdStore(t.etcd)
     await store.connect()
-    replica = ControlPlaneReplica(topology=t, store=store, replica_id=replica_id, listen=listen)
+    replica = ControlPlaneReplica(
+        topology=t, store=store, replica_id=replica_id, listen=listen, http_listen=http_listen
+    )
     task = asyncio.create_task(replica.run())
     started = asyncio.create_task(replica.started.wait())
     await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
@@ -99,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_summary(t))
         return 0
     logging.getLogger("tectonic").info("starting\n%s", _summary(t))
-    asyncio.run(_run(t, args.id, args.listen))
+    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None))
     return 0
 
 

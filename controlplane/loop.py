@@ -18,6 +18,7 @@ from controlplane.codec import CorruptValue, decode
 from controlplane.config import Topology
 from controlplane.core.decide import TickResult, decide
 from controlplane.core.model import HealthReport
+from controlplane.core.snapshot import Snapshot
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.orchestrator import Orchestrator
@@ -37,6 +38,14 @@ class Leadership(Protocol):
     async def wait_changed(self) -> bool: ...
 
 
+class TickObserver(Protocol):
+    def tick_done(
+        self, *, leader: bool, snapshot: Snapshot | None, result: TickResult | None
+    ) -> None:
+        """After each tick that made progress; a leader's tick has the snapshot it
+        decided on and the result it applied."""
+
+
 class ReconcileLoop:
     def __init__(
         self,
@@ -48,10 +57,12 @@ class ReconcileLoop:
         orchestrator: Orchestrator,
         prober: AgentProber | None,
         actor: str,
+        observer: TickObserver | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
-        self.actor = actor
+        self.actor, self.observer = actor, observer
+        self.tick_snapshot: Snapshot | None = None  # what the last tick decided on, if any
         self.wake = asyncio.Event()
         self.last_progress = time.monotonic()
         self.last_result: TickResult | None = None
@@ -75,6 +86,7 @@ class ReconcileLoop:
         if self.prober is not None:
             await self.prober.probe_once()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+        self.tick_snapshot = snap
         result = decide(snap, self.topology, self.actor)
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
@@ -110,11 +122,13 @@ class ReconcileLoop:
                 self.wake.clear()
 
     async def _one_tick(self, period: float) -> None:
+        self.tick_snapshot = None
         try:
             async with asyncio.timeout(period + 2 * self.topology.timing.retry_timeout_s):
-                await self.tick()
+                result = await self.tick()
             self.last_progress = time.monotonic()
             self.ticks += 1
+            self._observe(result)
         except StoreUnavailable as e:
             # Acting blind is worse than not acting: wait for the store.
             log.warning("store unavailable, not acting this tick: %s", e)
@@ -125,6 +139,16 @@ class ReconcileLoop:
         except (StoreError, ValueError):
             # A bug or a corrupt value must not kill the loop; the next tick retries.
             log.exception("tick failed")
+
+    def _observe(self, result: TickResult | None) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.tick_done(
+                leader=self.leadership.is_leader, snapshot=self.tick_snapshot, result=result
+            )
+        except Exception:
+            log.exception("tick observer failed")  # metrics must never stop the loop
 
     async def _wake_on_leadership(self) -> None:
         """A new leader acts at once instead of at its next period."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
@@ -24,7 +25,13 @@ from controlplane.core.decide import (
     failover_step_write,
     pending_steps,
 )
-from controlplane.core.model import AuditEntry, FailoverStep, Routing
+from controlplane.core.model import (
+    AuditEntry,
+    Decision,
+    FailoverProgress,
+    FailoverStep,
+    Routing,
+)
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.prewarm import Prewarmer
@@ -35,6 +42,16 @@ from controlplane.store.port import MAX_TXN_OPS, Compare, Delete, Op, Put, Store
 log = logging.getLogger("tectonic.orchestrator")
 
 Fence = Callable[[], Sequence[Compare]]
+
+
+class WriteObserver(Protocol):
+    """Told about writes that succeeded (metrics); must not raise or block."""
+
+    def transitioned(self, d: Decision) -> None: ...
+
+    def failover_step_done(
+        self, region: str, step: FailoverStep, progress: FailoverProgress, at: float
+    ) -> None: ...
 
 
 class Orchestrator:
@@ -48,10 +65,11 @@ class Orchestrator:
         prewarmer: Prewarmer,
         actor: str,
         sessions: SessionStore | None = None,
+        observer: WriteObserver | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
-        self.sessions = sessions
+        self.sessions, self.observer = sessions, observer
         self.audit = AuditLog(keys, actor)
         self._failovers: dict[str, asyncio.Task[None]] = {}
         self._repins: dict[str, asyncio.Task[None]] = {}
@@ -108,6 +126,8 @@ class Orchestrator:
                     d.actor,
                     d.reason,
                 )
+                if self.observer is not None:
+                    self.observer.transitioned(d)
         for f in result.failovers:
             self.ensure_failover(f.region)
 
@@ -149,6 +169,8 @@ class Orchestrator:
                     return
                 if not await self.write(w):
                     return
+                if self.observer is not None and w.record.failover is not None:
+                    self.observer.failover_step_done(region, step, w.record.failover, snap.now)
                 if step is FailoverStep.SWITCH:
                     log.warning(
                         "%s: routing switched: %s",

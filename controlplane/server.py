@@ -1,8 +1,9 @@
-"""One control-plane replica: election, reconcile loop, agent prober and gRPC API.
+"""One control-plane replica: election, reconcile loop, agent prober, gRPC and HTTP APIs.
 
-Every replica serves the API; only the leader probes agents and acts. Health
-(``grpc.health.v1``) is SERVING while the loop makes progress and NOT_SERVING when
-it stalls or the replica shuts down.
+Every replica serves the APIs; only the leader probes agents and acts. Health
+(``grpc.health.v1``, and HTTP ``/readyz``) is SERVING while the loop makes progress
+and NOT_SERVING when it stalls or the replica shuts down. The HTTP API (optional,
+``http_listen``) runs on uvicorn in the same event loop, supervised like the rest.
 """
 
 from __future__ import annotations
@@ -10,19 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import grpc
+import uvicorn
+from fastapi import FastAPI
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
 from controlplane.api.grpc_service import ControlPlaneService
+from controlplane.api.http import create_http_app
+from controlplane.api.reads import Reads
 from controlplane.clock import Clock, SystemClock
 from controlplane.config import Topology
 from controlplane.election import LeaderElection
 from controlplane.keys import Keys
 from controlplane.loop import ReconcileLoop
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import HoldPrewarmer, NoPrefixData, Prewarmer
 from controlplane.probe import AgentProber
@@ -33,6 +42,9 @@ log = logging.getLogger("tectonic.server")
 
 SERVICE_NAME = controlplane_pb2.DESCRIPTOR.services_by_name["ControlPlane"].full_name
 MAX_MESSAGE_BYTES = 64 * 1024  # requests are small; anything bigger is refused
+HTTP_DRAIN_S = 0.5  # on shutdown, /readyz answers 503 this long before the listener closes
+HTTP_MAX_CONNECTIONS = 128  # beyond this uvicorn answers 503
+HTTP_MAX_HEADER_BYTES = 16 * 1024
 
 
 @dataclass
@@ -44,12 +56,16 @@ class ControlPlaneReplica:
     clock: Clock = field(default_factory=SystemClock)
     probe_agents: bool = True
     prewarmer: Prewarmer | None = None
+    http_listen: str | None = None  # host:port (port 0: any free one); None: no HTTP API
 
     port: int = 0
+    http_port: int = 0
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.topology.cluster)
+        self.metrics = ControlPlaneMetrics()
+        self.stopping = asyncio.Event()
         t = self.topology
         self.election = LeaderElection(
             self.store, self.keys.leader(), self.replica_id, t.timing.lease_ttl_s
@@ -73,6 +89,7 @@ class ControlPlaneReplica:
             pre,
             self.replica_id,
             sessions=self.sessions,
+            observer=self.metrics,
         )
         self.prober = (
             AgentProber(self.store, self.keys, t, self.clock) if self.probe_agents else None
@@ -86,8 +103,24 @@ class ControlPlaneReplica:
             self.orchestrator,
             self.prober,
             self.replica_id,
+            observer=self.metrics,
         )
         self.health = health.aio.HealthServicer()
+        self.reads = Reads(
+            self.store, self.keys, t, self.clock, self.replica_id, lambda: self.election.is_leader
+        )
+
+    def not_ready(self) -> str | None:
+        """Why this replica should take no traffic now (None: ready)."""
+        if self.stopping.is_set():
+            return "shutting down"
+        if self.loop.stalled():
+            ago = time.monotonic() - self.loop.last_progress
+            return (
+                f"the reconcile loop has made no progress for {ago:.1f}s "
+                "(is etcd reachable? see this replica's log)"
+            )
+        return None
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -139,8 +172,14 @@ class ControlPlaneReplica:
         self.port = server.add_insecure_port(self.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
-        await self._set_health(False)
-        await server.start()
+        http = self._http_server(self.http_listen) if self.http_listen else None
+        try:
+            await self._set_health(False)
+            await server.start()
+        except BaseException:
+            if http is not None:
+                http.close()
+            raise
         log.info(
             "replica %s serving gRPC on port %d (cluster %s, %d regions)",
             self.replica_id,
@@ -148,18 +187,120 @@ class ControlPlaneReplica:
             self.topology.cluster,
             len(self.topology.regions),
         )
+        if http is not None:
+            http.start()
+            log.info(
+                "replica %s serving HTTP on http://%s:%d (dashboard /, /metrics, /v1/status, "
+                "/docs)",
+                self.replica_id,
+                http.host,
+                self.http_port,
+            )
         self.started.set()
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.election.run(), name="election")
                 tg.create_task(self.loop.run(), name="reconcile-loop")
                 tg.create_task(self._health_supervisor(), name="health")
+                if http is not None:
+                    tg.create_task(http.supervise(self.stopping), name="http")
         finally:
             log.info("replica %s shutting down", self.replica_id)
+            self.stopping.set()  # /readyz answers 503 and event streams end, first
+            draining_until = time.monotonic() + HTTP_DRAIN_S
             await self._set_health(False)
             await self.orchestrator.stop_failovers()
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.election.resign())
+            if http is not None:
+                await http.stop(after=draining_until - time.monotonic())
             await server.stop(grace=1.0)
             if self.prober is not None:
                 await self.prober.close()
+
+    # ---- HTTP ------------------------------------------------------------------------
+    def _http_server(self, listen: str) -> _EmbeddedHttp:
+        """Bound now, so that errors surface before the replica reports started and
+        port 0 is resolved; served from ``run``."""
+        http = _EmbeddedHttp(
+            create_http_app(
+                self.reads,
+                not_ready=self.not_ready,
+                metrics=lambda: self.metrics.scrape(leader=self.election.is_leader),
+                stopping=self.stopping,
+            ),
+            listen,
+        )
+        self.http_port = http.port
+        return http
+
+
+class _QuietUvicorn(uvicorn.Server):
+    """The process owner handles signals (``python -m controlplane`` cancels the
+    replica), so the embedded uvicorn must not take them over."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class _EmbeddedHttp:
+    """uvicorn in the replica's event loop, on a socket bound up front."""
+
+    def __init__(self, app: FastAPI, listen: str) -> None:
+        self.sock = _bind(listen)
+        self.host, self.port = listen.rsplit(":", 1)[0], int(self.sock.getsockname()[1])
+        self.server = _QuietUvicorn(
+            uvicorn.Config(
+                app,
+                lifespan="off",
+                http="h11",
+                ws="none",
+                log_config=None,
+                access_log=False,
+                server_header=False,
+                h11_max_incomplete_event_size=HTTP_MAX_HEADER_BYTES,
+                limit_concurrency=HTTP_MAX_CONNECTIONS,
+                timeout_graceful_shutdown=2,
+            )
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]), name="http-server")
+
+    async def supervise(self, stopping: asyncio.Event) -> None:
+        """Fails (and so stops the replica) if the server fails. Cancelled, it only
+        flags ``stopping``: the server is stopped last, by ``stop``."""
+        assert self.task is not None
+        try:
+            await asyncio.shield(self.task)
+        except asyncio.CancelledError:
+            stopping.set()
+            raise
+        raise RuntimeError("the HTTP server stopped on its own")
+
+    async def stop(self, after: float) -> None:
+        """Keep answering (readyz: 503) for ``after`` seconds, so that load balancers
+        notice, then close the listener and wait for open responses to finish."""
+        if self.task is None or self.task.done():
+            self.close()
+            return
+        await asyncio.sleep(max(0.0, after))
+        self.server.should_exit = True
+        await asyncio.wait((self.task,))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _bind(listen: str) -> socket.socket:
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise OSError(f"cannot listen for HTTP on {listen!r}: expected host:port")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, int(port)), family=family)
+    except OSError as e:
+        raise OSError(f"cannot listen for HTTP on {listen}: {e}") from e

@@ -15,6 +15,14 @@ if ! command -v etcd >/dev/null 2>&1; then
 fi
 etcd --version 2>&1 | sed -n 1p  # not `head`: under pipefail etcd may die of SIGPIPE
 
+# Headless Chromium: the dashboard test (tests/integration/test_http_api.py) loads the
+# page in a real browser (skipped locally without chromium, failed in CI).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "==> installing chromium (Debian package, for the dashboard test)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then

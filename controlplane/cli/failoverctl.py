@@ -8,14 +8,18 @@ documented in ``controlplane/cli/client.py`` and in ``failoverctl --help``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
+from google.protobuf.message import Message
 from rich.console import Console
 from tectonic_api.v1 import controlplane_pb2 as pb
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.cli import render
 from controlplane.cli.client import (
@@ -38,6 +42,7 @@ sessions_app = typer.Typer(help="Look up or pin a sticky session.", no_args_is_h
 app.add_typer(sessions_app, name="sessions")
 out = Console()
 err = Console(stderr=True)
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,6 +89,31 @@ def _fail(e: CliError) -> typer.Exit:
     return typer.Exit(e.code)
 
 
+@contextlib.contextmanager
+def _exit_on_error() -> Iterator[None]:
+    """A CliError ends the command: its message on stderr, its exit code."""
+    try:
+        yield
+    except CliError as e:
+        raise _fail(e) from None
+
+
+def _call(c: Ctx, rpc: Callable[[pb_grpc.ControlPlaneStub], Callable[..., T]], request: Any) -> T:
+    """One unary call, ``rpc(stub)(request)``, with the per-call timeout; see _exit_on_error."""
+    with _exit_on_error():
+        return c.client.call(lambda s: rpc(s)(request, timeout=c.client.timeout_s))
+
+
+def _show(c: Ctx, msg: Message | Iterable[Message], text: Callable[[], object]) -> None:
+    """With --json the message (or a list of the messages) as JSON on stdout; else ``text()``."""
+    if not c.json:
+        text()
+    elif isinstance(msg, Message):
+        render.print_json(out, render.to_dict(msg))
+    else:
+        render.print_json(out, [render.to_dict(m) for m in msg])
+
+
 def _confirm(question: str, yes: bool) -> None:
     if yes:
         return
@@ -96,9 +126,7 @@ def _confirm(question: str, yes: bool) -> None:
 
 
 def _status(c: Ctx) -> pb.StatusResponse:
-    st: pb.StatusResponse = c.client.call(
-        lambda s: s.GetStatus(pb.GetStatusRequest(), timeout=c.client.timeout_s)
-    )
+    st: pb.StatusResponse = _call(c, lambda s: s.GetStatus, pb.GetStatusRequest())
     return st
 
 
@@ -109,14 +137,8 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     Example: failoverctl status --json | jq '.regions[] | select(.state != "NORMAL")'
     """
     c = _ctx(ctx, json_out)
-    try:
-        st = _status(c)
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, render.to_dict(st))
-    else:
-        out.print(render.status_table(st))
+    st = _status(c)
+    _show(c, st, lambda: out.print(render.status_table(st)))
 
 
 @app.command()
@@ -126,14 +148,8 @@ def regions(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     Example: failoverctl regions
     """
     c = _ctx(ctx, json_out)
-    try:
-        st = _status(c)
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, [render.to_dict(r) for r in st.regions])
-    else:
-        out.print(render.regions_table(st))
+    st = _status(c)
+    _show(c, st.regions, lambda: out.print(render.regions_table(st)))
 
 
 @app.command()
@@ -148,19 +164,13 @@ def history(
     Example: failoverctl history --region us-east --limit 20
     """
     c = _ctx(ctx, json_out)
-    try:
-        h = c.client.call(
-            lambda s: s.GetHistory(
-                pb.HistoryRequest(region=region, limit=limit), timeout=c.client.timeout_s
-            )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, [render.to_dict(ev) for ev in h.events])
-    else:
+    h = _call(c, lambda s: s.GetHistory, pb.HistoryRequest(region=region, limit=limit))
+
+    def lines() -> None:
         for ev in h.events:
             out.print(render.event_line(ev), highlight=False)
+
+    _show(c, h.events, lines)
 
 
 @app.command()
@@ -179,7 +189,7 @@ def events(
     if not follow:
         history(ctx, region=region, limit=max(replay, 1), json_out=json_out)
         return
-    try:
+    with _exit_on_error(), contextlib.suppress(KeyboardInterrupt):
         for e in c.client.stream(
             lambda s: s.WatchEvents(pb.WatchEventsRequest(region=region, replay=replay))
         ):
@@ -187,10 +197,6 @@ def events(
                 out.print_json(data=render.to_dict(e))
             else:
                 out.print(render.event_line(e), highlight=False)
-    except CliError as e:
-        raise _fail(e) from None
-    except KeyboardInterrupt:
-        pass
 
 
 def _wait_for_switch(c: Ctx, region: str, epoch0: int, within: float) -> None:
@@ -245,28 +251,19 @@ def failover(
     req = pb.FailoverRequest(
         region=region, to=to or [], reason=reason, force=force, actor=c.actor, dry_run=True
     )
-    try:
-        plan = c.client.call(lambda s: s.RequestFailover(req, timeout=c.client.timeout_s))
-        if dry_run:
-            if c.json:
-                render.print_json(out, render.to_dict(plan))
-            else:
-                out.print(render.plan_text(plan.plan))
-            return
-        if not c.json:
-            out.print(render.plan_text(plan.plan))
-        _confirm(f"Fail over {region} now?", yes)
-        epoch0 = next(x.epoch for x in _status(c).regions if x.name == region)
-        req.dry_run = False
-        resp = c.client.call(lambda s: s.RequestFailover(req, timeout=c.client.timeout_s))
-        if c.json:
-            render.print_json(out, render.to_dict(resp))
-        else:
-            err.print(f"accepted: intent {resp.intent_id}")
-        if wait and not c.json:
-            _wait_for_switch(c, region, epoch0, 60.0)
-    except CliError as e:
-        raise _fail(e) from None
+    plan = _call(c, lambda s: s.RequestFailover, req)
+    if dry_run:
+        _show(c, plan, lambda: out.print(render.plan_text(plan.plan)))
+        return
+    if not c.json:
+        out.print(render.plan_text(plan.plan))
+    _confirm(f"Fail over {region} now?", yes)
+    epoch0 = next(x.epoch for x in _status(c).regions if x.name == region)
+    req.dry_run = False
+    resp = _call(c, lambda s: s.RequestFailover, req)
+    _show(c, resp, lambda: err.print(f"accepted: intent {resp.intent_id}"))
+    if wait and not c.json:
+        _wait_for_switch(c, region, epoch0, 60.0)
 
 
 @app.command()
@@ -282,20 +279,11 @@ def recover(
     Example: failoverctl recover us-east --reason "driver rolled back"
     """
     c = _ctx(ctx, json_out)
-    try:
-        _confirm(f"Start recovery of {region}? New sessions will move back in steps.", yes)
-        resp = c.client.call(
-            lambda s: s.RequestRecovery(
-                pb.RecoveryRequest(region=region, reason=reason, actor=c.actor),
-                timeout=c.client.timeout_s,
-            )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, render.to_dict(resp))
-    else:
-        err.print(f"accepted: intent {resp.intent_id}; follow with failoverctl status")
+    _confirm(f"Start recovery of {region}? New sessions will move back in steps.", yes)
+    req = pb.RecoveryRequest(region=region, reason=reason, actor=c.actor)
+    resp = _call(c, lambda s: s.RequestRecovery, req)
+    accepted = f"accepted: intent {resp.intent_id}; follow with failoverctl status"
+    _show(c, resp, lambda: err.print(accepted))
 
 
 @app.command()
@@ -305,15 +293,8 @@ def pause(ctx: typer.Context, reason: ReasonOpt, json_out: JsonOpt = False) -> N
     Example: failoverctl pause --reason "etcd maintenance"
     """
     c = _ctx(ctx, json_out)
-    try:
-        resp = c.client.call(
-            lambda s: s.Pause(
-                pb.PauseRequest(reason=reason, actor=c.actor), timeout=c.client.timeout_s
-            )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    render.print_json(out, render.to_dict(resp)) if c.json else err.print("automation paused")
+    resp = _call(c, lambda s: s.Pause, pb.PauseRequest(reason=reason, actor=c.actor))
+    _show(c, resp, lambda: err.print("automation paused"))
 
 
 @app.command()
@@ -327,15 +308,8 @@ def resume(
     Example: failoverctl resume
     """
     c = _ctx(ctx, json_out)
-    try:
-        resp = c.client.call(
-            lambda s: s.Resume(
-                pb.PauseRequest(reason=reason, actor=c.actor), timeout=c.client.timeout_s
-            )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    render.print_json(out, render.to_dict(resp)) if c.json else err.print("automation resumed")
+    resp = _call(c, lambda s: s.Resume, pb.PauseRequest(reason=reason, actor=c.actor))
+    _show(c, resp, lambda: err.print("automation resumed"))
 
 
 @sessions_app.command("get")
@@ -349,23 +323,18 @@ def sessions_get(
     Example: failoverctl sessions get conv-8f2a
     """
     c = _ctx(ctx, json_out)
-    try:
-        info = c.client.call(
-            lambda s: s.GetSession(
-                pb.GetSessionRequest(session_id=session_id), timeout=c.client.timeout_s
+    info = _call(c, lambda s: s.GetSession, pb.GetSessionRequest(session_id=session_id))
+
+    def text() -> None:
+        if not info.found:
+            out.print(f"{session_id}: not pinned (new or expired)")
+        else:
+            out.print(
+                f"{session_id}: served in {info.region} (home {info.home}), moved "
+                f"{info.moves} times, pinned {render.ago(info.pinned_at)}, epoch {info.epoch}"
             )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, render.to_dict(info))
-    elif not info.found:
-        out.print(f"{session_id}: not pinned (new or expired)")
-    else:
-        out.print(
-            f"{session_id}: served in {info.region} (home {info.home}), moved "
-            f"{info.moves} times, pinned {render.ago(info.pinned_at)}, epoch {info.epoch}"
-        )
+
+    _show(c, info, text)
 
 
 @sessions_app.command("pin")
@@ -382,22 +351,10 @@ def sessions_pin(
     Example: failoverctl sessions pin conv-8f2a --region us-west --reason "repro INC-42"
     """
     c = _ctx(ctx, json_out)
-    try:
-        _confirm(f"Pin {session_id} to {region}?", yes)
-        info = c.client.call(
-            lambda s: s.PinSession(
-                pb.PinSessionRequest(
-                    session_id=session_id, region=region, reason=reason, actor=c.actor
-                ),
-                timeout=c.client.timeout_s,
-            )
-        )
-    except CliError as e:
-        raise _fail(e) from None
-    if c.json:
-        render.print_json(out, render.to_dict(info))
-    else:
-        out.print(f"{session_id}: pinned to {info.region}")
+    _confirm(f"Pin {session_id} to {region}?", yes)
+    req = pb.PinSessionRequest(session_id=session_id, region=region, reason=reason, actor=c.actor)
+    info = _call(c, lambda s: s.PinSession, req)
+    _show(c, info, lambda: out.print(f"{session_id}: pinned to {info.region}"))
 
 
 def run() -> None:

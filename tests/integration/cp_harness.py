@@ -57,11 +57,19 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running_replica(topology: Topology, replica_id: str = "cp-a") -> AsyncIterator[Running]:
+async def running_replica(
+    topology: Topology, replica_id: str = "cp-a", http_listen: str | None = None
+) -> AsyncIterator[Running]:
+    """``http_listen`` (e.g. ``127.0.0.1:0``) also serves the HTTP API, on
+    ``replica.http_port``."""
     store = EtcdStore(topology.etcd)
     await store.connect()
     replica = ControlPlaneReplica(
-        topology=topology, store=store, replica_id=replica_id, probe_agents=False
+        topology=topology,
+        store=store,
+        replica_id=replica_id,
+        probe_agents=False,
+        http_listen=http_listen,
     )
     task = asyncio.create_task(replica.run())
     await asyncio.wait_for(replica.started.wait(), 10)

@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 REGIONS = ("east", "west")
 HALF = Routing(targets={"east": 0.5, "west": 0.5}, epoch=1)  # new east sessions split
+SLOW = ("--decode-tokens-per-s", "20")  # a stream long enough to act on while in flight
 
 
 # ---- deployment helpers ----------------------------------------------------------------
@@ -118,8 +119,14 @@ def write_topology(
     return path
 
 
-def deploy(tmp: Path, cluster: str, endpoints: Sequence[str], per_region: int = 2) -> Deployment:
-    sims = start_simulators(per_region * len(REGIONS))
+def deploy(
+    tmp: Path,
+    cluster: str,
+    endpoints: Sequence[str],
+    per_region: int = 2,
+    sim_args: Sequence[str] = (),
+) -> Deployment:
+    sims = start_simulators(per_region * len(REGIONS), extra_args=sim_args)
     by_region = {r: sims[i * per_region : (i + 1) * per_region] for i, r in enumerate(REGIONS)}
     path = write_topology(
         tmp / "topology.yaml",
@@ -144,6 +151,16 @@ def deployment(
     etcd: EtcdServer, cluster_name: str, tmp_path: Path, procs_cleanup: list[Deployment]
 ) -> Deployment:
     d = deploy(tmp_path, cluster_name, etcd.endpoints)
+    procs_cleanup.append(d)
+    return d
+
+
+@pytest.fixture
+def slow_deployment(
+    etcd: EtcdServer, cluster_name: str, tmp_path: Path, procs_cleanup: list[Deployment]
+) -> Deployment:
+    """One simulator per region, decoding 20 tokens per second."""
+    d = deploy(tmp_path, cluster_name, etcd.endpoints, per_region=1, sim_args=SLOW)
     procs_cleanup.append(d)
     return d
 
@@ -380,22 +397,10 @@ async def test_failed_replicas_are_retried_on_another_before_the_first_byte(
 
 
 async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(
-    etcd: EtcdServer,
-    cluster_name: str,
-    tmp_path: Path,
-    procs_cleanup: list[Deployment],
-    http: aiohttp.ClientSession,
+    slow_deployment: Deployment, http: aiohttp.ClientSession
 ) -> None:
-    slow = await asyncio.to_thread(start_simulators, 2, extra_args=("--decode-tokens-per-s", "20"))
-    path = write_topology(
-        tmp_path / "topology.yaml",
-        cluster_name,
-        etcd.endpoints,
-        {"east": [slow[0].url], "west": [slow[1].url]},
-    )
-    d = Deployment(cluster_name, path, etcd.endpoints, {}, list(slow))
-    procs_cleanup.append(d)
-    gw = await asyncio.to_thread(d.gateway, "east")
+    gw = await asyncio.to_thread(slow_deployment.gateway, "east")
+    east = slow_deployment.sims["east"][0]
     pieces: list[str] = []
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as client:
         stream = await client.chat.completions.create(
@@ -410,29 +415,16 @@ async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(
                 if chunk.choices and chunk.choices[0].delta.content:
                     pieces.append(chunk.choices[0].delta.content)
                 if len(pieces) == 3:
-                    await asyncio.to_thread(slow[0].kill)
+                    await asyncio.to_thread(east.kill)
     assert len(pieces) >= 3  # what arrived before the cut was delivered, and not repeated
     assert await metric(http, gw.url, "tectonic_gateway_retries_total") == 0
     assert await metric(http, gw.url, "tectonic_gateway_errors_total") == 1  # stream_broken
 
 
 async def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(
-    etcd: EtcdServer,
-    cluster_name: str,
-    tmp_path: Path,
-    procs_cleanup: list[Deployment],
-    http: aiohttp.ClientSession,
+    slow_deployment: Deployment, http: aiohttp.ClientSession
 ) -> None:
-    slow = await asyncio.to_thread(start_simulators, 2, extra_args=("--decode-tokens-per-s", "20"))
-    path = write_topology(
-        tmp_path / "topology.yaml",
-        cluster_name,
-        etcd.endpoints,
-        {"east": [slow[0].url], "west": [slow[1].url]},
-    )
-    d = Deployment(cluster_name, path, etcd.endpoints, {}, list(slow))
-    procs_cleanup.append(d)
-    gw = await asyncio.to_thread(d.gateway, "east")
+    gw = await asyncio.to_thread(slow_deployment.gateway, "east")
     body = {
         "model": "tiny",
         "prompt": "a long answer please",

@@ -112,6 +112,17 @@ async def wait_all_healthy(stub: pb_grpc.ControlPlaneStub) -> str:
     return (await status(stub)).leader
 
 
+async def wait_east_steps(
+    stub: pb_grpc.ControlPlaneStub, steps: str, *, within: float, every: float, what: str
+) -> None:
+    """Until east's failover has done ``steps`` (comma-separated, in the order done)."""
+
+    async def done() -> bool:
+        return region(await status(stub), "east").failover_steps_done == steps
+
+    await until(done, within=within, every=every, what=what)
+
+
 async def history(stub: pb_grpc.ControlPlaneStub, reg: str) -> list[pb.Event]:
     return list((await stub.GetHistory(pb.HistoryRequest(region=reg, limit=200))).events)
 
@@ -140,12 +151,9 @@ async def test_leader_killed_before_the_switch_of_a_manual_failover(
 
     ch, stub = d.stub(survivor)
     async with ch:
-
-        async def finished() -> bool:
-            e = region(await status(stub), "east")
-            return e.failover_steps_done == "prewarm,switch"
-
-        await until(finished, within=30, every=0.1, what="survivor finishes the failover")
+        await wait_east_steps(
+            stub, "prewarm,switch", within=30, every=0.1, what="survivor finishes the failover"
+        )
         st = await status(stub)
         assert st.leader == survivor
         assert dict(region(st, "east").routing) == {"west": 1.0}
@@ -166,22 +174,16 @@ async def test_leader_killed_after_the_switch_of_an_automatic_failover(
         leader = await wait_all_healthy(stub)
         survivor = "cp-2" if leader == "cp-1" else "cp-1"
         d.sims["east"].kill()  # the region's only vLLM replica dies: hard down
-
-        async def switched() -> bool:
-            e = region(await status(stub), "east")
-            return e.failover_steps_done == "switch"  # hard down: switch first, warm after
-
-        await until(switched, within=20, every=0.05, what="east switched, pre-warm pending")
+        await wait_east_steps(  # hard down: switch first, warm after
+            stub, "switch", within=20, every=0.05, what="east switched, pre-warm pending"
+        )
         d.cps[leader].kill()
 
     ch, stub = d.stub(survivor)
     async with ch:
-
-        async def finished() -> bool:
-            e = region(await status(stub), "east")
-            return e.failover_steps_done == "switch,prewarm"
-
-        await until(finished, within=30, every=0.1, what="survivor finishes the pre-warm")
+        await wait_east_steps(
+            stub, "switch,prewarm", within=30, every=0.1, what="survivor finishes the pre-warm"
+        )
         events = await history(stub, "east")
         switches = [e for e in events if e.action == "routing_switch"]
         assert len(switches) == 1 and switches[0].actor == leader  # not repeated

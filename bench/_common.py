@@ -1,0 +1,140 @@
+"""What every bench shares: percentiles, JSON lines out, goals and whether they were
+met, argument checks, the topology file, killing what was started, and ``main``'s
+exit codes (0 done, 1 the bench failed, 2 no etcd binary, 130 interrupted)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import signal
+import sys
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
+
+import yaml
+
+from chaos.local_etcd import etcd_available
+from chaos.procs import Proc
+from controlplane.config import parse_topology
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class BenchError(RuntimeError):
+    """The deployment did not do what the bench needs; the message says what and where."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None if empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def goals_and_met(
+    goals: DataclassInstance, figures: Mapping[str, float | None], *, at_least: Collection[str] = ()
+) -> dict[str, object]:
+    """The headline's ``goals`` (the ``goals`` dataclass as a dict) and ``met``: for each
+    goal, whether the figure of the same name is within it: ``<=`` the goal, or ``>=``
+    for the goals named in ``at_least``. A figure that is None (no rounds) is not met."""
+    limits: dict[str, float] = asdict(goals)
+    met = {}
+    for name, goal in limits.items():
+        value = figures[name]
+        met[name] = value is not None and (value >= goal if name in at_least else value <= goal)
+    return {"goals": limits, "met": met}
+
+
+class Reporter:
+    """Progress on stderr, one JSON object a line on stdout; both silent with ``quiet``
+    (the headline is printed by ``main``, quiet or not)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def progress(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def line(self, obj: dict[str, object]) -> None:
+        if not self.quiet:
+            print(json.dumps(obj), flush=True)
+
+
+def at_least(low: int, name: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number ``>= low``. ``name`` is what argparse calls
+    the type when the text is not a number ("invalid <name> value: 'x'")."""
+
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {n}")
+        return n
+
+    parse.__name__ = name
+    return parse
+
+
+def write_topology(path: Path, data: dict[str, object]) -> Path:
+    """Check the topology here (not in each child process that reads it), then write it."""
+    parse_topology(data, "bench topology")
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def kill_all(procs: Iterable[Proc]) -> None:
+    """SIGKILL and reap every process; one that fails to die does not stop the rest."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM cleans up like Ctrl-C does."""
+
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(
+    bench: Callable[[], dict[str, object]],
+    failures: tuple[type[Exception], ...],
+    *,
+    on_sigterm_too: bool = True,
+) -> int:
+    """Run ``bench`` and print its headline as the last JSON line; the exit code.
+
+    ``failures`` are the errors that mean the bench failed (exit 1, the message on
+    stderr). Ctrl-C (and SIGTERM, with ``on_sigterm_too``) exits 130 once the
+    bench's own cleanup has run."""
+    if not etcd_available():
+        print("error: the etcd binary is not installed (scripts/setup.sh)", file=sys.stderr)
+        return 2
+    sigterm = terminate_as_interrupt() if on_sigterm_too else contextlib.nullcontext()
+    try:
+        with sigterm:
+            result = bench()
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    except failures as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0

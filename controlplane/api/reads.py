@@ -1,0 +1,277 @@
+"""Read paths shared by every API transport: status, history and the event stream.
+
+The gRPC service and the HTTP API answer the same three questions from the same etcd
+reads; this module is that logic, free of any transport. It validates requests
+(``BadRead``: the transport answers INVALID_ARGUMENT or 400 with the message as is),
+reads the snapshot and the append-only audit prefix, and returns either the domain
+objects (``AuditRecord`` wraps an ``AuditEntry``) for a transport that converts them
+itself (gRPC, via ``controlplane.api.convert``), or the pydantic view models below
+(HTTP: they are its response bodies and its OpenAPI schema).
+
+``StoreUnavailable`` is not caught here: each transport maps it (UNAVAILABLE / 503).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from controlplane.clock import Clock
+from controlplane.codec import CorruptValue, decode
+from controlplane.config import Topology
+from controlplane.core.model import (
+    AuditEntry,
+    Decision,
+    FailoverStep,
+    Health,
+    Readiness,
+    RegionState,
+)
+from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.keys import Keys
+from controlplane.snapshot_reader import read_snapshot
+from controlplane.store.port import EventType, KeyValue, Store
+
+DEFAULT_HISTORY = 50
+MAX_HISTORY = 1000
+
+
+class BadRead(ValueError):
+    """A read that cannot be answered as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One audit entry with where it lives: ``id`` is the key's last segment (sorts by
+    time), ``revision`` its etcd mod_revision (entries are never rewritten, so this
+    orders entries by commit and serves as a resume token for event streams)."""
+
+    id: str
+    revision: int
+    entry: AuditEntry
+
+
+# ---- view models (HTTP response bodies; OpenAPI shows them) ------------------------------
+class FailoverView(BaseModel):
+    targets: dict[str, float] = Field(description="planned targets and their weights")
+    started_at: float
+    steps_done: list[FailoverStep]
+    warm_first: bool
+    manual: bool
+    forced: bool
+    prewarm_result: dict[str, float] = Field(default_factory=dict)
+
+
+class RecoveryView(BaseModel):
+    step: int
+    steps: int
+    held: bool
+    last_step_at: float
+
+
+class RegionStatusView(BaseModel):
+    name: str
+    zone: str
+    state: RegionState
+    health: Health = Field(description="folded verdict (quorum + hysteresis)")
+    epoch: int
+    reason: str
+    since: float
+    routing: dict[str, float] = Field(description="where traffic homed here goes: region -> weight")
+    barred: bool = Field(description="a failed drill bars the region from taking traffic")
+    readiness: Readiness | None = Field(description="last drill verdict, if any")
+    signals: dict[str, float]
+    votes: dict[str, Health]
+    failover: FailoverView | None
+    recovery: RecoveryView | None
+    last_decision: Decision | None
+
+
+class StatusView(BaseModel):
+    cluster: str
+    regions: list[RegionStatusView]
+    paused: bool
+    pause_reason: str
+    leader: str
+    responder: str = Field(description="the replica that answered")
+    responder_is_leader: bool
+    generated_at: float
+    revision: int = Field(description="etcd revision the snapshot was read at")
+
+
+class EventView(BaseModel):
+    """One audit entry: a transition, a failover step, an operator command, ..."""
+
+    id: str
+    revision: int
+    at: float
+    action: str
+    region: str
+    actor: str
+    reason: str
+    result: str
+    details: dict[str, str]
+    decision: Decision | None
+
+    @classmethod
+    def of(cls, rec: AuditRecord) -> EventView:
+        a = rec.entry
+        return cls(
+            id=rec.id,
+            revision=rec.revision,
+            at=a.at,
+            action=a.action,
+            region=a.region,
+            actor=a.actor,
+            reason=a.reason,
+            result=a.result,
+            details=a.details,
+            decision=a.decision,
+        )
+
+
+class HistoryView(BaseModel):
+    events: list[EventView] = Field(description="oldest first")
+
+
+def region_view(view: RegionView, zone: str) -> RegionStatusView:
+    rec, fo, rc = view.record, view.record.failover, view.record.recovery
+    return RegionStatusView(
+        name=view.name,
+        zone=zone,
+        state=rec.state,
+        health=view.health.verdict,
+        epoch=rec.epoch,
+        reason=rec.reason,
+        since=rec.since,
+        routing=view.effective_routing().targets,
+        barred=view.barred,
+        readiness=view.readiness,
+        signals=view.health.signals,
+        votes=view.health.votes,
+        failover=FailoverView(
+            targets=fo.plan.targets,
+            started_at=fo.started_at,
+            steps_done=list(fo.done),
+            warm_first=fo.plan.warm_first,
+            manual=fo.plan.manual,
+            forced=fo.plan.forced,
+            prewarm_result=fo.prewarm_result,
+        )
+        if fo
+        else None,
+        recovery=RecoveryView(
+            step=rc.step, steps=rc.steps, held=rc.held, last_step_at=rc.last_step_at
+        )
+        if rc
+        else None,
+        last_decision=rec.last_decision,
+    )
+
+
+# ---- the reads --------------------------------------------------------------------------
+class Reads:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        topology: Topology,
+        clock: Clock,
+        replica_id: str,
+        is_leader: Callable[[], bool],
+    ) -> None:
+        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+        self.replica_id, self.is_leader = replica_id, is_leader
+
+    # validation: the same messages over every transport
+    def known_region(self, region: str) -> str:
+        if region not in self.topology.names:
+            raise BadRead(
+                f"unknown region {region[:64]!r}; known regions: {', '.join(self.topology.names)}"
+            )
+        return region
+
+    @staticmethod
+    def bounded(name: str, value: int, limit: int = MAX_HISTORY) -> int:
+        if value < 0 or value > limit:
+            raise BadRead(f"{name} is between 0 and {limit} (got {value})")
+        return value
+
+    # status
+    async def snapshot(self) -> Snapshot:
+        return await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+
+    async def status(self) -> StatusView:
+        snap = await self.snapshot()
+        return StatusView(
+            cluster=self.topology.cluster,
+            regions=[region_view(snap.regions[r.name], r.zone) for r in self.topology.regions],
+            paused=snap.control.paused,
+            pause_reason=snap.control.reason,
+            leader=snap.leader,
+            responder=self.replica_id,
+            responder_is_leader=self.is_leader(),
+            generated_at=snap.now,
+            revision=snap.revision,
+        )
+
+    # history
+    async def history(self, region: str = "", limit: int = 0) -> list[AuditRecord]:
+        """The last ``limit`` (0: DEFAULT_HISTORY) audit entries, oldest first, of one
+        region or ("") of all. Raises BadRead."""
+        if region:
+            self.known_region(region)
+        limit = self.bounded("limit", limit) or DEFAULT_HISTORY
+        records, _ = await self._audit(region)
+        return records[-limit:]
+
+    # events
+    def events(
+        self, region: str = "", replay: int = 0, after_revision: int = 0
+    ) -> AsyncGenerator[AuditRecord, None]:
+        """Audit entries as they are written, of one region or ("") of all: first the
+        last ``replay`` existing ones, or every one committed after ``after_revision``
+        (a resume token, ``AuditRecord.revision``); then live ones, without gap or
+        duplicate. Validates now (raises BadRead before anything is read); the stream
+        raises StoreUnavailable when the watch breaks."""
+        if region:
+            self.known_region(region)
+        self.bounded("replay", replay)
+        if after_revision < 0:
+            raise BadRead(f"the resume revision is not negative (got {after_revision})")
+        return self._events(region, replay, after_revision)
+
+    async def _events(
+        self, region: str, replay: int, after_revision: int
+    ) -> AsyncGenerator[AuditRecord, None]:
+        records, revision = await self._audit(region)
+        if after_revision:
+            backlog = [r for r in records if r.revision > after_revision]
+        else:
+            backlog = records[-replay:] if replay else []
+        for rec in backlog:
+            yield rec
+        async for ev in self.store.watch_prefix(
+            self.keys.audit_prefix(), start_revision=revision + 1
+        ):
+            if ev.type is EventType.PUT and (new := _parse(ev.kv)) and _matches(new, region):
+                yield new
+
+    async def _audit(self, region: str) -> tuple[list[AuditRecord], int]:
+        page = await self.store.get_prefix(self.keys.audit_prefix())
+        records = [r for kv in page.kvs if (r := _parse(kv)) and _matches(r, region)]
+        return records, page.revision
+
+
+def _matches(rec: AuditRecord, region: str) -> bool:
+    return not region or rec.entry.region == region
+
+
+def _parse(kv: KeyValue) -> AuditRecord | None:
+    try:
+        entry = decode(AuditEntry, kv.value, kv.key)
+    except CorruptValue:
+        return None
+    return AuditRecord(id=kv.key.rsplit("/", 1)[-1], revision=kv.mod_revision, entry=entry)

@@ -1,0 +1,162 @@
+"""The control plane's Prometheus metrics, on a registry per replica (never the
+process-wide default, so that replicas sharing a test process do not share series).
+
+``ControlPlaneMetrics`` observes; it never reads the store. The reconcile loop calls
+``tick_done`` after every tick that made progress (with the snapshot the leader
+decided on and the result it applied), and the orchestrator calls ``transitioned`` /
+``failover_step_done`` after each write that succeeded.
+
+Region gauges (state, health, pre-warm attainment) are exported by the leader only:
+a follower reads no snapshot, so it drops them rather than export stale values, and
+``max by (region, state) (tectonic_region_state)`` over all replicas has exactly one
+answer. Counters and the histogram count what each replica did while it led.
+Session moves are counted by the gateways (``tectonic_gateway_*``), not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from controlplane.core.decide import TickResult
+from controlplane.core.model import (
+    Decision,
+    FailoverProgress,
+    FailoverStep,
+    Health,
+    RegionState,
+)
+from controlplane.core.snapshot import Snapshot
+
+log = logging.getLogger("tectonic.metrics")
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Failover start -> routing switch recorded: about a tick when the switch comes first,
+# up to the 30 s pre-warm budget (and more on a slow store) when it warms first.
+FAILOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
+
+
+def prewarm_fraction(result: dict[str, float]) -> float | None:
+    """Budget attainment from a failover record's ``prewarm_result``: the pre-warmer's
+    own ``attained_fraction`` if it reports one, else warmed / total prefixes; None when
+    there was nothing to warm (no data is not 0 % and not 100 %)."""
+    if "attained_fraction" in result:
+        return max(0.0, min(1.0, result["attained_fraction"]))
+    total = result.get("prefixes_total", 0.0)
+    if total <= 0:
+        return None
+    return max(0.0, min(1.0, result.get("prefixes_warmed", 0.0) / total))
+
+
+class ControlPlaneMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.region_state = Gauge(
+            "tectonic_region_state",
+            "1 for the region's current state, 0 for the others (leader only)",
+            ["region", "state"],
+            registry=r,
+        )
+        self.region_health = Gauge(
+            "tectonic_region_health",
+            "1 for the region's folded health verdict, 0 for the others (leader only)",
+            ["region", "verdict"],
+            registry=r,
+        )
+        self.transitions = Counter(
+            "tectonic_transitions",
+            "Region state transitions this replica recorded",
+            ["region", "from", "to", "trigger"],
+            registry=r,
+        )
+        self.failover_duration = Histogram(
+            "tectonic_failover_duration_seconds",
+            "Failover start to routing switch recorded",
+            buckets=FAILOVER_BUCKETS,
+            registry=r,
+        )
+        self.prewarm_attained = Gauge(
+            "tectonic_prewarm_attained_fraction",
+            "Pre-warm budget attainment of the region's current or last failover (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.leader = Gauge("tectonic_leader", "1 while this replica leads", registry=r)
+        self.loop_ticks = Counter(
+            "tectonic_loop_ticks", "Reconcile ticks that completed", registry=r
+        )
+        self.loop_last_progress = Gauge(
+            "tectonic_loop_last_progress_timestamp",
+            "Unix time of the last reconcile tick that completed",
+            registry=r,
+        )
+        self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
+
+    def scrape(self, *, leader: bool) -> bytes:
+        """The exposition, with leadership as of now (ticks stop when the store does)."""
+        self.leader.set(1 if leader else 0)
+        return generate_latest(self.registry)
+
+    # ---- from the reconcile loop ------------------------------------------------------
+    def tick_done(
+        self, *, leader: bool, snapshot: Snapshot | None, result: TickResult | None = None
+    ) -> None:
+        self.loop_ticks.inc()
+        self.loop_last_progress.set(time.time())
+        self.leader.set(1 if leader else 0)
+        if snapshot is not None:
+            self._from_snapshot(snapshot)
+            # This tick's fold is newer than the snapshot's stored health.
+            for h in result.health if result is not None else ():
+                self._set_health(h.region, h.health.verdict)
+        elif not leader:
+            self._drop_region_gauges()
+
+    def _from_snapshot(self, snap: Snapshot) -> None:
+        for name, view in snap.regions.items():
+            rec = view.record
+            # The snapshot was read before this tick's writes: never step back from a
+            # transition ``transitioned`` has already shown.
+            if rec.epoch >= self._epochs.get(name, 0):
+                self._set_state(name, rec.state, rec.epoch)
+            self._set_health(name, view.health.verdict)
+            if rec.failover is not None:
+                self._set_prewarm(name, rec.failover.prewarm_result)
+
+    def _drop_region_gauges(self) -> None:
+        if self._epochs:
+            self.region_state.clear()
+            self.region_health.clear()
+            self.prewarm_attained.clear()
+            self._epochs.clear()
+
+    def _set_state(self, region: str, state: RegionState, epoch: int) -> None:
+        self._epochs[region] = epoch
+        for s in RegionState:
+            self.region_state.labels(region, s.value).set(1 if s is state else 0)
+
+    def _set_health(self, region: str, verdict: Health) -> None:
+        for v in Health:
+            self.region_health.labels(region, v.value).set(1 if v is verdict else 0)
+
+    def _set_prewarm(self, region: str, result: dict[str, float]) -> None:
+        fraction = prewarm_fraction(result)
+        if fraction is not None:
+            self.prewarm_attained.labels(region).set(fraction)
+
+    # ---- from the orchestrator -------------------------------------------------------
+    def transitioned(self, d: Decision) -> None:
+        self.transitions.labels(d.region, d.from_state.value, d.to_state.value, d.trigger).inc()
+        self._set_state(d.region, d.to_state, d.epoch)
+
+    def failover_step_done(
+        self, region: str, step: FailoverStep, progress: FailoverProgress, at: float
+    ) -> None:
+        if step is FailoverStep.SWITCH:
+            self.failover_duration.observe(max(0.0, at - progress.started_at))
+        elif step is FailoverStep.PREWARM:
+            self._set_prewarm(region, progress.prewarm_result)
