@@ -395,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     return main(
         lambda: run_bench(opts, Reporter(opts.quiet)),
         (BenchError, RuntimeError),
-        on_sigterm_too=False,
+        on_sigterm_too=True,
     )
 
 

@@ -1,0 +1,39 @@
+"""``python -m bench gateway`` runs end to end and prints a well-formed headline.
+
+A small run on real processes; figures are checked for shape and sanity only: whether
+the goals are met is for the bench to report, never for a test on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_small_run_prints_one_headline_with_sane_figures() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "gateway", "--requests", "200", "--blocks", "2", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    head = json.loads(lines[0])
+    assert head["bench"] == "gateway"
+    for key in ("added_latency_ms_p50", "added_latency_ms_p99", "throughput_ratio"):
+        assert isinstance(head[key], int | float) and math.isfinite(head[key]), key
+    assert head["throughput_ratio"] > 0
+    assert set(head["goals"]) == set(head["met"])
+    assert all(isinstance(v, bool) for v in head["met"].values())
