@@ -1,9 +1,10 @@
 """``python -m bench sessions``: sticky sessions at scale, on a real etcd.
 
 Two identical single-member etcds are started (``chaos.local_etcd.EtcdServer``:
-loopback, fast raft timings, ``--unsafe-no-fsync``): one holds 1,000 pinned
-sessions, the other ``--sessions-large`` (default 1,000,000), written in 128-op
-transactions with ``--concurrency`` in flight. Then:
+loopback, fast raft timings, ``--unsafe-no-fsync``; Go's GC at etcd's default unless
+``--etcd-gogc``): one holds 1,000 pinned sessions, the other ``--sessions-large``
+(default 1,000,000), written in 128-op transactions with ``--concurrency`` in flight.
+Then:
 
 * **the failover switch** (``switch_ms_p99_1k``, ``switch_ms_p99_1m``): the
   orchestrator's SWITCH write — ``Orchestrator.write`` of a ``failover_step_write``:
@@ -12,11 +13,23 @@ transactions with ``--concurrency`` in flight. Then:
   (ABBA order) so that whatever else runs on the machine weighs on both alike.
   Between switches the region is put back (untimed). ``switch_ratio`` = large ÷
   small: failover costs O(1) writes, so it must not grow with the sessions
-  (goal ≤ 1.2).
+  (goal ≤ 1.2). Measured twice: right after the bulk load
+  (``switch_after_bulk_load``), then after ``settle`` (the headline). etcd 3.4 copies,
+  for every read and transaction, a write buffer as long as the largest batch of
+  writes it committed at once since its last commit without a session write; the
+  bulk load grows that buffer to ~13,000 entries on the large etcd only (~1,000 on
+  the small one), so right after it each switch costs the large etcd 5 MiB of
+  garbage instead of 0.5 MiB. ``settle`` gives both etcds that one quiet commit, so
+  that they differ in the number of sessions only; both figures are printed, with
+  etcd's own allocation, CPU and GC cycles per switch (from its ``/metrics``).
 * **background re-pin** (``repin_keys_per_s``): ``SessionStore.repin_away`` over
   ``--repin-sessions`` sessions all pinned to the failed region, on the large etcd
-  (under their own deployment prefix): sessions moved per second, scan included
-  (goal ≥ 25,000 on one member).
+  (under their own deployment prefix, bulk-loaded then settled): sessions moved per
+  second, scan included (goal ≥ 25,000 on one member), with the CPU per session of
+  this process and of etcd. Run ``--repin-runs`` times (default 3, each on fresh
+  sessions, the large etcd growing each time); the headline is the median, and
+  every run is printed (a 3-second phase is at the mercy of other load on the
+  machine).
 
 One JSON object per phase goes to stdout, then the headline object; progress goes
 to stderr. Both etcds are stopped on exit, also on Ctrl-C / SIGTERM.
@@ -31,9 +44,12 @@ import gc
 import json
 import math
 import os
+import re
 import signal
+import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import FrameType
@@ -68,6 +84,8 @@ REPIN_CLUSTER = "bench-repin"
 ACTOR = "bench"
 SMALL = 1_000
 WARMUP_SWITCHES = 5
+# Longer than etcd's backend commit interval (100 ms) plus a slow commit of 10,000 writes.
+SETTLE_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -88,7 +106,9 @@ class Options:
     switches: int = 2000
     sessions_large: int = 1_000_000
     repin_sessions: int = 100_000
+    repin_runs: int = 3
     concurrency: int = 16
+    etcd_gogc: int | None = None  # GOGC for both etcds; None = etcd's default (100)
     quiet: bool = False
 
 
@@ -127,6 +147,52 @@ def _topology(endpoint: str) -> Topology:
     )
 
 
+@dataclass(frozen=True)
+class EtcdCounters:
+    """Cumulative counters from an etcd's ``/metrics`` (Go runtime and process)."""
+
+    alloc_bytes: float
+    cpu_s: float
+    gc_cycles: float
+
+    @classmethod
+    def read(cls, endpoint: str) -> EtcdCounters:
+        with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+
+        def value(name: str) -> float:
+            m = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+            if m is None:
+                raise BenchError(f"etcd at {endpoint} reports no {name}")
+            return float(m.group(1))
+
+        return cls(
+            alloc_bytes=value("go_memstats_alloc_bytes_total"),
+            cpu_s=value("process_cpu_seconds_total"),
+            gc_cycles=value("go_gc_duration_seconds_count"),
+        )
+
+    def __sub__(self, before: EtcdCounters) -> EtcdCounters:
+        return EtcdCounters(
+            self.alloc_bytes - before.alloc_bytes,
+            self.cpu_s - before.cpu_s,
+            self.gc_cycles - before.gc_cycles,
+        )
+
+
+async def settle(store: EtcdStore) -> None:
+    """Give etcd one backend commit that writes no session, so that it drops the write
+    buffer a bulk load grew. etcd 3.4's backend keeps, per bucket, a buffer of the
+    writes not yet committed; it keeps its length after each commit (every 100 ms)
+    and drops it only at a commit without a write to that bucket, and every read and
+    transaction copies the whole length (``bucketBuffer.Copy``). A lease grant writes
+    the lease bucket only."""
+    await asyncio.sleep(SETTLE_S)  # the load's last writes are committed
+    lease = await store.grant_lease(60)
+    await asyncio.sleep(SETTLE_S)  # ... and then a commit with nothing but the lease
+    await store.revoke_lease(lease)
+
+
 class Fence:
     """The election's fence without an election: the leader key holds our id, created
     at a known revision. Same compares, so the SWITCH txn has the production shape."""
@@ -152,8 +218,10 @@ class Deployment:
     """One etcd with a control plane's view of it: the fence, the orchestrator, the
     region put back in FAILING_OVER before each timed switch."""
 
-    def __init__(self, store: EtcdStore, topo: Topology, opts: Options, out: Reporter) -> None:
-        self.store, self.topo, self.opts, self.out = store, topo, opts, out
+    def __init__(
+        self, store: EtcdStore, endpoint: str, topo: Topology, opts: Options, out: Reporter
+    ) -> None:
+        self.store, self.endpoint, self.topo, self.opts, self.out = store, endpoint, topo, opts, out
         self.keys = Keys(CLUSTER)
         self.clock = SystemClock()
         self.fence = Fence(self.keys.leader())
@@ -242,22 +310,27 @@ class Deployment:
         return elapsed * 1000
 
     # ---- background re-pin -------------------------------------------------------------
-    async def repin(self) -> float:
+    async def repin(self, run: int) -> float:
         n = self.opts.repin_sessions
-        keys = Keys(REPIN_CLUSTER)
+        keys = Keys(f"{REPIN_CLUSTER}-{run}")
         self.out.progress(f"pinning {n:,} sessions to {SOURCE} for the re-pin ...")
         await self.load(keys, n, (SOURCE,))
+        await settle(self.store)
         sessions = SessionStore(self.store, keys, regions=REGIONS, clock=self.clock)
         routings = {r: Routing(targets={r: 1.0}) for r in REGIONS}
         routings[SOURCE] = Routing(targets={"us-west": 0.6, "us-central": 0.4}, epoch=1)
         gc.collect()
+        before, cpu0 = EtcdCounters.read(self.endpoint), time.process_time()
         report = await sessions.repin_away(SOURCE, routings)
+        cpu = time.process_time() - cpu0
+        etcd = EtcdCounters.read(self.endpoint) - before
         if report.moved != n:
             raise BenchError(f"re-pin moved {report.moved:,} of {n:,} sessions: {report}")
         rate = report.moved / report.seconds
         self.out.phase(
             {
                 "kind": "repin",
+                "run": run,
                 "sessions": n,
                 "scanned": report.scanned,
                 "moved": report.moved,
@@ -265,40 +338,68 @@ class Deployment:
                 "batches": report.batches,
                 "seconds": round(report.seconds, 3),
                 "keys_per_s": round(rate),
+                # CPU per session moved: this process (all threads) and etcd
+                "client_cpu_us_per_key": round(cpu / n * 1e6, 1),
+                "etcd_cpu_us_per_key": round(etcd.cpu_s / n * 1e6, 1),
+                "etcd_alloc_kib_per_key": round(etcd.alloc_bytes / n / 1024, 2),
+                "etcd_gc_cycles": int(etcd.gc_cycles),
+                # cores this process and etcd kept busy together, of the machine's: the
+                # re-pin is CPU-bound, so the rate is that over their CPU per session
+                "cores_busy": round((cpu + etcd.cpu_s) / report.seconds, 2),
+                "cores": os.cpu_count(),
             }
         )
         self.out.progress(f"{report.summary()}: {rate:,.0f} sessions/s")
         return rate
 
 
-def _switch_phase(dep: Deployment, times: Sequence[float]) -> float:
+def _switch_phase(dep: Deployment, phase: str, times: Sequence[float], etcd: EtcdCounters) -> float:
     p50, p99 = percentile(times, 50), percentile(times, 99)
+    # etcd's counters cover each timed switch and its untimed reset and snapshot read
+    n = len(times)
     dep.out.phase(
         {
             "kind": "switch",
+            "phase": phase,
             "sessions": dep.loaded,
-            "switches": len(times),
+            "switches": n,
             "ms_p50": round(p50, 3),
             "ms_p99": round(p99, 3),
             "ms_max": round(max(times), 3),
+            "etcd_alloc_kib_per_switch": round(etcd.alloc_bytes / n / 1024, 1),
+            "etcd_cpu_ms_per_switch": round(etcd.cpu_s / n * 1000, 3),
+            "etcd_gc_cycles": int(etcd.gc_cycles),
         }
     )
     dep.out.progress(
-        f"switch with {dep.loaded:,} sessions pinned: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
-        f"over {len(times)} switches"
+        f"{phase}: switch with {dep.loaded:,} sessions pinned: p50 {p50:.2f} ms, "
+        f"p99 {p99:.2f} ms over {n} switches; etcd allocated "
+        f"{etcd.alloc_bytes / n / 1024:,.0f} KiB per switch, {int(etcd.gc_cycles)} GC cycles"
     )
     return p99
 
 
-async def interleaved_switches(small: Deployment, large: Deployment, n: int) -> tuple[float, float]:
+async def interleaved_switches(
+    small: Deployment, large: Deployment, n: int, phase: str
+) -> tuple[float, float]:
     """``n`` timed switches on each, in ABBA order, after a few untimed ones."""
     times: dict[int, list[float]] = {id(small): [], id(large): []}
+    before: dict[int, EtcdCounters] = {}
     for i in range(WARMUP_SWITCHES + n):
+        if i == WARMUP_SWITCHES:
+            before = {id(dep): EtcdCounters.read(dep.endpoint) for dep in (small, large)}
         for dep in (small, large) if i % 2 == 0 else (large, small):
             ms = await dep.switch_once()
             if i >= WARMUP_SWITCHES:
                 times[id(dep)].append(ms)
-    return _switch_phase(small, times[id(small)]), _switch_phase(large, times[id(large)])
+    return (
+        _switch_phase(
+            small, phase, times[id(small)], EtcdCounters.read(small.endpoint) - before[id(small)]
+        ),
+        _switch_phase(
+            large, phase, times[id(large)], EtcdCounters.read(large.endpoint) - before[id(large)]
+        ),
+    )
 
 
 async def _connect(endpoint: str) -> EtcdStore:
@@ -312,30 +413,45 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
     stores = [await _connect(e) for e in endpoints]
     try:
         small, large = (
-            Deployment(s, _topology(e), opts, out) for s, e in zip(stores, endpoints, strict=True)
+            Deployment(s, e, _topology(e), opts, out)
+            for s, e in zip(stores, endpoints, strict=True)
         )
         for dep in (small, large):
             await dep.fence.take(dep.store)
         await small.pin_sessions(SMALL)
         await large.pin_sessions(opts.sessions_large)
         gc.collect()
-        p99_small, p99_large = await interleaved_switches(small, large, opts.switches)
-        rate = await large.repin()
+        loaded_small, loaded_large = await interleaved_switches(
+            small, large, opts.switches, "after_bulk_load"
+        )
+        out.progress("settling both etcds (one commit without session writes) ...")
+        await asyncio.gather(settle(small.store), settle(large.store))
+        p99_small, p99_large = await interleaved_switches(small, large, opts.switches, "settled")
+        rates = [await large.repin(run) for run in range(opts.repin_runs)]
     finally:
         for s in stores:
             await s.close()
     ratio = p99_large / p99_small
+    rate = statistics.median(rates)
     return {
         "bench": "sessions",
         "switch_ms_p99_1k": round(p99_small, 3),
         "switch_ms_p99_1m": round(p99_large, 3),
         "switch_ratio": round(ratio, 3),
         "repin_keys_per_s": round(rate),
+        "repin_keys_per_s_runs": [round(r) for r in rates],
+        "switch_after_bulk_load": {
+            "ms_p99_1k": round(loaded_small, 3),
+            "ms_p99_1m": round(loaded_large, 3),
+            "ratio": round(loaded_large / loaded_small, 3),
+        },
         "sessions_small": SMALL,
         "sessions_large": opts.sessions_large,
         "switches": opts.switches,
         "repin_sessions": opts.repin_sessions,
+        "repin_runs": opts.repin_runs,
         "etcd": "2 x 1 member, loopback, --unsafe-no-fsync",
+        "etcd_gogc": opts.etcd_gogc,  # null: Go's default (100)
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "goals": asdict(GOALS),
         "met": {
@@ -360,6 +476,21 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _go_env(gogc: int | None) -> Iterator[None]:
+    """GOGC for the etcds started inside (they inherit our environment): ``gogc``, or
+    none at all, so that a GOGC set in the caller's shell does not leak into them."""
+    previous = os.environ.pop("GOGC", None)
+    if gogc is not None:
+        os.environ["GOGC"] = str(gogc)
+    try:
+        yield
+    finally:
+        os.environ.pop("GOGC", None)
+        if previous is not None:
+            os.environ["GOGC"] = previous
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--switches",
@@ -382,12 +513,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sessions re-pinned away from the failed region (default 100,000)",
     )
     p.add_argument(
+        "--repin-runs",
+        type=_at_least(1),
+        default=3,
+        metavar="N",
+        help="re-pin runs, each on fresh sessions; the headline is their median (default 3)",
+    )
+    p.add_argument(
         "--concurrency",
         type=int,
         default=16,
         choices=range(1, 65),
         metavar="N",
         help="transactions in flight while pinning, 1-64 (default 16)",
+    )
+    p.add_argument(
+        "--etcd-gogc",
+        type=_at_least(1),
+        default=None,
+        metavar="N",
+        help="run both etcds with GOGC=N, Go's GC target (default: unset, Go's 100)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
@@ -407,7 +552,9 @@ def run(args: argparse.Namespace) -> int:
         switches=args.switches,
         sessions_large=args.sessions_large,
         repin_sessions=args.repin_sessions,
+        repin_runs=args.repin_runs,
         concurrency=args.concurrency,
+        etcd_gogc=args.etcd_gogc,
         quiet=args.quiet,
     )
     if not etcd_available():
@@ -415,7 +562,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Reporter(opts.quiet)
     try:
-        with _terminate_as_interrupt(), EtcdServer() as small, EtcdServer() as large:
+        with _terminate_as_interrupt(), contextlib.ExitStack() as stack:
+            with _go_env(opts.etcd_gogc):
+                small = stack.enter_context(EtcdServer())
+                large = stack.enter_context(EtcdServer())
             out.progress(f"etcd at {small.endpoint} (1,000 sessions) and {large.endpoint}")
             result = asyncio.run(measure((small.endpoint, large.endpoint), opts, out))
     except KeyboardInterrupt:

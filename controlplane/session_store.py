@@ -45,8 +45,11 @@ from controlplane.core.model import AuditEntry, Routing
 from controlplane.core.sessions import (
     NoRegionServing,
     PinAction,
+    Placement,
     Resolution,
     SessionPin,
+    placement,
+    repinned,
     resolve,
     serving,
 )
@@ -307,7 +310,13 @@ class SessionStore:
 
 
 class _Repin:
-    """One ``repin_away`` run: a queue of candidate keys shared by its workers."""
+    """One ``repin_away`` run: a queue of candidate keys shared by its workers.
+
+    Per session it decides exactly what ``resolve`` would (the same core functions:
+    ``placement(...).pick`` and ``repinned``), minus the work that does not depend on
+    the session: ``source`` is known not to serve, each home's placement is built once,
+    and each distinct new pin (home, region, moves; the routing epoch and the time are
+    fixed for the run) is encoded once."""
 
     def __init__(
         self,
@@ -322,33 +331,44 @@ class _Repin:
         self.prefix_len = len(sessions.keys.sessions_prefix())
         self.todo: deque[KeyValue] = deque()
         self.moved = self.conflicts = self.unplaced = self.batches = 0
+        self._placements: dict[str, Placement] = {}
+        self._values: dict[tuple[str, str, int], bytes] = {}
 
-    def _new_pin(self, kv: KeyValue) -> SessionPin | None:
-        """The pin the lazy path would write, or None if this session needs no move."""
+    def _new_value(self, kv: KeyValue) -> bytes | None:
+        """The pin the lazy path would write, encoded, or None if this session needs no
+        move (or cannot be placed now)."""
         try:
             pin = SessionPin.model_validate_json(kv.value)
         except ValueError:
             return None  # corrupt: the lazy path overwrites it on next use
-        if pin.region != self.source:
+        if pin.region != self.source:  # ``source`` does not serve: a pin on it moves
             return None
+        where = self._placements.get(pin.home)
+        if where is None:
+            where = self._placements[pin.home] = placement(self.routings, pin.home)
         try:
-            return resolve(pin, kv.key[self.prefix_len :], pin.home, self.routings, self.now).pin
+            region = where.pick(kv.key[self.prefix_len :])
         except NoRegionServing:
             self.unplaced += 1
             return None
+        memo = (pin.home, region, pin.moves)
+        value = self._values.get(memo)
+        if value is None:
+            value = self._values[memo] = encode(repinned(pin, region, where.epoch, self.now))
+        return value
 
     async def worker(self) -> None:
         while self.todo:
             compares: list[Compare] = []
             ops: list[Op] = []
-            planned: list[tuple[KeyValue, SessionPin]] = []
+            planned: list[tuple[KeyValue, bytes]] = []
             while self.todo and len(planned) < self.batch:  # no await: the queue is ours
                 kv = self.todo.popleft()
-                new = self._new_pin(kv)
-                if new is not None:
+                value = self._new_value(kv)
+                if value is not None:
                     compares.append(Compare.mod_revision(kv.key, kv.mod_revision))
-                    ops.append(Put(kv.key, encode(new), kv.lease))  # keeps its expiry
-                    planned.append((kv, new))
+                    ops.append(Put(kv.key, value, kv.lease))  # keeps its expiry
+                    planned.append((kv, value))
             if not planned:
                 return
             self.batches += 1
@@ -359,27 +379,27 @@ class _Repin:
             except (StoreUnavailable, LeaseNotFound) as e:
                 # Outcome unknown, or a lease just expired: settle key by key.
                 log.info("re-pin batch failed (%s); retrying its keys one by one", e)
-            for kv, new in planned:
-                if await self._one(kv, new):
+            for kv, value in planned:
+                if await self._one(kv, value):
                     self.moved += 1
                 else:
                     self.conflicts += 1
 
-    async def _one(self, kv: KeyValue, new: SessionPin | None) -> bool:
+    async def _one(self, kv: KeyValue, value: bytes | None) -> bool:
         """CAS one session; after a lost race re-read it and move it only if it still
         sits on ``source`` (a lease re-attach, say). False: someone else moved or
         removed it first."""
         for _ in range(MAX_ATTEMPTS):
-            if new is None:
+            if value is None:
                 return False
             guard = Compare.mod_revision(kv.key, kv.mod_revision)
             try:
-                if (await self.store.txn([guard], [Put(kv.key, encode(new), kv.lease)])).succeeded:
+                if (await self.store.txn([guard], [Put(kv.key, value, kv.lease)])).succeeded:
                     return True
             except LeaseNotFound:
                 pass  # its lease just expired: the re-read finds the key gone
             cur = await self.store.get(kv.key)
             if cur is None:
                 return False
-            kv, new = cur, self._new_pin(cur)
+            kv, value = cur, self._new_value(cur)
         return False

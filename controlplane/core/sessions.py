@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.core.model import Frozen, Routing
@@ -62,22 +63,48 @@ def _unit(session_id: str) -> float:
     return int.from_bytes(h, "big") / 2**64
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where sessions homed in ``home`` are placed under one routing snapshot: the
+    serving targets of ``routing/<home>`` with a positive weight, in name order, and
+    that routing's epoch. Built by ``placement``; build it once to place many sessions
+    (the background re-pin), or per call (``resolve``): the choice is the same."""
+
+    home: str
+    epoch: int
+    targets: tuple[tuple[str, float], ...]
+    total: float
+
+    def pick(self, session_id: str) -> str:
+        """Weighted, deterministic choice of a region for ``session_id``."""
+        if not self.targets or self.total <= 0:
+            raise NoRegionServing(f"no region serves sessions homed in {self.home}")
+        x = _unit(session_id) * self.total
+        for region, w in self.targets:
+            x -= w
+            if x < 0:
+                return region
+        return self.targets[-1][0]
+
+
+def placement(routings: Mapping[str, Routing], home: str) -> Placement:
+    routing = routing_of(routings, home)
+    targets = tuple(
+        sorted((r, w) for r, w in routing.targets.items() if w > 0 and serving(routings, r))
+    )
+    return Placement(home, routing.epoch, targets, sum(w for _, w in targets))
+
+
 def pick_region(routings: Mapping[str, Routing], home: str, session_id: str) -> str:
     """Weighted, deterministic choice among the serving targets of ``routing/<home>``."""
-    targets = sorted(
-        (r, w)
-        for r, w in routing_of(routings, home).targets.items()
-        if w > 0 and serving(routings, r)
-    )
-    total = sum(w for _, w in targets)
-    if not targets or total <= 0:
-        raise NoRegionServing(f"no region serves sessions homed in {home}")
-    x = _unit(session_id) * total
-    for region, w in targets:
-        x -= w
-        if x < 0:
-            return region
-    return targets[-1][0]
+    return placement(routings, home).pick(session_id)
+
+
+def repinned(pin: SessionPin, region: str, epoch: int, now: float) -> SessionPin:
+    """``pin`` moved to ``region`` at ``now`` under its home's routing ``epoch``: the
+    home is kept and the move counted. Depends on ``pin`` only through ``home`` and
+    ``moves`` (the background re-pin relies on that to encode each distinct result once)."""
+    return SessionPin(home=pin.home, region=region, epoch=epoch, pinned_at=now, moves=pin.moves + 1)
 
 
 def resolve(
@@ -90,13 +117,11 @@ def resolve(
     """Where ``session_id`` is served, and what (if anything) to write about it."""
     if pin is not None and serving(routings, pin.region):
         return Resolution(region=pin.region, action=PinAction.KEEP, pin=pin)
-    start = pin.home if pin is not None else home
-    region = pick_region(routings, start, session_id)
-    epoch = routing_of(routings, start).epoch
+    where = placement(routings, pin.home if pin is not None else home)
+    region = where.pick(session_id)
     if pin is None:
-        new = SessionPin(home=start, region=region, epoch=epoch, pinned_at=now)
+        new = SessionPin(home=where.home, region=region, epoch=where.epoch, pinned_at=now)
         return Resolution(region=region, action=PinAction.CREATE, pin=new)
-    moved = pin.model_copy(
-        update={"region": region, "epoch": epoch, "pinned_at": now, "moves": pin.moves + 1}
+    return Resolution(
+        region=region, action=PinAction.REPIN, pin=repinned(pin, region, where.epoch, now)
     )
-    return Resolution(region=region, action=PinAction.REPIN, pin=moved)

@@ -111,13 +111,15 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 
 def _kv(m: Any) -> KeyValue:
+    # Positional, and no int()/bytes() conversions: protobuf already gives int and bytes
+    # (a re-pin's scan converts every session key through here).
     return KeyValue(
-        key=_s(m.key),
-        value=bytes(m.value),
-        mod_revision=int(m.mod_revision),
-        create_revision=int(m.create_revision),
-        version=int(m.version),
-        lease=int(m.lease),
+        _s(m.key),
+        m.value,
+        m.mod_revision,
+        m.create_revision,
+        m.version,
+        m.lease,
     )
 
 
@@ -150,30 +152,45 @@ def translate(e: BaseException, what: str) -> StoreError:
     return StoreError(f"etcd {what}: {e!r}")
 
 
-def _compare(c: Compare) -> Any:
-    m = rpc.Compare(key=_b(c.key), target=_TARGETS[c.target], result=_OPS[c.op])
-    if c.target is CompareTarget.VALUE:
-        if not isinstance(c.value, bytes):
-            raise StoreError(f"compare on value of {c.key!r} needs bytes, got {c.value!r}")
-        m.value = c.value
-        return m
-    if not isinstance(c.value, int) or isinstance(c.value, bool):
-        raise StoreError(f"compare on {c.target} of {c.key!r} needs int, got {c.value!r}")
-    if c.target is CompareTarget.MOD:
-        m.mod_revision = c.value
-    elif c.target is CompareTarget.CREATE:
-        m.create_revision = c.value
-    else:
-        m.version = c.value
-    return m
-
-
-def _request_op(op: Op) -> Any:
-    if isinstance(op, Put):
-        return rpc.RequestOp(
-            request_put=rpc.PutRequest(key=_b(op.key), value=op.value, lease=op.lease)
-        )
-    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=_b(op.key)))
+def _txn_request(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
+    """The TxnRequest, built in place with ``add()`` and attribute stores: half the CPU
+    of building each Compare / RequestOp / PutRequest from keyword arguments and copying
+    them into the request (measured here: ~1.8 vs ~3.6 µs per guarded put; a background
+    re-pin sends 128 per transaction). Same message, field for field (tested)."""
+    req = rpc.TxnRequest()
+    add_compare = req.compare.add
+    for c in compares:
+        m = add_compare()
+        m.key = _b(c.key)
+        m.target = _TARGETS[c.target]
+        m.result = _OPS[c.op]
+        value = c.value
+        if c.target is CompareTarget.VALUE:
+            if not isinstance(value, bytes):
+                raise StoreError(f"compare on value of {c.key!r} needs bytes, got {value!r}")
+            m.value = value
+        elif not isinstance(value, int) or isinstance(value, bool):
+            raise StoreError(f"compare on {c.target} of {c.key!r} needs int, got {value!r}")
+        elif c.target is CompareTarget.MOD:
+            m.mod_revision = value
+        elif c.target is CompareTarget.CREATE:
+            m.create_revision = value
+        else:
+            m.version = value
+    for ops, branch in ((success, req.success), (failure, req.failure)):
+        add_op = branch.add
+        for op in ops:
+            if isinstance(op, Put):
+                put = add_op().request_put
+                put.SetInParent()  # present even when every field has its default
+                put.key = _b(op.key)
+                put.value = op.value
+                put.lease = op.lease
+            else:
+                delete = add_op().request_delete_range
+                delete.SetInParent()
+                delete.key = _b(op.key)
+    return req
 
 
 async def grpc_target(endpoints: Sequence[str]) -> str:
@@ -313,11 +330,7 @@ class EtcdStore:
     ) -> TxnResult:
         """Compare-and-set: atomically apply ``success`` if every compare holds, else
         ``failure``. Not resent when the outcome is unknown (StoreUnavailable)."""
-        req = rpc.TxnRequest(
-            compare=[_compare(c) for c in compares],
-            success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure],
-        )
+        req = _txn_request(compares, success, failure)
         resp = await self._call(
             "txn", lambda: self._kv().Txn(req, timeout=self._timeout), idempotent=False
         )

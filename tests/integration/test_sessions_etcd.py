@@ -11,9 +11,13 @@ import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from aetcd import rpc
+from hypothesis import given
+from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.local_etcd import EtcdServer
@@ -24,8 +28,19 @@ from controlplane.core.model import AuditEntry, Routing
 from controlplane.core.sessions import PinAction, SessionPin, resolve
 from controlplane.keys import Keys
 from controlplane.session_store import SessionStore
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import MAX_TXN_OPS, Compare, EventType, Op, Put, Store, TxnResult
+from controlplane.store.etcd import EtcdStore, _txn_request
+from controlplane.store.port import (
+    MAX_TXN_OPS,
+    Compare,
+    CompareOp,
+    CompareTarget,
+    Delete,
+    EventType,
+    Op,
+    Put,
+    Store,
+    TxnResult,
+)
 from tests.integration.cp_harness import fast_topology, region, running_replica, until
 
 pytestmark = pytest.mark.etcd
@@ -273,10 +288,96 @@ def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
-    assert [x.get("kind") for x in lines[:-1]] == ["load", "load", "switch", "switch", "repin"]
+    kinds = [(x.get("kind"), x.get("phase")) for x in lines[:-1]]
+    assert kinds == [
+        ("load", None),
+        ("load", None),
+        *[("switch", "after_bulk_load")] * 2,
+        *[("switch", "settled")] * 2,
+        *[("repin", None)] * 3,
+    ]
     out = lines[-1]
     assert out["bench"] == "sessions" and out["sessions_large"] == 3000
     for key in ("switch_ms_p99_1k", "switch_ms_p99_1m", "switch_ratio", "repin_keys_per_s"):
         assert isinstance(out[key], int | float) and out[key] > 0, key
-    assert lines[-2]["moved"] == 500 and lines[-2]["conflicts"] == 0
+    assert set(out["switch_after_bulk_load"]) == {"ms_p99_1k", "ms_p99_1m", "ratio"}
+    assert out["etcd_gogc"] is None  # etcd's own GC setting unless --etcd-gogc
+    for line in lines[2:6]:  # etcd's own cost of the switches, from its /metrics
+        assert line["etcd_alloc_kib_per_switch"] > 0 and line["etcd_cpu_ms_per_switch"] > 0
+    repins = lines[6:9]
+    assert [x["run"] for x in repins] == [0, 1, 2]
+    for line in repins:
+        assert line["moved"] == 500 and line["conflicts"] == 0
+        assert line["etcd_cpu_us_per_key"] > 0 and line["client_cpu_us_per_key"] > 0
+    assert sorted(out["repin_keys_per_s_runs"])[1] == out["repin_keys_per_s"]  # the median
     assert set(out["met"]) == set(out["goals"]) == {"switch_ratio", "repin_keys_per_s"}
+
+
+# ---- the adapter's TxnRequest (the re-pin sends 128 guarded puts per transaction) ----
+keys_st = st.text(st.characters(codec="utf-8"), max_size=12)
+int64 = st.integers(-(2**63), 2**63 - 1)
+compares = st.one_of(
+    st.builds(
+        Compare,
+        keys_st,
+        st.sampled_from([t for t in CompareTarget if t is not CompareTarget.VALUE]),
+        st.sampled_from(CompareOp),
+        int64,
+    ),
+    st.builds(
+        Compare,
+        keys_st,
+        st.just(CompareTarget.VALUE),
+        st.sampled_from(CompareOp),
+        st.binary(max_size=8),
+    ),
+)
+ops = st.one_of(
+    st.builds(Put, keys_st, st.binary(max_size=8), st.one_of(st.just(0), int64)),
+    st.builds(Delete, keys_st),
+)
+
+
+def _reference_request(cs: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
+    """The TxnRequest as the protobuf constructors build it, field by field."""
+    targets = {
+        CompareTarget.VERSION: ("version", rpc.Compare.VERSION),
+        CompareTarget.CREATE: ("create_revision", rpc.Compare.CREATE),
+        CompareTarget.MOD: ("mod_revision", rpc.Compare.MOD),
+        CompareTarget.VALUE: ("value", rpc.Compare.VALUE),
+    }
+    results = {
+        CompareOp.EQ: rpc.Compare.EQUAL,
+        CompareOp.NE: rpc.Compare.NOT_EQUAL,
+        CompareOp.LT: rpc.Compare.LESS,
+        CompareOp.GT: rpc.Compare.GREATER,
+    }
+
+    def compare(c: Compare) -> Any:
+        field, target = targets[c.target]
+        key = c.key.encode("utf-8", "surrogateescape")
+        return rpc.Compare(key=key, target=target, result=results[c.op], **{field: c.value})
+
+    def op(o: Op) -> Any:
+        key = o.key.encode("utf-8", "surrogateescape")
+        if isinstance(o, Put):
+            return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=o.value, lease=o.lease))
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+    return rpc.TxnRequest(
+        compare=[compare(c) for c in cs],
+        success=[op(o) for o in success],
+        failure=[op(o) for o in failure],
+    )
+
+
+@given(st.lists(compares, max_size=4), st.lists(ops, max_size=4), st.lists(ops, max_size=4))
+def test_the_txn_request_is_what_protobuf_builds(
+    cs: list[Compare], success: list[Op], failure: list[Op]
+) -> None:
+    built = _txn_request(cs, success, failure)
+    reference = _reference_request(cs, success, failure)
+    assert built == reference
+    assert built.SerializeToString(deterministic=True) == reference.SerializeToString(
+        deterministic=True
+    )

@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.clock import FakeClock
 from controlplane.codec import decode, encode
@@ -19,11 +21,11 @@ from controlplane.core.model import (
     RegionState,
     Routing,
 )
-from controlplane.core.sessions import PinAction, SessionPin, resolve
+from controlplane.core.sessions import NoRegionServing, PinAction, SessionPin, resolve
 from controlplane.keys import Keys
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData
-from controlplane.session_store import InvalidSessionId, SessionStore
+from controlplane.session_store import InvalidSessionId, SessionStore, _Repin
 from controlplane.store.memory import MemoryStore
 from controlplane.store.port import Compare, KeyValue, Op, TxnResult
 from tests.unit.world import topology
@@ -345,3 +347,70 @@ async def test_losing_leadership_cancels_the_background_repin(
     assert "sessions_repinned" not in [a.action for a in audit]
     pins = [decode(SessionPin, kv.value) for kv in await _sessions(store, keys)]
     assert sum(p.region == "us-east" for p in pins) == 100  # nothing moved
+
+
+# ---- the background re-pin's fast path decides what the lazy path decides --------------
+session_ids = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E, blacklist_characters="/"),
+    min_size=1,
+    max_size=24,
+)
+weights = st.one_of(st.just(0.0), st.floats(min_value=0.01, max_value=5.0))
+# Mostly no routing (the region serves itself), sometimes any routing at all.
+some_routing = st.one_of(
+    st.none(),
+    st.none(),
+    st.builds(
+        Routing,
+        targets=st.dictionaries(st.sampled_from(REGIONS), weights, max_size=4),
+        epoch=st.integers(0, 9),
+    ),
+)
+CORRUPT = [b"", b"{", b'{"home":"us-east"}', b'{"region":"us-east",}', b"\xff"]
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_the_repin_fast_path_writes_exactly_what_resolve_would(data: st.DataObject) -> None:
+    """``repin_away`` decides per session without ``resolve`` (placements built once per
+    home, each distinct new pin encoded once); whatever it writes must be byte for byte
+    what the lazy path writes, and it must skip exactly what it should."""
+    source = data.draw(st.sampled_from(REGIONS))
+    others = [r for r in REGIONS if r != source]
+    drawn = {r: data.draw(some_routing) for r in REGIONS}
+    routings = {r: routing for r, routing in drawn.items() if routing is not None}
+    # ``source`` has failed over: its routing no longer sends its traffic to itself.
+    away = data.draw(st.dictionaries(st.sampled_from(others), weights, min_size=1, max_size=3))
+    routings[source] = Routing(targets=away, epoch=data.draw(st.integers(0, 9)))
+    near_source = st.one_of(st.just(source), st.sampled_from(REGIONS))
+    pins = st.builds(
+        SessionPin,
+        home=near_source,
+        region=near_source,
+        epoch=st.integers(0, 9),
+        pinned_at=st.floats(0, 2e9),
+        moves=st.integers(0, 3),
+    )
+    values = st.one_of(*[pins.map(encode)] * 4, st.sampled_from(CORRUPT))
+    items = data.draw(st.lists(st.tuples(session_ids, values), min_size=1, max_size=40))
+    now = data.draw(st.floats(0, 2e9))
+    keys = Keys("prop")
+    store = SessionStore(MemoryStore(), keys, regions=REGIONS, clock=FakeClock(now))
+    job = _Repin(store, source, routings, now, batch=128)
+    unplaced = 0
+    for i, (sid, value) in enumerate(items):
+        kv = KeyValue(keys.session(sid), value, mod_revision=i + 1, create_revision=1, version=1)
+        want: bytes | None = None
+        try:
+            pin: SessionPin | None = SessionPin.model_validate_json(value)
+        except ValueError:
+            pin = None  # corrupt: left for the lazy path to overwrite
+        if pin is not None and pin.region == source:
+            try:
+                lazy = resolve(pin, sid, pin.home, routings, now)
+                assert lazy.action is PinAction.REPIN
+                want = encode(lazy.pin)
+            except NoRegionServing:
+                unplaced += 1
+        assert job._new_value(kv) == want, (sid, value)
+    assert job.unplaced == unplaced

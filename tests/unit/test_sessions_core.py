@@ -7,7 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.core.model import Routing
-from controlplane.core.sessions import NoRegionServing, PinAction, SessionPin, resolve
+from controlplane.core.sessions import (
+    NoRegionServing,
+    PinAction,
+    SessionPin,
+    pick_region,
+    placement,
+    repinned,
+    resolve,
+    serving,
+)
 
 NORMAL = {r: Routing(targets={r: 1.0}) for r in ("east", "west", "central")}
 EAST_DOWN = {**NORMAL, "east": Routing(targets={"west": 0.6, "central": 0.4}, epoch=1)}
@@ -55,3 +64,62 @@ def test_nothing_serving_raises() -> None:
     dead = {"east": Routing(targets={"west": 1.0}), "west": Routing(targets={"east": 1.0})}
     with pytest.raises(NoRegionServing):
         resolve(None, "s", "east", dead, 1.0)
+
+
+# ---- one decision, two paths: the lazy ``resolve`` and the background re-pin ----------
+NAMES = ("east", "west", "central", "eu")
+weights = st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=10.0))
+routing_maps = st.dictionaries(
+    st.sampled_from(NAMES),
+    st.builds(
+        Routing,
+        targets=st.dictionaries(st.sampled_from(NAMES), weights, max_size=4),
+        epoch=st.integers(0, 50),
+    ),
+)
+pins = st.builds(
+    SessionPin,
+    home=st.sampled_from(NAMES),
+    region=st.sampled_from(NAMES),
+    epoch=st.integers(0, 50),
+    pinned_at=st.floats(0, 1e10),
+    moves=st.integers(0, 5),
+)
+
+
+@given(routing_maps, pins, st.text(min_size=1, max_size=40), st.floats(0, 1e10))
+def test_the_batch_path_decides_what_resolve_decides(
+    routings: dict[str, Routing], pin: SessionPin, session_id: str, now: float
+) -> None:
+    """What the background re-pin computes per session (a placement built once per
+    home, ``pick``, ``repinned``) is exactly ``resolve``'s REPIN."""
+    where = placement(routings, pin.home)
+    try:
+        lazy = resolve(pin, session_id, pin.home, routings, now)
+    except NoRegionServing:
+        assert not serving(routings, pin.region)
+        with pytest.raises(NoRegionServing):
+            where.pick(session_id)
+        return
+    if serving(routings, pin.region):
+        assert lazy.action is PinAction.KEEP and lazy.pin == pin
+        return
+    region = where.pick(session_id)
+    assert region == pick_region(routings, pin.home, session_id)
+    assert lazy.action is PinAction.REPIN and lazy.region == region
+    assert lazy.pin == repinned(pin, region, where.epoch, now)
+    # The new pin depends on the old one only through home and moves.
+    other = pin.model_copy(update={"epoch": pin.epoch + 7, "pinned_at": pin.pinned_at + 1.5})
+    assert repinned(other, region, where.epoch, now) == lazy.pin
+
+
+def test_a_placement_lists_only_serving_targets_by_name() -> None:
+    both_down = {**EAST_DOWN, "west": Routing(targets={"central": 1.0}, epoch=2)}
+    where = placement(both_down, "east")
+    assert (where.home, where.epoch, where.targets, where.total) == (
+        "east",
+        1,
+        (("central", 0.4),),
+        0.4,
+    )
+    assert placement(NORMAL, "nowhere").targets == (("nowhere", 1.0),)  # no routing yet
