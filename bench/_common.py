@@ -75,7 +75,7 @@ def at_least(low: int, name: str) -> Callable[[str], int]:
     the type when the text is not a number ("invalid <name> value: 'x'")."""
 
     def parse(text: str) -> int:
-        n = int(text)
+        n = int(text.replace(",", "").replace("_", ""))  # "1,000,000" reads as it looks
         if n < low:
             raise argparse.ArgumentTypeError(f"must be {low} or more, got {n}")
         return n

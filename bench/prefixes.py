@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from bench._common import at_least
 from controlplane.core.prefixes import FingerprintParams, PromptRequest, levels
 from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
 
@@ -250,13 +251,7 @@ def measure(
 
 
 def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        n = int(text.replace(",", "").replace("_", ""))
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low:,}, got {n:,}")
-        return n
-
-    return parse
+    return at_least(low, "count")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -45,16 +45,14 @@ import json
 import math
 import os
 import re
-import signal
 import statistics
 import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from types import FrameType
-from typing import NoReturn
 
+from bench._common import at_least, terminate_as_interrupt
 from chaos.local_etcd import EtcdServer, etcd_available
 from controlplane.clock import SystemClock
 from controlplane.codec import encode
@@ -463,20 +461,6 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM cleans up like Ctrl-C does."""
-
-    def handler(signum: int, frame: FrameType | None) -> NoReturn:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def _go_env(gogc: int | None) -> Iterator[None]:
     """GOGC for the etcds started inside (they inherit our environment): ``gogc``, or
     none at all, so that a GOGC set in the caller's shell does not leak into them."""
@@ -538,13 +522,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        n = int(text.replace(",", "").replace("_", ""))
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low:,}, got {n:,}")
-        return n
-
-    return parse
+    return at_least(low, "count")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -562,7 +540,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Reporter(opts.quiet)
     try:
-        with _terminate_as_interrupt(), contextlib.ExitStack() as stack:
+        with terminate_as_interrupt(), contextlib.ExitStack() as stack:
             with _go_env(opts.etcd_gogc):
                 small = stack.enter_context(EtcdServer())
                 large = stack.enter_context(EtcdServer())
