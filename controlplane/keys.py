@@ -61,7 +61,19 @@ class Keys:
         return f"{self.root}degradation/{region}"
 
     def prefixes(self, region: str) -> str:
+        """The leader's merged catalog of ``region``'s top prefixes."""
         return f"{self.root}prefixes/{region}"
+
+    def prefix_exports_prefix(self) -> str:
+        return self.root + "prefix-exports/"
+
+    def prefix_export(self, gateway: str) -> str:
+        """One gateway's tracker export, on that gateway's lease (gone when it dies)."""
+        return f"{self.root}prefix-exports/{gateway}"
+
+    def pool(self, region: str) -> str:
+        """The region's warm pool as its agent last published it."""
+        return f"{self.root}regions/{region}/pool"
 
     def intents_prefix(self) -> str:
         return self.root + "intents/"

@@ -158,7 +158,9 @@ class Orchestrator:
                         sorted(fo.plan.targets),
                         self.topology.prewarm.budget_s,
                     )
-                    result = await self.prewarmer.prewarm(fo.plan, self.topology.prewarm.budget_s)
+                    result = await self.prewarmer.prewarm(
+                        fo.plan, self.topology.prewarm.budget_s, f"{region}@{fo.started_at:.3f}"
+                    )
                     snap = await read_snapshot(
                         self.store, self.keys, self.topology, self.clock.now()
                     )

@@ -33,7 +33,8 @@ from controlplane.keys import Keys
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
-from controlplane.prewarm import HoldPrewarmer, NoPrefixData, Prewarmer
+from controlplane.agent_prewarm import AgentPrewarmer
+from controlplane.prewarm import HoldPrewarmer, Prewarmer
 from controlplane.probe import AgentProber
 from controlplane.session_store import SessionStore
 from controlplane.store.port import Store
@@ -71,7 +72,9 @@ class ControlPlaneReplica:
             self.store, self.keys.leader(), self.replica_id, t.timing.lease_ttl_s
         )
         pre = self.prewarmer or (
-            HoldPrewarmer(t.prewarm.hold_s) if t.prewarm.hold_s > 0 else NoPrefixData()
+            HoldPrewarmer(t.prewarm.hold_s)
+            if t.prewarm.hold_s > 0
+            else AgentPrewarmer(t, self.store, self.keys, self.clock)
         )
         self.sessions = SessionStore(
             self.store,

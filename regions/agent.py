@@ -29,10 +29,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tectonic_api.v1 import agent_pb2 as apb
+from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.core.model import Health
+from regions.agent_service import (
+    PrewarmServiceConfig,
+    RegionAgentService,
+    ReplicaSet,
+    StaticReplicas,
+)
 from regions.probe_vllm import ReplicaProbe, probe_replica
 
 log = logging.getLogger("tectonic.agent")
@@ -109,8 +117,12 @@ def fold_region_view(region: str, probes: Sequence[ReplicaProbe],
 class AgentHandle:
     """A running agent. Build with :func:`serve_agent`; stop with :meth:`stop`."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, replica_set: ReplicaSet | None = None,
+                 prewarm: PrewarmServiceConfig | None = None) -> None:
         self.config = config
+        self.replica_set: ReplicaSet = replica_set or StaticReplicas(config.replicas)
+        self.prewarm_config = prewarm or PrewarmServiceConfig()
+        self.service: RegionAgentService | None = None
         self.view = RegionView(region=config.region, health=Health.UNKNOWN, signals={},
                                detail="not probed yet")
         self.port = 0
@@ -133,13 +145,18 @@ class AgentHandle:
 
     async def _start(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._session = aiohttp.ClientSession()
+        self.service = RegionAgentService(self.config.region, self.replica_set, self._session,
+                                          self.prewarm_config)
+        apb_grpc.add_RegionAgentServicer_to_server(  # type: ignore[no-untyped-call]
+            self.service, self._server)
         names = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name,
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self._server)
         self.port = self._server.add_insecure_port(self.config.listen)
         if not self.port:
             raise OSError(f"cannot listen on {self.config.listen}")
-        self._session = aiohttp.ClientSession()
         await self._tick()  # never serve an UNKNOWN view
         await self._server.start()
         self._task = asyncio.create_task(self._supervise(), name=f"agent:{self.config.region}")
@@ -246,6 +263,8 @@ class AgentHandle:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
+        if self.service is not None:
+            await self.service.stop()
         await self._server.stop(grace)
         for ch in self._channels:
             await ch.close()
@@ -258,9 +277,10 @@ def _n(value: float | None) -> str:
     return "?" if value is None else f"{value:g}"
 
 
-async def serve_agent(config: AgentConfig) -> AgentHandle:
+async def serve_agent(config: AgentConfig, replica_set: ReplicaSet | None = None,
+                      prewarm: PrewarmServiceConfig | None = None) -> AgentHandle:
     """Start an agent in the running loop (first probe done, gRPC serving)."""
-    handle = AgentHandle(config)
+    handle = AgentHandle(config, replica_set, prewarm)
     try:
         await handle._start()
     except BaseException:

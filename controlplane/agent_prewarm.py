@@ -1,0 +1,209 @@
+"""The pre-warmer a failover runs: top prefixes of the source replayed on each target
+by the target's region agent (DESIGN.md §4).
+
+For each target of the plan, concurrently:
+
+1. read the source's catalog (``prefixes/<source>``, merged by the leader from every
+   gateway's sketch; ``controlplane.prefix_aggregator``);
+2. ask the target agent (``RegionAgent.Describe``) for its block size, KV capacity and
+   prefill rate;
+3. choose (:func:`controlplane.core.prefix_catalog.catalog_selection`): the top 1 % of
+   shared prefixes, only those seen from K sessions and only within one residency
+   zone, as many as the budget and the KV capacity allow;
+4. stream ``RegionAgent.Prewarm`` (wake WARM replicas, replay, verify with vLLM's
+   counters) until it reports done or the budget plus a grace period runs out.
+
+The figures returned go into the failover's record and audit entry: totals, budget
+attainment, the verified hit rate, what residency and limits left out. An agent that
+cannot be reached costs its prefixes (counted, not warmed) and never the failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import grpc
+from tectonic_api.v1 import agent_pb2 as apb
+from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
+
+from controlplane.clock import Clock
+from controlplane.codec import CorruptValue, decode
+from controlplane.config import Topology
+from controlplane.core.model import FailoverPlan
+from controlplane.core.prefix_catalog import PrefixCatalog, catalog_selection
+from controlplane.core.prefixes import PrewarmLimits, Residency, SkipReason
+from controlplane.keys import Keys
+from controlplane.store.port import Store
+
+log = logging.getLogger("tectonic.prewarm")
+GRACE_S = 5.0  # past the budget: the agent's own deadline plus its last report
+DESCRIBE_TIMEOUT_S = 3.0
+FALLBACK_PREFILL_TOKENS_PER_S = 10_000.0
+_CHANNEL_OPTIONS = [("grpc.max_send_message_length", 32 << 20)]
+
+
+class AgentPrewarmer:
+    def __init__(
+        self,
+        topology: Topology,
+        store: Store,
+        keys: Keys,
+        clock: Clock,
+        *,
+        min_sessions: int = 3,
+        fraction: float = 0.01,
+        verify: int = 8,
+    ) -> None:
+        self.topology, self.store, self.keys, self.clock = topology, store, keys, clock
+        self.min_sessions, self.fraction, self.verify = min_sessions, fraction, verify
+
+    async def prewarm(
+        self, plan: FailoverPlan, budget_s: float, failover_id: str
+    ) -> dict[str, float]:
+        catalog = await self._catalog(plan.source)
+        if catalog is None or not catalog.entries:
+            log.warning("%s: no prefix catalog yet; nothing to pre-warm", plan.source)
+            return {"prefixes_total": 0.0, "catalog_entries": 0.0, "budget_s": budget_s}
+        results = await asyncio.gather(
+            *(self._target(plan, t, catalog, budget_s, failover_id) for t in sorted(plan.targets))
+        )
+        out = _combine(results)
+        out["budget_s"] = budget_s
+        out["catalog_entries"] = float(len(catalog.entries))
+        out["catalog_age_s"] = max(0.0, self.clock.now() - catalog.at)
+        return out
+
+    async def _catalog(self, region: str) -> PrefixCatalog | None:
+        kv = await self.store.get(self.keys.prefixes(region))
+        if kv is None:
+            return None
+        try:
+            return decode(PrefixCatalog, kv.value, kv.key)
+        except CorruptValue as e:
+            log.error("%s", e)
+            return None
+
+    async def _target(
+        self, plan: FailoverPlan, target: str, catalog: PrefixCatalog, budget_s: float,
+        failover_id: str,
+    ) -> dict[str, float]:  # fmt: skip
+        src, dst = self.topology.region(plan.source), self.topology.region(target)
+        res: dict[str, float] = {"targets": 1.0}
+        async with grpc.aio.insecure_channel(dst.agent, options=_CHANNEL_OPTIONS) as ch:
+            stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
+            try:
+                desc = await stub.Describe(apb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                log.error(
+                    "%s: agent %s unreachable (%s); not pre-warmed",
+                    target,
+                    dst.agent,
+                    e.code().name,
+                )
+                desc = None
+            limits = PrewarmLimits(
+                budget_s=budget_s,
+                prefill_tokens_per_s=(desc.prefill_tokens_per_s if desc and
+                                      desc.prefill_tokens_per_s > 0
+                                      else FALLBACK_PREFILL_TOKENS_PER_S),
+                # unknown capacity: let the budget alone bound the choice
+                kv_capacity_blocks=(desc.kv_capacity_blocks if desc and
+                                    desc.kv_capacity_blocks else sys.maxsize),
+                block_size=(desc.block_size if desc and desc.block_size
+                            else catalog.params.block_size),
+            )  # fmt: skip
+            residency = Residency(
+                min_sessions=min(self.min_sessions, catalog.min_sessions),
+                source_zone=src.zone, target_zone=dst.zone,
+            )  # fmt: skip
+            sel = catalog_selection(catalog, limits, residency, self.fraction)
+            for reason in SkipReason:
+                res[f"skipped_{reason.value}"] = float(sel.skipped.get(reason, 0))
+            res["prefixes_total"] = float(len(sel.replay))
+            res["planned_prefill_s"] = sel.prefill_s
+            if desc is None:
+                res["targets_unreachable"] = 1.0
+                return res
+            if not sel.replay:
+                log.info(
+                    "%s -> %s: no prefix may be pre-warmed (%s)",
+                    plan.source,
+                    target,
+                    {k.value: v for k, v in sel.skipped.items()} or "none shared",
+                )
+                return res
+            log.warning(
+                "%s -> %s: pre-warming %d prefixes (%d tokens, ~%.1fs of prefill)",
+                plan.source,
+                target,
+                len(sel.replay),
+                sel.prefill_tokens,
+                sel.prefill_s,
+            )
+            req = apb.PrewarmRequest(
+                failover_id=failover_id, source=plan.source, budget_s=budget_s,
+                payloads=[p.model_dump_json().encode() for p in sel.replay],
+                activate=desc.replicas_active + desc.replicas_warm, verify=self.verify,
+            )  # fmt: skip
+            last = await self._stream(stub, req, target, budget_s)
+        if last is None or not last.done:
+            res["targets_unreachable"] = 1.0
+            if last is not None:
+                res["prefixes_warmed"] = float(last.warmed)
+            return res
+        res.update(
+            prefixes_warmed=float(last.warmed), prefixes_failed=float(last.failed),
+            elapsed_s=last.elapsed_s, verified=float(last.verified),
+            verified_hits=last.verified_hit_rate * last.verified,
+            prompt_tokens=float(last.prompt_tokens), replicas_active=float(last.replicas_active),
+        )  # fmt: skip
+        res[f"target.{target}.attained_fraction"] = last.attainment
+        return res
+
+    async def _stream(
+        self, stub: apb_grpc.RegionAgentStub, req: apb.PrewarmRequest, target: str,
+        budget_s: float,
+    ) -> apb.PrewarmProgress | None:  # fmt: skip
+        last: apb.PrewarmProgress | None = None
+        logged = -1.0
+        try:
+            call = stub.Prewarm(req, timeout=budget_s + GRACE_S)
+            async for msg in call:
+                last = msg
+                if msg.done or msg.elapsed_s - logged >= 5.0:
+                    logged = msg.elapsed_s
+                    log.info(
+                        "%s: pre-warm %d/%d warmed, %d failed, %.1fs",
+                        target,
+                        msg.warmed,
+                        msg.total,
+                        msg.failed,
+                        msg.elapsed_s,
+                    )
+        except grpc.aio.AioRpcError as e:
+            log.error("%s: pre-warm stream ended: %s %s", target, e.code().name, e.details())
+        return last
+
+
+def _combine(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Sum the per-target figures; the verified hit rate is weighted by samples and the
+    attainment is warmed / total over all targets."""
+    out: dict[str, float] = {}
+    for r in results:
+        for k, v in r.items():
+            if k.startswith("target."):
+                out[k] = v
+            elif k == "elapsed_s":
+                out[k] = max(out.get(k, 0.0), v)
+            else:
+                out[k] = out.get(k, 0.0) + v
+    total = out.get("prefixes_total", 0.0)
+    if total > 0:
+        out["attained_fraction"] = out.get("prefixes_warmed", 0.0) / total
+    hits = out.pop("verified_hits", 0.0)
+    if out.get("verified", 0.0) > 0:
+        out["verified_hit_rate"] = hits / out["verified"]
+    return out

@@ -1,0 +1,190 @@
+"""The region agent's pre-warm against simulator processes, through its gRPC API.
+
+Warmed means vLLM's counters say so: after the agent replays a prefix, the first full
+prompt that the gateway's balancer sends to that region hits the prefix cache for the
+replayed prefix (less at most one block), on the replica the balancer picked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import grpc
+import pytest
+from tectonic_api.v1 import agent_pb2 as apb
+from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
+
+from chaos.procs import Proc, start_simulators
+from controlplane.core.prefixes import PromptKind, ReplayPayload
+from regions.agent import AgentConfig, AgentHandle, serve_agent
+from regions.agent_service import PrewarmServiceConfig
+from regions.gateway.replicas import ReplicaBalancer, prefix_key
+from regions.prewarm_executor import HITS, cache_counters
+from regions.prewarm_plan import assign, routing_text
+
+BLOCK = 16
+N_REPLICAS = 4
+N_PREFIXES = 24
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[Proc]]:
+    procs = start_simulators(N_REPLICAS, block_size=BLOCK)
+    yield procs
+    for p in procs:
+        p.terminate()
+
+
+@pytest.fixture
+async def agent(sims: list[Proc]) -> AsyncIterator[AgentHandle]:
+    async with aiohttp.ClientSession() as http:
+        for s in sims:  # each test starts from cold caches
+            async with http.post(s.url + "/reset_prefix_cache") as r:
+                assert r.status == 200
+    handle = await serve_agent(
+        AgentConfig(region="b", replicas=tuple(s.url for s in sims), interval=5, timeout=1),
+        prewarm=PrewarmServiceConfig(per_replica_concurrency=2),
+    )
+    yield handle
+    await handle.stop(grace=0)
+
+
+def system_prompt(i: int) -> str:
+    # distinct from the first characters on, so each routes on its own
+    return f"tenant {i:03d} system prompt: " + " ".join(f"rule{i}-{j}" for j in range(120))
+
+
+def payload(i: int) -> ReplayPayload:
+    text = system_prompt(i)
+    return ReplayPayload(
+        key=f"k{i:03d}",
+        kind=PromptKind.TEXT,
+        model="tiny",
+        prompt=text,
+        blocks=8,
+        block_size=BLOCK,
+        tokens=8 * BLOCK,
+        tokens_exact=False,
+    )
+
+
+async def prewarm(handle: AgentHandle, req: apb.PrewarmRequest) -> list[apb.PrewarmProgress]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}") as ch:
+        stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
+        return [m async for m in stub.Prewarm(req, timeout=60)]
+
+
+async def complete(http: aiohttp.ClientSession, url: str, prompt: str) -> int:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    async with http.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return int((await r.json())["usage"]["prompt_tokens"])
+
+
+async def test_prewarm_lands_where_the_gateway_routes_and_vllm_counts_hits(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    payloads = [payload(i) for i in range(N_PREFIXES)]
+    req = apb.PrewarmRequest(
+        failover_id="a@1",
+        source="a",
+        budget_s=30,
+        verify=4,
+        payloads=[p.model_dump_json().encode() for p in payloads],
+    )
+    msgs = await prewarm(agent, req)
+    final = msgs[-1]
+    assert final.done and not any(m.done for m in msgs[:-1])
+    assert (final.total, final.warmed, final.failed) == (N_PREFIXES, N_PREFIXES, 0)
+    assert final.attainment == 1.0
+    assert final.replicas_active == N_REPLICAS
+    assert final.verified == 4 and final.verified_hit_rate > 0.8  # from vLLM's counters
+    # The prefixes spread over the replicas (else the routing test below proves little).
+    plan = assign(payloads, [s.url for s in sims])
+    assert sum(1 for idx in plan.values() if idx) >= 3
+
+    # The gateway's own balancer picks the replica for each user prompt; its first
+    # request finds the prefix warm there.
+    balancer = ReplicaBalancer([s.url for s in sims])
+    async with aiohttp.ClientSession() as http:
+        for i, p in enumerate(payloads):
+            prompt = system_prompt(i) + f" user question number {i}: why?"
+            replica = balancer.choose(prefix_key(routing_text(p)))
+            assert replica is not None
+            _, hits0 = await cache_counters(http, replica)
+            await complete(http, replica, prompt)
+            _, hits1 = await cache_counters(http, replica)
+            async with http.post(
+                replica + "/tokenize", json={"model": "tiny", "prompt": p.prompt}
+            ) as r:
+                prefix_tokens = (await r.json())["count"]
+            assert hits1 - hits0 >= prefix_tokens - BLOCK, (i, hits1 - hits0, prefix_tokens)
+    assert final.prompt_tokens >= N_PREFIXES * 8 * BLOCK  # vLLM's usage of the replays
+
+
+async def test_without_prewarm_the_first_request_hits_nothing(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        replica = sims[0].url
+        _, h0 = await cache_counters(http, replica)
+        await complete(http, replica, system_prompt(7) + " first question")
+        _, h1 = await cache_counters(http, replica)
+    assert h1 - h0 == 0
+
+
+async def test_a_repeat_for_the_same_failover_joins_instead_of_replaying(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    payloads = [payload(i).model_dump_json().encode() for i in range(6)]
+    req = apb.PrewarmRequest(failover_id="a@2", source="a", budget_s=30, payloads=payloads)
+    first, second = await asyncio.gather(prewarm(agent, req), prewarm(agent, req))
+    async with aiohttp.ClientSession() as http:
+        queries = [(await cache_counters(http, s.url))[0] for s in sims]
+        again = await prewarm(agent, req)  # finished: reported, not replayed
+        after = [(await cache_counters(http, s.url))[0] for s in sims]
+    assert first[-1].warmed == second[-1].warmed == again[-1].warmed == 6
+    assert after == queries
+
+
+async def test_budget_cuts_the_replay_and_attainment_says_so(agent: AgentHandle) -> None:
+    payloads = [payload(i).model_dump_json().encode() for i in range(N_PREFIXES)]
+    req = apb.PrewarmRequest(failover_id="a@3", source="a", budget_s=0.001, payloads=payloads)
+    final = (await prewarm(agent, req))[-1]
+    assert final.done and final.total == N_PREFIXES
+    assert final.warmed < N_PREFIXES
+    assert final.attainment == pytest.approx(final.warmed / N_PREFIXES)
+
+
+@pytest.mark.parametrize(
+    ("req", "needle"),
+    [
+        (apb.PrewarmRequest(failover_id="", budget_s=1), "failover_id"),
+        (apb.PrewarmRequest(failover_id="x", budget_s=0), "budget_s"),
+        (apb.PrewarmRequest(failover_id="x", budget_s=1, payloads=[b"{}"]), "payloads[0]"),
+    ],
+)
+async def test_bad_requests_are_refused_and_start_nothing(
+    agent: AgentHandle, req: apb.PrewarmRequest, needle: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await prewarm(agent, req)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in (e.value.details() or "")
+    assert agent.service is not None and not agent.service._runs
+
+
+async def test_describe_reports_vllm_block_size_and_kv_capacity(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{agent.port}") as ch:
+        stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
+        d = await stub.Describe(apb.DescribeRequest(), timeout=10)
+    assert d.region == "b" and d.block_size == BLOCK and d.replicas_active == N_REPLICAS
+    async with aiohttp.ClientSession() as http, http.get(sims[0].url + "/metrics") as r:
+        text = await r.text()
+    per_replica = int(text.split('num_gpu_blocks="')[1].split('"')[0])
+    assert d.kv_capacity_blocks == N_REPLICAS * per_replica
+    assert HITS in text
