@@ -42,10 +42,11 @@ from regions.agent_service import (
     StaticReplicas,
 )
 from regions.probe_vllm import ReplicaProbe, probe_replica
+from regions.region_view import RegionView as RegionView  # re-exported: it lived here
+from regions.region_view import fold_region_view as fold_region_view  # likewise
 
 log = logging.getLogger("tectonic.agent")
 SERVICE = "tectonic.v1.RegionAgent"
-MAX_DETAIL = 1024  # the control plane rejects longer details
 _HEALTH_TO_PB = {Health.HEALTHY: pb.HEALTHY, Health.DEGRADED: pb.HEALTH_DEGRADED,
                  Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
 _RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.UNHEALTHY: 3}
@@ -66,6 +67,10 @@ class AgentConfig(BaseModel):
     interval: float = Field(1.0, gt=0)
     timeout: float = Field(0.5, gt=0)
     max_queue: int | None = Field(None, ge=0)  # region-wide waiting requests before DEGRADED
+    # Over the window between two probes (None: not judged). The p99 is read from vLLM's
+    # TTFT histogram, so it is only as fine as its buckets (..., 0.25, 0.5, 0.75, 1, 2.5 s).
+    max_ttft_p99_s: float | None = Field(None, gt=0, lt=2560)  # 2560 s: the top finite bucket
+    max_error_rate: float | None = Field(None, ge=0, lt=1)  # share of 5xx answers, 0..1
     warn_every: float = Field(5.0, ge=0)
 
     @model_validator(mode="after")
@@ -74,44 +79,6 @@ class AgentConfig(BaseModel):
             raise ValueError(f"timeout ({self.timeout}s) must not exceed interval "
                              f"({self.interval}s): a tick must fit in its interval")
         return self
-
-
-class RegionView(BaseModel):
-    """The agent's verdict on its region, with the signals behind it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    region: str
-    health: Health
-    signals: dict[str, float]
-    detail: str
-    probes: tuple[ReplicaProbe, ...] = ()
-
-
-def fold_region_view(region: str, probes: Sequence[ReplicaProbe],
-                     max_queue: int | None = None) -> RegionView:
-    """Pure: HEALTHY when every replica is up (and the queue within bound), DEGRADED
-    when some are down or the region-wide queue exceeds ``max_queue``, UNHEALTHY when
-    none is up."""
-    up = [p for p in probes if p.up]
-    queue = sum(p.waiting or 0.0 for p in up)
-    running = sum(p.running or 0.0 for p in up)
-    over_queue = max_queue is not None and queue > max_queue
-    notes = [f"{len(up)}/{len(probes)} replicas up"]
-    if not up:
-        verdict = Health.UNHEALTHY
-    elif len(up) < len(probes) or over_queue:
-        verdict = Health.DEGRADED
-    else:
-        verdict = Health.HEALTHY
-    if over_queue:
-        notes.append(f"queue {queue:g} > {max_queue}")
-    notes += [f"{p.url} down ({p.reason})" for p in probes if not p.up]
-    signals = {"replicas_up": float(len(up)), "replicas_total": float(len(probes)),
-               "queue_depth": queue, "running": running}
-    detail = "; ".join(notes)[:MAX_DETAIL]
-    return RegionView(region=region, health=verdict, signals=signals, detail=detail,
-                      probes=tuple(probes))
 
 
 class AgentHandle:
@@ -188,7 +155,10 @@ class AgentHandle:
             *(probe_replica(self._session, url, c.timeout) for url in c.replicas))
         self._log_replicas(probes)
         self.ticks += 1
-        view = fold_region_view(c.region, probes, c.max_queue)
+        # The previous round's probes (in the view) start the counter-delta windows.
+        view = fold_region_view(c.region, probes, c.max_queue, previous=self.view.probes,
+                                max_ttft_p99_s=c.max_ttft_p99_s,
+                                max_error_rate=c.max_error_rate)
         old, self.view = self.view, view
         if view.health is not old.health:
             worse = _RANK[view.health] > _RANK[old.health]
@@ -301,6 +271,13 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="waiting requests (region-wide) above which the region is DEGRADED")
+    p.add_argument("--max-ttft-p99", type=float, default=None, metavar="SECONDS",
+                   help="first-token latency p99 (seconds, all replicas' requests between two "
+                        "probes, from vLLM's TTFT histogram) above which the region is "
+                        "DEGRADED; not judged when unset or when no request finished prefill")
+    p.add_argument("--max-error-rate", type=float, default=None, metavar="SHARE",
+                   help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
+                        "probes, above which the region is DEGRADED; not judged when unset")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -309,7 +286,8 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     try:
         return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
                            replicas=tuple(args.replica), interval=args.interval,
-                           timeout=args.timeout, max_queue=args.max_queue)
+                           timeout=args.timeout, max_queue=args.max_queue,
+                           max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate)
     except ValidationError as e:
         p.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                           for err in e.errors()))

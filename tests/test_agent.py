@@ -191,7 +191,8 @@ async def test_agent_follows_replicas_and_serves_health(caplog: pytest.LogCaptur
             first = cp.reports[0]
             assert first.kind == pb.AGENT and first.region == "eu"
             assert first.observer == "agent:eu"
-            assert set(first.signals) == {"replicas_up", "replicas_total", "queue_depth", "running"}
+            # the window signals (tests/test_agent_signals.py) come on top when known
+            assert {"replicas_up", "replicas_total", "queue_depth", "running"} <= set(first.signals)
             assert await check(h.port) == SERVING and await check(h.port, SERVICE) == SERVING
 
             a.kill()

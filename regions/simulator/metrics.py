@@ -62,7 +62,7 @@ LATENCY_BUCKETS = (
     1920.0,
     7680.0,
 )
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.32's label set
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 Samples = Sequence[tuple[Mapping[str, str], float]]
 
@@ -132,6 +132,8 @@ class Exposition:
     def counter(self, name: str, doc: str, samples: Samples) -> None:
         self._family(f"{name}_total", "counter", doc)
         self._lines.extend(f"{name}_total{_labels(lb)} {go_float(v)}" for lb, v in samples)
+        if not samples:
+            return  # like prometheus_client: a labelled counter not used yet has no _created
         self._family(f"{name}_created", "gauge", doc)
         self._lines.extend(
             f"{name}_created{_labels(lb)} {go_float(self._created)}" for lb, _ in samples
@@ -163,6 +165,8 @@ class EngineStats:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    # The FastAPI instrumentator's http_requests_total: (handler, method, "2xx"...) -> count
+    http_requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -249,5 +253,13 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
         [({**snap.cache_info, "engine": "0"}, 1.0)],
+    )
+    out.counter(
+        "http_requests",
+        "Total number of requests by method, status and handler.",
+        [
+            ({"handler": h, "method": m, "status": st}, n)
+            for (h, m, st), n in stats.http_requests.items()
+        ],
     )
     return out.text()

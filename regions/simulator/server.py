@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
 from regions.simulator.admin import AdminApi
 from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token, generated
 from regions.simulator.faults import FaultSpec, FaultState, Verdict
 from regions.simulator.limits import check_max_tokens, output_budget
+from regions.simulator.metrics import EngineStats
 from regions.simulator.protocol import (
     ApiError,
     ChatRequest,
@@ -40,6 +42,8 @@ log = logging.getLogger("tectonic.simulator")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
 VERSION = "0.32.0+sim"
+# vLLM's instrumentator leaves its probe endpoints out of http_requests_total; /_sim/* is ours.
+_UNCOUNTED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,34 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json({"detail": "Method Not Allowed"}, status=405)
 
 
+def _counting(stats: EngineStats) -> Middleware:
+    """vLLM's ``http_requests_total{handler,method,status}``: one count per answer, the
+    handler as its route template ("none" when no route matched), the status grouped."""
+
+    def count(request: web.Request, status: int) -> None:
+        resource = request.match_info.route.resource
+        path = "none" if resource is None else resource.canonical
+        if path in _UNCOUNTED or path.startswith("/_sim/"):
+            return
+        key = (path, request.method, f"{status // 100}xx")
+        stats.http_requests[key] = stats.http_requests.get(key, 0) + 1
+
+    @web.middleware
+    async def counting(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            resp = await handler(request)
+        except web.HTTPException as e:
+            count(request, e.status)
+            raise
+        except Exception:
+            count(request, 500)  # aiohttp answers an unhandled error with a 500
+            raise
+        count(request, resp.status)
+        return resp
+
+    return counting
+
+
 def _json(body: object, status: int = 200) -> web.Response:
     return web.json_response(body, status=status, dumps=dumps)
 
@@ -77,7 +109,7 @@ class Simulator:
         self.created = now()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors])
+        app = web.Application(middlewares=[_counting(self.engine.stats), _errors])
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/ping", self.health)

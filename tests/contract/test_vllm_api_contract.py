@@ -29,6 +29,8 @@ import aiohttp
 import pytest
 
 from chaos.procs import until
+from regions.probe_vllm import probe_replica
+from regions.replica_signals import replica_window
 from tests.contract.conftest import MAX_MODEL_LEN, Backend
 
 JsonObj = dict[str, Any]  # decoded JSON, checked by the asserts
@@ -44,6 +46,7 @@ ADAPTER_METRICS = {  # name of a sample -> the family's "# TYPE" line
     "vllm:time_to_first_token_seconds_sum": "vllm:time_to_first_token_seconds histogram",
     "vllm:time_to_first_token_seconds_count": "vllm:time_to_first_token_seconds histogram",
     "vllm:cache_config_info": "vllm:cache_config_info gauge",
+    "http_requests_total": "http_requests_total counter",  # the agent's request/error rates
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -407,6 +410,68 @@ async def test_prefix_cache_counters(http: aiohttp.ClientSession, server: Backen
 
     n, queries, hits = await send_counted(http, server, prompt)
     assert hits >= (n // block - 1) * block, "the cache fills again after a reset"
+
+
+async def http_requests(
+    http: aiohttp.ClientSession, server: Backend
+) -> dict[tuple[str, ...], float]:
+    """``http_requests_total`` by (handler, method, status)."""
+    found = samples(await metrics_text(http, server), "http_requests_total")
+    return {(lb["handler"], lb["method"], lb["status"]): v for lb, v in found}
+
+
+async def test_http_request_counters(http: aiohttp.ClientSession, server: Backend) -> None:
+    """vLLM's FastAPI instrumentator counts every API answer in ``http_requests_total``
+    by route template, method and status class (``2xx``/``4xx``/``5xx``): the agent's
+    request and error rates. Its own probe endpoints (/health, /metrics) are left out,
+    so probing is not traffic."""
+    before = await http_requests(http, server)
+    await complete(http, server, "counted once")
+    refused = {"model": "no-such-model", "prompt": "hello", **SAMPLING}
+    await post_json(http, server.url + "/v1/completions", refused, status=404)
+    async with http.get(server.url + "/health") as r:
+        assert r.status == 200
+    ok, client_error = ("/v1/completions", "POST", "2xx"), ("/v1/completions", "POST", "4xx")
+
+    async def counted() -> bool:
+        now = await http_requests(http, server)
+        return all(now.get(k, 0) > before.get(k, 0) for k in (ok, client_error))
+
+    await until(counted, within=10, what="http_requests_total to count both answers")
+    after = await http_requests(http, server)
+    assert (
+        after[ok] - before.get(ok, 0) == 1
+        and after[client_error] - before.get(client_error, 0) == 1
+    )
+    assert all(re.fullmatch(r"[1-5]xx", status) for _, _, status in after), after
+    assert not {"/health", "/metrics"} & {handler for handler, _, _ in after}, after
+
+
+async def test_probe_adapter_reads_the_window(http: aiohttp.ClientSession, server: Backend) -> None:
+    """The agent's own adapter (probe_replica, then replica_window) on this backend: one
+    answered and one refused request between two probes."""
+    prompt = await long_prompt(http, server, 2 * await block_size(http, server))
+    first = await probe_replica(http, server.url, 10.0)
+    assert first.up and first.reason == "" and first.metrics is not None, first
+    n = check_usage((await complete(http, server, prompt, max_tokens=1))["usage"], 1)
+    refused = {"model": "no-such-model", "prompt": "hello", **SAMPLING}
+    await post_json(http, server.url + "/v1/completions", refused, status=404)
+
+    async def window_complete() -> bool:
+        last = await probe_replica(http, server.url, 10.0)
+        assert first.metrics is not None and last.metrics is not None, last
+        w = replica_window(first.metrics, last.metrics)
+        return w.requests == 2 and w.ttft is not None and w.ttft.count == 1
+
+    await until(window_complete, within=10, what="the probe to see both requests")
+    last = await probe_replica(http, server.url, 10.0)
+    assert last.metrics is not None
+    w = replica_window(first.metrics, last.metrics)
+    assert not w.restarted and w.seconds is not None and w.seconds > 0
+    assert (w.requests, w.server_errors, w.error_rate) == (2, 0, 0.0)
+    assert w.ttft_p99_s is not None and w.ttft_p99_s > 0  # one first token in the window
+    assert (w.prefix_queries, w.prefix_hits, w.prefix_hit_rate) == (n, 0, 0.0)  # a fresh prompt
+    assert w.kv_usage is not None and 0.0 <= w.kv_usage <= 1.0
 
 
 # -- dev-mode admin ------------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""The agent's window signals end to end: a simulator under steady load, faults injected
+through its admin endpoint, the agent's verdict and its reports to a (recording)
+ControlPlane gRPC server. Asserts figures against injected faults, never wall-clock
+timing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import grpc
+import pytest
+from tectonic_api.v1 import controlplane_pb2 as pb
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
+
+from chaos.procs import start_simulator, until
+from controlplane.core.model import Health
+from regions.agent import AgentConfig, AgentHandle, RegionView, parse_args, serve_agent
+
+INJECTED_LATENCY_S = 1.5  # TTFT bucket (1.0, 2.5]: far above the threshold below
+MAX_TTFT_P99_S = 1.0
+MAX_ERROR_RATE = 0.2
+PROMPT = "the region is healthy and traffic flows to the warm replicas " * 8  # full blocks
+
+
+class RecordingControlPlane(pb_grpc.ControlPlaneServicer):
+    def __init__(self) -> None:
+        self.reports: list[pb.HealthReport] = []
+
+    async def ReportHealth(
+        self, request: pb.HealthReport, context: grpc.aio.ServicerContext
+    ) -> pb.ReportHealthResponse:
+        self.reports.append(request)
+        return pb.ReportHealthResponse(accepted=True)
+
+
+@asynccontextmanager
+async def control_plane() -> AsyncIterator[tuple[RecordingControlPlane, str]]:
+    servicer = RecordingControlPlane()
+    server = grpc.aio.server()
+    pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+@asynccontextmanager
+async def load(url: str, workers: int = 3) -> AsyncIterator[None]:
+    """Steady traffic (the same prompt, so the prefix cache hits) until the block ends."""
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while True:
+            body = {"prompt": PROMPT, "max_tokens": 1}
+            async with http.post(url + "/v1/completions", json=body) as r:
+                await r.read()  # 200, or the injected 503
+            await asyncio.sleep(0.05)  # a 503 is instant: do not spin
+
+    async with aiohttp.ClientSession() as http:
+        tasks = [asyncio.create_task(worker(http)) for _ in range(workers)]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+
+async def set_fault(http: aiohttp.ClientSession, url: str, **spec: float) -> None:
+    method = http.post if spec else http.delete
+    async with method(url + "/_sim/fault", json=spec or None) as r:
+        assert r.status == 200, await r.text()
+
+
+async def a_view(h: AgentHandle, holds: Callable[[RegionView], bool], what: str) -> RegionView:
+    """The first region view (one per probe round) for which ``holds`` is true."""
+    seen: list[RegionView] = []
+
+    async def check() -> bool:
+        if holds(h.view):
+            seen.append(h.view)
+        return bool(seen)
+
+    await until(check, within=30, what=f"{what} (last view: {h.view.detail} {h.view.signals})")
+    return seen[0]
+
+
+@pytest.mark.slow
+async def test_injected_latency_and_errors_move_the_signals_and_the_verdict() -> None:
+    sim = start_simulator()
+    try:
+        cfg = AgentConfig(
+            region="eu",
+            replicas=(sim.url,),
+            interval=0.5,
+            timeout=0.5,
+            max_ttft_p99_s=MAX_TTFT_P99_S,
+            max_error_rate=MAX_ERROR_RATE,
+        )
+        async with (
+            control_plane() as (cp, target),
+            aiohttp.ClientSession() as http,
+            load(sim.url),
+        ):
+            h = await serve_agent(cfg.model_copy(update={"control_planes": (target,)}))
+            try:
+                calm = await a_view(
+                    h,
+                    lambda v: "ttft_p99_s" in v.signals and "prefix_hit_rate" in v.signals,
+                    "a window with requests",
+                )
+                assert calm.health is Health.HEALTHY, calm.detail
+                assert calm.signals["ttft_p99_s"] <= MAX_TTFT_P99_S
+                assert calm.signals["error_rate"] == 0.0 and calm.signals["request_rate"] > 0
+                assert calm.signals["prefix_hit_rate"] > 0  # the same prompt, again and again
+                assert 0.0 <= calm.signals["kv_usage_max"] <= 1.0
+
+                await set_fault(http, sim.url, added_latency_s=INJECTED_LATENCY_S)
+                slow = await a_view(
+                    h, lambda v: "ttft p99" in v.detail, "a DEGRADED view for latency"
+                )
+                assert slow.health is Health.DEGRADED
+                assert slow.signals["ttft_p99_s"] > INJECTED_LATENCY_S
+
+                await set_fault(http, sim.url, unavailable_rate=0.5)
+                failing = await a_view(
+                    h, lambda v: "error rate" in v.detail, "a DEGRADED view for 503s"
+                )
+                assert failing.health is Health.DEGRADED
+                assert failing.signals["error_rate"] > MAX_ERROR_RATE
+
+                await set_fault(http, sim.url)  # cleared
+                await a_view(
+                    h,
+                    lambda v: v.health is Health.HEALTHY and v.signals.get("error_rate") == 0.0,
+                    "a HEALTHY view once the faults are cleared",
+                )
+
+                async def reported() -> bool:
+                    return any(
+                        r.health == pb.HEALTH_DEGRADED and r.signals["error_rate"] > MAX_ERROR_RATE
+                        for r in cp.reports
+                        if "error_rate" in r.signals
+                    )
+
+                await until(reported, what="a DEGRADED report carrying the error rate")
+            finally:
+                await h.stop()
+    finally:
+        sim.kill()
+
+
+def test_cli_takes_the_thresholds() -> None:
+    base = ["--region", "eu", "--control-plane", "127.0.0.1:1", "--replica", "http://a"]
+    cfg = parse_args([*base, "--max-ttft-p99", "0.5", "--max-error-rate", "0.05"])
+    assert (cfg.max_ttft_p99_s, cfg.max_error_rate) == (0.5, 0.05)
+    assert parse_args(base).max_ttft_p99_s is None and parse_args(base).max_error_rate is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_error_rate", 1.0), ("max_error_rate", -0.1), ("max_ttft_p99_s", 0)]
+)
+def test_config_rejects_thresholds_that_cannot_fire(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        AgentConfig.model_validate({"region": "eu", "replicas": ("http://a",), field: value})
