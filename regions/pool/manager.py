@@ -1,0 +1,299 @@
+"""``WarmPool``: the I/O adapter that keeps one region's replicas COLD/WARM/ACTIVE/IDLE.
+
+It holds the replicas (with ``since`` timestamps), asks the pure planner
+(:func:`regions.pool.states.plan`) what to do and does it over vLLM's HTTP API:
+``POST /sleep?level=1`` (verified with ``GET /is_sleeping``), ``POST /wake_up`` then
+``POST /reset_prefix_cache`` (retried while running requests hold blocks), ``GET /health``.
+
+API (what the region agent uses)::
+
+    pool = WarmPool(launcher, PoolConfig(active=1, warm=2), on_change=publish)
+    await pool.start()                    # launch/adopt, sleep, wake `active` of them
+    urls = await pool.activate(3)         # at least 3 ACTIVE: IDLE first, then WARM
+    urls = await pool.set_active(1)       # desired level; extras drain after the dwell
+    pool.active() -> list[str]            # ACTIVE base URLs (what gateways route to)
+    pool.warm_count() -> int              # WARM + IDLE: activatable without a launch
+    pool.snapshot() -> PoolSnapshot       # per replica url/state/since/managed, notes
+    await pool.reconcile(now=None)        # probe (dead -> COLD), dwell moves, relaunch
+    await pool.stop()                     # stop managed replicas; static ones untouched
+
+``on_change(snapshot)`` is called (synchronously, keep it short) whenever the set of
+ACTIVE URLs changes. ``activate``/``set_active`` never launch (that takes minutes): a
+shortfall is in the snapshot's notes and the next ``reconcile`` launches COLD slots to
+WARM and wakes them. A replica is COLD after ``dead_after`` failed probes in a row.
+``WarmPool`` fits ``regions.agent_service.ReplicaSet``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+
+from controlplane.clock import Clock, SystemClock
+from regions.pool.client import ReplicaClient, ReplicaError
+from regions.pool.launchers import Launcher, StaticEndpoints
+from regions.pool.sizing import BurstProfile, PoolSizeReport, check_pool
+from regions.pool.states import (
+    Action,
+    Plan,
+    PoolConfig,
+    PoolTarget,
+    Replica,
+    ReplicaState,
+    died,
+    plan,
+    transition,
+)
+
+log = logging.getLogger("tectonic.pool")
+ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolSnapshot(_Frozen):
+    """The pool as the agent publishes it (and ``--json`` prints it)."""
+
+    replicas: tuple[Replica, ...]
+    target: PoolTarget
+    shortfall: int = 0  # ACTIVE replicas wanted and not yet reachable
+    notes: tuple[str, ...] = ()  # the last plan's deferred moves and shortages
+    size: PoolSizeReport | None = None  # configured warm count vs the configured burst
+
+    def urls(self, state: ReplicaState) -> list[str]:
+        return [r.url for r in self.replicas if r.state is state and r.url is not None]
+
+
+class WarmPool:
+    """One region's warm pool; see the module docstring for the API."""
+
+    def __init__(self, launcher: Launcher, config: PoolConfig, *,
+                 burst: BurstProfile | None = None,
+                 on_change: Callable[[PoolSnapshot], None] | None = None,
+                 clock: Clock | None = None, dead_after: int = 2,
+                 probe_timeout_s: float = 2.0, request_timeout_s: float = 30.0,
+                 reset_timeout_s: float = 5.0) -> None:
+        if dead_after < 1:
+            raise ValueError(f"dead_after {dead_after} < 1")
+        self.launcher, self.config = launcher, config
+        self._clock = clock or SystemClock()
+        self._target = config.target
+        self._on_change = on_change
+        self._dead_after = dead_after
+        self._timeouts = (probe_timeout_s, request_timeout_s, reset_timeout_s)
+        t = self._clock.now()
+        if isinstance(launcher, StaticEndpoints):
+            n = len(launcher.urls)
+            if (config.size is not None and config.size != n) or n < config.active + config.warm:
+                raise ValueError(f"{n} static URLs do not fit size {config.size}, "
+                                 f"active {config.active} + warm {config.warm}")
+            seeds = [Replica(name=f"r{i}", url=u, since=t, managed=False)
+                     for i, u in enumerate(launcher.urls)]
+        else:
+            seeds = [Replica(name=f"r{i}", since=t) for i in range(config.slots)]
+        self._replicas = {r.name: r for r in seeds}  # insertion order = slot order
+        cold_slots = config.slots - config.active - config.warm if launcher.managed else 0
+        self._size = None if burst is None else check_pool(burst, config.warm, cold_slots)
+        self._fails: dict[str, int] = {}
+        self._last = Plan()
+        self._lock = asyncio.Lock()  # one planner/actor at a time; launches run outside
+        self._client: ReplicaClient | None = None
+        self._closing = False
+
+    # -- the API ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bring the pool to its configured sizes (launches wait for ``/health``)."""
+        if self._size is not None and (self._size.too_small or not self._size.feasible):
+            log.warning("warm pool too small for its burst: %s", self._size.reason)
+        await self.reconcile()
+
+    async def activate(self, count: int) -> list[str]:
+        """At least ``count`` ACTIVE: resume IDLE replicas first (they are awake), then
+        wake WARM ones (``/wake_up`` + ``/reset_prefix_cache``). Never drains, never
+        launches (a shortfall is in the snapshot; ``reconcile`` launches). Returns the
+        ACTIVE URLs."""
+        return await self.set_active(max(count, self._target.active))
+
+    async def set_active(self, count: int) -> list[str]:
+        """Exactly ``count`` ACTIVE as the desired level: like :meth:`activate` when it
+        is more; when less, extras are drained to IDLE once their ACTIVE dwell (the
+        anti-flap rule) allows - now or on a later ``reconcile``."""
+        if count < 0:
+            raise ValueError(f"active count {count} < 0")
+        self._target = self._target.model_copy(update={"active": count})
+        async with self._lock:
+            await self._apply(self._plan(self._clock.now()), None, launch=False)
+        return self.active()
+
+    def active(self) -> list[str]:
+        return self.snapshot().urls(ACTIVE)
+
+    def warm_count(self) -> int:
+        """Replicas :meth:`activate` brings in without a launch: WARM and IDLE."""
+        return sum(r.state in (WARM, IDLE) and not r.busy for r in self._replicas.values())
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(replicas=tuple(self._replicas.values()), target=self._target,
+                            shortfall=self._last.shortfall,
+                            notes=(*self._last.deferred, *self._last.notes), size=self._size)
+
+    async def reconcile(self, now: float | None = None) -> PoolSnapshot:
+        """One level-triggered tick at ``now`` (default: the pool's clock): probe (dead
+        -> COLD), apply the plan (dwell moves, wakes, launches for the targets). Launches
+        run outside the lock so that ``activate`` is never stuck behind them."""
+        async with self._lock:
+            await self._observe(self._at(now))
+            launching = await self._apply(self._plan(self._at(now)), now, launch=True)
+        if launching:
+            await asyncio.gather(*(self._launch(name, now) for name in launching))
+            async with self._lock:  # wake freshly launched replicas for a shortfall
+                await self._apply(self._plan(self._at(now)), now, launch=False)
+        return self.snapshot()
+
+    async def stop(self) -> None:
+        """Stop the managed replicas (static endpoints are left as they are)."""
+        self._closing = True
+        async with self._lock:
+            gone = [r for r in self._replicas.values() if r.managed and r.url is not None]
+            await asyncio.gather(*(self._stop_quietly(self._url(r)) for r in gone))
+            for r in gone:
+                self._put(died(r, self._clock.now()), "pool stopped")
+        if self._client is not None:
+            await self._client.session.close()
+
+    # -- planning and acting ---------------------------------------------------------
+    def _at(self, now: float | None) -> float:
+        return self._clock.now() if now is None else now
+
+    @property
+    def _http(self) -> ReplicaClient:
+        if self._closing:
+            raise ReplicaError("the pool is stopped")
+        if self._client is None:  # made here: a session needs the running loop
+            p, r, z = self._timeouts
+            self._client = ReplicaClient(aiohttp.ClientSession(), probe_timeout_s=p,
+                                         request_timeout_s=r, reset_timeout_s=z)
+        return self._client
+
+    @staticmethod
+    def _url(r: Replica) -> str:
+        if r.url is None:
+            raise ReplicaError(f"{r.name} has no URL")
+        return r.url
+
+    def _plan(self, now: float) -> Plan:
+        self._last = plan(list(self._replicas.values()), self._target, now, self.config.dwell)
+        for why in self._last.deferred:
+            log.debug("deferred: %s", why)
+        return self._last
+
+    async def _apply(self, p: Plan, now: float | None, *, launch: bool) -> list[str]:
+        """Do the plan's quick actions (wakes first: capacity before anything else);
+        mark launches busy and return their names for the caller to run."""
+        await asyncio.gather(*(self._wake_one(a, now) for a in p.of("wake")))
+        for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
+            self._move(a, self._at(now))
+        for a in p.of("sleep", "stop"):
+            r = self._replicas[a.replica]
+            try:
+                if a.kind == "sleep":
+                    await self._http.sleep(self._url(r))
+                else:
+                    await self.launcher.stop(self._url(r))
+            except ReplicaError as e:
+                log.warning("%s of %s %s failed: %s", a.kind, r.name, r.url, e)
+                continue
+            self._move(a, self._at(now))
+        names = [a.replica for a in p.of("launch")] if launch and not self._closing else []
+        for name in names:
+            self._replicas[name] = self._replicas[name].model_copy(update={"busy": True})
+        return names
+
+    def _move(self, a: Action, t: float, url: str | None = None) -> None:
+        self._put(transition(self._replicas[a.replica], a.to, t, self.config.dwell, url),
+                  a.reason)
+
+    def _put(self, r: Replica, why: str) -> None:
+        before, was = self._replicas[r.name], self.active()
+        self._replicas[r.name] = r
+        if before.state is not r.state:
+            log.info("replica %s %s: %s -> %s (%s)", r.name, r.url or before.url,
+                     before.state, r.state, why)
+        if self._on_change is not None and self.active() != was:
+            try:
+                self._on_change(self.snapshot())
+            except Exception:  # a publishing bug must not wedge the pool; it is logged
+                log.exception("warm pool on_change callback failed")
+
+    async def _wake_one(self, a: Action, now: float | None) -> None:
+        r = self._replicas[a.replica]
+        try:
+            await self._http.wake(self._url(r))
+        except ReplicaError as e:
+            log.warning("waking %s %s failed: %s", r.name, r.url, e)
+            with contextlib.suppress(ReplicaError):
+                await self._http.sleep(self._url(r))  # back to the state we record
+            return
+        self._move(a, self._at(now))
+
+    async def _launch(self, name: str, now: float | None) -> None:
+        """COLD -> WARM: launch (managed) or find reachable (static), then sleep."""
+        r = self._replicas[name]
+        url = r.url
+        try:
+            if r.managed:
+                url = await self.launcher.launch()
+            elif url is None or not await self._http.healthy(url):
+                return  # a static endpoint still unreachable: COLD, re-probed next tick
+            await self._http.sleep(url)
+            if self._closing:
+                raise ReplicaError("the pool is stopping")
+        except Exception as e:  # launcher errors vary (OSError, RuntimeError, ...): logged
+            log.warning("bringing up %s failed: %s", name, e)
+            if r.managed and url is not None:
+                await self._stop_quietly(url)
+            return
+        finally:
+            self._replicas[name] = self._replicas[name].model_copy(update={"busy": False})
+        self._move(Action(kind="launch", replica=name, to=WARM, reason="up and asleep"),
+                   self._at(now), url)
+
+    async def _observe(self, t: float) -> None:
+        """Probe every replica that should be up: dead -> COLD (a managed one is reaped,
+        and the plan relaunches its slot when the targets need it); a replica awake or
+        asleep against its recorded state is put right."""
+        rs = [r for r in self._replicas.values()
+              if not r.busy and r.url is not None and r.state is not ReplicaState.COLD]
+        probes = await asyncio.gather(*(self._http.probe(self._url(r)) for r in rs))
+        for r, sleeping in zip(rs, probes, strict=True):
+            if sleeping is None:
+                self._fails[r.name] = self._fails.get(r.name, 0) + 1
+                if self._fails[r.name] >= self._dead_after:
+                    self._fails[r.name] = 0
+                    if r.managed:
+                        await self._stop_quietly(self._url(r))  # reap a hung process
+                    self._put(died(r, t), f"{self._dead_after} failed probe(s)")
+                continue
+            self._fails[r.name] = 0
+            try:
+                if r.state is WARM and not sleeping:
+                    log.warning("%s %s is WARM but awake: sleeping it", r.name, r.url)
+                    await self._http.sleep(self._url(r))
+                elif r.state in (ACTIVE, IDLE) and sleeping:
+                    log.warning("%s %s is %s but asleep: waking it", r.name, r.url, r.state)
+                    await self._http.wake(self._url(r))
+            except ReplicaError as e:
+                log.warning("correcting %s failed: %s", r.name, e)
+
+    async def _stop_quietly(self, url: str) -> None:
+        try:
+            await self.launcher.stop(url)
+        except Exception as e:  # reaping is best effort; the slot is COLD either way
+            log.warning("stopping %s failed: %s", url, e)
