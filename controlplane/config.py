@@ -13,6 +13,8 @@ from typing import Annotated, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controlplane.core.prefixes import FingerprintParams
+
 REGION_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
 
@@ -101,6 +103,46 @@ class PrewarmConfig(_Strict):
     hold_s: Annotated[float, Field(ge=0, le=600)] = 0.0
 
 
+class PrefixesConfig(_Strict):
+    """Prefix counting and the leader's per-region catalog (DESIGN.md §4). Gateways and
+    the leader read this one section, so their fingerprints and K agree: the leader
+    skips an export counted with other values."""
+
+    block_size: Annotated[
+        int, Field(ge=1, le=4096, description="vLLM's KV block size: 16 on GPU, 128 on CPU")
+    ] = 16
+    chars_per_token: Annotated[
+        float, Field(gt=0.5, le=64, description="the character proxy's ratio (calibrated)")
+    ] = 4.0
+    level_tokens: Annotated[int, Field(ge=1, description="count a prompt every N tokens")] = 256
+    min_sessions: Annotated[
+        int, Field(ge=1, le=64, description="K: distinct sessions before a prefix may leave")
+    ] = 3
+    export_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # etcd refuses requests over 1.5 MiB; leave room for the key and the txn around it.
+    export_max_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 512 * 1024
+    aggregate_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    max_entries: Annotated[int, Field(ge=1, le=4096, description="catalog size per region")] = 256
+    max_catalog_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 1024 * 1024
+
+    @model_validator(mode="after")
+    def _levels(self) -> Self:
+        if self.level_tokens % self.block_size:
+            raise ValueError(
+                f"level_tokens ({self.level_tokens}) must be a multiple of block_size "
+                f"({self.block_size}): a prefix is counted at whole blocks"
+            )
+        return self
+
+    @property
+    def params(self) -> FingerprintParams:
+        return FingerprintParams(
+            block_size=self.block_size,
+            chars_per_token=self.chars_per_token,
+            level_tokens=self.level_tokens,
+        )
+
+
 class EtcdConfig(_Strict):
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
     request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
@@ -120,6 +162,7 @@ class Topology(_Strict):
     timing: TimingConfig = TimingConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     prewarm: PrewarmConfig = PrewarmConfig()
+    prefixes: PrefixesConfig = PrefixesConfig()
 
     @model_validator(mode="after")
     def _references(self) -> Self:

@@ -1,6 +1,7 @@
 """One control-plane replica: election, reconcile loop, agent prober, gRPC and HTTP APIs.
 
-Every replica serves the APIs; only the leader probes agents and acts. Health
+Every replica serves the APIs; only the leader probes agents, acts, and merges the
+gateways' prefix exports into ``prefixes/<region>`` (``prefix_aggregator``). Health
 (``grpc.health.v1``, and HTTP ``/readyz``) is SERVING while the loop makes progress
 and NOT_SERVING when it stalls or the replica shuts down. The HTTP API (optional,
 ``http_listen``) runs on uvicorn in the same event loop, supervised like the rest.
@@ -23,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
+from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
@@ -33,7 +35,7 @@ from controlplane.keys import Keys
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
-from controlplane.agent_prewarm import AgentPrewarmer
+from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.prewarm import HoldPrewarmer, Prewarmer
 from controlplane.probe import AgentProber
 from controlplane.session_store import SessionStore
@@ -107,6 +109,9 @@ class ControlPlaneReplica:
             self.prober,
             self.replica_id,
             observer=self.metrics,
+        )
+        self.prefixes = PrefixAggregator(
+            self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names
         )
         self.health = health.aio.HealthServicer()
         self.reads = Reads(
@@ -205,6 +210,9 @@ class ControlPlaneReplica:
                 tg.create_task(self.election.run(), name="election")
                 tg.create_task(self.loop.run(), name="reconcile-loop")
                 tg.create_task(self._health_supervisor(), name="health")
+                tg.create_task(
+                    self.prefixes.run(lambda: self.election.is_leader), name="prefix-aggregate"
+                )
                 if http is not None:
                     tg.create_task(http.supervise(self.stopping), name="http")
         finally:

@@ -12,6 +12,14 @@ gateway's own. With ``--control-plane`` it also reports, per region, what its
 requests saw (``ReportHealth``, kind GATEWAY). Prints ``READY http://HOST:PORT`` on
 stdout once it serves; logs go to stderr. SIGTERM / SIGINT: stop accepting, finish
 requests in flight, exit 0.
+
+Pre-warm: the gateway counts every request's prompt prefixes (model, text, token ids
+or chat messages, cache_salt) in a mergeable sketch and writes it every
+prefixes.export_interval_s to etcd (prefix-exports/<id>, on a lease of 3 intervals),
+where the control-plane leader merges all gateways into prefixes/<region>. The
+fingerprint parameters and K come from the topology's ``prefixes`` section, which
+the leader reads too; the --prefix-* flags override them (a mismatch makes the
+leader skip this gateway's export, with a warning in its log).
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import sys
 from collections.abc import Sequence
 
-from controlplane.config import HOST_PORT, ConfigError, load_topology
+from pydantic import ValidationError
+
+from controlplane.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
 from regions.gateway.app import AppConfig
+from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 
@@ -100,8 +112,97 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between health reports"
     )
+    g = p.add_argument_group(
+        "prefix tracking (pre-warm)",
+        "Defaults come from the topology's prefixes section; every gateway and the "
+        "control-plane leader must agree on the fingerprint flags and K.",
+    )
+    g.add_argument(
+        "--no-prefix-tracking",
+        action="store_true",
+        help="count no prefixes and export nothing (failovers then warm nothing)",
+    )
+    g.add_argument(
+        "--prefix-block-size",
+        metavar="N",
+        type=int,
+        help="tokens per KV block, as vLLM's cache_config_info says (16 on GPU, 128 on "
+        "the CPU build); default: prefixes.block_size",
+    )
+    g.add_argument(
+        "--prefix-chars-per-token",
+        metavar="F",
+        type=float,
+        help="characters per token of the character proxy; default: prefixes.chars_per_token",
+    )
+    g.add_argument(
+        "--prefix-level-tokens",
+        metavar="N",
+        type=int,
+        help="count each prompt at every this many tokens (a multiple of the block size); "
+        "default: prefixes.level_tokens",
+    )
+    g.add_argument(
+        "--prefix-min-sessions",
+        metavar="K",
+        type=int,
+        help="K: distinct sessions before a prefix's replay payload may leave the gateway; "
+        "default: prefixes.min_sessions",
+    )
+    g.add_argument(
+        "--prefix-session-key-file",
+        metavar="PATH",
+        default="",
+        help="file holding the key that hashes session ids in exports (the same on every "
+        "gateway); default: $TECTONIC_PREFIX_SESSION_KEY, else unkeyed",
+    )
+    g.add_argument(
+        "--prefix-export-interval",
+        metavar="SECONDS",
+        type=float,
+        help="seconds between exports to etcd; default: prefixes.export_interval_s (10)",
+    )
+    g.add_argument(
+        "--prefix-export-max-bytes",
+        metavar="BYTES",
+        type=int,
+        help="exports are cut to this size, lowest-ranked prefixes first; default: "
+        "prefixes.export_max_bytes (512 KiB)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _prefix_options(
+    p: argparse.ArgumentParser, args: argparse.Namespace, base: PrefixesConfig
+) -> tuple[PrefixesConfig, str]:
+    """The topology's prefixes section with the flags applied, and the session key."""
+    flags = {  # config field -> flag
+        "block_size": "prefix_block_size",
+        "chars_per_token": "prefix_chars_per_token",
+        "level_tokens": "prefix_level_tokens",
+        "min_sessions": "prefix_min_sessions",
+        "export_interval_s": "prefix_export_interval",
+        "export_max_bytes": "prefix_export_max_bytes",
+    }
+    given = {k: getattr(args, a) for k, a in flags.items() if getattr(args, a) is not None}
+    try:
+        prefixes = PrefixesConfig.model_validate({**base.model_dump(), **given})
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            name = "--" + flags[field].replace("_", "-") if field in flags else "--prefix-*"
+            problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+        p.error("; ".join(problems))
+    key = os.environ.get("TECTONIC_PREFIX_SESSION_KEY", "")
+    if args.prefix_session_key_file:
+        try:
+            with open(args.prefix_session_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as e:
+            p.error(f"--prefix-session-key-file: {e.strerror}: {args.prefix_session_key_file}")
+    return prefixes, key
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
@@ -127,6 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
     for name in ("max_body_bytes", "prefix_chars", "max_pins"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
+    prefixes, session_key = _prefix_options(p, args, topology.prefixes)
     options = GatewayOptions(
         topology=topology,
         app=AppConfig(
@@ -145,6 +247,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
         control_planes=cps,
         observer_id=args.observer_id,
         report_interval_s=args.report_interval,
+        prefix_tracking=not args.no_prefix_tracking,
+        tracker=tracker_config(prefixes, session_key),
+        prefix_export=ExportOptions.from_topology(prefixes),
     )
     return options, str(args.log_level).upper()
 

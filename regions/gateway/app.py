@@ -2,9 +2,9 @@
 
 Per request: read the body (bounded), validate just what routing needs, take the
 session key (a configurable header, else the body's ``user`` field), resolve the
-region (local cache, read-through to etcd on a miss), tell the prefix observer,
-pick a replica by prompt prefix, forward and stream back. Every answer says which
-region served it in ``x-tectonic-region``.
+region (local cache, read-through to etcd on a miss), tell the prefix observer
+(the whole prompt, for pre-warm), pick a replica by prompt prefix, forward and stream
+back. Every answer says which region served it in ``x-tectonic-region``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class GatewayApp:
         except NoRegionServing as e:
             return self._unavailable(NO_REGION, "no_region", str(e))
         try:
-            self.observer.observe(region, session, req.prefix)
+            self.observer.observe(region, session, req.prompt)
         except Exception:  # an observer bug must not fail requests
             log.exception("prefix observer failed")
         try:

@@ -1,25 +1,42 @@
-"""The hook through which the pre-warm tracker sees every request's prompt prefix.
+"""The hook through which the pre-warm tracker sees every request's prompt.
 
 The gateway calls ``observe`` once per proxied request, on the hot path, before
 forwarding: an implementation must be cheap and must not block or raise (count into
-an in-memory sketch; ship it elsewhere from a background task).
+an in-memory sketch; ship it elsewhere from a background task, as
+``regions.gateway.prefix_export`` does).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from controlplane.core.prefixes import PromptRequest
+from controlplane.prefix_tracker import PrefixTracker
+
 
 class PrefixObserver(Protocol):
-    def observe(self, region: str, session_id: str, prompt_prefix: str) -> None:
+    def observe(self, region: str, session_id: str, request: PromptRequest) -> None:
         """``region`` serves the request; ``session_id`` may be "" for sessionless
-        requests; ``prompt_prefix`` is the prompt's first characters (as hashed for
-        replica choice)."""
+        requests; ``request`` is the whole prompt (model, text, token ids or chat
+        messages, ``cache_salt``) as parsed from the body."""
         ...
 
 
 class NoopObserver:
-    """The default: observes nothing."""
+    """Observes nothing (prefix tracking turned off)."""
 
-    def observe(self, region: str, session_id: str, prompt_prefix: str) -> None:
+    def observe(self, region: str, session_id: str, request: PromptRequest) -> None:
         return None
+
+
+class TrackerObserver:
+    """Feeds a ``PrefixTracker``: its own ``observe`` takes a bare text prefix of an
+    assumed model; the gateway has the whole request."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(self, tracker: PrefixTracker) -> None:
+        self.tracker = tracker
+
+    def observe(self, region: str, session_id: str, request: PromptRequest) -> None:
+        self.tracker.observe_request(region, session_id, request)

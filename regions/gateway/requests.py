@@ -2,8 +2,9 @@
 
 The gateway reads just enough of a body to route it: the model (required, so that a
 typo fails here with a clear message rather than deep in a region), ``stream``, the
-``user`` field (the session key when no session header is sent) and the prompt's
-first characters (the replica-choice key and what the pre-warm tracker counts).
+``user`` field (the session key when no session header is sent), the prompt's first
+characters (the replica-choice key) and the whole prompt as a ``PromptRequest`` for
+the pre-warm tracker (built from the one parse: references into it, no copies).
 The body itself is forwarded byte for byte. Errors use vLLM's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -14,6 +15,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
+
+from controlplane.core.prefixes import PromptRequest
 
 Json = dict[str, object]
 
@@ -39,8 +43,9 @@ class ProxyRequest:
     body: bytes
     model: str
     stream: bool
-    prefix: str  # the prompt's first characters, for replica choice and pre-warm
+    prefix: str  # the prompt's first characters, for replica choice
     user: str  # the ``user`` field, "" when absent
+    prompt: PromptRequest  # the whole prompt, for the pre-warm tracker
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> Json:
@@ -72,11 +77,23 @@ def parse(endpoint: Endpoint, body: bytes, prefix_chars: int) -> ProxyRequest:
         user = ""
     if not isinstance(user, str):
         raise BadRequest("'user' must be a string", param="user")
+    # vLLM validates cache_salt itself; the tracker only keys by it when it is a string.
+    salt = raw_salt if isinstance(raw_salt := data.get("cache_salt"), str) else None
+    # LoRA: vLLM picks an adapter by the model name, so the model alone keys the cache.
+    prompt: PromptRequest
     if endpoint is Endpoint.CHAT:
-        prefix = chat_prefix(data.get("messages"), prefix_chars)
+        messages = chat_messages(data.get("messages"))
+        prefix = _chat_text(messages, prefix_chars)
+        prompt = PromptRequest(model, messages=messages, cache_salt=salt)
     else:
-        prefix = completion_prefix(data.get("prompt"), prefix_chars)
-    return ProxyRequest(endpoint, body, model, stream, prefix, user)
+        raw = _first_prompt(data.get("prompt"))
+        prefix = completion_prefix(raw, prefix_chars)  # also validates it
+        if isinstance(raw, str):
+            prompt = PromptRequest(model, prompt=raw, cache_salt=salt)
+        else:
+            ids = cast("list[int]", raw)  # completion_prefix checked it
+            prompt = PromptRequest(model, token_ids=ids, cache_salt=salt)
+    return ProxyRequest(endpoint, body, model, stream, prefix, user, prompt)
 
 
 def _object(body: bytes) -> Mapping[str, object]:
@@ -91,13 +108,19 @@ def _object(body: bytes) -> Mapping[str, object]:
     return data
 
 
+def _first_prompt(prompt: object) -> object:
+    """A batch is routed (and counted) by its first prompt."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
+        return prompt[0]
+    return prompt
+
+
 def completion_prefix(prompt: object, chars: int) -> str:
     """The first ``chars`` characters of a completion prompt (text, token ids, or a
-    one-element batch of either)."""
+    batch of either: its first prompt)."""
     if prompt is None:
         raise BadRequest("'prompt' is required", param="prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
-        prompt = prompt[0]  # a batch: route by its first prompt
+    prompt = _first_prompt(prompt)
     if isinstance(prompt, str):
         return prompt[:chars]
     if isinstance(prompt, list) and all(
@@ -120,27 +143,41 @@ def completion_prefix(prompt: object, chars: int) -> str:
 
 def chat_prefix(messages: object, chars: int) -> str:
     """The first ``chars`` characters of the conversation as ``role\\ncontent\\n`` lines."""
+    return _chat_text(chat_messages(messages), chars)
+
+
+def chat_messages(messages: object) -> tuple[tuple[str, str], ...]:
+    """Validated ``(role, text content)`` pairs of a chat request."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty list", param="messages")
-    parts: list[str] = []
-    size = 0
+    out: list[tuple[str, str]] = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        if not isinstance(m, dict) or not isinstance(role := m.get("role"), str):
             raise BadRequest(
                 f"messages[{i}] must be an object with a string 'role'", param="messages"
             )
-        if size < chars:
-            text = f"{m['role']}\n{_content_text(m.get('content'))}\n"
-            parts.append(text)
-            size += len(text)
+        out.append((role, _content_text(m.get("content"))))
+    return tuple(out)
+
+
+def _chat_text(messages: tuple[tuple[str, str], ...], chars: int) -> str:
+    parts: list[str] = []
+    size = 0
+    for role, content in messages:
+        if size >= chars:
+            break
+        parts.append(f"{role}\n{content}\n")
+        size += len(parts[-1])
     return "".join(parts)[:chars]
 
 
 def _content_text(content: object) -> str:
+    """A message's text: the content, or its text parts (images and other parts left
+    out) joined by newlines, as vLLM joins them for a string-content chat template."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
+        return "\n".join(
             str(p.get("text", ""))
             for p in content
             if isinstance(p, dict) and p.get("type", "text") == "text"

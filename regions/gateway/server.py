@@ -5,6 +5,9 @@ Start-up waits for the first full read of ``routing/`` (a gateway that does not 
 where traffic goes must not guess); after that, etcd being down only means serving
 from the cache. Shutdown is graceful: ``/health`` turns 503, the listener closes,
 requests in flight get ``grace_s`` to finish, then the background tasks stop.
+
+Unless turned off, a ``PrefixTracker`` counts every request's prompt and a
+``PrefixExporter`` ships its export to etcd for the leader (``prefix_export``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -19,12 +23,14 @@ from aiohttp import web
 from controlplane.clock import SystemClock
 from controlplane.config import EtcdConfig, Topology
 from controlplane.keys import Keys
+from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
 from controlplane.session_store import SessionStore
 from controlplane.store.etcd import EtcdStore
 from controlplane.store.port import Store
 from regions.gateway.app import AppConfig, GatewayApp
 from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.observe import PrefixObserver
+from regions.gateway.observe import PrefixObserver, TrackerObserver
+from regions.gateway.prefix_export import ExportOptions, PrefixExporter, tracker_config
 from regions.gateway.proxy import Forwarder, ProxyConfig, new_pool
 from regions.gateway.replicas import DEFAULT_LOAD_FACTOR, ReplicaBalancer
 from regions.gateway.report import HealthReporter
@@ -49,12 +55,21 @@ class GatewayOptions:
     session_ttl_s: int = 3600
     grace_s: float = 5.0
     control_planes: tuple[str, ...] = ()  # report region health as a GATEWAY observer
-    observer_id: str = ""  # default: gateway:<home>:<port>
+    observer_id: str = ""  # default: gateway:<home>:<port>; also names the prefix export
     report_interval_s: float = 1.0
+    prefix_tracking: bool = True  # count prompt prefixes and export them for pre-warm
+    tracker: TrackerConfig | None = None  # None: from the topology's ``prefixes``
+    prefix_export: ExportOptions | None = None  # None: from the topology's ``prefixes``
 
     def etcd(self) -> EtcdConfig:
         endpoints = self.etcd_endpoints or self.topology.etcd.endpoints
         return EtcdConfig(endpoints=endpoints, request_timeout_s=self.etcd_timeout_s)
+
+    def tracker_config(self) -> TrackerConfig:
+        return self.tracker or tracker_config(self.topology.prefixes)
+
+    def export_options(self) -> ExportOptions:
+        return self.prefix_export or ExportOptions.from_topology(self.topology.prefixes)
 
 
 class GatewayServer:
@@ -111,6 +126,27 @@ class GatewayServer:
             options.proxy,
             on_attempt=self.reporter.record if self.reporter else None,
         )
+        self.tracker: PrefixTracker | None = None
+        self.exporter: PrefixExporter | None = None
+        if observer is None and options.prefix_tracking:
+            self.tracker = PrefixTracker(options.tracker_config())
+            shared = topo.prefixes
+            if (self.tracker.params, self.tracker.config.min_sessions) != (
+                shared.params,
+                shared.min_sessions,
+            ):
+                log.warning(
+                    "prefix tracking with %s, K=%d, but the topology says %s, K=%d: the "
+                    "leader will skip this gateway's exports",
+                    self.tracker.params,
+                    self.tracker.config.min_sessions,
+                    shared.params,
+                    shared.min_sessions,
+                )
+            observer = TrackerObserver(self.tracker)
+            self.exporter = PrefixExporter(
+                self.store, self.keys, self.tracker, options.export_options()
+            )
         self.app = GatewayApp(
             options.app, self.routing, self.resolver, self.forwarder, self.metrics, observer
         )
@@ -149,6 +185,10 @@ class GatewayServer:
         self.port = int(self.runner.addresses[0][1])
         if self.reporter is not None and not self.options.observer_id:
             self.reporter.observer = f"gateway:{self.options.app.home}:{self.port}"
+        if self.exporter is not None:  # unique across hosts: an export per gateway
+            self.exporter.gateway_id = self.options.observer_id or (
+                f"gateway:{self.options.app.home}:{socket.gethostname()}:{self.port}"
+            )
         log.info(
             "gateway for home region %s serving on %s (routing revision %d)",
             self.options.app.home,
@@ -162,6 +202,8 @@ class GatewayServer:
             tg.create_task(self.resolver.run(), name="pin-reconcile")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
+            if self.exporter is not None:
+                tg.create_task(self.exporter.run(), name="prefix-export")
 
     async def wait(self) -> None:
         """Until the background tasks end (they only end by failing or on stop)."""

@@ -1,0 +1,211 @@
+"""The leader's half of the prefix pipeline: every gateway's export, merged per region.
+
+Gateways write their tracker exports under ``prefix-exports/`` on their own leases
+(``regions.gateway.prefix_export``). Every ``prefixes.aggregate_interval_s`` the
+leader reads them all (one consistent read), merges them into a fresh
+``PrefixTracker`` (counts add, session sets union capped at K) and writes, per
+region, ``prefixes/<region>`` = a :class:`PrefixCatalog`: the ``max_entries`` most
+frequent prefixes with their session counts and, for those seen from K sessions,
+their replay payloads.
+
+* An export that does not parse, or was counted with other fingerprint parameters
+  or another K, is skipped with a warning (once per gateway and problem); the others
+  are merged.
+* Every write is fenced by leadership (the election's compares in the same txn), so
+  a deposed leader writes nothing. Not leading, ``run_once`` reads nothing either.
+* A region that no live export mentions keeps its last catalog (its ``at`` shows its
+  age): when a region dies with its gateways, the failover still finds what was hot.
+* A catalog over ``max_catalog_bytes`` (etcd refuses requests over 1.5 MiB) loses the
+  payloads of its lowest-ranked entries first, then those entries, with a warning.
+* An unchanged catalog is rewritten only every ``REWRITE_EVERY`` rounds, so an idle
+  deployment does not fill etcd's history with copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Sequence
+
+from controlplane.clock import Clock
+from controlplane.codec import encode
+from controlplane.config import PrefixesConfig
+from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.election import NotLeader
+from controlplane.keys import Keys
+from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.store.port import Compare, Put, Store, StoreError
+
+log = logging.getLogger("tectonic.prefixes")
+
+Fence = Callable[[], Sequence[Compare]]  # raises NotLeader when not leading
+REWRITE_EVERY = 6  # rounds
+READ_BYTES = 32 << 20  # exports read per page (the client takes up to 64 MiB)
+
+
+class PrefixAggregator:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        config: PrefixesConfig,
+        clock: Clock,
+        fence: Fence,
+        *,
+        regions: Collection[str] | None = None,
+    ) -> None:
+        """``regions``: the topology's; catalogs of others are not written."""
+        self.store, self.keys, self.config = store, keys, config
+        self.clock, self.fence = clock, fence
+        self.regions = None if regions is None else frozenset(regions)
+        self._tracker_config = TrackerConfig(
+            params=config.params,
+            min_sessions=config.min_sessions,
+            doorkeeper_lg_bits=0,  # merges only: nothing is observed here
+            max_payloads=max(512, 2 * config.max_entries),
+        )
+        self._page = max(1, READ_BYTES // config.export_max_bytes)
+        self._skipped: dict[str, str] = {}  # export key -> problem, last round
+        self._skipping: dict[str, str] = {}  # this round
+        self._last: dict[str, tuple[PrefixCatalog, int]] = {}  # region -> (written, rounds)
+
+    async def run(self, is_leader: Callable[[], bool]) -> None:
+        """Every interval while leading; errors are logged and retried next round."""
+        while True:
+            await asyncio.sleep(self.config.aggregate_interval_s)
+            if not is_leader():
+                self._last.clear()  # a later term writes everything afresh
+                continue
+            try:
+                await self.run_once()
+            except StoreError as e:
+                every = self.config.aggregate_interval_s
+                log.warning("prefix aggregation failed, retried in %gs: %s", every, e)
+            except Exception:  # a bug here must not stop the replica
+                log.exception("prefix aggregation failed")
+
+    async def run_once(self) -> dict[str, PrefixCatalog]:
+        """Merge every export and write each region's catalog; returns the catalogs
+        written (none when not leading). Raises StoreError."""
+        try:
+            self.fence()
+        except NotLeader:
+            self._last.clear()
+            return {}
+        page = await self.store.get_prefix(self.keys.prefix_exports_prefix(), page_size=self._page)
+        tracker = PrefixTracker(self._tracker_config)
+        contributors: dict[str, int] = {}
+        self._skipping = {}
+        for kv in page.kvs:
+            try:
+                export = TrackerExport.model_validate_json(kv.value)
+                tracker.merge(export)
+            except ValueError as e:  # pydantic's ValidationError is a ValueError too
+                self._skip(kv.key, " ".join(str(e).split())[:400])
+                continue
+            for r in export.regions:
+                contributors[r.region] = contributors.get(r.region, 0) + 1
+        written: dict[str, PrefixCatalog] = {}
+        for region in tracker.regions:
+            if self.regions is not None and region not in self.regions:
+                self._skip(f"for region {region}", "not in the topology; no catalog written")
+                continue
+            catalog = self._fit(self._catalog(tracker, region, contributors.get(region, 0)))
+            if not self._due(region, catalog):
+                continue
+            try:
+                fence = self.fence()
+            except NotLeader:
+                fence = None
+            put = Put(self.keys.prefixes(region), encode(catalog))
+            result = None if fence is None else await self.store.txn(fence, [put])
+            if result is None or not result.succeeded:
+                log.info("prefix catalogs not written: leadership lost")
+                self._last.clear()
+                break
+            self._last[region] = (catalog, 0)
+            written[region] = catalog
+        self._skipped = self._skipping
+        return written
+
+    def _catalog(self, tracker: PrefixTracker, region: str, gateways: int) -> PrefixCatalog:
+        k = self.config.min_sessions
+        entries: list[CatalogEntry] = []
+        for key, estimate, _, _ in tracker.ranked(region)[: self.config.max_entries]:
+            payload, sessions = tracker.entry(region, key) or (None, 0)
+            entries.append(
+                CatalogEntry(
+                    key=key,
+                    count=estimate,
+                    sessions=sessions,
+                    payload=payload if sessions >= k else None,  # residency (DESIGN.md §4)
+                )
+            )
+        return PrefixCatalog(
+            region=region,
+            at=self.clock.now(),
+            params=self.config.params,
+            min_sessions=k,
+            shared_prefixes=tracker.shared_prefixes(region),
+            gateways=gateways,
+            entries=tuple(entries),
+        )
+
+    def _due(self, region: str, catalog: PrefixCatalog) -> bool:
+        """Whether to write: changed, or unchanged for REWRITE_EVERY rounds."""
+        last = self._last.get(region)
+        if last is None or _content(last[0]) != _content(catalog):
+            return True
+        if last[1] + 1 >= REWRITE_EVERY:
+            return True
+        self._last[region] = (last[0], last[1] + 1)
+        return False
+
+    def _fit(self, catalog: PrefixCatalog) -> PrefixCatalog:
+        """The catalog cut to ``max_catalog_bytes`` (warning when cut)."""
+        limit = self.config.max_catalog_bytes
+        out, payloads, dropped = fit_catalog(catalog, limit)
+        if payloads or dropped:
+            log.warning(
+                "prefix catalog of %s cut to %d bytes (limit %d): %d payloads and %d "
+                "entries of the lowest-ranked prefixes left out",
+                catalog.region,
+                len(encode(out)),
+                limit,
+                payloads,
+                dropped,
+            )
+        return out
+
+    def _skip(self, what: str, problem: str) -> None:
+        """Log a problem once while it lasts (a bad gateway exports every interval)."""
+        if self._skipped.get(what) != problem:
+            log.warning("prefix export %s skipped: %s", what, problem)
+        self._skipping[what] = problem
+
+
+def fit_catalog(catalog: PrefixCatalog, limit: int) -> tuple[PrefixCatalog, int, int]:
+    """``catalog`` cut to ``limit`` bytes of JSON, lowest-ranked entries first: their
+    payloads, then the entries themselves; with the payloads and entries cut."""
+    excess = len(encode(catalog)) - limit
+    entries = list(catalog.entries)
+    payloads = dropped = 0
+    while excess > 0 and entries:
+        for i in range(len(entries) - 1, -1, -1):  # most frequent first: cut the end
+            if excess <= 0:
+                break
+            p = entries[i].payload
+            if p is not None:
+                excess -= len(encode(p)) - len(b"null")
+                entries[i] = entries[i].model_copy(update={"payload": None})
+                payloads += 1
+        while excess > 0 and entries:
+            excess -= len(encode(entries.pop())) + len(b",")
+            dropped += 1
+        # The sizes above are exact but for separators; check, and go on if short.
+        excess = len(encode(catalog.model_copy(update={"entries": tuple(entries)}))) - limit
+    return catalog.model_copy(update={"entries": tuple(entries)}), payloads, dropped
+
+
+def _content(c: PrefixCatalog) -> PrefixCatalog:
+    return c.model_copy(update={"at": 0.0})
