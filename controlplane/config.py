@@ -98,6 +98,12 @@ class RecoveryConfig(_Strict):
 
 class PrewarmConfig(_Strict):
     budget_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+    top_fraction: Annotated[
+        float, Field(gt=0, lt=1, description="share of shared prefixes to replay (top 1 %)")
+    ] = 0.01
+    verify: Annotated[
+        int, Field(ge=0, le=256, description="warmed prefixes re-sent to read vLLM's hits")
+    ] = 8
     # Testing/drill seam: keep a failover in its pre-warm step this long, so that a
     # leader can be killed mid-failover. 0 in production.
     hold_s: Annotated[float, Field(ge=0, le=600)] = 0.0

@@ -76,7 +76,10 @@ class ControlPlaneReplica:
         pre = self.prewarmer or (
             HoldPrewarmer(t.prewarm.hold_s)
             if t.prewarm.hold_s > 0
-            else AgentPrewarmer(t, self.store, self.keys, self.clock)
+            else AgentPrewarmer(
+                t, self.store, self.keys, self.clock, min_sessions=t.prefixes.min_sessions,
+                fraction=t.prewarm.top_fraction, verify=t.prewarm.verify,
+            )  # fmt: skip
         )
         self.sessions = SessionStore(
             self.store,

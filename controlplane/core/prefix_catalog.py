@@ -60,8 +60,13 @@ def catalog_selection(
             f"at most {catalog.min_sessions}"
         )
     n = top_n(fraction, catalog.shared_prefixes)
+    # Ties (the levels of one shared prompt have equal counts) go deepest first: its
+    # replay warms the shallower ones too.
+    ranked = sorted(
+        catalog.entries, key=lambda e: (-e.count, -(e.payload.blocks if e.payload else 0))
+    )
     candidates = [
         Candidate(key=e.key, count=e.count, sessions=e.sessions, payload=e.payload)
-        for e in catalog.entries[:n]
+        for e in ranked[:n]
     ]
     return select_prewarm(candidates, n, limits, residency)
