@@ -64,6 +64,13 @@ class Keys:
         """The leader's merged catalog of ``region``'s top prefixes."""
         return f"{self.root}prefixes/{region}"
 
+    def prefix_wanted_prefix(self) -> str:
+        return self.root + "prefix-wanted/"
+
+    def prefix_wanted(self, region: str) -> str:
+        """Keys the leader wants payloads for: seen from K sessions only once merged."""
+        return f"{self.root}prefix-wanted/{region}"
+
     def prefix_exports_prefix(self) -> str:
         return self.root + "prefix-exports/"
 
@@ -71,9 +78,13 @@ class Keys:
         """One gateway's tracker export, on that gateway's lease (gone when it dies)."""
         return f"{self.root}prefix-exports/{gateway}"
 
+    def pools_prefix(self) -> str:
+        return self.root + "pools/"
+
     def pool(self, region: str) -> str:
-        """The region's warm pool as its agent last published it."""
-        return f"{self.root}regions/{region}/pool"
+        """The region's warm-pool members (``PoolMembers``: the ACTIVE replicas gateways
+        route to) as its agent last published them; no lease, the replicas outlive it."""
+        return f"{self.root}pools/{region}"
 
     def intents_prefix(self) -> str:
         return self.root + "intents/"

@@ -6,7 +6,9 @@ leader reads them all (one consistent read), merges them into a fresh
 ``PrefixTracker`` (counts add, session sets union capped at K) and writes, per
 region, ``prefixes/<region>`` = a :class:`PrefixCatalog`: the ``max_entries`` most
 frequent prefixes with their session counts and, for those seen from K sessions,
-their replay payloads.
+their replay payloads. Beside it, ``prefix-wanted/<region>`` lists the prefixes that
+reached K sessions only in the merge (no gateway saw K, so none exported a payload);
+gateways add those payloads to their next export.
 
 * An export that does not parse, or was counted with other fingerprint parameters
   or another K, is skipped with a warning (once per gateway and problem); the others
@@ -30,7 +32,7 @@ from collections.abc import Callable, Collection, Sequence
 from controlplane.clock import Clock
 from controlplane.codec import encode
 from controlplane.config import PrefixesConfig
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
@@ -117,8 +119,11 @@ class PrefixAggregator:
                 fence = self.fence()
             except NotLeader:
                 fence = None
-            put = Put(self.keys.prefixes(region), encode(catalog))
-            result = None if fence is None else await self.store.txn(fence, [put])
+            puts = [
+                Put(self.keys.prefixes(region), encode(catalog)),
+                Put(self.keys.prefix_wanted(region), encode(wanted_keys(catalog))),
+            ]
+            result = None if fence is None else await self.store.txn(fence, puts)
             if result is None or not result.succeeded:
                 log.info("prefix catalogs not written: leadership lost")
                 self._last.clear()

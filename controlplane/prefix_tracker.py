@@ -35,7 +35,7 @@ The tracker is not thread-safe: the gateway calls it from its event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Literal, Protocol, cast
 
 import datasketches  # type: ignore[import-untyped]
@@ -340,10 +340,12 @@ class PrefixTracker:
 
     # ---- export and merge ------------------------------------------------------------
 
-    def export(self) -> bytes:
+    def export(self, wanted: Mapping[str, Collection[str]] | None = None) -> bytes:
         """Sketches and heavy-hitter entries of every region; payloads only of prefixes
-        seen from at least K distinct sessions."""
+        seen from at least K distinct sessions here, or that the leader ``wanted``
+        (region -> keys it saw from K sessions once merged)."""
         k, lg_k = self.config.min_sessions, self.config.distinct_lg_k
+        asked = {region: set(keys) for region, keys in (wanted or {}).items()}
         regions = tuple(
             RegionExport(
                 region=name,
@@ -353,7 +355,11 @@ class PrefixTracker:
                     EntryExport(
                         key=key,
                         sessions=tuple(sorted(e.sessions)),
-                        payload=e.payload if len(e.sessions) >= k else None,
+                        payload=(
+                            e.payload
+                            if len(e.sessions) >= k or key in asked.get(name, ())
+                            else None
+                        ),
                     )
                     for key, e in st.entries.items()
                 ),

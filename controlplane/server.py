@@ -77,9 +77,14 @@ class ControlPlaneReplica:
             HoldPrewarmer(t.prewarm.hold_s)
             if t.prewarm.hold_s > 0
             else AgentPrewarmer(
-                t, self.store, self.keys, self.clock, min_sessions=t.prefixes.min_sessions,
-                fraction=t.prewarm.top_fraction, verify=t.prewarm.verify,
-            )  # fmt: skip
+                t,
+                self.store,
+                self.keys,
+                self.clock,
+                min_sessions=t.prefixes.min_sessions,
+                fraction=t.prewarm.top_fraction,
+                verify=t.prewarm.verify,
+            )
         )
         self.sessions = SessionStore(
             self.store,

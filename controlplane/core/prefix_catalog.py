@@ -46,6 +46,24 @@ class PrefixCatalog(Frozen):
     entries: tuple[CatalogEntry, ...] = ()
 
 
+class PrefixWanted(Frozen):
+    """Value of ``prefix-wanted/<region>``: prefixes seen from K distinct sessions only
+    once the gateways' counts were merged, so no gateway exported their payload (each
+    saw fewer than K). Gateways include the payloads of these keys in their next export:
+    the K rule holds over the merged count, and the leader never asks for others."""
+
+    region: str
+    keys: tuple[str, ...] = ()
+
+
+def wanted_keys(catalog: PrefixCatalog, limit: int = 128) -> PrefixWanted:
+    """The catalog's entries that may leave (K sessions) but have no payload yet."""
+    keys = [
+        e.key for e in catalog.entries if e.payload is None and e.sessions >= catalog.min_sessions
+    ]
+    return PrefixWanted(region=catalog.region, keys=tuple(keys[:limit]))
+
+
 def catalog_selection(
     catalog: PrefixCatalog,
     limits: PrewarmLimits,

@@ -9,7 +9,8 @@ leader merges every export into ``prefixes/<region>`` (``controlplane.prefix_agg
 
 * **What leaves the gateway**: the sketches, the heavy hitters with keyed session
   hashes (never session ids), and replay payloads only of prefixes this gateway saw
-  from at least K sessions (the tracker's rule).
+  from at least K sessions (the tracker's rule), or that the leader listed in
+  ``prefix-wanted/<region>`` because the merged counts reached K sessions.
 * **Bounded size**: an export over ``max_bytes`` (512 KiB by default; etcd refuses
   requests over 1.5 MiB) is cut, lowest-ranked first: payloads, then whole entries;
   the sketches stay. A warning says what was cut. If even the sketches do not fit,
@@ -32,7 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.codec import CorruptValue, decode
 from controlplane.config import PrefixesConfig
+from controlplane.core.prefix_catalog import PrefixWanted
 from controlplane.keys import Keys
 from controlplane.prefix_tracker import PrefixTracker, RegionExport, TrackerConfig, TrackerExport
 from controlplane.store.port import LeaseNotFound, Store, StoreError
@@ -188,7 +191,7 @@ class PrefixExporter:
         written. Raises StoreError (StoreUnavailable when etcd is down)."""
         if not self.gateway_id:
             return False  # not serving yet: nothing counted, no name
-        blob = self._fitted()
+        blob = self._fitted(await self._wanted())
         if blob is None:
             return False  # logged; the old export expires with the lease
         await self._keep_lease()
@@ -221,8 +224,21 @@ class PrefixExporter:
         self._lease = await self.store.grant_lease(self.options.lease_ttl_s)
         self._written = None  # the key went with the old lease
 
-    def _fitted(self) -> bytes | None:
-        blob = self.tracker.export()
+    async def _wanted(self) -> dict[str, tuple[str, ...]]:
+        """Region -> keys the leader asks payloads for (``prefix-wanted/``)."""
+        page = await self.store.get_prefix(self.keys.prefix_wanted_prefix())
+        out: dict[str, tuple[str, ...]] = {}
+        for kv in page.kvs:
+            try:
+                w = decode(PrefixWanted, kv.value, kv.key)
+            except CorruptValue as e:
+                self._failed(str(e))
+                continue
+            out[w.region] = w.keys
+        return out
+
+    def _fitted(self, wanted: dict[str, tuple[str, ...]] | None = None) -> bytes | None:
+        blob = self.tracker.export(wanted)
         out, cut = fit_export(blob, self.options.max_bytes, self.tracker.estimate)
         if cut is None:
             return out

@@ -12,12 +12,12 @@ import pytest
 from controlplane.clock import FakeClock
 from controlplane.codec import decode, encode
 from controlplane.config import ConfigError, PrefixesConfig, parse_topology
-from controlplane.core.prefix_catalog import PrefixCatalog
+from controlplane.core.prefix_catalog import PrefixCatalog, PrefixWanted
 from controlplane.core.prefixes import PromptRequest, Residency, levels, may_leave
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
 from controlplane.prefix_aggregator import REWRITE_EVERY, PrefixAggregator, fit_catalog
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
+from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.store.memory import MemoryStore
 from controlplane.store.port import Compare
 
@@ -93,6 +93,37 @@ async def test_two_gateways_merge_counts_add_and_sessions_union_capped_at_k() ->
     assert entry.sessions == 3 and may_leave(entry.sessions, US) is None
     assert entry.payload is None
     assert catalog.shared_prefixes >= 1
+
+
+async def test_a_prefix_reaching_k_only_when_merged_is_wanted_and_then_exported() -> None:
+    store = await leading_store()
+    trackers = {}
+    for gw, sessions in (("gw-a", ["a1", "a2"]), ("gw-b", ["b1", "b2"])):
+        t = PrefixTracker(
+            TrackerConfig(params=CFG.params, min_sessions=CFG.min_sessions, doorkeeper_lg_bits=10)
+        )
+        for s in sessions:
+            for _ in range(2):
+                t.observe_request("east", s, PromptRequest("tiny", prompt=SHARED))
+        trackers[gw] = t
+        await store.put(KEYS.prefix_export(gw), t.export())
+    agg, _ = aggregator(store)
+    await agg.run_once()
+    kv = await store.get(KEYS.prefix_wanted("east"))
+    assert kv is not None
+    wanted = decode(PrefixWanted, kv.value, kv.key)
+    assert deepest(SHARED) in wanted.keys
+    # A gateway's next export carries the payloads the leader asked for, and only those.
+    blob = trackers["gw-a"].export({"east": wanted.keys})
+    exported = TrackerExport.model_validate_json(blob)
+    with_payload = {e.key for r in exported.regions for e in r.entries if e.payload}
+    assert with_payload == set(wanted.keys) & {e.key for e in exported.regions[0].entries}
+    await store.put(KEYS.prefix_export("gw-a"), blob)
+    await agg.run_once()
+    entry = {e.key: e for e in (await stored(store, "east")).entries}[deepest(SHARED)]
+    assert entry.payload is not None and SHARED.startswith(entry.payload.prompt or "-")
+    kv = await store.get(KEYS.prefix_wanted("east"))
+    assert kv is not None and deepest(SHARED) not in decode(PrefixWanted, kv.value).keys
 
 
 async def test_a_payload_travels_once_one_gateway_saw_k_sessions() -> None:

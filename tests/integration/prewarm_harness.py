@@ -1,0 +1,137 @@
+"""Two regions ``a`` and ``b`` wired for pre-warm: agents reporting to an in-process
+control plane on a real etcd, and a gateway homed in ``a`` that counts prefixes.
+Replicas are given (real vLLM or simulator processes); faults are the caller's."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from chaos.local_etcd import EtcdServer
+from chaos.procs import free_port, until
+from controlplane.codec import decode
+from controlplane.config import Topology, parse_topology
+from controlplane.core.model import FailoverStep, RegionRecord
+from controlplane.core.prefix_catalog import PrefixCatalog
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
+from regions.agent import AgentConfig, AgentHandle, serve_agent
+from regions.gateway.app import AppConfig
+from regions.gateway.server import GatewayOptions, GatewayServer
+from regions.prewarm_executor import cache_counters
+from tests.integration.cp_harness import fast_topology, running_replica
+
+REGIONS = ("a", "b")
+
+
+def prewarm_topology(
+    etcd: EtcdServer, cluster: str, agent_ports: Mapping[str, int],
+    replicas: Mapping[str, Sequence[str]], *, prefixes: dict[str, object],
+    prewarm: dict[str, object],
+) -> Topology:  # fmt: skip
+    data = fast_topology(etcd.endpoints, cluster).model_dump(mode="json")
+    data["regions"] = [
+        {"name": r, "zone": "eu", "agent": f"127.0.0.1:{agent_ports[r]}",
+         "capacity_rps": 100, "replicas": list(replicas[r])}
+        for r in REGIONS
+    ]  # fmt: skip
+    data["timing"]["quorum"] = 1  # only the agents observe
+    data["prefixes"] = {"export_interval_s": 0.3, "aggregate_interval_s": 0.3, **prefixes}
+    data["prewarm"] = prewarm
+    return parse_topology(data)
+
+
+@dataclass
+class Wired:
+    topology: Topology
+    gateway: GatewayServer
+    agents: dict[str, AgentHandle]
+
+
+@contextlib.asynccontextmanager
+async def wired_regions(
+    etcd: EtcdServer, cluster: str, replicas: Mapping[str, Sequence[str]], *,
+    prefixes: dict[str, object], prewarm: dict[str, object],
+) -> AsyncIterator[Wired]:  # fmt: skip
+    ports = {r: free_port() for r in REGIONS}
+    topo = prewarm_topology(etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm)
+    async with running_replica(topo) as cp:
+        agents: dict[str, AgentHandle] = {}
+        gw = GatewayServer(GatewayOptions(topology=topo, app=AppConfig(home="a")))
+        try:
+            for r in REGIONS:
+                agents[r] = await serve_agent(AgentConfig(
+                    region=r, replicas=tuple(replicas[r]), control_planes=(cp.target,),
+                    interval=0.25, timeout=0.25, listen=f"127.0.0.1:{ports[r]}",
+                ))  # fmt: skip
+            await gw.start()
+            yield Wired(topo, gw, agents)
+        finally:
+            await gw.stop()
+            for h in agents.values():
+                await h.stop(grace=0)
+
+
+async def tokens(http: aiohttp.ClientSession, url: str, prompt: str) -> int:
+    async with http.post(url + "/tokenize", json={"model": "tiny", "prompt": prompt}) as r:
+        assert r.status == 200, await r.text()
+        return int((await r.json())["count"])
+
+
+async def send(http: aiohttp.ClientSession, gw: GatewayServer, session: str, prompt: str) -> str:
+    """One completion through the gateway; the region that served it."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    async with http.post(gw.url + "/v1/completions", json=body,
+                         headers={"x-session-id": session}) as r:  # fmt: skip
+        assert r.status == 200, await r.text()
+        return r.headers["x-tectonic-region"]
+
+
+async def wait_catalog(
+    store: EtcdStore, keys: Keys, region: str, payloads: int, within: float = 30
+) -> PrefixCatalog:
+    """The region's catalog once it holds at least ``payloads`` replay payloads."""
+    found: list[PrefixCatalog] = []
+
+    async def ready() -> bool:
+        kv = await store.get(keys.prefixes(region))
+        if kv is None:
+            return False
+        cat = decode(PrefixCatalog, kv.value, kv.key)
+        found[:] = [cat]
+        return sum(e.payload is not None for e in cat.entries) >= payloads
+
+    await until(ready, within=within, every=0.2, what=f"{payloads} payloads in {region}'s catalog")
+    return found[0]
+
+
+async def wait_prewarmed(
+    store: EtcdStore, keys: Keys, region: str, within: float = 60
+) -> RegionRecord:
+    """The region's record once its failover has done its pre-warm step."""
+    found: list[RegionRecord] = []
+
+    async def done() -> bool:
+        kv = await store.get(keys.region_state(region))
+        rec = None if kv is None else decode(RegionRecord, kv.value, kv.key)
+        found[:] = [rec] if rec else []
+        return (
+            rec is not None
+            and rec.failover is not None
+            and FailoverStep.PREWARM in rec.failover.done
+        )
+
+    await until(done, within=within, every=0.2, what=f"{region} failed over and pre-warmed")
+    return found[0]
+
+
+async def hits_across(http: aiohttp.ClientSession, replicas: Sequence[str]) -> float:
+    """``vllm:prefix_cache_hits_total`` summed over ``replicas``."""
+    return sum([(await cache_counters(http, r))[1] for r in replicas])
+
+
+async def queries_of(http: aiohttp.ClientSession, replicas: Sequence[str]) -> list[float]:
+    return [(await cache_counters(http, r))[0] for r in replicas]
