@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import failover, gateway, prefixes, sessions
+from bench import failover, gateway, prefixes, prewarm, sessions
 
 
 class BenchModule(Protocol):
@@ -56,6 +56,13 @@ BENCHES = (
         "The pre-warm prefix tracker on a Zipf(1.1) workload of 2,048-token prompts, in one "
         "process: prompts per second through the gateway's hot path, recall of the merged "
         "sketch's top 1 % against exact counts, and the sketch's serialized size.",
+    ),
+    BenchInfo(
+        "prewarm",
+        prewarm,
+        "Pre-warm on simulator replicas: how fast the executor warms every prefix and at "
+        "what share of the prefill capacity (1, 2, 4 replays per replica), that its budget "
+        "cuts it off on time, and the first requests' TTFT and prefix-cache hits warm vs cold.",
     ),
 )
 
