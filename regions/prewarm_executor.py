@@ -8,20 +8,25 @@ replica: prefill is compute-bound, so more concurrency on one replica only queue
 Replays not finished by the deadline are cancelled and count as not warmed.
 
 **Verification**: afterwards, the ``verify`` most frequent warmed payloads are sent a
-second time, one at a time per replica, each between two scrapes of that replica's
-``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``. A sample
-counts only when the queries delta equals the request's own prompt tokens (no other
-request ran in between); its hits delta over its prompt tokens is the hit rate the
-pre-warm bought, as vLLM measured it. Polluted samples are dropped, not guessed.
+second time, one at a time per replica. The hits of each come from vLLM itself: the
+answer's ``usage.prompt_tokens_details.cached_tokens`` when the server reports it
+(``--enable-prompt-tokens-details``), else the deltas of the replica's
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` between two
+scrapes around the request, counted only when the queries delta equals the request's
+own prompt tokens (no other request ran in between). Hits over prompt tokens is the
+hit rate the pre-warm bought. Polluted samples are dropped, not guessed: under live
+traffic without prompt-token details, ``verified`` may be 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict
@@ -81,11 +86,16 @@ class _Run:
             self.on_progress(self.progress)
 
 
+class Usage(NamedTuple):
+    prompt_tokens: int
+    cached_tokens: int | None  # only from servers run with --enable-prompt-tokens-details
+
+
 async def replay(
     http: aiohttp.ClientSession, replica: str, payload: ReplayPayload, timeout_s: float
-) -> int:
-    """Send one payload with ``max_tokens: 1``; its prompt tokens (vLLM's usage).
-    Raises RuntimeError with a short reason when the replica refuses it."""
+) -> Usage:
+    """Send one payload with ``max_tokens: 1``; vLLM's usage of it. Raises RuntimeError
+    with a short reason when the replica refuses it."""
     url = replica.rstrip("/") + payload.endpoint
     limit = aiohttp.ClientTimeout(total=max(0.001, timeout_s))
     try:
@@ -97,8 +107,13 @@ async def replay(
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         raise RuntimeError(f"{replica}: {describe_error(e, timeout_s)}") from e
     usage = body.get("usage") if isinstance(body, dict) else None
-    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) else 0
+    usage = usage if isinstance(usage, dict) else {}
+    tokens = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        tokens if isinstance(tokens, int) else 0, cached if isinstance(cached, int) else None
+    )
 
 
 async def cache_counters(http: aiohttp.ClientSession, replica: str) -> tuple[float, float]:
@@ -130,11 +145,16 @@ async def execute_prewarm(
 
     async def worker(replica: str) -> None:
         q = queues[replica]
-        while q:
+        # The deadline is checked here too: aiohttp turns the budget's cancellation of a
+        # request in flight into a timeout error, which must not start the next replay.
+        while q and loop.time() < deadline:
             i = q.popleft()
             try:
-                tokens = await replay(http, replica, payloads[i], deadline - loop.time())
+                tokens, _ = await replay(http, replica, payloads[i], deadline - loop.time())
             except RuntimeError as e:
+                if loop.time() >= deadline:
+                    q.appendleft(i)  # cut by the budget: not warmed, not failed
+                    break
                 run.progress.failed += 1
                 run.errors.append(str(e))
             else:
@@ -144,22 +164,20 @@ async def execute_prewarm(
             run.tick(loop.time())
 
     if payloads and queues:
-        try:
-            async with asyncio.timeout_at(deadline):
-                async with asyncio.TaskGroup() as tg:
-                    for r in queues:
-                        for _ in range(max(1, per_replica)):
-                            tg.create_task(worker(r))
-        except TimeoutError:
-            left = sum(len(q) for q in queues.values())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline), asyncio.TaskGroup() as tg:
+                for r in queues:
+                    for _ in range(max(1, per_replica)):
+                        tg.create_task(worker(r))
+        left = sum(len(q) for q in queues.values())
+        if left:
             log.warning(
                 "pre-warm budget of %.1fs spent: %d of %d prefixes not warmed",
                 budget_s,
                 run.progress.total - run.progress.warmed,
                 run.progress.total,
             )
-            if left:
-                run.errors.append(f"{left} not started before the deadline")
+            run.errors.append(f"{left} not warmed before the deadline")
     elapsed = loop.time() - run.started
     run.tick(loop.time())
     verified, rate = await _verify(http, payloads, run.sent, verify) if verify else (0, 0.0)
@@ -194,15 +212,21 @@ async def _verify(
         for i in idx:
             try:
                 q0, h0 = await cache_counters(http, replica)
-                prompt = await replay(http, replica, payloads[i], 30.0)
+                prompt, cached = await replay(http, replica, payloads[i], 30.0)
                 q1, h1 = await cache_counters(http, replica)
             except (RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.info("pre-warm verification on %s skipped: %s", replica, e)
                 continue
-            if prompt <= 0 or q1 - q0 != prompt:
+            if prompt <= 0:
+                continue
+            if cached is not None:  # the server's own count for this very request
+                hit = cached
+            elif q1 - q0 == prompt:
+                hit = int(h1 - h0)
+            else:
                 continue  # another request ran in between: the deltas are not ours
             samples += 1
-            hits += int(h1 - h0)
+            hits += hit
             tokens += prompt
 
     await asyncio.gather(*(one_replica(r, idx) for r, idx in by_replica.items()))
