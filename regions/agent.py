@@ -11,8 +11,19 @@ logged (at most every ``warn_every`` seconds), never fatal.
     tectonic-agent --region eu --listen 127.0.0.1:7001 --control-plane 127.0.0.1:7000 \\
         --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
 
+With ``--pool-config FILE --etcd HOST:PORT --cluster NAME`` instead of ``--replica``
+the agent runs a warm pool (:mod:`regions.agent_pool`, regions/pool/README.md): it
+starts the pool before serving, probes the pool's ACTIVE replicas each tick (adding the
+signals ``replicas_warm`` and ``pool_shortfall``), reconciles the pool in the
+background, wakes WARM replicas for ``Prewarm`` and publishes the ACTIVE set to
+``pools/<region>`` in etcd, which gateways route by. Without a pool nothing is
+published.
+
+    tectonic-agent --region eu --control-plane 127.0.0.1:7000 \\
+        --pool-config pool.yaml --etcd 127.0.0.1:2379 --cluster prod
+
 In-process (tests, demo): ``handle = await serve_agent(AgentConfig(...))``, then
-``handle.view``, ``handle.port``, ``await handle.stop()``.
+``handle.view``, ``handle.port``, ``handle.pool`` (with a pool), ``await handle.stop()``.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -34,7 +46,9 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
+from controlplane.config import ConfigError
 from controlplane.core.model import Health
+from regions.agent_pool import AgentPool, AgentPoolConfig, check_replica_source, load_pool_config
 from regions.agent_service import (
     PrewarmServiceConfig,
     RegionAgentService,
@@ -63,7 +77,10 @@ class AgentConfig(BaseModel):
     region: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
     listen: str = "127.0.0.1:0"
     control_planes: tuple[str, ...] = ()
-    replicas: tuple[str, ...] = Field(min_length=1)
+    replicas: tuple[str, ...] = ()  # static replicas, or else a pool:
+    pool: AgentPoolConfig | None = None
+    etcd: tuple[str, ...] = ()  # where a pool is published (pools/<region>)
+    cluster: str | None = None
     interval: float = Field(1.0, gt=0)
     timeout: float = Field(0.5, gt=0)
     max_queue: int | None = Field(None, ge=0)  # region-wide waiting requests before DEGRADED
@@ -78,6 +95,7 @@ class AgentConfig(BaseModel):
         if self.timeout > self.interval:
             raise ValueError(f"timeout ({self.timeout}s) must not exceed interval "
                              f"({self.interval}s): a tick must fit in its interval")
+        check_replica_source(self.replicas, self.pool, self.etcd, self.cluster)
         return self
 
 
@@ -87,7 +105,15 @@ class AgentHandle:
     def __init__(self, config: AgentConfig, replica_set: ReplicaSet | None = None,
                  prewarm: PrewarmServiceConfig | None = None) -> None:
         self.config = config
-        self.replica_set: ReplicaSet = replica_set or StaticReplicas(config.replicas)
+        self.pool: AgentPool | None = None
+        if config.pool is not None:
+            if replica_set is not None:
+                raise ValueError("an agent with a pool serves the pool as its replica set")
+            assert config.cluster is not None  # checked by AgentConfig
+            self.pool = AgentPool(config.region, config.pool, etcd=config.etcd,
+                                  cluster=config.cluster, interval_s=config.interval)
+        self.replica_set: ReplicaSet = (
+            replica_set or (self.pool.pool if self.pool else StaticReplicas(config.replicas)))
         self.prewarm_config = prewarm or PrewarmServiceConfig()
         self.service: RegionAgentService | None = None
         self.view = RegionView(region=config.region, health=Health.UNKNOWN, signals={},
@@ -124,11 +150,14 @@ class AgentHandle:
         self.port = self._server.add_insecure_port(self.config.listen)
         if not self.port:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if self.pool is not None:  # up and ACTIVE before the first probe
+            await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:"
+                                  f"{self.port}")
         await self._tick()  # never serve an UNKNOWN view
         await self._server.start()
         self._task = asyncio.create_task(self._supervise(), name=f"agent:{self.config.region}")
         log.info("agent for region %s serving gRPC on port %d; replicas %s; control plane %s",
-                 self.config.region, self.port, ", ".join(self.config.replicas),
+                 self.config.region, self.port, ", ".join(self._replicas()) or "(none)",
                  ", ".join(self.config.control_planes) or "(none)")
 
     async def _supervise(self) -> None:
@@ -137,6 +166,8 @@ class AgentHandle:
                 tg.create_task(self._probe_loop())
                 if self._stubs:
                     tg.create_task(self._report_loop())
+                if self.pool is not None:
+                    tg.create_task(self.pool.run())
         finally:
             await self._health.enter_graceful_shutdown()  # a dead loop must not look healthy
 
@@ -152,13 +183,15 @@ class AgentHandle:
         assert self._session is not None
         c = self.config
         probes = await asyncio.gather(
-            *(probe_replica(self._session, url, c.timeout) for url in c.replicas))
+            *(probe_replica(self._session, url, c.timeout) for url in self._replicas()))
         self._log_replicas(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
         view = fold_region_view(c.region, probes, c.max_queue, previous=self.view.probes,
                                 max_ttft_p99_s=c.max_ttft_p99_s,
                                 max_error_rate=c.max_error_rate)
+        if self.pool is not None:
+            view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
         old, self.view = self.view, view
         if view.health is not old.health:
             worse = _RANK[view.health] > _RANK[old.health]
@@ -170,6 +203,10 @@ class AgentHandle:
             for service in ("", SERVICE):
                 await self._health.set(service, status)
             self._wake.set()  # report a change at once
+
+    def _replicas(self) -> list[str]:
+        """What to probe: the pool's ACTIVE replicas (WARM ones sleep), else the static."""
+        return self.pool.active() if self.pool is not None else list(self.config.replicas)
 
     def _log_replicas(self, probes: Sequence[ReplicaProbe]) -> None:
         before = {p.url: p for p in self.view.probes}
@@ -235,6 +272,8 @@ class AgentHandle:
             await asyncio.wait({self._task})
         if self.service is not None:
             await self.service.stop()
+        if self.pool is not None:
+            await self.pool.stop()
         await self._server.stop(grace)
         for ch in self._channels:
             await ch.close()
@@ -265,8 +304,19 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (port 0 = any)")
     p.add_argument("--control-plane", action="append", default=[], required=True,
                    help="host:port[,host:port...]; repeatable; tried in turn")
-    p.add_argument("--replica", action="append", default=[], required=True,
-                   help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable")
+    p.add_argument("--replica", action="append", default=[],
+                   help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable; "
+                        "or --pool-config")
+    p.add_argument("--pool-config", metavar="FILE", default=None,
+                   help="warm pool YAML (regions/pool/README.md) instead of --replica: the "
+                        "agent launches or adopts the replicas, keeps some asleep (WARM), "
+                        "wakes them for pre-warm and publishes the ACTIVE ones to "
+                        "pools/<region> in etcd for gateways; needs --etcd and --cluster")
+    p.add_argument("--etcd", default="", metavar="HOST:PORT[,...]",
+                   help="etcd endpoints to publish the pool to (with --pool-config)")
+    p.add_argument("--cluster", default=None, metavar="NAME",
+                   help="deployment name, the topology's cluster: keys live under "
+                        "/tectonic/NAME/ (with --pool-config)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
     p.add_argument("--max-queue", type=int, default=None,
@@ -284,8 +334,14 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
     try:
+        pool = load_pool_config(args.pool_config) if args.pool_config else None
+    except ConfigError as e:
+        p.error(str(e))
+    etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
+    try:
         return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
-                           replicas=tuple(args.replica), interval=args.interval,
+                           replicas=tuple(args.replica), pool=pool, etcd=etcd,
+                           cluster=args.cluster, interval=args.interval,
                            timeout=args.timeout, max_queue=args.max_queue,
                            max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate)
     except ValidationError as e:

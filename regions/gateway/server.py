@@ -1,10 +1,13 @@
 """A running gateway: etcd store, routing cache, session resolver, HTTP server, and the
 background tasks behind them, started and stopped as one.
 
-Start-up waits for the first full read of ``routing/`` (a gateway that does not know
-where traffic goes must not guess); after that, etcd being down only means serving
-from the cache. Shutdown is graceful: ``/health`` turns 503, the listener closes,
-requests in flight get ``grace_s`` to finish, then the background tasks stop.
+Start-up waits for the first full read of ``routing/`` and ``pools/`` (a gateway that
+does not know where traffic goes must not guess); after that, etcd being down only
+means serving from the caches. A region whose agent runs a warm pool routes to the
+ACTIVE replicas in ``pools/<r>`` (its WARM ones sleep); any other region to the
+topology's ``regions[].replicas``. Shutdown is graceful: ``/health`` turns 503, the
+listener closes, requests in flight get ``grace_s`` to finish, then the background
+tasks stop.
 
 Unless turned off, a ``PrefixTracker`` counts every request's prompt and a
 ``PrefixExporter`` ships its export to etcd for the leader (``prefix_export``).
@@ -22,6 +25,7 @@ from aiohttp import web
 
 from controlplane.clock import SystemClock
 from controlplane.config import EtcdConfig, Topology
+from controlplane.core.pool_members import PoolMembers
 from controlplane.keys import Keys
 from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
 from controlplane.session_store import SessionStore
@@ -30,6 +34,7 @@ from controlplane.store.port import Store
 from regions.gateway.app import AppConfig, GatewayApp
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.observe import PrefixObserver, TrackerObserver
+from regions.gateway.pool_cache import PoolCache
 from regions.gateway.prefix_export import ExportOptions, PrefixExporter, tracker_config
 from regions.gateway.proxy import Forwarder, ProxyConfig, new_pool
 from regions.gateway.replicas import DEFAULT_LOAD_FACTOR, ReplicaBalancer
@@ -113,6 +118,7 @@ class GatewayServer:
             r.name: ReplicaBalancer(r.replicas, load_factor=options.load_factor)
             for r in topo.regions
         }
+        self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
         self.pool = new_pool(options.proxy)
         self.reporter: HealthReporter | None = None
         if options.control_planes:
@@ -162,9 +168,10 @@ class GatewayServer:
         return f"http://{self.options.listen.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:
-        """Start the background tasks, wait for the first routing read, then listen."""
+        """Start the background tasks, wait for the first routing and pools reads, then
+        listen."""
         self._task = asyncio.create_task(self._supervise(), name="gateway")
-        waiter = asyncio.create_task(self.routing.loaded.wait())
+        waiter = asyncio.create_task(self._loaded())
         while not waiter.done():
             done, _ = await asyncio.wait(
                 {waiter, self._task}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED
@@ -175,7 +182,7 @@ class GatewayServer:
                 raise RuntimeError("gateway tasks ended before routing was read")
             if not done:
                 log.warning(
-                    "waiting for etcd (%s) to read routing/ before serving",
+                    "waiting for etcd (%s) to read routing/ and pools/ before serving",
                     ", ".join(self.options.etcd().endpoints),
                 )
         await self.runner.setup()
@@ -196,9 +203,35 @@ class GatewayServer:
             self.routing.revision,
         )
 
+    async def _loaded(self) -> None:
+        await self.routing.loaded.wait()
+        await self.pool_cache.loaded.wait()
+
+    def _pool_changed(self, region: str, members: PoolMembers | None) -> None:
+        """A pooled region routes to its ACTIVE replicas; without a pool entry, to the
+        topology's. The balancer is replaced (the Forwarder reads the same dict):
+        in-flight counts restart at 0, also for replicas that stay, and requests in
+        flight release on the balancer they started on; both are harmless."""
+        current = self.balancers.get(region)
+        if current is None:  # not a region of this topology: nothing routes there
+            return
+        static = self.options.topology.region(region).replicas
+        replicas = tuple(dict.fromkeys(members.active)) if members is not None else static
+        if set(replicas) == set(current.replicas):  # the ring ignores order
+            return  # e.g. only the WARM count or the timestamp changed
+        self.balancers[region] = ReplicaBalancer(replicas, load_factor=self.options.load_factor)
+        source = f"pools/{region} from {members.agent}" if members else "the topology"
+        log.info(
+            "region %s replicas (%s): %s",
+            region,
+            source,
+            ", ".join(replicas) or "none (requests get 503 until one is ACTIVE)",
+        )
+
     async def _supervise(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.routing.run(), name="routing-watch")
+            tg.create_task(self.pool_cache.run(), name="pools-watch")
             tg.create_task(self.resolver.run(), name="pin-reconcile")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
