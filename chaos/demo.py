@@ -33,6 +33,12 @@ from chaos.demo_summary import print_summary, problems
 from chaos.demo_traffic import Session, Traffic, analyse, gateway_counters
 from chaos.local_etcd import EtcdServer
 from chaos.procs import free_port, start_controlplane
+from controlplane.codec import decode
+from controlplane.config import EtcdConfig
+from controlplane.core.model import FailoverStep, RegionRecord
+from controlplane.core.prefix_catalog import PrefixCatalog
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
 
 VICTIM = "us-east"
 
@@ -68,7 +74,11 @@ def demo_topology(
             "lease_ttl_s": 3,
         },
         "recovery": {"step_percent": 25, "step_interval_s": 1.0},
-        "prewarm": {"budget_s": 30},
+        # The demo's traffic has a dozen shared system prompts (a few dozen prefix
+        # levels): the top 1 % of so few is one prefix, so the demo warms the top quarter.
+        "prewarm": {"budget_s": 30, "top_fraction": 0.25, "verify": 4},
+        # The demo's system prompts are ~400 characters: count a level every 32 tokens.
+        "prefixes": {"level_tokens": 32, "export_interval_s": 1.0, "aggregate_interval_s": 1.0},
     }
 
 
@@ -83,6 +93,7 @@ async def run_demo(demo: Demo, sessions: int, interval_s: float) -> dict[str, ob
         cp_targets = [f"127.0.0.1:{p}" for p in cp_ports.values()]
         topo_path = demo.workdir / "topology.yaml"
         topo = demo_topology(etcd.endpoints, agent_ports, demo.sim_ports)
+        demo.etcd_endpoints, demo.keys = etcd.endpoints, Keys(str(topo["cluster"]))
         topo_path.write_text(yaml.safe_dump(topo))
         print(f"topology: {topo_path}", flush=True)
         for r in REGIONS:
@@ -111,6 +122,8 @@ async def run_demo(demo: Demo, sessions: int, interval_s: float) -> dict[str, ob
             await demo.traffic.stop()
             for c in channels:
                 await c.close()
+            if demo.store is not None:
+                await demo.store.close()
     finally:
         demo.stop_all()
         await asyncio.to_thread(etcd.stop)
@@ -143,6 +156,13 @@ async def story(
     demo.say(f"every session pinned and answered: {traffic.distribution()}")
 
     victim = VICTIM
+    catalog = await _wait_catalog(demo, victim, 30)
+    demo.say(
+        f"PREFIXES: the leader's catalog of {victim} holds {len(catalog.entries)} prefixes "
+        f"counted by {catalog.gateways} gateway(s); "
+        f"{sum(e.payload is not None for e in catalog.entries)} may leave (seen from "
+        f"{catalog.min_sessions}+ sessions)"
+    )
     homed = [s for s in traffic.sessions if s.home == victim]
     demo.say(f"BLACKOUT {victim}: SIGKILL both of its vLLM replicas")
     t_kill = time.monotonic()
@@ -178,6 +198,11 @@ async def story(
         + ", ".join(f"{r} {n}" for r, n in traffic.serving(homed).items())
         + f"; {len(traffic.failures)} requests failed meanwhile"
     )
+
+    record = await _wait_prewarmed(demo, victim, 40)
+    pre = record.failover.prewarm_result if record.failover else {}
+    figures["prewarm"] = pre
+    demo.say(prewarm_line(pre))
 
     leader = st.leader
     demo.say(f"KILL the control-plane leader {leader} (SIGKILL; its lease must expire)")
@@ -233,6 +258,57 @@ async def story(
     )
     figures["audit_entries"] = len(hist.events)
     return figures
+
+
+def prewarm_line(pre: dict[str, float]) -> str:
+    """One line on what the failover's pre-warm did, from its record."""
+    if not pre.get("prefixes_total"):
+        return "PRE-WARM: nothing to warm (no prefix may leave the region yet)"
+    return (
+        f"PRE-WARM: {pre.get('prefixes_warmed', 0):g} of {pre['prefixes_total']:g} top prefixes "
+        f"replayed on the targets in {pre.get('elapsed_s', 0):.2f}s (budget "
+        f"{pre.get('budget_s', 0):g}s, attainment {pre.get('attained_fraction', 0):.0%}); "
+        + (
+            f"hit rate of a second send, by vLLM: {pre['verified_hit_rate']:.0%} "
+            f"({pre['verified']:g} prefixes)"
+            if pre.get("verified")
+            else "not verified (live traffic on the targets hides each request's hits)"
+        )
+    )
+
+
+async def _store(demo: Demo) -> EtcdStore:
+    if demo.store is None:
+        demo.store = EtcdStore(EtcdConfig(endpoints=demo.etcd_endpoints))
+        await demo.store.connect()
+    return demo.store
+
+
+async def _wait_catalog(demo: Demo, region: str, within: float) -> PrefixCatalog:
+    store = await _store(demo)
+    deadline = time.monotonic() + within
+    while True:
+        kv = await store.get(demo.keys.prefixes(region))
+        if kv is not None:
+            catalog = decode(PrefixCatalog, kv.value, kv.key)
+            if any(e.payload is not None for e in catalog.entries):
+                return catalog
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no prefix of {region} may leave after {within:g}s")
+        await asyncio.sleep(0.2)
+
+
+async def _wait_prewarmed(demo: Demo, region: str, within: float) -> RegionRecord:
+    store = await _store(demo)
+    deadline = time.monotonic() + within
+    while True:
+        kv = await store.get(demo.keys.region_state(region))
+        rec = None if kv is None else decode(RegionRecord, kv.value, kv.key)
+        if rec is not None and rec.failover and FailoverStep.PREWARM in rec.failover.done:
+            return rec
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{region}'s failover did not pre-warm within {within:g}s")
+        await asyncio.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:

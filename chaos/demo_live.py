@@ -20,6 +20,8 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.demo_traffic import Traffic
 from chaos.procs import Proc, start_agent, start_gateway, start_simulator
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
 
 REGIONS = ("us-east", "us-west", "us-central")
 REPLICAS_PER_REGION = 2
@@ -37,6 +39,11 @@ HEALTH = {
 }
 
 
+# vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which
+# is how the pre-warm is verified while live traffic runs on the same replicas.
+SIM_ARGS = ("--enable-prompt-tokens-details",)
+
+
 @dataclass
 class Demo:
     workdir: Path
@@ -52,6 +59,9 @@ class Demo:
     last_view: str = ""
     last_spread: str = ""
     last_traffic_print: float = 0.0
+    etcd_endpoints: tuple[str, ...] = ()
+    keys: Keys = field(default_factory=Keys)
+    store: EtcdStore | None = None  # read-only: catalogs and records for the story
 
     def t(self) -> float:
         return time.monotonic() - self.t0
@@ -63,7 +73,10 @@ class Demo:
     # ---- processes ---------------------------------------------------------------------
     def start_region(self, region: str, cp_targets: list[str], agent_port: int) -> None:
         ports = self.sim_ports[region]
-        sims = [start_simulator(port=p, name=f"{region}-vllm{i}") for i, p in enumerate(ports)]
+        sims = [
+            start_simulator(port=p, name=f"{region}-vllm{i}", extra_args=SIM_ARGS)
+            for i, p in enumerate(ports)
+        ]
         self.sims[region] = sims
         self.procs += sims
         agent = start_agent(
@@ -78,7 +91,7 @@ class Demo:
 
     def restart_sims(self, region: str) -> None:
         sims = [
-            start_simulator(port=p, name=f"{region}-vllm{i}")
+            start_simulator(port=p, name=f"{region}-vllm{i}", extra_args=SIM_ARGS)
             for i, p in enumerate(self.sim_ports[region])
         ]
         self.sims[region] = sims

@@ -21,6 +21,11 @@ def problems(figures: Mapping[str, object], victim: str) -> list[str]:
             f"{figures.get('sessions_moved')} of {figures.get('victim_sessions')} "
             f"{victim} sessions moved"
         )
+    pre = figures.get("prewarm")
+    if not isinstance(pre, dict) or not pre.get("prefixes_total"):
+        out.append("the failover pre-warmed nothing")
+    elif pre.get("attained_fraction", 0) < 1:
+        out.append(f"pre-warm attained {pre.get('attained_fraction', 0):.0%} of its prefixes")
     if figures.get("bounces"):
         out.append(f"{figures['bounces']} sessions moved twice or bounced back")
     if figures.get("violations"):

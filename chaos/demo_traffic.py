@@ -108,11 +108,13 @@ class Traffic:
         for i in range(count):
             n = len(self.sessions)
             home = homes[i % len(homes)]
+            # a group's sessions share a home, so its prompt is shared inside one region
+            k = sum(1 for x in self.sessions if x.home == home)
             s = Session(
                 sid=f"{prefix}-{n:03d}-{home}",
                 home=home,
                 gateway=self.gateways[home],
-                system=system_prompt(n // self.group_size),
+                system=system_prompt((k // self.group_size) * len(homes) + homes.index(home)),
             )
             self.sessions.append(s)
             new.append(s)
