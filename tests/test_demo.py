@@ -34,6 +34,10 @@ def test_demo_fails_over_survives_a_leader_kill_and_recovers_with_sticky_session
     ]
     assert result["detect_s"] > 0 and result["leader_takeover_s"] > 0
     assert "BLACKOUT us-east" in out.stdout and "took over" in out.stdout
+    # The failover pre-warmed the targets with us-east's top prefixes, all within budget.
+    pre = result["prewarm"]
+    assert pre["prefixes_total"] >= 1 and pre["attained_fraction"] == 1.0
+    assert "PRE-WARM:" in out.stdout
 
     # Traffic ran through the gateways the whole time, and sessions stayed sticky.
     assert result["requests_ok"] > 0 and "sessions by serving region" in out.stdout
