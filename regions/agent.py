@@ -89,6 +89,7 @@ class AgentConfig(BaseModel):
     max_ttft_p99_s: float | None = Field(None, gt=0, lt=2560)  # 2560 s: the top finite bucket
     max_error_rate: float | None = Field(None, ge=0, lt=1)  # share of 5xx answers, 0..1
     warn_every: float = Field(5.0, ge=0)
+    prewarm: PrewarmServiceConfig = PrewarmServiceConfig()
 
     @model_validator(mode="after")
     def _timing(self) -> AgentConfig:
@@ -114,7 +115,7 @@ class AgentHandle:
                                   cluster=config.cluster, interval_s=config.interval)
         self.replica_set: ReplicaSet = (
             replica_set or (self.pool.pool if self.pool else StaticReplicas(config.replicas)))
-        self.prewarm_config = prewarm or PrewarmServiceConfig()
+        self.prewarm_config = prewarm or config.prewarm
         self.service: RegionAgentService | None = None
         self.view = RegionView(region=config.region, health=Health.UNKNOWN, signals={},
                                detail="not probed yet")
@@ -328,6 +329,13 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--max-error-rate", type=float, default=None, metavar="SHARE",
                    help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
                         "probes, above which the region is DEGRADED; not judged when unset")
+    p.add_argument("--prefill-tokens-per-s", type=float, default=None, metavar="RATE",
+                   help="prefill tokens/s of ONE replica, measured for your model and "
+                        "hardware (default 10,000); the leader sizes a failover's pre-warm "
+                        "with it (python -m bench prewarm measures it on the simulator)")
+    p.add_argument("--prewarm-concurrency", type=int, default=None, metavar="N",
+                   help="pre-warm replays in flight per replica (default 2): how many "
+                        "prefills a replica runs at full speed at once, plus one")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -343,7 +351,11 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
                            replicas=tuple(args.replica), pool=pool, etcd=etcd,
                            cluster=args.cluster, interval=args.interval,
                            timeout=args.timeout, max_queue=args.max_queue,
-                           max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate)
+                           max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate,
+                           prewarm=PrewarmServiceConfig(**{k: v for k, v in (
+                               ("prefill_tokens_per_s", args.prefill_tokens_per_s),
+                               ("per_replica_concurrency", args.prewarm_concurrency),
+                           ) if v is not None}))
     except ValidationError as e:
         p.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                           for err in e.errors()))

@@ -164,6 +164,16 @@ def test_cli_takes_the_thresholds() -> None:
     assert parse_args(base).max_ttft_p99_s is None and parse_args(base).max_error_rate is None
 
 
+def test_cli_takes_the_prewarm_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--region", "eu", "--control-plane", "127.0.0.1:1", "--replica", "http://a"]
+    cfg = parse_args([*base, "--prefill-tokens-per-s", "30000", "--prewarm-concurrency", "4"])
+    assert (cfg.prewarm.prefill_tokens_per_s, cfg.prewarm.per_replica_concurrency) == (30000, 4)
+    assert parse_args(base).prewarm.per_replica_concurrency == 2  # the default
+    with pytest.raises(SystemExit) as e:
+        parse_args([*base, "--prewarm-concurrency", "0"])
+    assert e.value.code == 2 and "per_replica_concurrency" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("max_error_rate", 1.0), ("max_error_rate", -0.1), ("max_ttft_p99_s", 0)]
 )
