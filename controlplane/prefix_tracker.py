@@ -1,6 +1,6 @@
 """The prefix tracker: counts prompt prefixes per region in a mergeable sketch.
 
-A gateway holds one :class:`PrefixTracker` as its ``PrefixObserver``
+A gateway holds one :class:`PrefixTracker` behind its ``PrefixObserver``
 (``regions/gateway/observe.py``). Per request it computes the prompt's level keys
 (``controlplane.core.prefixes``: vLLM-aligned block chains, or their character proxy)
 and counts each key in the serving region's **frequent-items sketch** (Apache
@@ -252,7 +252,7 @@ class _Region:
 
 
 class PrefixTracker:
-    """Implements ``regions.gateway.observe.PrefixObserver``; see the module doc."""
+    """See the module doc (``regions.gateway.observe.TrackerObserver`` adapts it)."""
 
     def __init__(self, config: TrackerConfig | None = None, *, tokenize: Tokenize | None = None):
         self.config = config or TrackerConfig()

@@ -6,8 +6,9 @@
         [--control-plane 127.0.0.1:7000,...]
 
 Forwards ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming or
-not) and ``GET /v1/models`` to the replicas (``regions[].replicas`` in the topology)
-of the region that serves each session; ``GET /health`` and ``GET /metrics`` are the
+not) and ``GET /v1/models`` to the replicas of the region that serves each session:
+the ACTIVE replicas its agent's warm pool publishes in ``pools/<region>``, else the
+topology's ``regions[].replicas``; ``GET /health`` and ``GET /metrics`` are the
 gateway's own. With ``--control-plane`` it also reports, per region, what its
 requests saw (``ReportHealth``, kind GATEWAY). Prints ``READY http://HOST:PORT`` on
 stdout once it serves; logs go to stderr. SIGTERM / SIGINT: stop accepting, finish

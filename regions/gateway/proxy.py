@@ -143,7 +143,10 @@ class Forwarder:
         Returns the response (already streamed, or to be sent); raises NoReplica."""
         balancer = self._balancers.get(region)
         if balancer is None or not balancer.replicas:
-            raise NoReplica(f"region {region!r} has no replicas configured")
+            raise NoReplica(
+                f"region {region!r} has no replica to route to (none configured, or its "
+                "warm pool has no ACTIVE replica)"
+            )
         headers = forward_headers(request)
         deadline = started + self.config.retry_deadline_s
         tried: set[str] = set()
