@@ -7,6 +7,7 @@ A bad file fails at start with one message per problem, each naming the field
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Self
 
@@ -45,8 +46,10 @@ class RegionConfig(_Strict):
     ] = ()
     replicas: Annotated[
         tuple[str, ...],
-        Field(description="Base URLs of the region's vLLM servers (or its regional load "
-              "balancer) that gateways forward to"),
+        Field(
+            description="Base URLs of the region's vLLM servers (or its regional load "
+            "balancer) that gateways forward to"
+        ),
     ] = ()
 
     @model_validator(mode="after")
@@ -198,11 +201,15 @@ class Topology(_Strict):
         return tuple(r.name for r in self.regions)
 
 
-def _describe(err: ValidationError) -> str:
+def describe_errors(err: ValidationError, tags: Collection[str] = ()) -> str:
+    """One line per problem, naming the field as the file spells it (``regions[2].zone``).
+    ``tags``: the tags of discriminated unions, which pydantic adds to the path."""
     lines = []
     for e in err.errors():
         loc = ""
         for part in e["loc"]:
+            if part in tags:
+                continue
             loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"  {loc or '(top level)'}: {msg}")
@@ -213,7 +220,7 @@ def parse_topology(data: object, source: str = "<topology>") -> Topology:
     try:
         return Topology.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source} is invalid:\n{_describe(e)}") from None
+        raise ConfigError(f"{source} is invalid:\n{describe_errors(e)}") from None
 
 
 def load_topology(path: str | Path) -> Topology:

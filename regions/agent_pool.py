@@ -37,7 +37,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from controlplane.codec import encode
-from controlplane.config import HOST_PORT, REGION_NAME, ConfigError, EtcdConfig
+from controlplane.config import (
+    HOST_PORT,
+    REGION_NAME,
+    ConfigError,
+    EtcdConfig,
+    describe_errors,
+)
 from controlplane.core.pool_members import PoolMembers
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
@@ -164,23 +170,12 @@ class AgentPoolConfig(_Strict):
         return PoolConfig(active=self.active, warm=self.warm, size=self.size, dwell=self.dwell)
 
 
-def describe(err: ValidationError) -> str:
-    """One line per problem, naming the field (``launcher.urls``) as the file spells it."""
-    lines = []
-    for e in err.errors():
-        # A discriminated union adds its tag to the path (launcher.static.urls): drop it.
-        loc = [str(p) for p in e["loc"] if p not in ("simulator", "vllm", "static")]
-        lines.append(
-            f"  {'.'.join(loc) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
-        )
-    return "\n".join(lines)
-
-
 def parse_pool_config(data: object, source: str = "<pool config>") -> AgentPoolConfig:
     try:
         return AgentPoolConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{source} is invalid:\n{describe(e)}") from None
+        launchers = ("simulator", "vllm", "static")  # the union's tags (launcher.static.urls)
+        raise ConfigError(f"{source} is invalid:\n{describe_errors(e, launchers)}") from None
 
 
 def load_pool_config(path: str | Path) -> AgentPoolConfig:

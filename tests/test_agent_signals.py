@@ -19,22 +19,12 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 from chaos.procs import start_simulator, until
 from controlplane.core.model import Health
 from regions.agent import AgentConfig, AgentHandle, RegionView, parse_args, serve_agent
+from tests.test_agent import RecordingControlPlane
 
 INJECTED_LATENCY_S = 1.5  # TTFT bucket (1.0, 2.5]: far above the threshold below
 MAX_TTFT_P99_S = 1.0
 MAX_ERROR_RATE = 0.2
 PROMPT = "the region is healthy and traffic flows to the warm replicas " * 8  # full blocks
-
-
-class RecordingControlPlane(pb_grpc.ControlPlaneServicer):
-    def __init__(self) -> None:
-        self.reports: list[pb.HealthReport] = []
-
-    async def ReportHealth(
-        self, request: pb.HealthReport, context: grpc.aio.ServicerContext
-    ) -> pb.ReportHealthResponse:
-        self.reports.append(request)
-        return pb.ReportHealthResponse(accepted=True)
 
 
 @asynccontextmanager
