@@ -252,6 +252,8 @@ class WarmPool:
                 url = await self.launcher.launch()
             elif url is None or not await self._http.healthy(url):
                 return  # a static endpoint still unreachable: COLD, re-probed next tick
+            elif self._adopt_serving(r, url, await self._http.is_sleeping(url), now):
+                return
             await self._http.sleep(url)
             if self._closing:
                 raise ReplicaError("the pool is stopping")
@@ -264,6 +266,19 @@ class WarmPool:
             self._replicas[name] = self._replicas[name].model_copy(update={"busy": False})
         self._move(Action(kind="launch", replica=name, to=WARM, reason="up and asleep"),
                    self._at(now), url)
+
+    def _adopt_serving(self, r: Replica, url: str, sleeping: bool, now: float | None) -> bool:
+        """A static endpoint found awake while the pool is short of ACTIVE ones (an agent
+        restart, or replicas that served before the pool managed them) is taken as it
+        is: it is loaded and may be serving traffic with a warm cache, so putting it to
+        sleep and waking it would cut that traffic and empty the cache for nothing. This
+        is an observation, not the COLD -> ACTIVE edge (which would route to a replica
+        never woken)."""
+        if sleeping or len(self.active()) >= self._target.active:
+            return False
+        self._put(r.model_copy(update={"state": ACTIVE, "since": self._at(now), "url": url}),
+                  "static endpoint found awake and serving: adopted as it is")
+        return True
 
     async def _observe(self, t: float) -> None:
         """Probe every replica that should be up: dead -> COLD (a managed one is reaped,

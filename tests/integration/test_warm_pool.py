@@ -191,6 +191,30 @@ async def test_static_endpoints_are_adopted_never_launched_or_stopped(
             p.kill()
 
 
+async def test_static_endpoints_found_serving_are_adopted_as_active_with_their_cache(
+    http: aiohttp.ClientSession,
+) -> None:
+    """An agent restart must not sleep (and empty) replicas that serve traffic: awake
+    static endpoints fill the ACTIVE target as they are; only the rest go to sleep."""
+    sims = start_simulators(2)
+    try:
+        prompt = long_prompt()
+        for p in sims:  # both served before the pool: warm caches
+            await complete(http, p.url, prompt, "tiny")
+        pool = WarmPool(StaticEndpoints([p.url for p in sims]), PoolConfig(active=1, warm=1))
+        await pool.start()
+        [active] = pool.active()
+        [warm] = pool.snapshot().urls(WARM)
+        assert not await is_sleeping(http, active) and await is_sleeping(http, warm)
+        before = await hits(http, active)
+        await complete(http, active, prompt, "tiny")
+        assert await hits(http, active) > before  # its cache survived the adoption
+        await pool.stop()
+    finally:
+        for p in sims:
+            p.kill()
+
+
 class FakeReplica:
     """An admin API that records every call and refuses the first prefix-cache resets
     (as vLLM does while running requests hold blocks)."""
