@@ -22,7 +22,7 @@ from regions.agent import AgentConfig, AgentHandle, serve_agent
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from regions.prewarm_executor import cache_counters
-from tests.integration.cp_harness import fast_topology, running_replica
+from tests.integration.cp_harness import Running, fast_topology, running_replica
 
 REGIONS = ("a", "b")
 
@@ -49,6 +49,7 @@ class Wired:
     topology: Topology
     gateway: GatewayServer
     agents: dict[str, AgentHandle]
+    control_plane: Running
 
 
 @contextlib.asynccontextmanager
@@ -68,7 +69,7 @@ async def wired_regions(
                     interval=0.25, timeout=0.25, listen=f"127.0.0.1:{ports[r]}",
                 ))  # fmt: skip
             await gw.start()
-            yield Wired(topo, gw, agents)
+            yield Wired(topo, gw, agents, cp)
         finally:
             await gw.stop()
             for h in agents.values():
