@@ -92,9 +92,15 @@ async def send(http: aiohttp.ClientSession, gw: GatewayServer, session: str, pro
 
 
 async def wait_catalog(
-    store: EtcdStore, keys: Keys, region: str, payloads: int, within: float = 30
+    store: EtcdStore,
+    keys: Keys,
+    region: str,
+    payloads: int,
+    within: float = 30,
+    prompts: Sequence[str] = (),
 ) -> PrefixCatalog:
-    """The region's catalog once it holds at least ``payloads`` replay payloads."""
+    """The region's catalog once it holds at least ``payloads`` replay payloads, and one
+    cut from each of ``prompts``."""  # fmt: skip
     found: list[PrefixCatalog] = []
 
     async def ready() -> bool:
@@ -103,7 +109,8 @@ async def wait_catalog(
             return False
         cat = decode(PrefixCatalog, kv.value, kv.key)
         found[:] = [cat]
-        return sum(e.payload is not None for e in cat.entries) >= payloads
+        cuts = [e.payload.prompt or "-" for e in cat.entries if e.payload is not None]
+        return len(cuts) >= payloads and all(any(p.startswith(c) for c in cuts) for p in prompts)
 
     await until(ready, within=within, every=0.2, what=f"{payloads} payloads in {region}'s catalog")
     return found[0]

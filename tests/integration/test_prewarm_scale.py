@@ -69,7 +69,9 @@ async def test_every_tenant_finds_its_prefix_warm_on_the_replica_it_lands_on(
                 for t in range(TENANTS):
                     prompt = f"{system(t)}\nSession {s} asks: question {t}-{s}?"
                     assert await send(http, w.gateway, f"t{t}-s{s}", prompt) == "a"
-            catalog = await wait_catalog(etcd_store, keys, "a", payloads=TENANTS)
+            catalog = await wait_catalog(
+                etcd_store, keys, "a", payloads=TENANTS, prompts=[system(t) for t in range(TENANTS)]
+            )
             deepest = {  # per tenant, its deepest level: what the replay warms
                 t: max((e.payload for e in catalog.entries
                         if e.payload and system(t).startswith(e.payload.prompt or "-")),
