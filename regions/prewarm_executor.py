@@ -125,6 +125,20 @@ async def cache_counters(http: aiohttp.ClientSession, replica: str) -> tuple[flo
     return gauges.get(QUERIES, 0.0), gauges.get(HITS, 0.0)
 
 
+async def settled_counters(
+    http: aiohttp.ClientSession, replica: str, queries_at_least: float, within_s: float = 2.0
+) -> tuple[float, float]:
+    """``cache_counters`` once the queries counter reached ``queries_at_least``: vLLM
+    updates its counters as it processes outputs, which may trail the HTTP answer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        q, h = await cache_counters(http, replica)
+        if q >= queries_at_least or loop.time() >= deadline:
+            return q, h
+        await asyncio.sleep(0.05)
+
+
 async def execute_prewarm(
     http: aiohttp.ClientSession,
     payloads: Sequence[ReplayPayload],
@@ -213,7 +227,7 @@ async def _verify(
             try:
                 q0, h0 = await cache_counters(http, replica)
                 prompt, cached = await replay(http, replica, payloads[i], 30.0)
-                q1, h1 = await cache_counters(http, replica)
+                q1, h1 = await settled_counters(http, replica, q0 + prompt)
             except (RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.info("pre-warm verification on %s skipped: %s", replica, e)
                 continue

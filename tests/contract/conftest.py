@@ -24,6 +24,8 @@ from chaos.vllm_cpu import SETUP_HINT, start_vllm, vllm_available
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 4096
 CPU_BLOCK_SIZE = 128  # vLLM's CPU build; the simulator is started to match
+# usage.prompt_tokens_details.cached_tokens: how pre-warm verifies under live traffic
+DETAILS = ("--enable-prompt-tokens-details",)
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def _start(kind: str) -> Proc:
         return start_simulator(
             model=SERVED_NAME,
             block_size=CPU_BLOCK_SIZE,
-            extra_args=["--max-model-len", str(MAX_MODEL_LEN)],
+            extra_args=["--max-model-len", str(MAX_MODEL_LEN), *DETAILS],
             name="contract-sim",
         )
     if not vllm_available():
@@ -49,8 +51,9 @@ def _start(kind: str) -> Proc:
         pytest.skip(message)
     # ~20 s on an idle 2-core machine, 45-75 s measured while other suites ran.
     return start_vllm(
-        served_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN, timeout=240, name="contract-vllm"
-    )
+        served_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN, timeout=240, name="contract-vllm",
+        extra_args=DETAILS,
+    )  # fmt: skip
 
 
 @pytest.fixture(

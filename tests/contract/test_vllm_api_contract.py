@@ -412,6 +412,30 @@ async def test_prefix_cache_counters(http: aiohttp.ClientSession, server: Backen
     assert hits >= (n // block - 1) * block, "the cache fills again after a reset"
 
 
+async def test_cached_tokens_equal_the_hit_counter(
+    http: aiohttp.ClientSession, server: Backend
+) -> None:
+    """With ``--enable-prompt-tokens-details`` each answer says how many of its prompt
+    tokens hit the prefix cache, and it is what ``prefix_cache_hits_total`` counts for
+    that request: pre-warm verification trusts one as much as the other."""
+    block = await block_size(http, server)
+    prompt = await long_prompt(http, server, 3 * block + block // 2)
+    first = (await complete(http, server, prompt, max_tokens=1))["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0, first
+    hits = await counter(http, server, "vllm:prefix_cache_hits_total")
+    queries = await counter(http, server, "vllm:prefix_cache_queries_total")
+    second = (await complete(http, server, prompt, max_tokens=1))["usage"]
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+
+    async def counted() -> bool:
+        now = await counter(http, server, "vllm:prefix_cache_queries_total")
+        return now >= queries + second["prompt_tokens"]
+
+    await until(counted, within=10, what="the prefix-cache queries counter to move")
+    assert cached >= 3 * block and cached % block == 0, second
+    assert await counter(http, server, "vllm:prefix_cache_hits_total") - hits == cached
+
+
 async def http_requests(
     http: aiohttp.ClientSession, server: Backend
 ) -> dict[tuple[str, ...], float]:

@@ -82,13 +82,43 @@ async def tokens(http: aiohttp.ClientSession, url: str, prompt: str) -> int:
         return int((await r.json())["count"])
 
 
-async def send(http: aiohttp.ClientSession, gw: GatewayServer, session: str, prompt: str) -> str:
-    """One completion through the gateway; the region that served it."""
+async def send_usage(
+    http: aiohttp.ClientSession, gw: GatewayServer, session: str, prompt: str
+) -> tuple[str, int]:
+    """One completion through the gateway; the region that served it and its prompt
+    tokens."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
     async with http.post(gw.url + "/v1/completions", json=body,
                          headers={"x-session-id": session}) as r:  # fmt: skip
         assert r.status == 200, await r.text()
-        return r.headers["x-tectonic-region"]
+        return r.headers["x-tectonic-region"], int((await r.json())["usage"]["prompt_tokens"])
+
+
+async def send(http: aiohttp.ClientSession, gw: GatewayServer, session: str, prompt: str) -> str:
+    """One completion through the gateway; the region that served it."""
+    return (await send_usage(http, gw, session, prompt))[0]
+
+
+async def first_hits(
+    http: aiohttp.ClientSession,
+    gw: GatewayServer,
+    session: str,
+    prompt: str,
+    replicas: Sequence[str],
+) -> tuple[str, float]:
+    """Send one request through the gateway (nothing else may run on ``replicas``); the
+    region that served it and how far ``vllm:prefix_cache_hits_total`` moved on
+    ``replicas``, read once the queries counter has counted the request (vLLM updates
+    its counters as it processes outputs, which may trail the answer)."""  # fmt: skip
+    q0 = sum(await queries_of(http, replicas))
+    h0 = await hits_across(http, replicas)
+    region, n = await send_usage(http, gw, session, prompt)
+
+    async def counted() -> bool:
+        return sum(await queries_of(http, replicas)) >= q0 + n
+
+    await until(counted, within=10, every=0.05, what="the queries counter to count the request")
+    return region, await hits_across(http, replicas) - h0
 
 
 async def wait_catalog(

@@ -26,7 +26,7 @@ from controlplane.core.model import RegionState
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (
-    hits_across,
+    first_hits,
     send,
     tokens,
     wait_catalog,
@@ -101,14 +101,11 @@ async def test_failover_prewarms_the_target_and_vllm_counts_the_hits(
 
             # 3. The first request for the top prefix in b: vLLM counts pre-warmed hits.
             prompt = f"{SYSTEM}\nUser 99 asks a first question: can I change my address?"
-            before = await hits_across(http, [vllm_b.url])
-            assert await send(http, w.gateway, "newcomer", prompt) == "b"
-            hits = await hits_across(http, [vllm_b.url]) - before
-            assert hits >= replayed - BLOCK, (hits, replayed)
+            region, hits = await first_hits(http, w.gateway, "newcomer", prompt, [vllm_b.url])
+            assert region == "b" and hits >= replayed - BLOCK, (region, hits, replayed)
 
             # 4. Without pre-warm the same first request hits nothing.
             async with http.post(vllm_b.url + "/reset_prefix_cache") as r:
                 assert r.status == 200
-            before = await hits_across(http, [vllm_b.url])
-            assert await send(http, w.gateway, "newcomer-2", prompt) == "b"
-            assert await hits_across(http, [vllm_b.url]) - before == 0
+            region, hits = await first_hits(http, w.gateway, "newcomer-2", prompt, [vllm_b.url])
+            assert region == "b" and hits == 0

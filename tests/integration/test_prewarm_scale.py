@@ -21,7 +21,7 @@ from chaos.procs import Proc, start_simulators
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (
-    hits_across,
+    first_hits,
     queries_of,
     send,
     tokens,
@@ -97,9 +97,8 @@ async def test_every_tenant_finds_its_prefix_warm_on_the_replica_it_lands_on(
 
             for t in range(TENANTS):
                 prompt = f"{system(t)}\nA new user asks: anything new for {t}?"
-                before = await hits_across(http, urls["b"])
-                assert await send(http, w.gateway, f"new-{t}", prompt) == "b"
-                hits = await hits_across(http, urls["b"]) - before
+                region, hits = await first_hits(http, w.gateway, f"new-{t}", prompt, urls["b"])
+                assert region == "b"
                 warm = await tokens(http, urls["b"][0], deepest[t].prompt or "")
                 whole = await tokens(http, urls["b"][0], system(t))
                 assert warm >= whole - LEVEL - BLOCK  # covered to its last counted level
