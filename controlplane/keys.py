@@ -57,6 +57,9 @@ class Keys:
         """The lease shared by every session written in time bucket ``bucket``."""
         return f"{self.root}session-leases/{bucket}"
 
+    def degradation_prefix(self) -> str:
+        return self.root + "degradation/"
+
     def degradation(self, region: str) -> str:
         return f"{self.root}degradation/{region}"
 

@@ -2,9 +2,11 @@
 
 Per request: read the body (bounded), validate just what routing needs, take the
 session key (a configurable header, else the body's ``user`` field), resolve the
-region (local cache, read-through to etcd on a miss), tell the prefix observer
-(the whole prompt, for pre-warm), pick a replica by prompt prefix, forward and stream
-back. Every answer says which region served it in ``x-tectonic-region``.
+region (local cache, read-through to etcd on a miss), apply that region's degradation
+actuators (``actuators.py``: shed, cap the context, force ``parallel_tool_calls`` off),
+tell the prefix observer (the whole prompt, for pre-warm), pick a replica by prompt
+prefix, forward and stream back. Every answer says which region served it in
+``x-tectonic-region``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from controlplane.core.degradation import FeatureFlags
 from controlplane.core.sessions import NoRegionServing, serving
 from controlplane.session_store import InvalidSessionId, validate_session_id
+from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
 from regions.gateway.proxy import Forwarder, NoReplica, json_error
@@ -30,6 +34,7 @@ from regions.gateway.sessions import SessionResolver
 log = logging.getLogger("tectonic.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NO_REGION = "none"  # the region label of requests refused before a region was chosen
+NOT_DEGRADED = FeatureFlags()
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class AppConfig:
     max_body_bytes: int = 1 << 20
     prefix_chars: int = DEFAULT_PREFIX_CHARS
     retry_after_s: int = 1
+    actuators: ActuatorConfig = field(default_factory=ActuatorConfig)
 
 
 class GatewayApp:
@@ -50,8 +56,11 @@ class GatewayApp:
         forwarder: Forwarder,
         metrics: GatewayMetrics,
         observer: PrefixObserver | None = None,
+        flags: Callable[[str], FeatureFlags] | None = None,
     ) -> None:
         self.config = config
+        # A region's degradation flags (DegradationCache.flags); None: never degraded.
+        self.flags: Callable[[str], FeatureFlags] = flags or (lambda region: NOT_DEGRADED)
         self.routing = routing
         self.resolver = resolver
         self.forwarder = forwarder
@@ -88,6 +97,17 @@ class GatewayApp:
                 region = await self.resolver.region_for(session)
             else:
                 region = self.resolver.region_for_sessionless(req.prefix)
+            # The serving region's flags: it is that region that is short of capacity.
+            cfg = self.config.actuators
+            prio = priority(request.headers.get(cfg.priority_header), cfg.default_priority)
+            acted = actuate(req, region, self.flags(region), prio, cfg)
+            if isinstance(acted, Refusal):
+                return self._degraded(region, acted)
+            for action in acted.actions:
+                self.metrics.degrade(region, action)
+            body = acted.body
+            if acted.truncated:  # the prompt changed: count and route the one sent
+                req = parse(endpoint, body, self.config.prefix_chars)
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except InvalidSessionId as e:
@@ -122,6 +142,22 @@ class GatewayApp:
         self.metrics.error(NO_REGION, "bad_request")
         self.metrics.request(NO_REGION, status)
         return json_error(status, message, error_type(status), param=param)
+
+    def _degraded(self, region: str, refusal: Refusal) -> web.Response:
+        """A request an actuator refused: counted as degraded, not as an error (the region
+        is working as told; this gateway's health vote never sees it)."""
+        self.metrics.degrade(region, refusal.action)
+        self.metrics.request(region, refusal.status)
+        headers = None
+        if refusal.retry_after_s is not None:
+            headers = {"Retry-After": str(refusal.retry_after_s)}
+        return json_error(
+            refusal.status,
+            refusal.message,
+            error_type(refusal.status),
+            param=refusal.param,
+            headers=headers,
+        )
 
     def _unavailable(self, region: str, kind: str, message: str) -> web.Response:
         """503 with Retry-After: the client should retry shortly (a failover is usually

@@ -93,6 +93,13 @@ class GatewayMetrics:
             "etcd revision of the routing the gateway follows",
             registry=r,
         )
+        self.degraded = Counter(
+            "tectonic_gateway_degraded",
+            "Requests a degradation actuator acted on, by serving region and action "
+            "(shed, context_rejected, context_truncated, parallel_tool_calls_off)",
+            ["region", "action"],
+            registry=r,
+        )
         self._requests: dict[tuple[str, int], Counter] = {}
         self._errors: dict[tuple[str, str], Counter] = {}
         self._first: dict[str, Histogram] = {}
@@ -121,6 +128,10 @@ class GatewayMetrics:
         if child is None:
             child = self._retries[region] = self.retries.labels(region)
         child.inc()
+
+    def degrade(self, region: str, action: str) -> None:
+        # Only degraded requests get here: labels() without a child cache is fine.
+        self.degraded.labels(region, action).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

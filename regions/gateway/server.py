@@ -5,9 +5,10 @@ Start-up waits for the first full read of ``routing/`` and ``pools/`` (a gateway
 does not know where traffic goes must not guess); after that, etcd being down only
 means serving from the caches. A region whose agent runs a warm pool routes to the
 ACTIVE replicas in ``pools/<r>`` (its WARM ones sleep); any other region to the
-topology's ``regions[].replicas``. Shutdown is graceful: ``/health`` turns 503, the
-listener closes, requests in flight get ``grace_s`` to finish, then the background
-tasks stop.
+topology's ``regions[].replicas``. ``degradation/`` is followed too (the actuators read
+the serving region's flags), but start-up does not wait for it: no record means nothing
+is degraded. Shutdown is graceful: ``/health`` turns 503, the listener closes, requests
+in flight get ``grace_s`` to finish, then the background tasks stop.
 
 Unless turned off, a ``PrefixTracker`` counts every request's prompt and a
 ``PrefixExporter`` ships its export to etcd for the leader (``prefix_export``).
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
@@ -32,6 +33,7 @@ from controlplane.session_store import SessionStore
 from controlplane.store.etcd import EtcdStore
 from controlplane.store.port import Store
 from regions.gateway.app import AppConfig, GatewayApp
+from regions.gateway.degradation_cache import DegradationCache
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.observe import PrefixObserver, TrackerObserver
 from regions.gateway.pool_cache import PoolCache
@@ -119,6 +121,7 @@ class GatewayServer:
             for r in topo.regions
         }
         self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
+        self.degradation = DegradationCache(self.store, self.keys)
         self.pool = new_pool(options.proxy)
         self.reporter: HealthReporter | None = None
         if options.control_planes:
@@ -153,8 +156,20 @@ class GatewayServer:
             self.exporter = PrefixExporter(
                 self.store, self.keys, self.tracker, options.export_options()
             )
+        app_config = options.app
+        if app_config.actuators.chars_per_token is None:
+            # The context cap estimates tokens with the prefix proxy's calibrated ratio.
+            ratio = topo.prefixes.chars_per_token
+            actuators = replace(app_config.actuators, chars_per_token=ratio)
+            app_config = replace(app_config, actuators=actuators)
         self.app = GatewayApp(
-            options.app, self.routing, self.resolver, self.forwarder, self.metrics, observer
+            app_config,
+            self.routing,
+            self.resolver,
+            self.forwarder,
+            self.metrics,
+            observer,
+            flags=self.degradation.flags,
         )
         self.runner = web.AppRunner(
             self.app.app(), access_log=None, shutdown_timeout=options.grace_s, handle_signals=False
@@ -232,6 +247,7 @@ class GatewayServer:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.routing.run(), name="routing-watch")
             tg.create_task(self.pool_cache.run(), name="pools-watch")
+            tg.create_task(self.degradation.run(), name="degradation-watch")
             tg.create_task(self.resolver.run(), name="pin-reconcile")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
