@@ -33,6 +33,9 @@ class DegradationRecord(Frozen):
 
     region: str
     applied: tuple[str, ...] = ()  # ladder step names, in the order they were applied
+    # Steps restored since the last apply, last one last: recovery's guard re-applies
+    # the last of them, and must know it after a leader change too.
+    restored: tuple[str, ...] = ()
     flags: FeatureFlags = FeatureFlags()
     since: float = 0.0  # when the last step was applied or restored
     reason: str = ""

@@ -1,0 +1,97 @@
+"""Loads ``runbooks/degradation.yaml`` and exports its JSON schema (DESIGN.md §5).
+
+Check a file (exit 0, or 2 with one line per problem):
+``python -m controlplane.ladder_file check runbooks/degradation.yaml``; regenerate the
+schema: ``python -m controlplane.ladder_file schema > runbooks/degradation.schema.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from controlplane.config import ConfigError, RecoveryConfig, describe_errors
+from controlplane.core.ladder import ACTUATORS, Ladder
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "runbooks" / "degradation.yaml"
+
+
+def parse_ladder(data: object, source: str = "<ladder>") -> Ladder:
+    try:
+        return Ladder.model_validate(data)
+    except ValidationError as e:
+        # The actuator kinds are union tags that pydantic puts in the path; drop them.
+        raise ConfigError(f"{source} is invalid:\n{describe_errors(e, ACTUATORS)}") from None
+
+
+def load_ladder(path: str | Path = DEFAULT_PATH) -> Ladder:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read ladder file {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    return parse_ladder(data, str(p))
+
+
+def recovery_config(ladder: Ladder) -> RecoveryConfig:
+    """The graduated traffic part of the file, in the shape the reconcile loop reads."""
+    return RecoveryConfig(
+        step_percent=ladder.recovery.step_percent,
+        step_interval_s=ladder.recovery.step_interval_s,
+    )
+
+
+def schema_text() -> str:
+    """The committed ``runbooks/degradation.schema.json``, byte for byte."""
+    schema = Ladder.model_json_schema()
+    schema["title"] = "Tectonic degradation ladder (runbooks/degradation.yaml)"
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def describe(ladder: Ladder) -> str:
+    lines = []
+    for i, s in enumerate(ladder.steps, 1):
+        lines.append(
+            f"  {i}. {s.name}: {s.degrades} off via {s.actuator.kind} ({s.actuator.where}), "
+            f"saves ~{s.saves.capacity_gain_percent:g} %"
+        )
+    r = ladder.recovery
+    lines.append(
+        f"  recovery: {r.steps} steps of {r.step_percent:g} % every {r.step_interval_s:g}s "
+        f"(~{r.duration_s:g}s); never degraded: {', '.join(ladder.never_degraded)}"
+    )
+    return "\n".join(lines)
+
+
+USAGE = "usage: python -m controlplane.ladder_file {schema | check [FILE]}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["schema"] and len(args) == 1:
+        sys.stdout.write(schema_text())
+        return 0
+    if args[:1] == ["check"] and len(args) <= 2:
+        path = Path(args[1]) if len(args) == 2 else DEFAULT_PATH
+        try:
+            ladder = load_ladder(path)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"{path}: ok, {len(ladder.steps)} steps in this order:\n{describe(ladder)}")
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
