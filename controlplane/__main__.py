@@ -9,8 +9,11 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from controlplane.config import ConfigError, Topology, load_topology, parse_topology
+from controlplane.core.ladder import Ladder
+from controlplane.ladder_file import load_ladder
 
 EXAMPLES = """examples:
   python -m controlplane --topology examples/topology.yaml --id cp-1 --listen 127.0.0.1:50051
@@ -65,14 +68,21 @@ def _summary(t: Topology) -> str:
     return "\n".join(lines)
 
 
-async def _run(t: Topology, replica_id: str, listen: str, http_listen: str | None) -> None:
+async def _run(
+    t: Topology, replica_id: str, listen: str, http_listen: str | None, ladder: Ladder | None
+) -> None:
     from controlplane.server import ControlPlaneReplica
     from controlplane.store.etcd import EtcdStore
 
     store = EtcdStore(t.etcd)
     await store.connect()
     replica = ControlPlaneReplica(
-        topology=t, store=store, replica_id=replica_id, listen=listen, http_listen=http_listen
+        topology=t,
+        store=store,
+        replica_id=replica_id,
+        listen=listen,
+        http_listen=http_listen,
+        ladder=ladder,
     )
     task = asyncio.create_task(replica.run())
     started = asyncio.create_task(replica.started.wait())
@@ -103,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             data = t.model_dump()
             data["etcd"]["endpoints"] = args.etcd.split(",")
             t = parse_topology(data, "--etcd")
+        ladder = (
+            None
+            if t.degradation_ladder is None
+            else load_ladder(Path(args.topology).parent / t.degradation_ladder)
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -110,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         print(_summary(t))
         return 0
     logging.getLogger("tectonic").info("starting\n%s", _summary(t))
-    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None))
+    if ladder is not None:
+        logging.getLogger("tectonic").info(
+            "degradation ladder %s: %s", t.degradation_ladder, " -> ".join(ladder.names)
+        )
+    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder))
     return 0
 
 

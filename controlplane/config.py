@@ -171,6 +171,9 @@ class Topology(_Strict):
     timing: TimingConfig = TimingConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     prewarm: PrewarmConfig = PrewarmConfig()
+    # The degradation ladder file (runbooks/degradation.yaml), relative to the topology
+    # file; None: no ladder, degraded regions keep every feature.
+    degradation_ladder: str | None = None
     prefixes: PrefixesConfig = PrefixesConfig()
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from controlplane.core.model import HealthReport
 from controlplane.core.snapshot import Snapshot
 from controlplane.election import NotLeader
 from controlplane.keys import Keys
+from controlplane.ladder_runner import LadderRunner
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
 from controlplane.snapshot_reader import read_snapshot
@@ -58,7 +59,9 @@ class ReconcileLoop:
         prober: AgentProber | None,
         actor: str,
         observer: TickObserver | None = None,
+        ladder: LadderRunner | None = None,
     ) -> None:
+        self.ladder = ladder
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
         self.actor, self.observer = actor, observer
@@ -91,6 +94,11 @@ class ReconcileLoop:
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
         await self.orchestrator.apply(result)
+        if self.ladder is not None:
+            try:
+                await self.ladder.tick(snap)
+            except NotLeader:
+                return None
         summary = result.summary()
         if summary != "no change":
             log.info("tick: %s", summary)

@@ -30,8 +30,10 @@ from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
 from controlplane.clock import Clock, SystemClock
 from controlplane.config import Topology
+from controlplane.core.ladder import Ladder
 from controlplane.election import LeaderElection
 from controlplane.keys import Keys
+from controlplane.ladder_runner import LadderRunner
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
@@ -60,6 +62,7 @@ class ControlPlaneReplica:
     probe_agents: bool = True
     prewarmer: Prewarmer | None = None
     http_listen: str | None = None  # host:port (port 0: any free one); None: no HTTP API
+    ladder: Ladder | None = None  # the degradation ladder; None: no degradation steps
 
     port: int = 0
     http_port: int = 0
@@ -117,6 +120,13 @@ class ControlPlaneReplica:
             self.prober,
             self.replica_id,
             observer=self.metrics,
+            ladder=(
+                None
+                if self.ladder is None
+                else LadderRunner(
+                    self.store, self.keys, t, self.ladder, self.election.fence, self.replica_id
+                )
+            ),
         )
         self.prefixes = PrefixAggregator(
             self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names

@@ -12,6 +12,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.config import Topology, parse_topology
+from controlplane.core.ladder import Ladder
 from controlplane.server import ControlPlaneReplica
 from controlplane.store.etcd import EtcdStore
 
@@ -58,7 +59,10 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running_replica(
-    topology: Topology, replica_id: str = "cp-a", http_listen: str | None = None
+    topology: Topology,
+    replica_id: str = "cp-a",
+    http_listen: str | None = None,
+    ladder: Ladder | None = None,
 ) -> AsyncIterator[Running]:
     """``http_listen`` (e.g. ``127.0.0.1:0``) also serves the HTTP API, on
     ``replica.http_port``."""
@@ -70,6 +74,7 @@ async def running_replica(
         replica_id=replica_id,
         probe_agents=False,
         http_listen=http_listen,
+        ladder=ladder,
     )
     task = asyncio.create_task(replica.run())
     await asyncio.wait_for(replica.started.wait(), 10)
