@@ -33,6 +33,7 @@ from controlplane.config import Topology
 from controlplane.core.ladder import Ladder
 from controlplane.election import LeaderElection
 from controlplane.keys import Keys
+from controlplane.ladder_file import recovery_config
 from controlplane.ladder_runner import LadderRunner
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
@@ -69,6 +70,17 @@ class ControlPlaneReplica:
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        if self.ladder is not None:
+            # The ladder file is the source of truth for recovery's pace too (DESIGN §5).
+            pace = recovery_config(self.ladder)
+            if pace != self.topology.recovery and "recovery" in self.topology.model_fields_set:
+                log.warning(
+                    "recovery pace from the degradation ladder (%g %% every %gs) overrides "
+                    "the topology's recovery section",
+                    pace.step_percent,
+                    pace.step_interval_s,
+                )
+            self.topology = self.topology.model_copy(update={"recovery": pace})
         self.keys = Keys(self.topology.cluster)
         self.metrics = ControlPlaneMetrics()
         self.stopping = asyncio.Event()

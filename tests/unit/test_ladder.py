@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.config import ConfigError
+from controlplane.config import ConfigError, parse_topology
 from controlplane.core.degradation import DegradationRecord, FeatureFlags
 from controlplane.core.ladder import Ladder, flags_for, with_headroom
 from controlplane.core.ladder_executor import (
@@ -21,6 +21,8 @@ from controlplane.core.ladder_executor import (
 )
 from controlplane.core.model import RegionState
 from controlplane.ladder_file import load_ladder, main, parse_ladder, recovery_config, schema_text
+from controlplane.server import ControlPlaneReplica
+from controlplane.store.memory import MemoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 DEG, REC = LadderMode.DEGRADING, LadderMode.RECOVERING
@@ -284,3 +286,15 @@ def test_mode_for() -> None:
     assert mode_for(RegionState.NORMAL) is REC
     assert mode_for(RegionState.RECOVERED) is REC
     assert mode_for(RegionState.FAILING_OVER, short_of_headroom=True) is LadderMode.FROZEN
+
+
+async def test_a_replica_with_a_ladder_recovers_at_the_files_pace() -> None:
+    topo = parse_topology({
+        "regions": [{"name": "a", "zone": "z", "agent": "127.0.0.1:1", "capacity_rps": 1}],
+        "recovery": {"step_percent": 50, "step_interval_s": 1},
+    })  # fmt: skip
+    ladder = load_ladder()
+    replica = ControlPlaneReplica(topology=topo, store=MemoryStore(), replica_id="t", ladder=ladder)
+    assert replica.topology.recovery == recovery_config(ladder) != topo.recovery
+    plain = ControlPlaneReplica(topology=topo, store=MemoryStore(), replica_id="t")
+    assert plain.topology.recovery == topo.recovery
