@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import failover, gateway, prefixes, prewarm, sessions
+from bench import failover, gateway, prefixes, prewarm, recovery, sessions
 
 
 class BenchModule(Protocol):
@@ -63,6 +63,13 @@ BENCHES = (
         "Pre-warm on simulator replicas: how fast the executor warms every prefix and at "
         "what share of the prefill capacity (1, 2, 4 replays per replica), that its budget "
         "cuts it off on time, and the first requests' TTFT and prefix-cache hits warm vs cold.",
+    ),
+    BenchInfo(
+        "recovery",
+        recovery,
+        "A region takes its traffic back after a failover with cold caches, through a real "
+        "gateway on simulators under load: first-token p99 during graduated recovery and "
+        "when restoring everything at once, each over the steady-state p99.",
     ),
 )
 

@@ -1,0 +1,546 @@
+"""``python -m bench recovery``: first-token latency while a region takes its traffic back.
+
+After a failover, home region ``us-east`` comes back with cold prefix caches and empty
+queues. A real etcd, ``--replicas`` simulators per region (home ``us-east``, target
+``us-west``) and one gateway process for home run; the bench writes ``routing/us-east``
+as the leader would (``routing_recovery_step``) and the gateway's sessions follow it.
+The load: Poisson session arrivals, each session a few streaming completions sharing
+its tenant's long system prompt; client-side TTFT, serving region and cache hit kept
+per request. Each round: home warm, **steady** window; then twice **failover** (all to
+the target, home drained and ``/reset_prefix_cache``) and a **recovery** window,
+graduated (``--step-percent`` every ``--step-interval`` s) or all at once, in
+alternating order. Ratios: window p99 ÷ the round's steady p99; headline = medians
+over rounds. Figures and sizing: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import string
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import aiohttp
+
+from bench._common import (
+    BenchError,
+    Reporter,
+    at_least,
+    goals_and_met,
+    kill_all,
+    main,
+    percentile,
+    write_topology,
+)
+from chaos.local_etcd import EtcdServer
+from chaos.procs import Proc, read_ready, spawn, start_simulators
+from controlplane.codec import encode
+from controlplane.config import EtcdConfig
+from controlplane.core.failover import routing_recovery_step
+from controlplane.core.model import Routing
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
+from regions.probe_vllm import parse_gauges
+
+HOME, TARGET = "us-east", "us-west"
+CLUSTER = "bench-recovery"
+MODEL = "tiny"
+_BUSY = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
+
+
+@dataclass(frozen=True)
+class Goals:
+    p99_ratio_recovery: float = 1.2  # graduated recovery's p99 ÷ steady p99
+
+
+GOALS = Goals()
+
+
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 3
+    tenants: int = 200
+    zipf: float = 1.0
+    prompt_tokens: int = 2000
+    sessions_per_s: float = 12.0
+    turns: int = 3
+    think_s: float = 0.5
+    max_tokens: int = 4
+    replicas: int = 2  # per region
+    engine_seqs: int = 2
+    prefill_rate: float = 20_000.0
+    decode_rate: float = 1_000.0
+    kv_blocks: int = 32_768
+    step_percent: int = 10
+    step_interval: float = 1.0
+    steady_s: float = 10.0
+    failover_s: float = 4.0
+    seed: int = 1
+    quiet: bool = False
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(100 / self.step_percent)
+
+    @property
+    def window_s(self) -> float:
+        return self.steps * self.step_interval
+
+
+@dataclass(frozen=True)
+class Rec:
+    sent: float  # monotonic
+    ttft_s: float | None  # None: failed
+    region: str
+    cold: bool  # fewer than half the prompt's tokens hit the prefix cache
+
+
+# ---- the workload -----------------------------------------------------------------------
+
+
+def system_prompt(i: int, words: int, seed: int) -> str:
+    """Tenant ``i``'s system prompt: distinct from its first characters (so tenants spread
+    over the gateway's ring), words of 1-4 letters (one simulator token each)."""
+    rng = random.Random(seed * 1_000_003 + i)
+    body = " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 4))) for _ in range(words)
+    )
+    return f"{i:05d} tenant system prompt: {body}"
+
+
+def body_for(prompt: str, o: Options) -> dict[str, object]:
+    return {
+        "model": MODEL, "prompt": prompt, "max_tokens": o.max_tokens, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+
+
+async def completion(
+    http: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str]
+) -> tuple[float, str, int, int]:
+    """(TTFT, serving region, prompt tokens, cached tokens) of one streaming completion."""
+    ttft: float | None = None
+    prompt_tokens = cached = 0
+    t0 = time.perf_counter()
+    async with http.post(url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status != 200:
+            raise BenchError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
+        region = r.headers.get("x-tectonic-region", "")
+        async for raw in r.content:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if ttft is None and choices and choices[0].get("text"):
+                ttft = time.perf_counter() - t0
+            if usage := chunk.get("usage"):
+                prompt_tokens = int(usage["prompt_tokens"])
+                cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if ttft is None:
+        raise BenchError(f"{url}: a streaming completion brought no content")
+    return ttft, region, prompt_tokens, cached
+
+
+@dataclass
+class Load:
+    """Poisson session arrivals through the gateway, until ``stop``; every request kept."""
+
+    http: aiohttp.ClientSession
+    gateway: str
+    prompts: Sequence[str]
+    o: Options
+    rng: random.Random
+    records: list[Rec] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        weights = [1 / (i + 1) ** self.o.zipf for i in range(len(self.prompts))]
+        n = 0
+        while not stop.is_set():
+            tenant = self.rng.choices(range(len(self.prompts)), weights)[0]
+            task = asyncio.create_task(self._session(f"s{self.o.seed}-{n}", tenant))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                gap = self.rng.expovariate(self.o.sessions_per_s)
+                await asyncio.wait_for(stop.wait(), gap)
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+
+    async def _session(self, sid: str, tenant: int) -> None:
+        headers = {"x-session-id": sid}
+        for turn in range(self.o.turns):
+            if turn:
+                await asyncio.sleep(self.o.think_s)
+            prompt = f"{self.prompts[tenant]}\nUser {sid} turn {turn}: which rule applies here?"
+            sent = time.monotonic()
+            try:
+                ttft, region, tokens, cached = await completion(
+                    self.http, self.gateway, body_for(prompt, self.o), headers
+                )
+            except (BenchError, aiohttp.ClientError, TimeoutError) as e:
+                self.failures.append(str(e)[:200])
+                self.records.append(Rec(sent, None, "", False))
+                continue
+            self.records.append(Rec(sent, ttft, region, cached < tokens / 2))
+
+
+# ---- the deployment ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deployment(o: Options, tmp: Path) -> Iterator[tuple[str, str, list[str], list[str]]]:
+    """etcd, the simulators and a gateway; yields (etcd endpoint, gateway URL, home
+    replica URLs, target replica URLs)."""
+    sim_args = [
+        "--prefill-tokens-per-s", str(o.prefill_rate), "--decode-tokens-per-s",
+        str(o.decode_rate), "--max-num-seqs", str(o.engine_seqs),
+        "--num-gpu-blocks-override", str(o.kv_blocks), "--enable-prompt-tokens-details",
+        "--max-model-len", str(max(4096, o.prompt_tokens + 512)), "--log-level", "WARNING",
+    ]  # fmt: skip
+    procs: list[Proc] = []
+    with EtcdServer() as etcd:
+        try:
+            sims = start_simulators(2 * o.replicas, extra_args=sim_args, timeout=60)
+            procs += sims
+            home = [p.url for p in sims[: o.replicas]]
+            target = [p.url for p in sims[o.replicas :]]
+            regions = [
+                {"name": name, "zone": "z", "agent": "127.0.0.1:9", "capacity_rps": 1000,
+                 "replicas": urls}
+                for name, urls in ((HOME, home), (TARGET, target))
+            ]  # fmt: skip
+            topo: dict[str, object] = {
+                "cluster": CLUSTER, "etcd": {"endpoints": [etcd.endpoint]}, "regions": regions,
+            }  # fmt: skip
+            path = write_topology(tmp / "topology.yaml", topo)
+            asyncio.run(_initial_routing(etcd.endpoint))
+            gw = spawn(
+                ["-m", "regions.gateway", "--topology", str(path), "--region", HOME,
+                 "--listen", "127.0.0.1:0", "--log-level", "WARNING"],
+                "bench-recovery-gateway", stdout_pipe=True,
+            )  # fmt: skip
+            procs.append(gw)
+            gw.url = read_ready(gw, time.monotonic() + 30)
+            yield etcd.endpoint, gw.url, home, target
+        finally:
+            kill_all(procs)
+
+
+async def _initial_routing(endpoint: str) -> None:
+    async with EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store:
+        keys = Keys(CLUSTER)
+        await store.put(keys.routing(HOME), encode(Routing(targets={HOME: 1.0})))
+        await store.put(keys.routing(TARGET), encode(Routing(targets={TARGET: 1.0})))
+
+
+async def _busy(http: aiohttp.ClientSession, url: str) -> float:
+    async with http.get(url + "/metrics") as r:
+        return sum(parse_gauges(await r.text(), _BUSY).values())
+
+
+async def drain_and_reset(http: aiohttp.ClientSession, urls: Sequence[str]) -> float:
+    """Wait until no request runs or waits on ``urls``, then drop their prefix caches
+    (as a restarted replica has none); seconds it took."""
+    t0 = time.monotonic()
+    pending = list(urls)
+    while pending:
+        if time.monotonic() - t0 > 60:
+            raise BenchError(f"home replicas still busy 60 s after the failover: {pending}")
+        for u in list(pending):
+            if not await _busy(http, u):
+                async with http.post(u + "/reset_prefix_cache") as r:
+                    if r.status == 200 and (await r.json()).get("success"):
+                        pending.remove(u)
+        if pending:
+            await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def touch(
+    http: aiohttp.ClientSession, urls: Sequence[str], prompts: Sequence[str], o: Options
+) -> None:
+    """Every tenant's prompt once on each replica, directly (not recorded): warm caches,
+    as a pre-warm or a long steady state leaves them."""
+
+    async def one(url: str, mine: Sequence[str]) -> None:
+        for p in mine:
+            await completion(http, url, body_for(p + "\nwarm-up", o), {})
+
+    k = o.engine_seqs  # as many at once per replica as it runs
+    await asyncio.gather(*(one(u, prompts[i::k]) for u in urls for i in range(k)))
+
+
+# ---- phases -----------------------------------------------------------------------------
+
+
+@dataclass
+class Router:
+    """Writes ``routing/us-east`` as the leader would: one put per change, epoch + 1."""
+
+    store: EtcdStore
+    current: Routing = field(default_factory=lambda: Routing(targets={HOME: 1.0}))
+
+    async def write(self, routing: Routing) -> None:
+        self.current = routing
+        await self.store.put(Keys(CLUSTER).routing(HOME), encode(routing))
+
+    async def failover(self) -> None:
+        await self.write(Routing(targets={TARGET: 1.0}, epoch=self.current.epoch + 1))
+
+    async def recover(self, fraction: float) -> None:
+        await self.write(routing_recovery_step(self.current, HOME, fraction))
+
+
+async def recovery(router: Router, o: Options, graduated: bool) -> tuple[float, float]:
+    """One recovery from all-at-target; the window (start, end) on the monotonic clock."""
+    t0 = time.monotonic()
+    if graduated:
+        for i in range(1, o.steps + 1):
+            await asyncio.sleep(max(0.0, t0 + (i - 1) * o.step_interval - time.monotonic()))
+            await router.recover(min(1.0, i * o.step_percent / 100))
+    else:
+        await router.recover(1.0)
+    end = t0 + o.window_s
+    await asyncio.sleep(max(0.0, end - time.monotonic()))
+    return t0, end
+
+
+def window(records: Sequence[Rec], span: tuple[float, float]) -> dict[str, object]:
+    """Figures of the requests sent within ``span``."""
+    lo, hi = span
+    rs = [r for r in records if lo <= r.sent < hi]
+    ok = [r for r in rs if r.ttft_s is not None]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    warm = [r.ttft_s for r in ok if r.ttft_s is not None and not r.cold]
+    home = [r.ttft_s for r in ok if r.ttft_s is not None and r.region == HOME]
+
+    def ms(xs: Sequence[float], q: float) -> float | None:
+        p = percentile(xs, q)
+        return None if p is None else round(p * 1000, 2)
+
+    return {
+        "requests": len(rs),
+        "errors": len(rs) - len(ok),
+        "cold": sum(r.cold for r in ok),
+        "home_share": round(len(home) / len(ok), 3) if ok else None,
+        "p50_ms": ms(ttfts, 50),
+        "p99_ms": ms(ttfts, 99),
+        "max_ms": ms(ttfts, 100),
+        "p99_warm_ms": ms(warm, 99),  # requests that hit the cache: queueing only
+        "p99_home_ms": ms(home, 99),
+    }
+
+
+def _ratio(a: object, b: object) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b > 0:
+        return round(a / b, 3)
+    return None
+
+
+async def measure(
+    endpoint: str, gateway: str, home: list[str], target: list[str], o: Options, say: Reporter
+) -> dict[str, object]:
+    prompts = [system_prompt(i, max(1, o.prompt_tokens - 8), o.seed) for i in range(o.tenants)]
+    rng = random.Random(o.seed)
+    rounds: list[dict[str, object]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as http,
+        EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store,
+    ):
+        router = Router(store)
+        say.progress(f"warming {len(prompts)} tenant prompts on every replica of both regions")
+        await touch(http, [*home, *target], prompts, o)
+        load = Load(http, gateway, prompts, o, rng)
+        stop = asyncio.Event()
+        loader = asyncio.create_task(load.run(stop))
+        spans: list[dict[str, tuple[float, float]]] = []
+        try:
+            for r in range(o.rounds):
+                if r:
+                    say.progress(f"round {r + 1}: re-warming home")
+                    await touch(http, home, prompts, o)
+                await asyncio.sleep(1.0)  # the touch's queue drains
+                t = time.monotonic()
+                say.progress(f"round {r + 1}/{o.rounds}: steady state, {o.steady_s:g} s")
+                await asyncio.sleep(o.steady_s)
+                span = {"steady": (t, time.monotonic())}
+                order = [True, False] if r % 2 == 0 else [False, True]
+                for graduated in order:
+                    name = "graduated" if graduated else "all_at_once"
+                    await router.failover()
+                    drained = await drain_and_reset(http, home)
+                    say.progress(
+                        f"  failover: home drained and reset in {drained:.2f} s; "
+                        f"{o.failover_s:g} s at the target"
+                    )
+                    await asyncio.sleep(o.failover_s)
+                    say.progress(f"  recovery {name}, {o.window_s:g} s window")
+                    span[name] = await recovery(router, o, graduated)
+                spans.append(span)
+        finally:
+            stop.set()
+            await loader
+        if load.failures:
+            say.progress(f"{len(load.failures)} requests failed, e.g. {load.failures[0]}")
+    for r, span in enumerate(spans):
+        figs = {name: window(load.records, s) for name, s in span.items()}
+        steady = figs["steady"]["p99_ms"]
+        line: dict[str, object] = {
+            "round": r + 1,
+            **figs,
+            "p99_ratio_recovery": _ratio(figs["graduated"]["p99_ms"], steady),
+            "p99_ratio_all_at_once": _ratio(figs["all_at_once"]["p99_ms"], steady),
+            "p99_warm_ratio_recovery": _ratio(figs["graduated"]["p99_warm_ms"], steady),
+            "p99_warm_ratio_all_at_once": _ratio(figs["all_at_once"]["p99_warm_ms"], steady),
+        }
+        say.line(line)
+        rounds.append(line)
+    return headline(o, rounds, len(load.records), len(load.failures))
+
+
+def _median(rounds: Sequence[dict[str, object]], name: str) -> float | None:
+    xs = [float(v) for r in rounds if isinstance(v := r[name], int | float)]
+    return None if len(xs) < len(rounds) or not xs else percentile(xs, 50)
+
+
+def _each(rounds: Sequence[dict[str, object]], phase: str, name: str) -> list[object]:
+    out = []
+    for r in rounds:
+        figs = r[phase]
+        out.append(figs.get(name) if isinstance(figs, dict) else None)
+    return out
+
+
+def headline(
+    o: Options, rounds: Sequence[dict[str, object]], requests: int, errors: int
+) -> dict[str, object]:
+    names = ("p99_ratio_recovery", "p99_ratio_all_at_once", "p99_warm_ratio_recovery",
+             "p99_warm_ratio_all_at_once")  # fmt: skip
+    med = {n: _median(rounds, n) for n in names}
+    return {
+        "bench": "recovery",
+        **{n: None if v is None else round(v, 3) for n, v in med.items()},
+        "p99_ms_steady": _each(rounds, "steady", "p99_ms"),
+        "p99_ms_graduated": _each(rounds, "graduated", "p99_ms"),
+        "p99_ms_all_at_once": _each(rounds, "all_at_once", "p99_ms"),
+        "p50_ms_steady": _each(rounds, "steady", "p50_ms"),
+        "cold_graduated": _each(rounds, "graduated", "cold"),
+        "cold_all_at_once": _each(rounds, "all_at_once", "cold"),
+        "requests_per_window": _each(rounds, "graduated", "requests"),
+        "p99_ratio_recovery_rounds": [r["p99_ratio_recovery"] for r in rounds],
+        "p99_ratio_all_at_once_rounds": [r["p99_ratio_all_at_once"] for r in rounds],
+        "rounds": len(rounds),
+        "requests": requests,
+        "errors": errors,
+        "window_s": o.window_s,
+        "step_percent": o.step_percent,
+        "step_interval_s": o.step_interval,
+        "offered_rps": round(o.sessions_per_s * o.turns, 1),
+        "cold_utilization": round(rho(o, cold=True), 3),
+        "warm_utilization": round(rho(o, cold=False), 3),
+        "cores": os.cpu_count(),
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        **goals_and_met(GOALS, {"p99_ratio_recovery": med["p99_ratio_recovery"]}),
+    }
+
+
+def rho(o: Options, *, cold: bool) -> float:
+    """Home's utilization at full load (its slots busy ÷ slots) if every request were
+    cold (whole prompt prefilled) or warm (only the ~20-token question and the partial
+    last block, taken as one block plus 20 tokens)."""
+    prefill = o.prompt_tokens + 20 if cold else 16 + 20
+    service_s = prefill / o.prefill_rate + (o.max_tokens - 1) / o.decode_rate
+    return o.sessions_per_s * o.turns * service_s / (o.replicas * o.engine_seqs)
+
+
+# ---- command line -----------------------------------------------------------------------
+
+
+def run_bench(o: Options, say: Reporter) -> dict[str, object]:
+    started = time.monotonic()
+    say.progress(
+        f"starting etcd, {2 * o.replicas} simulators ({o.prefill_rate:,.0f} prefill tokens/s, "
+        f"{o.engine_seqs} running each) and a gateway; home load if all cold "
+        f"{rho(o, cold=True):.0%}, warm {rho(o, cold=False):.0%}"
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="tectonic-bench-recovery-") as tmp,
+        deployment(o, Path(tmp)) as (endpoint, gateway, home, target),
+    ):
+        result = asyncio.run(measure(endpoint, gateway, home, target, o, say))
+    result["runtime_s"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+_positive.__name__ = "number"
+
+
+def _percent(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be 1 to 100, got {value}")
+    return value
+
+
+_percent.__name__ = "percent"
+_COUNT = at_least(1, "count")
+_ARGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    ("--rounds", _COUNT, "rounds of (steady, graduated, all-at-once), order alternating"),
+    ("--tenants", _COUNT, "tenants, each with its own long system prompt"),
+    ("--zipf", float, "Zipf exponent of the tenants' popularity (0: uniform)"),
+    ("--prompt-tokens", at_least(32, "count"), "about how many tokens a system prompt has"),
+    ("--sessions-per-s", _positive, "new sessions per second (Poisson)"),
+    ("--turns", _COUNT, "requests per session"),
+    ("--think-s", _positive, "seconds between a session's answer and its next request"),
+    ("--max-tokens", _COUNT, "tokens per answer"),
+    ("--replicas", _COUNT, "simulator replicas per region"),
+    ("--engine-seqs", _COUNT, "the simulators' --max-num-seqs (sequences running at once)"),
+    ("--prefill-rate", _positive, "prefill tokens/s of one running sequence"),
+    ("--decode-rate", _positive, "decode tokens/s of one running sequence"),
+    ("--kv-blocks", _COUNT, "KV blocks per replica"),
+    ("--step-percent", _percent, "graduated recovery: weight moved home per step"),
+    ("--step-interval", _positive, "graduated recovery: seconds between steps (10 in the "
+     "control plane's default; compressed here)"),
+    ("--steady-s", _positive, "length of the steady-state window, seconds"),
+    ("--failover-s", _positive, "seconds at the target after home is reset"),
+    ("--seed", int, "seed of the prompts and the arrivals"),
+)  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = Options()
+    for flag, kind, text in _ARGS:
+        default = getattr(d, flag[2:].replace("-", "_"))
+        shown = f"{default:,g}" if isinstance(default, float) else f"{default:,}"
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {shown})")
+    p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    o = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
+    return main(
+        lambda: run_bench(o, Reporter(o.quiet)),
+        (BenchError, RuntimeError, aiohttp.ClientError, OSError),
+    )
