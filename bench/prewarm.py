@@ -50,6 +50,7 @@ from bench._common import (
     percentile,
     terminate_as_interrupt,
 )
+from bench._stream import streamed_completion
 from chaos.procs import Proc, start_simulators
 from controlplane.core.prefixes import (
     Candidate,
@@ -272,25 +273,8 @@ async def first_request(http: aiohttp.ClientSession, url: str, prompt: str) -> t
         "model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
-    ttft: float | None = None
-    tokens = 0
-    t0 = time.perf_counter()
-    async with http.post(url + "/v1/completions", json=body) as r:
-        if r.status != 200:
-            raise BenchError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if ttft is None and choices and choices[0].get("text"):
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["prompt_tokens"])
-    if ttft is None:
-        raise BenchError(f"{url}: a streaming completion brought no content")
-    return ttft, tokens
+    got = await streamed_completion(http, url, body)
+    return got.ttft_s, got.prompt_tokens
 
 
 async def first_requests(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import random
@@ -41,6 +40,7 @@ from bench._common import (
     percentile,
     write_topology,
 )
+from bench._stream import streamed_completion
 from chaos.local_etcd import EtcdServer
 from chaos.procs import Proc, read_ready, spawn, start_simulators
 from controlplane.codec import encode
@@ -128,27 +128,8 @@ async def completion(
     http: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str]
 ) -> tuple[float, str, int, int]:
     """(TTFT, serving region, prompt tokens, cached tokens) of one streaming completion."""
-    ttft: float | None = None
-    prompt_tokens = cached = 0
-    t0 = time.perf_counter()
-    async with http.post(url + "/v1/completions", json=body, headers=headers) as r:
-        if r.status != 200:
-            raise BenchError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
-        region = r.headers.get("x-tectonic-region", "")
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if ttft is None and choices and choices[0].get("text"):
-                ttft = time.perf_counter() - t0
-            if usage := chunk.get("usage"):
-                prompt_tokens = int(usage["prompt_tokens"])
-                cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    if ttft is None:
-        raise BenchError(f"{url}: a streaming completion brought no content")
-    return ttft, region, prompt_tokens, cached
+    got = await streamed_completion(http, url, body, headers)
+    return got.ttft_s, got.region, got.prompt_tokens, got.cached_tokens
 
 
 @dataclass

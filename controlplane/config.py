@@ -226,14 +226,19 @@ def parse_topology(data: object, source: str = "<topology>") -> Topology:
         raise ConfigError(f"{source} is invalid:\n{describe_errors(e)}") from None
 
 
-def load_topology(path: str | Path) -> Topology:
+def read_yaml(path: str | Path, what: str) -> object:
+    """A YAML file's data; ConfigError saying which ``what`` file could not be read or
+    parsed, and why."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
-        raise ConfigError(f"cannot read topology file {p}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {what} {p}: {e.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p} is not valid YAML: {e}") from None
-    return parse_topology(data, str(p))
+
+
+def load_topology(path: str | Path) -> Topology:
+    return parse_topology(read_yaml(path, "topology file"), str(path))

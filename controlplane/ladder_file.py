@@ -12,10 +12,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
-from controlplane.config import ConfigError, RecoveryConfig, describe_errors
+from controlplane.config import ConfigError, RecoveryConfig, describe_errors, read_yaml
 from controlplane.core.ladder import ACTUATORS, Ladder
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "runbooks" / "degradation.yaml"
@@ -30,16 +29,7 @@ def parse_ladder(data: object, source: str = "<ladder>") -> Ladder:
 
 
 def load_ladder(path: str | Path = DEFAULT_PATH) -> Ladder:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read ladder file {p}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {e}") from None
-    return parse_ladder(data, str(p))
+    return parse_ladder(read_yaml(path, "ladder file"), str(path))
 
 
 def recovery_config(ladder: Ladder) -> RecoveryConfig:

@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from controlplane.codec import encode
@@ -43,6 +42,7 @@ from controlplane.config import (
     ConfigError,
     EtcdConfig,
     describe_errors,
+    read_yaml,
 )
 from controlplane.core.pool_members import PoolMembers
 from controlplane.keys import Keys
@@ -179,14 +179,7 @@ def parse_pool_config(data: object, source: str = "<pool config>") -> AgentPoolC
 
 
 def load_pool_config(path: str | Path) -> AgentPoolConfig:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read pool config {p}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {e}") from None
-    return parse_pool_config(data, str(p))
+    return parse_pool_config(read_yaml(path, "pool config"), str(path))
 
 
 def check_replica_source(
