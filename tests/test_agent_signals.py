@@ -11,33 +11,18 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
-import grpc
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
-from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.procs import start_simulator, until
 from controlplane.core.model import Health
 from regions.agent import AgentConfig, AgentHandle, RegionView, parse_args, serve_agent
-from tests.test_agent import RecordingControlPlane
+from tests.test_agent import control_plane
 
 INJECTED_LATENCY_S = 1.5  # TTFT bucket (1.0, 2.5]: far above the threshold below
 MAX_TTFT_P99_S = 1.0
 MAX_ERROR_RATE = 0.2
 PROMPT = "the region is healthy and traffic flows to the warm replicas " * 8  # full blocks
-
-
-@asynccontextmanager
-async def control_plane() -> AsyncIterator[tuple[RecordingControlPlane, str]]:
-    servicer = RecordingControlPlane()
-    server = grpc.aio.server()
-    pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield servicer, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0)
 
 
 @asynccontextmanager
@@ -95,7 +80,7 @@ async def test_injected_latency_and_errors_move_the_signals_and_the_verdict() ->
             max_error_rate=MAX_ERROR_RATE,
         )
         async with (
-            control_plane() as (cp, target),
+            control_plane() as (cp, _, target),
             aiohttp.ClientSession() as http,
             load(sim.url),
         ):

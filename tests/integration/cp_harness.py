@@ -15,6 +15,8 @@ from controlplane.config import Topology, parse_topology
 from controlplane.core.ladder import Ladder
 from controlplane.server import ControlPlaneReplica
 from controlplane.store.etcd import EtcdStore
+from regions.gateway.app import AppConfig
+from regions.gateway.server import GatewayOptions, GatewayServer
 
 REGIONS = ("east", "west", "central", "eu")
 
@@ -143,3 +145,18 @@ async def reporting(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    topology: Topology, home: str, *, prefix_tracking: bool = True
+) -> AsyncIterator[GatewayServer]:
+    """An in-process gateway homed in ``home``, serving once it has read etcd."""
+    gw = GatewayServer(
+        GatewayOptions(topology=topology, app=AppConfig(home=home), prefix_tracking=prefix_tracking)
+    )
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()

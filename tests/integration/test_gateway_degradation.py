@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 import pytest
@@ -31,9 +31,8 @@ from controlplane.config import Topology, parse_topology
 from controlplane.core.degradation import DegradationRecord, FeatureFlags
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
-from regions.gateway.app import AppConfig
-from regions.gateway.server import GatewayOptions, GatewayServer
-from tests.integration.cp_harness import fast_topology
+from regions.gateway.server import GatewayServer
+from tests.integration.cp_harness import fast_topology, running_gateway
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 SIM_REGION, TOOLS_REGION = "east", "west"
@@ -105,16 +104,8 @@ def topology(etcd: EtcdServer, cluster: str, replicas: dict[str, str]) -> Topolo
     return parse_topology(data)
 
 
-@asynccontextmanager
-async def gateway(topo: Topology, home: str) -> AsyncIterator[GatewayServer]:
-    gw = GatewayServer(
-        GatewayOptions(topology=topo, app=AppConfig(home=home), prefix_tracking=False)
-    )
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.stop()
+def gateway(topo: Topology, home: str) -> AbstractAsyncContextManager[GatewayServer]:
+    return running_gateway(topo, home, prefix_tracking=False)
 
 
 @pytest.fixture

@@ -23,11 +23,10 @@ from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from regions.agent import AgentConfig, AgentHandle, serve_agent
 from regions.agent_pool import AgentPool, AgentPoolConfig
-from regions.gateway.app import AppConfig
-from regions.gateway.server import GatewayOptions, GatewayServer
+from regions.gateway.server import GatewayServer
 from regions.pool.states import ReplicaState
 from regions.probe_vllm import parse_gauges
-from tests.integration.cp_harness import fast_topology
+from tests.integration.cp_harness import fast_topology, running_gateway
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up: >0 once served
@@ -67,15 +66,8 @@ def topology(etcd: EtcdServer, cluster: str) -> Topology:
 async def gateway(
     etcd: EtcdServer, cluster_name: str, agent: AgentHandle
 ) -> AsyncIterator[GatewayServer]:
-    options = GatewayOptions(
-        topology=topology(etcd, cluster_name), app=AppConfig(home=REGION), prefix_tracking=False
-    )
-    gw = GatewayServer(options)
-    await gw.start()
-    try:
+    async with running_gateway(topology(etcd, cluster_name), REGION, prefix_tracking=False) as gw:
         yield gw
-    finally:
-        await gw.stop()
 
 
 @pytest.fixture
