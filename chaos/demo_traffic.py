@@ -58,6 +58,8 @@ class Session:
     served: list[str] = field(default_factory=list)  # region of each answered request
     sent: int = 0
     failing: bool = False  # its last request failed
+    # every request: (monotonic time of the answer, serving region or "" if it failed)
+    log: list[tuple[float, str]] = field(default_factory=list)
 
     @property
     def region(self) -> str:
@@ -163,6 +165,7 @@ class Traffic:
                 region = r.headers.get(REGION_HEADER, "")
                 if r.status == 200 and region:
                     s.served.append(region)
+                    s.log.append((time.monotonic(), region))
                     s.failing = False
                     self.ok += 1
                     return
@@ -174,6 +177,7 @@ class Traffic:
         except (aiohttp.ClientError, TimeoutError) as e:
             reason = type(e).__name__
         s.failing = True
+        s.log.append((time.monotonic(), ""))
         self.failures.append(Failure(time.monotonic(), s.sid, s.home, reason))
 
     # ---- the live view -------------------------------------------------------------------

@@ -101,6 +101,18 @@ class Keys:
     def audit(self, sortable_id: str) -> str:
         return f"{self.root}audit/{sortable_id}"
 
+    def drill_lock(self) -> str:
+        """Held (on the holder's lease) by the drill runner running a drill: never two
+        drills at once in one deployment, whichever process starts them."""
+        return self.root + "drills/lock"
+
+    def drill_history_prefix(self) -> str:
+        return self.root + "drills/history/"
+
+    def drill_history(self, sortable_id: str) -> str:
+        """One finished drill's summary (``DrillSummary``), kept for the history."""
+        return f"{self.root}drills/history/{sortable_id}"
+
     def region_of(self, key: str, prefix: str) -> str:
         """The first path segment after ``prefix`` (e.g. the region of a routing key)."""
         return key[len(prefix) :].split("/", 1)[0]

@@ -265,6 +265,8 @@ def _automatic(
         except PlanRefused as e:
             return None, f"{view.name} not failed over: {e}"
         return _start_failover(view, plan, "relapse" if relapse else "fail_over", now), None
+    if state is not RegionState.FAILING_OVER and view.barred:
+        return _drain_barred(snap, topology, view, actor)
     if state is RegionState.NORMAL and verdict is Health.DEGRADED:
         return _transition(
             view, "degrade", reason="SLO breach reported", actor=actor, now=now, record_changes={}
@@ -291,12 +293,38 @@ def _automatic(
         and verdict is Health.HEALTHY
         # Healthy for the whole dwell *since the failover*, not merely since the verdict.
         and now - max(h.since, rec.since) >= timing.recovery_dwell_s
+        # A failed drill keeps the region's traffic away until a passing drill or an
+        # operator override (DESIGN.md §6).
+        and not view.barred
     ):
         healthy_for = now - max(h.since, rec.since)
         return _begin_recovery(view, topology, f"healthy for {healthy_for:.0f}s", actor, now), None
     if state is RegionState.RECOVERED:
         return _recovery_write(view, topology, now, actor), None
     return None, None
+
+
+def _drain_barred(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> tuple[Write | None, str | None]:
+    """A region barred by its last drill takes no production traffic: move it away
+    like an operator's drain (warm the targets first), when the safety rules allow."""
+    ready = view.readiness
+    drill = ready.drill if ready is not None else "?"
+    relapse = view.record.state is RegionState.RECOVERED
+    try:
+        plan = plan_failover(
+            snap,
+            topology,
+            view.name,
+            reason=f"barred: its last drill {drill} failed",
+            actor=actor,
+            cooldown_s=0.0 if relapse else None,
+        )
+    except PlanRefused as e:
+        return None, f"{view.name} is barred by drill {drill} but keeps its traffic: {e}"
+    plan = plan.model_copy(update={"warm_first": True})
+    return _start_failover(view, plan, "relapse" if relapse else "fail_over", snap.now), None
 
 
 def _begin_recovery(

@@ -9,6 +9,7 @@ from controlplane.core.model import (
     Health,
     Intent,
     IntentKind,
+    Readiness,
     RegionState,
 )
 from tests.unit.world import World
@@ -249,3 +250,32 @@ def test_recovery_dwell_counts_from_the_failover_not_from_an_old_verdict() -> No
     assert w.state("us-east") == "FAILING_OVER"
     run(w, 3)
     assert w.state("us-east") == "RECOVERED" and w.now - failed_at >= 5
+
+
+def test_a_failed_drill_drains_the_region_and_holds_it_until_a_pass_or_override() -> None:
+    w = World()
+    run(w, 3)
+    w.readiness["us-east"] = Readiness(passed=False, drill="d-1", at=w.now)
+    run(w, 1)
+    assert w.state("us-east") == "FAILING_OVER"  # barred: its traffic moves away
+    rec = w.records["us-east"][0]
+    assert rec.failover is not None and rec.failover.plan.warm_first  # like a drain
+    assert "barred" in rec.reason and "d-1" in rec.reason
+    assert "us-east" not in w.targets("us-east")
+    run(w, 20)  # healthy all along, yet no recovery while barred
+    assert w.state("us-east") == "FAILING_OVER"
+    w.readiness["us-east"] = Readiness(
+        passed=False, drill="d-1", at=w.now, override_reason="fixed the auth proxy"
+    )
+    run(w, 20)
+    assert w.state("us-east") == "NORMAL" and w.targets("us-east") == {"us-east": 1.0}
+
+
+def test_a_barred_region_keeps_its_traffic_when_no_target_may_take_it() -> None:
+    w = World()
+    run(w, 3)
+    for r in REGIONS:
+        w.readiness[r] = Readiness(passed=False, drill="d-2", at=w.now)
+    result = w.tick()
+    assert all(w.state(r) == "NORMAL" for r in REGIONS)  # never route into barred regions
+    assert any("barred" in n and "keeps its traffic" in n for n in result.notes)

@@ -1,0 +1,190 @@
+"""Run a drill in a local lab: a whole deployment on this machine, synthetic chat
+sessions through its gateways, the drill, and everything stopped afterwards.
+
+    python -m chaos.lab region-blackout             # ~1 min; prints the story and verdict
+    python -m chaos.lab auth-503-storm --json
+    python -m chaos.lab leader-kill-mid-failover --dry-run
+
+The lab is what the demo and the tests run drills on, and what the drill service
+runs when it has no other target. A drill against a deployment elsewhere needs an
+adapter implementing ``chaos.runner.DrillTarget`` over that deployment's processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from chaos.demo_traffic import Traffic
+from chaos.deployment import DeploymentSpec, LocalDeployment
+from chaos.drill_result import DrillResult, Sample
+from chaos.runner import DrillRunner, dump
+from chaos.scenario import Scenario, find_scenario
+from controlplane.codec import decode
+from controlplane.config import ConfigError, EtcdConfig, load_topology
+from controlplane.core.prefix_catalog import PrefixCatalog
+from controlplane.store.etcd import EtcdStore
+
+REPORTS = Path("drill-reports")
+
+
+@contextlib.asynccontextmanager
+async def running_lab(
+    spec: DeploymentSpec, workdir: Path, say: Callable[[str], None] = print
+) -> AsyncIterator[LocalDeployment]:
+    """Start every process of a local deployment (etcd first, the gateways last);
+    stop them all on the way out, whatever happened."""
+    dep = LocalDeployment(spec, workdir)
+    try:
+        say(f"starting etcd ({spec.etcd_members} member{'s' * (spec.etcd_members > 1)}) ...")
+        await asyncio.to_thread(dep.start_etcd)
+        dep.write_topology()
+        say(f"topology: {dep.topology_path}")
+        for r in spec.regions:
+            say(f"starting region {r}: {spec.replicas_per_region} vLLM simulators + agent ...")
+            await asyncio.to_thread(dep.start_region, r)
+        for rid in dep.cp_ports:
+            say(f"starting control-plane replica {rid} ...")
+            await asyncio.to_thread(dep.start_controlplane, rid)
+        say(f"starting one gateway per region ({', '.join(spec.regions)}) ...")
+        await asyncio.gather(*(asyncio.to_thread(dep.start_gateway, r) for r in spec.regions))
+        yield dep
+    finally:
+        await asyncio.to_thread(dep.stop)
+
+
+async def wait_catalog(store: EtcdStore, dep: LocalDeployment, region: str, within: float) -> int:
+    """Wait until the leader's prefix catalog of ``region`` has a prefix that may leave
+    (a failover has something to pre-warm); the number of such prefixes."""
+    deadline = time.monotonic() + within
+    while True:
+        kv = await store.get(dep.keys.prefixes(region))
+        if kv is not None:
+            catalog = decode(PrefixCatalog, kv.value, kv.key)
+            n = sum(e.payload is not None for e in catalog.entries)
+            if n:
+                return n
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no prefix of {region} may leave after {within:g}s")
+        await asyncio.sleep(0.25)
+
+
+def lab_spec(scenario: Scenario, base: DeploymentSpec | None = None) -> DeploymentSpec:
+    base = base or DeploymentSpec()
+    return dataclasses.replace(base, etcd_members=max(base.etcd_members, scenario.etcd_members))
+
+
+async def run_in_lab(
+    scenario: Scenario,
+    region: str | None = None,
+    *,
+    dry_run: bool = False,
+    reports: Path = REPORTS,
+    sessions: int = 30,
+    spec: DeploymentSpec | None = None,
+    say: Callable[[str], None] = print,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> DrillResult:
+    """Start a lab, drive ``sessions`` chat sessions through it, run the drill."""
+    workdir = Path(tempfile.mkdtemp(prefix="tectonic-lab-"))
+    async with running_lab(lab_spec(scenario, spec), workdir, say) as dep:
+        store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
+        await store.connect()
+        try:
+            return await drill_on(
+                dep, store, scenario, region, dry_run=dry_run, reports=reports,
+                sessions=sessions, say=say, on_sample=on_sample,
+            )  # fmt: skip
+        finally:
+            await store.close()
+
+
+async def drill_on(
+    dep: LocalDeployment,
+    store: EtcdStore,
+    scenario: Scenario,
+    region: str | None = None,
+    *,
+    dry_run: bool = False,
+    reports: Path = REPORTS,
+    sessions: int = 30,
+    interval_s: float = 0.5,
+    say: Callable[[str], None] = print,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> DrillResult:
+    """Run one drill on a running lab, under ``sessions`` synthetic chat sessions."""
+    target = region or scenario.region
+    traffic = Traffic(dep.gateway_urls, interval_s=interval_s)
+    try:
+        traffic.add(sessions, list(dep.spec.regions))
+        await traffic.start()
+        say(f"traffic: {sessions} chat sessions through the gateways of their home regions")
+        if scenario.measure.prewarm_attainment is not None and not dry_run:
+            n = await wait_catalog(store, dep, target, 45)
+            say(f"the leader's prefix catalog of {target}: {n} prefixes may leave")
+        runner = DrillRunner(
+            target=dep,
+            store=store,
+            topology=load_topology(dep.topology_path),
+            reports_root=reports,
+            traffic=traffic,
+            on_sample=on_sample,
+            say=say,
+        )
+        return await runner.run(scenario, region, dry_run=dry_run)
+    finally:
+        await traffic.stop()
+
+
+async def run_drill(name: str, region: str | None) -> DrillResult:
+    """What the drill service calls: the named scenario, in a lab."""
+    return await run_in_lab(find_scenario(name), region)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos.lab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", help="a name from chaos/scenarios/ or a path to a YAML file")
+    p.add_argument("--region", help="target region (default: the scenario's)")
+    p.add_argument("--dry-run", action="store_true", help="check steady state; inject nothing")
+    p.add_argument("--reports", type=Path, default=REPORTS, help="where reports go")
+    p.add_argument("--sessions", type=int, default=30, help="synthetic chat sessions")
+    p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    args = p.parse_args(argv)
+    try:
+        scenario = find_scenario(args.scenario)
+        result = asyncio.run(
+            run_in_lab(
+                scenario, args.region, dry_run=args.dry_run, reports=args.reports,
+                sessions=args.sessions,
+            )
+        )  # fmt: skip
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (TimeoutError, RuntimeError) as e:
+        print(f"lab failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; every lab process stopped", file=sys.stderr)
+        return 130
+    for c in result.criteria:
+        print(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.measured} (required {c.required})")
+    print(f"report: {result.report_path}")
+    if args.json:
+        print(dump(result))
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

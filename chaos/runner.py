@@ -1,0 +1,596 @@
+"""The drill runner: steady state, real faults, observation, rollbacks, verdict.
+
+A drill runs in phases, each written to an append-only journal (JSON lines) as it
+happens: the steady-state hypothesis must hold before anything is touched; the
+faults are injected at their times (or when their condition holds, e.g. mid-failover);
+the system is watched for ``observe_s``; the rollbacks always run, even after an
+abort or an error; the hypothesis must hold again. A sampler reads the system's own
+state and metrics every ``sample_s`` throughout (chaos/observe.py) and stops the
+drill early when an abort condition is met. The verdict (chaos/measure.py) is
+written to ``regions/<r>/readiness`` of the target region and of every region that
+took its traffic, with an audit entry; a failed drill bars them (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from chaos.demo_traffic import Traffic
+from chaos.drill_result import Criterion, DrillResult, JournalEntry, Sample
+from chaos.measure import Observed, SessionLog, judge, probes_hold
+from chaos.observe import Observer, audit_since, step_done
+from chaos.scenario import Condition, Fault, FaultKind, Scenario, SteadyState
+from controlplane.codec import encode
+from controlplane.config import ConfigError, Topology
+from controlplane.core.model import AuditEntry, Readiness
+from controlplane.keys import Keys
+from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
+from controlplane.ladder_file import load_ladder
+from controlplane.store.port import Put, Store
+
+log = logging.getLogger("chaos.runner")
+ACTOR = "drill-runner"
+
+
+class DrillTarget(Protocol):
+    """What a drill acts on: real processes it can stop and start (a LocalDeployment
+    here; an adapter over your orchestrator elsewhere). Calls block; they run in a
+    thread."""
+
+    keys: Keys
+
+    @property
+    def gateway_urls(self) -> dict[str, str]: ...
+    def replica_urls(self, region: str) -> list[str]: ...
+    def start_servers(self, region: str) -> list[str]: ...
+    def stop_servers(self, region: str, count: int | None = None) -> list[int]: ...
+    def inject(self, region: str, fault: dict[str, object]) -> list[str]: ...
+    def clear_faults(self, region: str) -> list[str]: ...
+    def kill_controlplane(self, rid: str) -> int: ...
+    def start_controlplanes(self) -> list[str]: ...
+    def kill_etcd_member(self) -> int: ...
+    def start_etcd_members(self) -> list[int]: ...
+
+
+class Journal:
+    """Append-only: each entry is written and flushed to disk before the next action."""
+
+    def __init__(self, path: Path, started: float, mono0: float) -> None:
+        self.path, self.started, self.mono0 = path, started, mono0
+        self.entries: list[JournalEntry] = []
+        self.phase = "start"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, action: str = "", ok: bool = True, **detail: object) -> None:
+        entry = JournalEntry(
+            at=time.time(),
+            t=round(time.monotonic() - self.mono0, 3),
+            phase=self.phase,
+            kind=kind,
+            action=action,
+            detail={k: str(v) for k, v in detail.items()},
+            ok=ok,
+        )
+        self.entries.append(entry)
+        self._f.write(entry.model_dump_json() + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class DrillAborted(Exception):
+    pass
+
+
+@dataclass
+class DrillRunner:
+    target: DrillTarget
+    store: Store
+    topology: Topology
+    reports_root: Path
+    traffic: Traffic | None = None
+    reference_ladder: Path | None = LADDER_PATH
+    on_sample: Callable[[Sample], None] | None = None
+    say: Callable[[str], None] = log.info
+    write_readiness: bool = True
+    _samples: list[Sample] = field(default_factory=list)
+    _abort: str = ""
+
+    # ---- the drill ----------------------------------------------------------------------
+    async def run(
+        self, scenario: Scenario, region: str | None = None, *, dry_run: bool = False
+    ) -> DrillResult:
+        """Run ``scenario`` against ``region`` (default: the scenario's). Raises
+        ConfigError, before touching anything, for a region not in the topology."""
+        s = scenario.bind(region)
+        if s.region not in self.topology.names:
+            raise ConfigError(
+                f"unknown region {s.region!r}: the topology has {', '.join(self.topology.names)}"
+            )
+        started, mono0 = time.time(), time.monotonic()
+        drill_id = f"{datetime.fromtimestamp(started, UTC):%Y%m%dT%H%M%SZ}-{s.name}-{s.region}"
+        directory = self.reports_root / drill_id
+        journal = Journal(directory / "journal.jsonl", started, mono0)
+        self._samples, self._abort = [], ""
+        observer = Observer(
+            self.store, self.target.keys, self.topology, self.target.gateway_urls,
+            {r: self.target.replica_urls(r) for r in self.topology.names},
+        )  # fmt: skip
+        journal.write("phase", "start", scenario=s.name, region=s.region, dry_run=dry_run)
+        self.say(f"DRILL {s.name} on {s.region}{' (dry run)' if dry_run else ''}: {s.title}")
+        sampler = asyncio.create_task(self._sample(observer, s, journal, mono0))
+        fault_t: float | None = None
+        injected = False  # a fault may have been attempted: the rollbacks must run
+        extra: list[Criterion] = []
+        flaps: list[asyncio.Task[None]] = []
+        sessions0 = self._traffic_marks()
+        try:
+            journal.phase = "steady_before"
+            before = await self._steady(s.steady_state, journal, "before")
+            if dry_run:
+                await self._dry_run(s, journal)
+            elif before[0]:
+                injected = True
+                fault_t, problems = await self._faults(s, journal, observer, mono0, flaps)
+                extra.append(_faults_criterion(s.faults, problems))
+                journal.phase = "observe"
+                await self._observe(s, journal, observer)
+        except DrillAborted as e:
+            journal.write("abort", "abort", ok=False, why=str(e))
+            self.say(f"ABORT: {e}")
+        finally:
+            journal.phase = "rollback"
+            for task in flaps:
+                task.cancel()
+            await asyncio.gather(*flaps, return_exceptions=True)
+            if injected:
+                await self._rollbacks(s, journal)
+        journal.phase = "steady_after"
+        after = (
+            (True, "")
+            if not injected
+            else await self._steady(s.after, journal, "after", abortable=False)
+        )
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        await observer.close()
+
+        journal.phase = "verdict"
+        result = await self._verdict(
+            s, drill_id, directory, journal, started, mono0, fault_t, before, after, extra,
+            sessions0, dry_run, observer.gateway_violations,
+        )  # fmt: skip
+        journal.close()
+        return result
+
+    # ---- phases -------------------------------------------------------------------------
+    async def _sample(
+        self, observer: Observer, s: Scenario, journal: Journal, mono0: float
+    ) -> None:
+        while True:
+            mono = time.monotonic()
+            try:
+                sample = await observer.sample(mono - mono0, time.time(), mono)
+            except Exception as e:  # observing must not end the drill; say so
+                journal.write("error", "sample", ok=False, error=repr(e))
+                await asyncio.sleep(s.sample_s)
+                continue
+            self._samples.append(sample)
+            if self.on_sample is not None:
+                self.on_sample(sample)
+            if journal.phase in ("faults", "observe") and not self._abort:
+                self._abort = _abort_reason(s, self._samples, mono - mono0)
+            await asyncio.sleep(max(0.0, s.sample_s - (time.monotonic() - mono)))
+
+    def _check_abort(self) -> None:
+        if self._abort:
+            raise DrillAborted(self._abort)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, waking every 0.1 s to honour an abort."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self._check_abort()
+            await asyncio.sleep(min(0.1, left))
+        self._check_abort()
+
+    async def _steady(
+        self, hyp: SteadyState, journal: Journal, when: str, *, abortable: bool = True
+    ) -> tuple[bool, str]:
+        """Wait (up to ``within_s``) until every probe holds for ``hold_s`` in a row."""
+        deadline = time.monotonic() + hyp.within_s
+        seen = len(self._samples)
+        held_since: float | None = None
+        why = "no sample yet"
+        while time.monotonic() < deadline:
+            if abortable:
+                self._check_abort()
+            if len(self._samples) > seen:
+                seen = len(self._samples)
+                sample = self._samples[-1]
+                ok, why = probes_hold(hyp, sample)
+                held_since = (held_since or sample.t) if ok else None
+                if held_since is not None and sample.t - held_since >= hyp.hold_s:
+                    journal.write("probe", f"steady_state_{when}", ok=True, held_s=hyp.hold_s)
+                    self.say(f"steady state {when}: holds")
+                    return True, ""
+            await asyncio.sleep(0.05)
+        journal.write("probe", f"steady_state_{when}", ok=False, why=why)
+        self.say(f"steady state {when}: NOT met within {hyp.within_s:g}s ({why})")
+        return False, f"not within {hyp.within_s:g}s: {why}"
+
+    async def _dry_run(self, s: Scenario, journal: Journal) -> None:
+        journal.phase = "faults"
+        for f in s.faults:
+            journal.write("fault", f.action.value, ok=True, would=_describe(f))
+            self.say(f"dry run: would {_describe(f)}")
+        journal.phase = "rollback"
+        for f in s.rollbacks:
+            journal.write("rollback", f.action.value, ok=True, would=_describe(f))
+            self.say(f"dry run: would roll back: {_describe(f)}")
+
+    async def _faults(
+        self,
+        s: Scenario,
+        journal: Journal,
+        observer: Observer,
+        mono0: float,
+        flaps: list[asyncio.Task[None]],
+    ) -> tuple[float | None, list[str]]:
+        """Inject the faults in time order; the drill time of the first one injected."""
+        journal.phase = "faults"
+        start = time.monotonic()
+        first: float | None = None
+        problems = []
+        for f in sorted(s.faults, key=lambda f: f.at_s):
+            await self._sleep(start + f.at_s - time.monotonic())
+            if f.when is not None and not await self._until(f.when, observer):
+                problems.append(f"{f.action.value}: {_cond(f.when)} did not happen")
+                journal.write("fault", f.action.value, ok=False, skipped=_cond(f.when))
+                continue
+            at = time.monotonic() - mono0
+            try:
+                detail = await self._act(f, flaps)
+            except Exception as e:
+                problems.append(f"{f.action.value}: {e}")
+                journal.write("fault", f.action.value, ok=False, error=repr(e))
+                self.say(f"FAULT {_describe(f)} failed: {e}")
+                continue
+            first = at if first is None else first
+            journal.write("fault", f.action.value, ok=True, what=_describe(f), **detail)
+            self.say(f"FAULT {_describe(f)} ({_fmt(detail)})")
+        return first, problems
+
+    async def _observe(self, s: Scenario, journal: Journal, observer: Observer) -> None:
+        journal.write("phase", "observe", seconds=s.observe_s)
+        await self._sleep(s.observe_s)
+        if s.observe_until is not None:
+            ok = await self._until(s.observe_until, observer)
+            journal.write("probe", "observe_until", ok=ok, condition=_cond(s.observe_until))
+
+    async def _until(self, c: Condition, observer: Observer) -> bool:
+        deadline = time.monotonic() + c.within_s
+        while time.monotonic() < deadline:
+            self._check_abort()
+            with contextlib.suppress(Exception):
+                rec = await observer.record(c.region)
+                if rec is not None and rec.state.value == c.state and step_done(rec, c.step):
+                    return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _rollbacks(self, s: Scenario, journal: Journal) -> None:
+        for f in s.rollbacks:
+            try:
+                detail = await self._act(f, [])
+            except Exception as e:  # every rollback runs, whatever the others did
+                journal.write("rollback", f.action.value, ok=False, error=repr(e))
+                self.say(f"ROLLBACK {_describe(f)} failed: {e}")
+                continue
+            journal.write("rollback", f.action.value, ok=True, what=_describe(f), **detail)
+            self.say(f"ROLLBACK {_describe(f)} ({_fmt(detail)})")
+
+    # ---- acting on the deployment ----------------------------------------------------------
+    async def _act(self, f: Fault, flaps: list[asyncio.Task[None]]) -> dict[str, object]:
+        t, r = self.target, f.region
+        match f.action:
+            case FaultKind.STOP_REGION:
+                return {"killed_pids": await asyncio.to_thread(t.stop_servers, r)}
+            case FaultKind.KILL_REPLICAS:
+                return {"killed_pids": await asyncio.to_thread(t.stop_servers, r, f.count)}
+            case FaultKind.START_REGION:
+                return {"started": await asyncio.to_thread(t.start_servers, r)}
+            case FaultKind.INJECT:
+                assert f.fault is not None
+                fault = f.fault.model_dump(exclude_defaults=True)
+                return {"servers": len(await asyncio.to_thread(t.inject, r, fault)), **fault}
+            case FaultKind.CLEAR_FAULTS:
+                return {"servers": len(await asyncio.to_thread(t.clear_faults, r))}
+            case FaultKind.KILL_LEADER:
+                kv = await self.store.get(self.target.keys.leader())
+                if kv is None:
+                    raise RuntimeError("no control-plane leader to kill")
+                holder = kv.value.decode()
+                return {
+                    "leader": holder,
+                    "pid": await asyncio.to_thread(t.kill_controlplane, holder),
+                }
+            case FaultKind.START_CONTROLPLANES:
+                return {"started": await asyncio.to_thread(t.start_controlplanes)}
+            case FaultKind.KILL_ETCD_MEMBER:
+                return {"member": await asyncio.to_thread(t.kill_etcd_member)}
+            case FaultKind.START_ETCD_MEMBERS:
+                return {"started": await asyncio.to_thread(t.start_etcd_members)}
+            case FaultKind.FLAP_REGION:
+                flaps.append(asyncio.create_task(self._flap(f)))
+                return {"period_s": f.period_s, "duration_s": f.duration_s}
+        raise ValueError(f"unknown fault {f.action}")  # pragma: no cover - enum is closed
+
+    async def _flap(self, f: Fault) -> None:
+        """Down ``period_s``, up ``period_s``, until ``duration_s`` is over."""
+        end = time.monotonic() + f.duration_s
+        while time.monotonic() < end:
+            await asyncio.to_thread(self.target.stop_servers, f.region)
+            await asyncio.sleep(f.period_s)
+            await asyncio.to_thread(self.target.start_servers, f.region)
+            await asyncio.sleep(f.period_s)
+
+    # ---- the verdict ----------------------------------------------------------------------
+    def _traffic_marks(self) -> dict[str, int]:
+        """How many requests each synthetic session had made when the drill began."""
+        if self.traffic is None:
+            return {}
+        return {x.sid: len(x.log) for x in self.traffic.sessions}
+
+    def _session_logs(self, marks: dict[str, int], mono0: float) -> list[SessionLog]:
+        if self.traffic is None:
+            return []
+        return [
+            SessionLog(
+                sid=x.sid,
+                home=x.home,
+                answers=tuple((round(t - mono0, 3), r) for t, r in x.log[marks.get(x.sid, 0) :]),
+            )
+            for x in self.traffic.sessions
+        ]
+
+    async def _verdict(
+        self,
+        s: Scenario,
+        drill_id: str,
+        directory: Path,
+        journal: Journal,
+        started: float,
+        mono0: float,
+        fault_t: float | None,
+        before: tuple[bool, str],
+        after: tuple[bool, str],
+        extra: list[Criterion],
+        marks: dict[str, int],
+        dry_run: bool,
+        gateway_violations: float,
+    ) -> DrillResult:
+        transitions, ladder, entries = await audit_since(self.store, self.target.keys, started)
+        prewarm = _last_prewarm(entries, s.region)
+        reference = (
+            load_ladder(self.reference_ladder).names if self.reference_ladder is not None else ()
+        )
+        sessions = self._session_logs(marks, mono0)
+        observed = Observed(
+            region=s.region,
+            fault_t=fault_t,
+            samples=self._samples,
+            transitions=transitions,
+            ladder=ladder,
+            sessions=sessions,
+            prewarm=prewarm,
+            gateway_violations=gateway_violations,
+            reference_ladder=reference,
+            steady_before=before,
+            steady_after=after,
+            aborted=self._abort,
+        )
+        criteria = (
+            judge(s.measure, observed) + extra
+            if not dry_run
+            else [
+                Criterion(
+                    name="steady_state_before",
+                    passed=before[0],
+                    measured="held" if before[0] else before[1],
+                    required="the steady-state hypothesis holds (dry run: nothing injected)",
+                )
+            ]
+        )
+        passed = all(c.passed for c in criteria)
+        for c in criteria:
+            journal.write("measure", c.name, ok=c.passed, measured=c.measured, required=c.required)
+        figures = _figures(observed, sessions, prewarm)
+        regions = [] if dry_run else _regions_judged(s.region, self._samples)
+        result = DrillResult(
+            id=drill_id,
+            scenario=s.name,
+            title=s.title,
+            region=s.region,
+            started_at=started,
+            ended_at=time.time(),
+            dry_run=dry_run,
+            aborted=self._abort,
+            passed=passed,
+            criteria=tuple(criteria),
+            samples=tuple(self._samples),
+            transitions=tuple(transitions),
+            ladder=tuple(ladder),
+            figures=figures,
+            readiness_written=tuple(regions) if self.write_readiness else (),
+            journal_path=str(journal.path),
+            report_path=str(directory / "report.html"),
+        )
+        if self.write_readiness and regions:
+            await self._record_readiness(result, regions)
+            journal.write("verdict", "readiness", passed=passed, regions=",".join(regions))
+        journal.write("verdict", "PASS" if passed else "FAIL", ok=passed,
+                      failed=",".join(result.failed_criteria()))  # fmt: skip
+        self.say(
+            f"VERDICT {s.name} on {s.region}: {'PASS' if passed else 'FAIL'}"
+            + ("" if passed else f" ({', '.join(result.failed_criteria())})")
+        )
+        self._write_report(result, directory)
+        return result
+
+    async def _record_readiness(self, result: DrillResult, regions: Sequence[str]) -> None:
+        keys = self.target.keys
+        readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
+        ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
+        entry_base = {"drill": result.id, "scenario": result.scenario,
+                      "failed": ",".join(result.failed_criteria())}  # fmt: skip
+        audit = [
+            Put(
+                keys.audit(f"{int(result.ended_at * 1e6):017d}-{ACTOR}-{i:06d}"),
+                encode(
+                    AuditEntry(
+                        at=result.ended_at, actor=ACTOR, action="drill_verdict", region=r,
+                        reason="passed" if result.passed else "failed: barred until a "
+                        "passing drill or an operator override", details=entry_base,
+                    )
+                ),
+            )
+            for i, r in enumerate(regions)
+        ]  # fmt: skip
+        await self.store.txn([], [*ops, *audit])
+
+    def _write_report(self, result: DrillResult, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            from chaos.report import write_history, write_report
+        except ImportError:  # the report module is optional for a bare runner
+            (directory / "result.json").write_text(result.model_dump_json(indent=2))
+            return
+        write_report(result, directory)
+        write_history(self.reports_root)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _describe(f: Fault) -> str:
+    what = {
+        FaultKind.STOP_REGION: f"stop every vLLM server of {f.region} (SIGKILL)",
+        FaultKind.START_REGION: f"start {f.region}'s vLLM servers",
+        FaultKind.KILL_REPLICAS: f"SIGKILL {f.count} vLLM server(s) of {f.region}",
+        FaultKind.INJECT: f"inject {f.fault.model_dump(exclude_defaults=True) if f.fault else {}} "
+        f"on {f.region}'s servers",
+        FaultKind.CLEAR_FAULTS: f"clear injected faults on {f.region}",
+        FaultKind.KILL_LEADER: "SIGKILL the control-plane leader",
+        FaultKind.START_CONTROLPLANES: "start the killed control-plane replicas",
+        FaultKind.KILL_ETCD_MEMBER: "SIGKILL one etcd member",
+        FaultKind.START_ETCD_MEMBERS: "restart the killed etcd members",
+        FaultKind.FLAP_REGION: f"flap {f.region}: down/up every {f.period_s:g}s for "
+        f"{f.duration_s:g}s",
+    }[f.action]
+    when = f" when {_cond(f.when)}" if f.when else ""
+    return f"{what}{f' at +{f.at_s:g}s' if f.at_s else ''}{when}"
+
+
+def _cond(c: Condition) -> str:
+    return f"{c.region} is {c.state}" + (f" with step {c.step} done" if c.step else "")
+
+
+def _fmt(detail: dict[str, object]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in detail.items())
+
+
+def _faults_criterion(faults: Sequence[Fault], problems: list[str]) -> Criterion:
+    return Criterion(
+        name="faults_injected",
+        passed=not problems,
+        measured=f"{len(faults) - len(problems)} of {len(faults)}",
+        required="every fault injected",
+        detail="; ".join(problems),
+    )
+
+
+def _abort_reason(s: Scenario, samples: Sequence[Sample], t: float) -> str:
+    if t > s.abort.max_duration_s:
+        return f"the drill ran {t:.0f}s, over max_duration_s {s.abort.max_duration_s:g}"
+    window = [x for x in samples if x.t >= t - s.abort.window_s]
+    requests = sum(x.requests for x in window)
+    errors = sum(x.errors for x in window)
+    if requests >= 20 and errors / requests > s.abort.max_error_rate:
+        return (
+            f"error rate {errors / requests:.0%} over the last {s.abort.window_s:g}s "
+            f"> {s.abort.max_error_rate:.0%}"
+        )
+    return ""
+
+
+def _last_prewarm(entries: Sequence[AuditEntry], region: str) -> dict[str, float] | None:
+    found = [e for e in entries if e.action == "prewarm" and e.region == region]
+    if not found:
+        return None
+    out = {}
+    for k, v in found[-1].details.items():
+        with contextlib.suppress(ValueError):
+            out[k] = float(v)
+    return out
+
+
+def _regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
+    """The target region and every region that took its traffic during the drill."""
+    took = {
+        r
+        for x in samples
+        if (v := x.regions.get(region)) is not None
+        for r, w in v.routing.items()
+        if w > 0
+    }
+    return [region, *sorted(took - {region})]
+
+
+def _figures(
+    o: Observed, sessions: Sequence[SessionLog], prewarm: dict[str, float] | None
+) -> dict[str, float]:
+    from chaos.measure import rto_s
+
+    requests = sum(len(x.answers) for x in sessions)
+    failed = sum(1 for x in sessions for _, r in x.answers if not r)
+    p99 = [x.first_token_p99_s for x in o.samples if x.first_token_p99_s is not None]
+    hits = [x.prefix_hit_rate for x in o.samples if x.prefix_hit_rate is not None]
+    figures: dict[str, float] = {
+        "rto_s": rto_s(sessions, o.region, o.fault_t),
+        "requests": float(requests),
+        "requests_failed": float(failed),
+        "samples": float(len(o.samples)),
+        "transitions": float(len([t for t in o.transitions if t.region == o.region])),
+        "ladder_events": float(len([e for e in o.ladder if e.region == o.region])),
+    }
+    if p99:
+        figures["first_token_p99_max_s"] = round(max(p99), 4)
+    if hits:
+        figures["prefix_hit_rate_min"] = round(min(hits), 4)
+    if prewarm:
+        for k in ("attained_fraction", "elapsed_s", "prefixes_warmed", "verified_hit_rate"):
+            if k in prewarm:
+                figures[f"prewarm_{k}"] = prewarm[k]
+    down = next((t.t for t in o.transitions if t.region == o.region
+                 and t.to_state == "FAILING_OVER"), None)  # fmt: skip
+    if down is not None and o.fault_t is not None:
+        figures["failover_after_fault_s"] = round(down - o.fault_t, 3)
+    return figures
+
+
+def dump(result: DrillResult) -> str:
+    """The result without its samples, as one line of JSON (for --json)."""
+    data = json.loads(result.model_dump_json(exclude={"samples"}))
+    return json.dumps(data)
