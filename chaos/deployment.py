@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -29,6 +30,7 @@ from chaos.procs import (
     start_gateway,
     wait_ready,
 )
+from chaos.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.keys import Keys
 from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
 
@@ -42,6 +44,9 @@ SIM_ARGS = ("--enable-prompt-tokens-details",)
 
 @dataclass(frozen=True)
 class DeploymentSpec:
+    # "simulator": the vLLM-compatible simulator; "vllm": a real vLLM server (the CPU
+    # build from .venv-vllm here; scripts/setup_vllm_cpu.sh installs it).
+    server: Literal["simulator", "vllm"] = "simulator"
     regions: tuple[str, ...] = REGIONS
     replicas_per_region: int = 2
     etcd_members: int = 1
@@ -97,8 +102,14 @@ def local_topology(
         # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
         # so few is one prefix, so a local deployment warms the top quarter.
         "prewarm": {"budget_s": 30, "top_fraction": 0.25, "verify": 4},
-        # The traffic's system prompts are ~400 characters: a level every 32 tokens.
-        "prefixes": {"level_tokens": 32, "export_interval_s": 1.0, "aggregate_interval_s": 1.0},
+        # The traffic's system prompts are ~400 characters: a level every 32 tokens
+        # (real vLLM on CPU caches whole 128-token blocks: a level per block).
+        "prefixes": {
+            "block_size": 128 if spec.server == "vllm" else 16,
+            "level_tokens": 128 if spec.server == "vllm" else 32,
+            "export_interval_s": 1.0,
+            "aggregate_interval_s": 1.0,
+        },
     }
     if ladder is not None:
         topo["degradation_ladder"] = str(ladder)
@@ -217,16 +228,18 @@ class LocalDeployment:
     def start_servers(self, region: str) -> list[str]:
         """Start every server of ``region`` that is not running; returns their URLs."""
         current = self.sims.setdefault(region, [None] * len(self.sim_ports[region]))
-        launched = []
+        launched: list[tuple[int, Proc]] = []
         for i, port in enumerate(self.sim_ports[region]):
             proc = current[i]
             if proc is None or not proc.alive():
                 name = f"{region}-vllm{i}"
-                launched.append(
-                    (i, launch_simulator(port=port, name=name, extra_args=self.spec.sim_args))
-                )
-        for i, proc in launched:
-            current[i] = wait_ready(proc)
+                if self.spec.server == "vllm":
+                    launched.append((i, launch_vllm(port, name=name, extra_args=SIM_ARGS)))
+                else:
+                    sim = launch_simulator(port=port, name=name, extra_args=self.spec.sim_args)
+                    launched.append((i, sim))
+        for i, proc in launched:  # all spawned first: they start in parallel
+            current[i] = wait_vllm(proc) if isinstance(proc, VllmProc) else wait_ready(proc)
         return [p.url for _, p in launched]
 
     def stop_servers(self, region: str, count: int | None = None) -> list[int]:
@@ -246,6 +259,11 @@ class LocalDeployment:
         return self._each_server(region, "DELETE", None)
 
     def _each_server(self, region: str, method: str, body: bytes | None) -> list[str]:
+        if self.spec.server != "simulator":
+            raise RuntimeError(
+                "fault injection is the simulator's /_sim/fault endpoint; a real vLLM has "
+                "none (drills on real vLLM can stop and kill servers)"
+            )
         done = []
         for proc in self.sims.get(region, []):
             if proc is None or not proc.alive():

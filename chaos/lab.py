@@ -22,11 +22,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from chaos.demo_traffic import Traffic
 from chaos.deployment import DeploymentSpec, LocalDeployment
 from chaos.drill_result import DrillResult, Sample
 from chaos.runner import DrillRunner, dump
 from chaos.scenario import Scenario, find_scenario
+from chaos.traffic import Traffic
 from controlplane.codec import decode
 from controlplane.config import ConfigError, EtcdConfig, load_topology
 from controlplane.core.prefix_catalog import PrefixCatalog
@@ -47,9 +47,12 @@ async def running_lab(
         await asyncio.to_thread(dep.start_etcd)
         dep.write_topology()
         say(f"topology: {dep.topology_path}")
-        for r in spec.regions:
-            say(f"starting region {r}: {spec.replicas_per_region} vLLM simulators + agent ...")
-            await asyncio.to_thread(dep.start_region, r)
+        kind = "vLLM servers" if spec.server == "vllm" else "vLLM simulators"
+        say(
+            f"starting regions {', '.join(spec.regions)} (in parallel): "
+            f"{spec.replicas_per_region} {kind} + an agent each ..."
+        )
+        await asyncio.gather(*(asyncio.to_thread(dep.start_region, r) for r in spec.regions))
         for rid in dep.cp_ports:
             say(f"starting control-plane replica {rid} ...")
             await asyncio.to_thread(dep.start_controlplane, rid)
@@ -121,7 +124,9 @@ async def drill_on(
 ) -> DrillResult:
     """Run one drill on a running lab, under ``sessions`` synthetic chat sessions."""
     target = region or scenario.region
-    traffic = Traffic(dep.gateway_urls, interval_s=interval_s)
+    # Real vLLM on CPU caches whole 128-token blocks: longer shared prompts fill one.
+    repeat = 2 if dep.spec.server == "vllm" else 1
+    traffic = Traffic(dep.gateway_urls, interval_s=interval_s, prompt_repeat=repeat)
     try:
         traffic.add(sessions, list(dep.spec.regions))
         await traffic.start()

@@ -25,11 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from chaos.demo_traffic import Traffic
 from chaos.drill_result import Criterion, DrillResult, JournalEntry, Sample
 from chaos.measure import Observed, SessionLog, judge, probes_hold
 from chaos.observe import Observer, audit_since, step_done
 from chaos.scenario import Condition, Fault, FaultKind, Scenario, SteadyState
+from chaos.traffic import Traffic
 from controlplane.codec import encode
 from controlplane.config import ConfigError, Topology
 from controlplane.core.model import AuditEntry, Readiness

@@ -1,12 +1,12 @@
-"""The demo's traffic: chat sessions through the gateways, and what each one saw.
+"""Synthetic traffic for the demo and the drills: chat sessions through the gateways,
+and what each one saw.
 
 Every session sends one short chat completion at a time through the gateway of its
 home region, about every ``interval_s``, with its id in ``x-session-id``; groups of
 sessions share a system prompt, so prompt prefixes repeat (what prefix-aware hashing
 and the replicas' prefix caches are for). Each answer's ``x-tectonic-region`` header
-says which region served it. From those, :func:`analyse` checks stickiness: a
-session's requests stay in one region, a failover moves only the failed region's
-sessions, once, and nothing bounces back when that region recovers.
+says which region served it, and each session keeps a log of (time, region) per
+request: the drills judge stickiness from it (chaos/measure.py).
 """
 
 from __future__ import annotations
@@ -90,10 +90,13 @@ class Traffic:
         group_size: int = 5,
         timeout_s: float = 5.0,
         seed: int = 7,
+        prompt_repeat: int = 1,
     ) -> None:
         self.gateways = dict(gateways)  # home region -> gateway URL
         self.interval_s = interval_s
         self.group_size = group_size
+        # Real vLLM on CPU caches 128-token blocks: a longer shared prompt fills one.
+        self.prompt_repeat = prompt_repeat
         self.timeout_s = timeout_s
         self.sessions: list[Session] = []
         self.ok = 0
@@ -116,7 +119,10 @@ class Traffic:
                 sid=f"{prefix}-{n:03d}-{home}",
                 home=home,
                 gateway=self.gateways[home],
-                system=system_prompt((k // self.group_size) * len(homes) + homes.index(home)),
+                system=" ".join(
+                    [system_prompt((k // self.group_size) * len(homes) + homes.index(home))]
+                    * self.prompt_repeat
+                ),
             )
             self.sessions.append(s)
             new.append(s)
@@ -218,60 +224,3 @@ def _message(payload: bytes) -> str:
 def _no_address(text: str) -> str:
     """Without replica addresses, so that one cause reads as one reason."""
     return re.sub(r"\s*\(?'?127\.0\.0\.1'?(?:, |:)\d+\)?", "", text)
-
-
-def analyse(traffic: Traffic, victim: str, late: Sequence[Session], t0: float) -> dict[str, object]:
-    """The stickiness figures. ``late``: sessions started after the victim recovered;
-    ``t0``: the demo's start (failure times are reported relative to it)."""
-    moved = [s for s in traffic.sessions if s.moves > 0]
-    bounced = []
-    violations = 0
-    for s in moved:
-        first = next(i for i in range(1, len(s.served)) if s.served[i] != s.served[i - 1])
-        after = s.served[first:]
-        # every request after the move served by the region it moved to
-        violations += sum(1 for r in after if r != after[0])
-        if s.moves > 1 or s.home in after:
-            bounced.append(s.sid)
-    reasons = Counter(f.reason for f in traffic.failures)
-    times = [round(f.t - t0, 1) for f in traffic.failures]
-    return {
-        "requests": traffic.ok + len(traffic.failures),
-        "requests_ok": traffic.ok,
-        "requests_failed": len(traffic.failures),
-        "failure_reasons": dict(reasons.most_common()),
-        "failed_by_home": dict(Counter(f.home for f in traffic.failures)),
-        "failure_window": [min(times), max(times)] if times else [],
-        "sessions": len(traffic.sessions),
-        "sessions_moved": len(moved),
-        "moved_by_home": dict(Counter(s.home for s in moved)),
-        "moved_outside_victim": sum(1 for s in moved if s.home != victim),
-        "moved_to": dict(Counter(s.region for s in moved)),
-        "victim_sessions": sum(1 for s in traffic.sessions if s.home == victim and s not in late),
-        "bounces": len(bounced),
-        "bounced_sessions": bounced[:10],
-        "violations": violations,
-        "late_sessions": len(late),
-        "late_sessions_at_home": sum(1 for s in late if s.served and set(s.served) == {s.home}),
-        "sessions_by_region_end": traffic.serving(),
-    }
-
-
-async def gateway_counters(urls: Iterable[str]) -> dict[str, float]:
-    """What the gateways counted themselves (summed over them): session moves and
-    pin disagreements (``consistency_violations``), from their ``/metrics``."""
-    names = {
-        "tectonic_gateway_session_moves_total": "gateway_session_moves",
-        "tectonic_gateway_consistency_violations_total": "gateway_consistency_violations",
-        "tectonic_gateway_retries_total": "gateway_retries",
-    }
-    totals = dict.fromkeys(names.values(), 0.0)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-        for url in urls:
-            async with http.get(url + "/metrics") as r:
-                text = await r.text()
-            for line in text.splitlines():
-                metric = line.split("{", 1)[0].split(" ", 1)[0]
-                if metric in names:
-                    totals[names[metric]] += float(line.rsplit(" ", 1)[1])
-    return totals

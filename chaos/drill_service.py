@@ -1,0 +1,578 @@
+"""The drill-runner service: runs the drills of ``chaos/schedule.yaml`` when they are due,
+never two at once in one deployment, and keeps their history in etcd.
+
+* **Lock.** ``drills/lock`` is created (txn on ``create_revision == 0``, as leader
+  election does) on a lease of this run's own, holding who runs what since when. If it
+  exists, ``run_once`` raises ``DrillBusy`` naming the holder and its drill. The lease
+  is kept alive while the drill runs; if it is lost (etcd unreachable past the lease,
+  or revoked), the drill is cancelled (its rollbacks run) and ``LockLost`` is raised:
+  someone else may start a drill now. Released by revoking the lease when the run
+  ends, however it ends; if this process dies, the lease expires after ``lock_ttl_s``.
+* **History.** Each finished run writes a ``DrillSummary`` to ``drills/history/<id>``
+  (no lease: kept) and an audit entry (``drill_run``) with the same sortable id, in
+  one transaction that also deletes the lock if it is still ours. A run whose drill
+  raised is recorded as failed (``passed: false``, ``aborted: "error: ..."``) and the
+  error re-raised, so that history shows the attempt and the scheduler does not retry
+  a crashing drill all night. A cancelled run records nothing.
+* **Schedule.** ``serve()`` ticks every ``tick_s``: it reads the history (the last
+  scheduled run of each entry), asks ``chaos.schedule.check_due`` what is due, and runs
+  at most one drill per tick. Under the lock it checks again, so that two services
+  sharing a schedule run each occurrence once.
+
+    .venv/bin/python -m chaos.drill_service --schedule chaos/schedule.yaml \\
+        --etcd 127.0.0.1:2379 --cluster demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import BaseModel, ConfigDict
+
+from chaos.drill_result import DrillResult, DrillSummary
+from chaos.scenario import SCENARIO_DIR, load_all
+from chaos.schedule import (
+    SCHEDULE_FILE,
+    PlannedRun,
+    Schedule,
+    ScheduleEntry,
+    Skipped,
+    check_due,
+    load_schedule,
+    next_runs,
+)
+from controlplane.audit import AuditLog
+from controlplane.clock import Clock, SystemClock
+from controlplane.codec import CorruptValue, decode, encode
+from controlplane.config import ConfigError, EtcdConfig
+from controlplane.core.model import AuditEntry
+from controlplane.keys import Keys
+from controlplane.store.port import (
+    Compare,
+    Delete,
+    KeyValue,
+    LeaseNotFound,
+    Put,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
+from controlplane.store.retry import retry_call
+
+log = logging.getLogger("tectonic.drills")
+
+# (scenario name, target region or None for the scenario's default) → the drill's result
+RunDrill = Callable[[str, str | None], Awaitable[DrillResult]]
+
+SCHEDULE = "schedule"
+MANUAL = "manual"
+
+
+class DrillLock(BaseModel):
+    """Value of ``drills/lock``: who runs which drill, since when."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    holder: str
+    scenario: str
+    region: str
+    trigger: str
+    started_at: float
+    lease: int
+
+
+class DrillBusy(Exception):
+    """Another drill holds the lock; nothing was started."""
+
+    def __init__(self, lock: DrillLock | None, raw: str = "") -> None:
+        self.lock = lock
+        if lock is None:
+            what = f"held with an unreadable value {raw!r}" if raw else "taken and freed repeatedly"
+            super().__init__(f"the drill lock is {what}; not starting another drill")
+            return
+        since = datetime.fromtimestamp(lock.started_at, UTC)
+        super().__init__(
+            f"drill {lock.scenario} on {lock.region or '(default region)'} ({lock.trigger}) "
+            f"is running, held by {lock.holder} since {since:%Y-%m-%d %H:%M:%S} UTC; "
+            "one drill at a time: wait for it (if its process died, the lock frees itself "
+            "when its lease expires)"
+        )
+
+
+class LockLost(Exception):
+    """The lock's lease expired or was revoked while a drill ran: it was cancelled."""
+
+
+class TickReport(BaseModel):
+    """What one tick of ``serve()`` decided, for the log and the tests."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: float
+    due: tuple[str, ...] = ()  # entry keys due at ``at``, oldest occurrence first
+    ran: str = ""  # the entry run (or tried) this tick
+    outcome: str = "idle"  # idle | passed | failed | busy | already run | error: ...
+
+
+@dataclass(frozen=True)
+class _Held:
+    lease: int
+    create_revision: int
+    granted_at: float  # event-loop time the lease grant was sent
+
+
+class DrillService:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        schedule: Schedule,
+        run_drill: RunDrill,
+        clock: Clock,
+        *,
+        holder: str | None = None,
+        tick_s: float = 30.0,
+        lock_ttl_s: int = 15,
+        store_deadline_s: float = 10.0,
+        default_regions: Mapping[str, str] | None = None,
+    ) -> None:
+        # The keep-alive runs every ttl/3 and gives up at ttl - ttl/5: needs ttl >= 2.
+        if lock_ttl_s < 2:
+            raise ValueError(f"lock_ttl_s must be at least 2 s, got {lock_ttl_s}")
+        if tick_s <= 0:
+            raise ValueError(f"tick_s must be > 0, got {tick_s}")
+        self._store = store
+        self._keys = keys
+        self._schedule = schedule
+        self._run_drill = run_drill
+        self._clock = clock
+        self.holder = holder or f"drills-{socket.gethostname()}-{os.getpid()}"
+        self._tick_s = tick_s
+        self._ttl = lock_ttl_s
+        self._deadline = store_deadline_s
+        self._default_regions = dict(default_regions or {})
+        self._audit = AuditLog(keys, self.holder)
+        self._announced: PlannedRun | None = None
+        self._told: set[tuple[str, datetime]] = set()  # (what, occurrence) already logged
+
+    # ---- one drill -----------------------------------------------------------------
+
+    async def run_once(
+        self, name: str, region: str | None = None, trigger: str = MANUAL
+    ) -> DrillSummary:
+        """Run one drill now under the lock and record it. Raises DrillBusy if another
+        drill runs, LockLost if the lock was lost meanwhile, or whatever the drill
+        raised (after recording it as failed)."""
+        async with self._locked(name, region, trigger) as held:
+            return await self._run_locked(held, name, region, trigger)
+
+    async def _run_locked(
+        self, held: _Held, name: str, region: str | None, trigger: str
+    ) -> DrillSummary:
+        started = self._clock.now()
+        try:
+            result = await self._hold(held, name, region)
+        except Exception as e:
+            summary = self._failed(name, region, trigger, started, e)
+            try:
+                await self._record(held, summary)
+            except StoreError as store_error:  # the drill's error is the one to raise
+                log.error("could not record the failed drill %s: %s", name, store_error)
+            raise
+        summary = DrillSummary.of(result, trigger=trigger)
+        await self._record(held, summary)
+        verdict = "PASSED" if summary.passed else f"FAILED ({', '.join(summary.failed)})"
+        log.info("drill %s on %s %s", summary.scenario, summary.region, verdict)
+        return summary
+
+    def _failed(
+        self, name: str, region: str | None, trigger: str, started: float, e: Exception
+    ) -> DrillSummary:
+        stamp = datetime.fromtimestamp(started, UTC)
+        return DrillSummary(
+            id=f"{stamp:%Y%m%dT%H%M%SZ}-{name}-error",
+            scenario=name,
+            region=self._region(name, region),
+            started_at=started,
+            ended_at=self._clock.now(),
+            passed=False,
+            aborted=f"error: {type(e).__name__}: {e}",
+            trigger=trigger,
+        )
+
+    def _region(self, name: str, region: str | None) -> str:
+        return region or self._default_regions.get(name, "")
+
+    # ---- the lock --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str, region: str | None, trigger: str) -> AsyncIterator[_Held]:
+        held = await self._acquire(name, region, trigger)
+        try:
+            yield held
+        finally:
+            await self._revoke(held.lease)  # frees the lock (if _record did not)
+
+    async def _acquire(self, name: str, region: str | None, trigger: str) -> _Held:
+        """Create the lock on a fresh lease, or raise DrillBusy (the lease revoked)."""
+        loop = asyncio.get_running_loop()
+        granted_at = loop.time()
+        lease = await retry_call(self._deadline, self._store.grant_lease, self._ttl)
+        lock = DrillLock(
+            holder=self.holder,
+            scenario=name,
+            region=self._region(name, region),
+            trigger=trigger,
+            started_at=self._clock.now(),
+            lease=lease,
+        )
+        key = self._keys.drill_lock()
+        try:
+            for _ in range(3):  # the holder may finish between our txn and our read
+                revision = await self._try_create(key, lock)
+                if revision:
+                    return _Held(lease, revision, granted_at)
+                kv = await retry_call(self._deadline, self._store.get, key)
+                if kv is not None:
+                    raise _busy(kv)
+            raise DrillBusy(None)
+        except BaseException:
+            await self._revoke(lease)
+            raise
+
+    async def _try_create(self, key: str, lock: DrillLock) -> int:
+        """create_revision of the lock if we created it, else 0."""
+        try:
+            result = await self._store.txn(
+                [Compare.absent(key)], [Put(key, encode(lock), lock.lease)]
+            )
+            return result.revision if result.succeeded else 0
+        except StoreUnavailable:
+            # Outcome unknown (txn is not retried blindly): the key on our lease is ours.
+            kv = await retry_call(self._deadline, self._store.get, key)
+            return kv.create_revision if kv is not None and kv.lease == lock.lease else 0
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self._store.revoke_lease(lease)
+        except StoreError as e:
+            log.warning(
+                "could not revoke lease %#x (%s): the drill lock frees itself within %d s",
+                lease,
+                e,
+                self._ttl,
+            )
+
+    async def _hold(self, held: _Held, name: str, region: str | None) -> DrillResult:
+        """Run the drill while keeping the lease alive; whichever ends first ends both."""
+        results: list[DrillResult] = []
+
+        async def drill() -> None:
+            results.append(await self._run_drill(name, region))
+            keeper.cancel()  # a cancelled task does not fail its TaskGroup
+
+        failure: BaseException | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                keeper = tg.create_task(self._keep_alive(held))
+                tg.create_task(drill())
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) != 1:
+                raise
+            failure = group.exceptions[0]
+        if failure is not None:  # the drill's error, or LockLost: as it is, not grouped
+            raise failure
+        return results[0]
+
+    async def _keep_alive(self, held: _Held) -> NoReturn:
+        """Refresh the lease every ttl/3; raise LockLost when it is gone or when no
+        refresh succeeded for ttl - ttl/5 (the server may expire it any moment)."""
+        loop = asyncio.get_running_loop()
+        margin, every, retry = self._ttl / 5, self._ttl / 3, self._ttl / 10
+        valid_until = held.granted_at + self._ttl - margin
+        wait = every
+        while True:
+            await asyncio.sleep(max(0.0, min(wait, valid_until - loop.time())))
+            sent = loop.time()
+            if sent >= valid_until:
+                raise LockLost(f"no keep-alive of the drill lock for {self._ttl - margin:g} s")
+            try:
+                async with asyncio.timeout(valid_until - sent):
+                    ttl = await self._store.refresh_lease(held.lease)
+            except LeaseNotFound as e:
+                raise LockLost(f"the drill lock's lease {held.lease:#x} is gone") from e
+            except (StoreUnavailable, TimeoutError) as e:
+                log.warning("keep-alive of the drill lock failed: %s", str(e) or "timeout")
+                wait = retry
+                continue
+            except StoreError as e:
+                raise LockLost(f"cannot keep the drill lock: {e}") from e
+            valid_until = sent + min(ttl, self._ttl) - margin
+            wait = every
+
+    async def _record(self, held: _Held, summary: DrillSummary) -> None:
+        """History row + audit entry, one sortable id, and the lock deleted if still
+        ours, in one transaction (safe to retry: same keys, same values)."""
+        entry = AuditEntry(
+            at=summary.ended_at,
+            actor=self.holder,
+            action="drill_run",
+            region=summary.region,
+            reason=f"{summary.trigger} drill {summary.scenario}",
+            result="passed" if summary.passed else "failed",
+            details={
+                "drill": summary.id,
+                "aborted": summary.aborted,
+                "failed": ",".join(summary.failed),
+            },
+        )
+        audit = self._audit.op(entry)
+        sortable_id = audit.key.removeprefix(self._keys.audit_prefix())
+        history = Put(self._keys.drill_history(sortable_id), encode(summary))
+        lock = self._keys.drill_lock()
+        await retry_call(
+            self._deadline,
+            self._store.txn,
+            [Compare.created_at(lock, held.create_revision)],
+            [audit, history, Delete(lock)],
+            [audit, history],
+        )
+
+    # ---- the schedule ----------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Tick forever: run due drills one at a time. Store errors wait for the next
+        tick; cancel to stop (a drill in progress is cancelled and its lock released)."""
+        log.info(
+            "drill service %s: %d scheduled entries, tick %g s",
+            self.holder,
+            len(self._schedule.entries),
+            self._tick_s,
+        )
+        while True:
+            try:
+                report = await self.tick()
+                if report.outcome != "idle":
+                    log.info("tick: %s", report.model_dump_json())
+            except StoreError as e:
+                log.warning("tick failed, trying again in %g s: %s", self._tick_s, e)
+            await asyncio.sleep(self._tick_s)
+
+    async def tick(self) -> TickReport:
+        now = self._now()
+        report = check_due(self._schedule, await self._last_runs(), now)
+        self._tell_skipped(report.skipped)
+        keys = tuple(r.entry.key for r in report.runs)
+        if not report.runs:
+            self._announce(now)
+            return TickReport(at=now.timestamp())
+        run = report.runs[0]
+        outcome = await self._run_scheduled(run)
+        self._announce(self._now())
+        return TickReport(at=now.timestamp(), due=keys, ran=run.entry.key, outcome=outcome)
+
+    async def _run_scheduled(self, run: PlannedRun) -> str:
+        entry = run.entry
+        try:
+            async with self._locked(entry.scenario, entry.region, SCHEDULE) as held:
+                # Another service may have run it while we waited: ask again, under the lock.
+                again = check_due(self._schedule, await self._last_runs(), self._now())
+                if entry.key not in {r.entry.key for r in again.runs}:
+                    log.info("drill %s (due %s) was already run", entry.key, _at(run.at))
+                    return "already run"
+                log.info("starting drill %s (due %s)", entry.key, _at(run.at))
+                summary = await self._run_locked(held, entry.scenario, entry.region, SCHEDULE)
+                return "passed" if summary.passed else "failed"
+        except DrillBusy as e:
+            first = self._first_time(f"busy:{entry.key}", run.at)  # say it once, not every tick
+            log.log(
+                logging.INFO if first else logging.DEBUG,
+                "drill %s is due, but %s; trying again every %g s while its window allows",
+                entry.key,
+                e,
+                self._tick_s,
+            )
+            return "busy"
+        except Exception as e:  # the runner's or the store's: the next tick decides again
+            log.error("drill %s did not complete: %s: %s", entry.key, type(e).__name__, e)
+            return f"error: {type(e).__name__}: {e}"
+
+    async def _last_runs(self) -> dict[str, datetime | None]:
+        """When each entry last ran from the schedule, from the history in etcd. An
+        entry without a region matches its scenario's rows in any region that no other
+        entry of that scenario names."""
+        rows = [r for r in await history(self._store, self._keys, None) if r.trigger == SCHEDULE]
+        named = {(e.scenario, e.region) for e in self._schedule.entries if e.region}
+        out: dict[str, datetime | None] = {}
+        for e in self._schedule.entries:
+            starts = [r.started_at for r in rows if _matches(e, r, named)]
+            out[e.key] = datetime.fromtimestamp(max(starts), UTC) if starts else None
+        return out
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock.now(), UTC)
+
+    def _announce(self, now: datetime) -> None:
+        """Log the next drill when it changes, and what is skipped on the way."""
+        up = next_runs(self._schedule, now, 1)
+        self._tell_skipped(up.skipped)
+        nxt = up.runs[0] if up.runs else None
+        if nxt == self._announced:
+            return
+        self._announced = nxt
+        if nxt is None:
+            log.warning("no drill will run within a year: check the schedule's windows")
+            return
+        log.info(
+            "next drill %s (%s on %s) at %s, in %s",
+            nxt.entry.key,
+            nxt.entry.scenario,
+            nxt.entry.region or "its default region",
+            _at(nxt.at),
+            _span(nxt.at_utc - now),
+        )
+
+    def _tell_skipped(self, skipped: Sequence[Skipped]) -> None:
+        for s in skipped:
+            if self._first_time(s.entry.key, s.at):
+                log.info("skipped: drill %s at %s: %s", s.entry.key, _at(s.at), s.reason)
+
+    def _first_time(self, what: str, at: datetime) -> bool:
+        if (what, at) in self._told:
+            return False
+        self._told.add((what, at))
+        return True
+
+
+def _busy(kv: KeyValue) -> DrillBusy:
+    try:
+        return DrillBusy(decode(DrillLock, kv.value, kv.key))
+    except CorruptValue:
+        return DrillBusy(None, kv.value.decode(errors="replace"))
+
+
+def _matches(entry: ScheduleEntry, row: DrillSummary, named: set[tuple[str, str]]) -> bool:
+    if row.scenario != entry.scenario:
+        return False
+    if entry.region:
+        return row.region == entry.region
+    return (row.scenario, row.region) not in named
+
+
+def _at(at: datetime) -> str:
+    return f"{at:%a %Y-%m-%d %H:%M %Z}"
+
+
+def _span(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    days, rest = divmod(max(seconds, 0), 86_400)
+    return f"{days}d {rest // 3600}h {rest % 3600 // 60}m"
+
+
+async def history(store: Store, keys: Keys, limit: int | None = 20) -> list[DrillSummary]:
+    """Finished drills, newest first (at most ``limit``; None: all). Rows that do not
+    parse are logged and left out."""
+    page = await store.get_prefix(keys.drill_history_prefix())
+    out: list[DrillSummary] = []
+    for kv in reversed(page.kvs):  # keys sort by time
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            out.append(decode(DrillSummary, kv.value, kv.key))
+        except CorruptValue as e:
+            log.warning("drill history: %s", e)
+    return out
+
+
+# ---- main --------------------------------------------------------------------------
+
+
+def _load_runner() -> RunDrill:
+    """The drills run in a local lab (chaos/lab.py), imported only when drills are to
+    run. Against a deployment elsewhere, pass a RunDrill built on a DrillTarget adapter
+    for it (chaos/runner.py)."""
+    from chaos.lab import run_drill
+
+    return run_drill
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos.drill_service",
+        description="Run the scheduled chaos drills (one at a time, inside their windows) "
+        "and keep their history in etcd.",
+        epilog="Check the schedule first: python -m chaos.schedule next chaos/schedule.yaml",
+    )
+    p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
+    p.add_argument(
+        "--etcd", default="127.0.0.1:2379", help="host:port[,host:port...] (default %(default)s)"
+    )
+    p.add_argument("--cluster", default="default", help="deployment name in etcd keys")
+    p.add_argument("--scenarios", type=Path, help="scenario directory (default chaos/scenarios)")
+    p.add_argument("--tick-s", type=float, default=30.0, help="how often to look (default 30)")
+    p.add_argument("--lock-ttl-s", type=int, default=15, help="lease of the drill lock")
+    p.add_argument("--holder", help="id in the lock and history (default drills-HOST-PID)")
+    p.add_argument("--history", type=int, metavar="N", help="print the last N drills and exit")
+    p.add_argument("--run", metavar="SCENARIO", help="run this drill once now and exit")
+    p.add_argument("--region", help="with --run: target region (default the scenario's)")
+    return p
+
+
+async def _main(args: argparse.Namespace) -> int:
+    keys = Keys(cluster=args.cluster)
+    config = EtcdConfig(endpoints=tuple(e.strip() for e in args.etcd.split(",")))
+    from controlplane.store.etcd import EtcdStore  # the adapter, only for the process
+
+    async with EtcdStore(config) as store:
+        if args.history is not None:
+            for row in await history(store, keys, args.history):
+                print(row.model_dump_json())
+            return 0
+        directory = args.scenarios or SCENARIO_DIR
+        scenarios = load_all(directory) if directory.is_dir() else []
+        durations = {s.name: s.abort.max_duration_s for s in scenarios}
+        schedule = load_schedule(args.schedule, durations or None)
+        service = DrillService(
+            store, keys, schedule, _load_runner(), SystemClock(),
+            holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
+            default_regions={s.name: s.region for s in scenarios},
+        )  # fmt: skip
+        task = asyncio.current_task()
+        if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        if args.run:
+            summary = await service.run_once(args.run, args.region, MANUAL)
+            print(summary.model_dump_json())
+            return 0 if summary.passed else 1
+        await service.serve()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return asyncio.run(_main(args))
+    except (ConfigError, DrillBusy, StoreError) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
