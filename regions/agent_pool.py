@@ -11,6 +11,9 @@ gateways route only to ACTIVE replicas (a WARM one sleeps and would hang request
 The file (every field but ``launcher`` is optional; see regions/pool/README.md)::
 
     launcher: {kind: simulator, model: tiny, block_size: 16}   # | vllm | static
+    # launcher.speculative_config: vLLM's --speculative-config (simulator, vllm); with it
+    # the agent follows degradation/<region>'s speculative_decoding flag by rolling the
+    # pool between replicas with and without it (regions/spec_decode_actuator.py)
     active: 1            # replicas awake and routed
     warm: 1              # replicas asleep, ready to wake
     size: 3              # managed slots (default active + warm); extras stay COLD
@@ -26,6 +29,7 @@ with backoff while etcd is unreachable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -33,7 +37,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from controlplane.codec import encode
 from controlplane.config import (
@@ -55,10 +67,12 @@ from regions.pool.launchers import (
     StaticEndpoints,
     VllmLauncher,
     VllmSpec,
+    check_speculative_config,
 )
 from regions.pool.manager import PoolSnapshot, WarmPool
 from regions.pool.sizing import BurstProfile
 from regions.pool.states import DwellPolicy, PoolConfig
+from regions.spec_decode_actuator import SpecDecodeActuator
 
 log = logging.getLogger("tectonic.agent.pool")
 _URL = re.compile(r"^https?://[^/\s]+$")
@@ -76,6 +90,12 @@ class SimulatorLauncherConfig(_Strict):
     block_size: int = Field(16, ge=1)
     extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = Field(20.0, gt=0)
+    speculative_config: dict[str, JsonValue] | None = None  # as vLLM's, see VllmSpec
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative(cls, config: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        return check_speculative_config(config)
 
     def build(self) -> Launcher:
         return SimulatorLauncher(
@@ -83,6 +103,7 @@ class SimulatorLauncherConfig(_Strict):
             block_size=self.block_size,
             extra_args=self.extra_args,
             ready_timeout_s=self.ready_timeout_s,
+            speculative_config=self.speculative_config,
         )
 
 
@@ -166,6 +187,26 @@ class AgentPoolConfig(_Strict):
             )
         return launcher
 
+    @field_validator("launcher")
+    @classmethod
+    def _slot_to_roll(cls, launcher: LauncherConfig, info: ValidationInfo) -> LauncherConfig:
+        """Switching speculative decoding replaces replicas one at a time, each
+        replacement up and ACTIVE before an old one leaves: that needs a slot beyond
+        the ACTIVE target."""
+        if isinstance(launcher, StaticLauncherConfig) or not launcher.speculative_config:
+            return launcher
+        active, warm, size = (info.data.get(k) for k in ("active", "warm", "size"))
+        if active is None or warm is None:
+            return launcher  # reported on its own field
+        slots = active + warm if size is None else size
+        if slots < active + 1:
+            raise ValueError(
+                f"with speculative_config the pool needs a slot beyond its {active} ACTIVE "
+                f"to roll replicas between the variants (has {slots}): give warm >= 1 or "
+                f"size >= {active + 1}"
+            )
+        return launcher
+
     def pool_config(self) -> PoolConfig:
         return PoolConfig(active=self.active, warm=self.warm, size=self.size, dwell=self.dwell)
 
@@ -244,13 +285,22 @@ class AgentPool:
             EtcdConfig(endpoints=tuple(etcd), request_timeout_s=etcd_timeout_s)
         )
         self._own_store = store is None
-        self.key = Keys(cluster).pool(region)
+        keys = Keys(cluster)
+        self.key = keys.pool(region)
         self.agent_id = f"agent:{region}"
         self.published: PoolMembers | None = None  # the last value etcd took
         self.interval_s = config.reconcile_interval_s or interval_s
         self._retry = (retry_s, max_retry_s)
         self._wall_clock = wall_clock
         self._dirty = asyncio.Event()  # something to publish; the publisher waits on it
+        self._kick = asyncio.Event()  # reconcile now (a new variant to roll to)
+        # Degradation step 1 acts here, with a launcher that has a speculative_config.
+        self.spec_decode: SpecDecodeActuator | None = None
+        if self.launcher.variants:
+            self.spec_decode = SpecDecodeActuator(
+                region, self.pool, self.store, keys, interval_s=self.interval_s,
+                on_switch=self._kick.set, retry_s=retry_s,
+            )  # fmt: skip
 
     # -- what the agent calls ----------------------------------------------------------
     async def start(self, agent_id: str) -> None:
@@ -260,6 +310,8 @@ class AgentPool:
         if size is not None and not size.too_small and size.feasible:
             log.info("warm pool of %s sized for its burst: %s", self.region, size.reason)
         # (a pool too small for its burst is logged as a warning by WarmPool.start)
+        if self.spec_decode is not None:  # launch what the ladder wants, not roll to it
+            await self.spec_decode.prime()
         await self.pool.start()
         self._dirty.set()  # publish at start, whether or not the ACTIVE set changed
         snap = self.pool.snapshot()
@@ -278,15 +330,20 @@ class AgentPool:
     def signals(self) -> dict[str, float]:
         """``replicas_warm``: activatable without a launch; ``pool_shortfall``: ACTIVE
         replicas the pool wants and cannot reach yet."""
-        return {
+        signals = {
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
+        if self.spec_decode is not None:
+            signals |= self.spec_decode.signals()
+        return signals
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._reconcile_loop(), name=f"pool:{self.region}")
             tg.create_task(self._publish_loop(), name=f"pool-publish:{self.region}")
+            if self.spec_decode is not None:
+                tg.create_task(self.spec_decode.run(), name=f"spec-decode:{self.region}")
 
     async def stop(self, publish_timeout_s: float = 2.0) -> None:
         """Stop the pool; managed replicas are gone after it, so publish that (bounded:
@@ -355,10 +412,13 @@ class AgentPool:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            self._kick.clear()  # a kick during this reconcile calls for the next one now
             try:
                 await self.pool.reconcile()
             except ReplicaError as e:  # the pool is being stopped under us
                 log.warning("warm pool reconcile of %s failed: %s", self.region, e)
             if self.published is not None and self.pool.warm_count() != self.published.warm:
                 self._dirty.set()  # launches and stops change WARM without an ACTIVE change
-            await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, started + self.interval_s - loop.time())):
+                    await self._kick.wait()

@@ -10,22 +10,30 @@
   argv + environment builder; what it returns is exactly what runs.
 - :class:`StaticEndpoints`: replicas that someone else runs (``managed = False``); the
   pool only probes, sleeps, wakes and routes them, and ``launch``/``stop`` refuse.
+
+Variants: a simulator or vLLM launcher given a ``speculative_config`` (vLLM's
+``--speculative-config`` JSON, e.g. ``{"method": "ngram", "num_speculative_tokens": 3,
+"prompt_lookup_max": 4}``) launches two kinds of replica, :data:`SPEC_DECODE` (with the
+flag, the default) and :data:`NO_SPEC_DECODE` (without): ``launch(variant)``. The
+degradation ladder's first step rolls a pool from one to the other
+(``regions.spec_decode``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from chaos.procs import Proc, free_port, start_simulator
 from chaos.vllm_cpu import (
@@ -37,6 +45,7 @@ from chaos.vllm_cpu import (
     vllm_available,
     wait_vllm,
 )
+from regions.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 
 
 class LaunchRefused(RuntimeError):
@@ -44,12 +53,15 @@ class LaunchRefused(RuntimeError):
 
 
 class Launcher(Protocol):
-    """Where replicas come from. ``managed``: the pool may launch and stop them."""
+    """Where replicas come from. ``managed``: the pool may launch and stop them;
+    ``variants``: the kinds ``launch`` takes, the default first (empty: one kind)."""
 
     managed: bool
+    variants: tuple[str, ...]
 
-    async def launch(self) -> str:
-        """Start one replica; return its base URL once ``/health`` answers 200."""
+    async def launch(self, variant: str | None = None) -> str:
+        """Start one replica (of ``variant``; None: the default); return its base URL
+        once ``/health`` answers 200."""
         ...
 
     async def stop(self, url: str) -> None:
@@ -57,26 +69,69 @@ class Launcher(Protocol):
         ...
 
 
+def spec_decode_variants(speculative_config: Mapping[str, object] | None) -> tuple[str, ...]:
+    """The variants of a launcher with this speculative config (none without one)."""
+    return (SPEC_DECODE, NO_SPEC_DECODE) if speculative_config else ()
+
+
+def speculative_args(
+    speculative_config: Mapping[str, object] | None, variant: str | None
+) -> list[str]:
+    """``--speculative-config JSON`` for the spec-decode variant (the default), else
+    nothing. Keys sorted, so that the same config is the same argv."""
+    if not speculative_config or variant == NO_SPEC_DECODE:
+        return []
+    if variant not in (None, SPEC_DECODE):
+        raise LaunchRefused(f"unknown variant {variant!r}: {SPEC_DECODE} or {NO_SPEC_DECODE}")
+    return [
+        "--speculative-config",
+        json.dumps(speculative_config, sort_keys=True, separators=(",", ":")),
+    ]
+
+
+def _check_variant(variants: tuple[str, ...], variant: str | None) -> None:
+    if variant is not None and variant not in variants:
+        raise LaunchRefused(
+            f"variant {variant!r} unknown here (variants: "
+            f"{list(variants) or 'none: no speculative_config'})"
+        )
+
+
 class SimulatorLauncher:
     """Simulator processes on free ports; ``process(url)`` lets tests kill one."""
 
     managed: bool = True
 
-    def __init__(self, *, model: str = "tiny", block_size: int = 16,
-                 extra_args: Sequence[str] = (), ready_timeout_s: float = 20.0,
-                 name: str = "pool-sim") -> None:
+    def __init__(
+        self,
+        *,
+        model: str = "tiny",
+        block_size: int = 16,
+        extra_args: Sequence[str] = (),
+        ready_timeout_s: float = 20.0,
+        name: str = "pool-sim",
+        speculative_config: Mapping[str, object] | None = None,
+    ) -> None:
         self.model, self.block_size = model, block_size
         self.extra_args = tuple(extra_args)
         self.ready_timeout_s = ready_timeout_s
+        self.speculative_config = speculative_config
+        self.variants = spec_decode_variants(speculative_config)
         self._name = name
         self._seq = itertools.count()
         self._procs: dict[str, Proc] = {}
 
-    async def launch(self) -> str:
+    async def launch(self, variant: str | None = None) -> str:
+        _check_variant(self.variants, variant)
+        args = (*self.extra_args, *speculative_args(self.speculative_config, variant))
         proc = await asyncio.to_thread(
-            start_simulator, model=self.model, block_size=self.block_size,
-            extra_args=self.extra_args, name=f"{self._name}{next(self._seq)}",
-            timeout=self.ready_timeout_s)
+            start_simulator,
+            model=self.model,
+            block_size=self.block_size,
+            extra_args=args,
+            name=f"{self._name}{next(self._seq)}",
+            timeout=self.ready_timeout_s,
+        )
         self._procs[proc.url] = proc
         return proc.url
 
@@ -108,6 +163,26 @@ class VllmSpec(BaseModel):
     devices: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = Field(240.0, gt=0)  # cpu: ~20 s idle, 45-75 s under load
+    # vLLM's --speculative-config (e.g. {method: ngram, num_speculative_tokens: 3,
+    # prompt_lookup_max: 4}); with it replicas come in two variants (module docstring).
+    speculative_config: dict[str, JsonValue] | None = None
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative(cls, config: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        return check_speculative_config(config)
+
+
+def check_speculative_config(
+    config: dict[str, JsonValue] | None,
+) -> dict[str, JsonValue] | None:
+    """An empty object would launch "with" speculative decoding that vLLM rejects."""
+    if config is not None and not config:
+        raise ValueError(
+            "speculative_config is empty: give vLLM's --speculative-config "
+            "fields, e.g. {method: ngram, num_speculative_tokens: 3}"
+        )
+    return config
 
 
 class VllmCommand(BaseModel):
@@ -117,23 +192,35 @@ class VllmCommand(BaseModel):
     env: dict[str, str]
 
 
-def vllm_command(spec: VllmSpec, port: int, tmp: Path,
-                 device: str | None = None) -> VllmCommand:
+def vllm_command(
+    spec: VllmSpec, port: int, tmp: Path, device: str | None = None, variant: str | None = None
+) -> VllmCommand:
     """argv and full environment of one vLLM server (pure apart from starting from the
     current environment). ``python -m vllm.entrypoints.openai.api_server`` works for
-    both builds (``vllm serve`` fails on vllm-cpu: no ``vllm`` package metadata)."""
+    both builds (``vllm serve`` fails on vllm-cpu: no ``vllm`` package metadata).
+    ``variant``: :data:`NO_SPEC_DECODE` leaves ``--speculative-config`` out."""
     cpu = spec.flavour == "cpu"
     python = spec.python or (str(VLLM_PYTHON) if cpu else sys.executable)
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", spec.model, "--served-model-name", spec.served_model_name,
-            "--host", spec.host, "--port", str(port), "--enable-prefix-caching"]
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        spec.model,
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        "--enable-prefix-caching",
+    ]
     max_len = spec.max_model_len or (4096 if cpu else None)
     if max_len is not None:
         argv += ["--max-model-len", str(max_len)]
     if cpu:
         # notes/vllm-cpu.md: eager (torch.compile costs 45-77 s), one process, fp32.
-        argv += ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend",
-                 "uni"]
+        argv += ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"]
         env = server_env(tmp, spec.kv_cache_gib)  # dev mode, KV space, caches under tmp
     else:
         argv.append("--enable-sleep-mode")  # level-1 sleep offloads weights, frees KV
@@ -143,6 +230,7 @@ def vllm_command(spec: VllmSpec, port: int, tmp: Path,
         env.update({"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"})
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
+    argv += speculative_args(spec.speculative_config, variant)
     return VllmCommand(argv=(*argv, *spec.extra_args), env=env)
 
 
@@ -153,24 +241,30 @@ class VllmLauncher:
 
     def __init__(self, spec: VllmSpec) -> None:
         self.spec = spec
+        self.variants = spec_decode_variants(spec.speculative_config)
         self._procs: dict[str, VllmProc] = {}
         self._device_of: dict[str, str] = {}
         self._free_devices = list(spec.devices)
         self._seq = itertools.count()
 
-    def _spawn(self, device: str | None) -> VllmProc:
+    def _spawn(self, device: str | None, variant: str | None) -> VllmProc:
         if self.spec.flavour == "cpu" and self.spec.python is None and not vllm_available():
             raise LaunchRefused(f"no CPU vLLM: {SETUP_HINT}")
         port = free_port(self.spec.host)
         tmp = Path(tempfile.mkdtemp(prefix="tectonic-pool-vllm-"))
-        cmd = vllm_command(self.spec, port, tmp, device)
+        cmd = vllm_command(self.spec, port, tmp, device, variant)
         log_path = tmp.parent / f"{tmp.name}.log"
         try:
             with log_path.open("wb") as log_file:
-                popen = subprocess.Popen(cmd.argv, cwd=tmp, env=cmd.env,
-                                         stdin=subprocess.DEVNULL, stdout=log_file,
-                                         stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # stop() kills children
+                popen = subprocess.Popen(
+                    cmd.argv,
+                    cwd=tmp,
+                    env=cmd.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # stop() kills children
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
             log_path.unlink(missing_ok=True)
@@ -179,14 +273,15 @@ class VllmLauncher:
         proc.port, proc.url = port, f"http://{self.spec.host}:{port}"
         return wait_vllm(proc, self.spec.ready_timeout_s)
 
-    async def launch(self) -> str:
+    async def launch(self, variant: str | None = None) -> str:
+        _check_variant(self.variants, variant)
         device = None
         if self.spec.devices:
             if not self._free_devices:
                 raise LaunchRefused(f"all {len(self.spec.devices)} GPU devices are in use")
             device = self._free_devices.pop(0)
         try:
-            proc = await asyncio.to_thread(self._spawn, device)
+            proc = await asyncio.to_thread(self._spawn, device, variant)
         except BaseException:
             if device is not None:
                 self._free_devices.append(device)
@@ -210,6 +305,7 @@ class StaticEndpoints:
     stops them. A static endpoint that does not answer is COLD until it does."""
 
     managed: bool = False
+    variants: tuple[str, ...] = ()  # what runs there is not ours to choose
 
     def __init__(self, urls: Sequence[str]) -> None:
         cleaned = tuple(u.rstrip("/") for u in urls)
@@ -217,9 +313,11 @@ class StaticEndpoints:
             raise ValueError(f"static endpoints need distinct URLs, got {list(urls)}")
         self.urls = cleaned
 
-    async def launch(self) -> str:
-        raise LaunchRefused("static endpoints are launched by whoever runs them; the pool "
-                            f"only wakes, sleeps and routes {', '.join(self.urls)}")
+    async def launch(self, variant: str | None = None) -> str:
+        raise LaunchRefused(
+            "static endpoints are launched by whoever runs them; the pool "
+            f"only wakes, sleeps and routes {', '.join(self.urls)}"
+        )
 
     async def stop(self, url: str) -> None:
         raise LaunchRefused(f"{url} is a static endpoint: stop it where it is managed")

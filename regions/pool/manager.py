@@ -11,6 +11,7 @@ API (what the region agent uses)::
     await pool.start()                    # launch/adopt, sleep, wake `active` of them
     urls = await pool.activate(3)         # at least 3 ACTIVE: IDLE first, then WARM
     urls = await pool.set_active(1)       # desired level; extras drain after the dwell
+    pool.set_variant("no-spec-decode")    # roll to it, one replica at a time (reconcile)
     pool.active() -> list[str]            # ACTIVE base URLs (what gateways route to)
     pool.warm_count() -> int              # WARM + IDLE: activatable without a launch
     pool.snapshot() -> PoolSnapshot       # per replica url/state/since/managed, notes
@@ -22,6 +23,11 @@ ACTIVE URLs changes. ``activate``/``set_active`` never launch (that takes minute
 shortfall is in the snapshot's notes and the next ``reconcile`` launches COLD slots to
 WARM and wakes them. A replica is COLD after ``dead_after`` failed probes in a row.
 ``WarmPool`` fits ``regions.agent_service.ReplicaSet``.
+
+Variants: a launcher that knows several (``Launcher.variants``, e.g. with and without
+``--speculative-config``) launches the target's; ``set_variant`` changes it and each
+``reconcile`` then rolls the pool over, one replica at a time, never with fewer ACTIVE
+than the target (:func:`regions.pool.states.plan`).
 """
 
 from __future__ import annotations
@@ -74,17 +80,25 @@ class PoolSnapshot(_Frozen):
 class WarmPool:
     """One region's warm pool; see the module docstring for the API."""
 
-    def __init__(self, launcher: Launcher, config: PoolConfig, *,
-                 burst: BurstProfile | None = None,
-                 on_change: Callable[[PoolSnapshot], None] | None = None,
-                 clock: Clock | None = None, dead_after: int = 2,
-                 probe_timeout_s: float = 2.0, request_timeout_s: float = 30.0,
-                 reset_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        config: PoolConfig,
+        *,
+        burst: BurstProfile | None = None,
+        on_change: Callable[[PoolSnapshot], None] | None = None,
+        clock: Clock | None = None,
+        dead_after: int = 2,
+        probe_timeout_s: float = 2.0,
+        request_timeout_s: float = 30.0,
+        reset_timeout_s: float = 5.0,
+    ) -> None:
         if dead_after < 1:
             raise ValueError(f"dead_after {dead_after} < 1")
         self.launcher, self.config = launcher, config
         self._clock = clock or SystemClock()
-        self._target = config.target
+        variant = launcher.variants[0] if launcher.variants else None  # the default kind
+        self._target = config.target.model_copy(update={"variant": variant})
         self._on_change = on_change
         self._dead_after = dead_after
         self._timeouts = (probe_timeout_s, request_timeout_s, reset_timeout_s)
@@ -92,10 +106,14 @@ class WarmPool:
         if isinstance(launcher, StaticEndpoints):
             n = len(launcher.urls)
             if (config.size is not None and config.size != n) or n < config.active + config.warm:
-                raise ValueError(f"{n} static URLs do not fit size {config.size}, "
-                                 f"active {config.active} + warm {config.warm}")
-            seeds = [Replica(name=f"r{i}", url=u, since=t, managed=False)
-                     for i, u in enumerate(launcher.urls)]
+                raise ValueError(
+                    f"{n} static URLs do not fit size {config.size}, "
+                    f"active {config.active} + warm {config.warm}"
+                )
+            seeds = [
+                Replica(name=f"r{i}", url=u, since=t, managed=False)
+                for i, u in enumerate(launcher.urls)
+            ]
         else:
             seeds = [Replica(name=f"r{i}", since=t) for i in range(config.slots)]
         self._replicas = {r.name: r for r in seeds}  # insertion order = slot order
@@ -132,6 +150,22 @@ class WarmPool:
             await self._apply(self._plan(self._clock.now()), None, launch=False)
         return self.active()
 
+    def set_variant(self, variant: str) -> None:
+        """Launch ``variant`` from now on and roll the running replicas over to it on the
+        next reconciles (the planner's roll). Level-triggered: setting the current one
+        again changes nothing."""
+        if variant not in self.launcher.variants:
+            raise ValueError(
+                f"variant {variant!r} is not one of the launcher's "
+                f"{list(self.launcher.variants) or '(none)'}"
+            )
+        self._target = self._target.model_copy(update={"variant": variant})
+
+    @property
+    def variant(self) -> str | None:
+        """The variant replicas should run (None: the launcher has one kind only)."""
+        return self._target.variant
+
     def active(self) -> list[str]:
         return self.snapshot().urls(ACTIVE)
 
@@ -140,9 +174,13 @@ class WarmPool:
         return sum(r.state in (WARM, IDLE) and not r.busy for r in self._replicas.values())
 
     def snapshot(self) -> PoolSnapshot:
-        return PoolSnapshot(replicas=tuple(self._replicas.values()), target=self._target,
-                            shortfall=self._last.shortfall,
-                            notes=(*self._last.deferred, *self._last.notes), size=self._size)
+        return PoolSnapshot(
+            replicas=tuple(self._replicas.values()),
+            target=self._target,
+            shortfall=self._last.shortfall,
+            notes=(*self._last.deferred, *self._last.notes),
+            size=self._size,
+        )
 
     async def reconcile(self, now: float | None = None) -> PoolSnapshot:
         """One level-triggered tick at ``now`` (default: the pool's clock): probe (dead
@@ -178,8 +216,9 @@ class WarmPool:
             raise ReplicaError("the pool is stopped")
         if self._client is None:  # made here: a session needs the running loop
             p, r, z = self._timeouts
-            self._client = ReplicaClient(aiohttp.ClientSession(), probe_timeout_s=p,
-                                         request_timeout_s=r, reset_timeout_s=z)
+            self._client = ReplicaClient(
+                aiohttp.ClientSession(), probe_timeout_s=p, request_timeout_s=r, reset_timeout_s=z
+            )
         return self._client
 
     @staticmethod
@@ -213,19 +252,33 @@ class WarmPool:
             self._move(a, self._at(now))
         names = [a.replica for a in p.of("launch")] if launch and not self._closing else []
         for name in names:
-            self._replicas[name] = self._replicas[name].model_copy(update={"busy": True})
+            r = self._replicas[name]
+            # A managed slot is launched as the variant wanted now; a static endpoint is
+            # whatever it is.
+            variant = self._target.variant if r.managed else r.variant
+            self._replicas[name] = r.model_copy(update={"busy": True, "variant": variant})
         return names
 
     def _move(self, a: Action, t: float, url: str | None = None) -> None:
-        self._put(transition(self._replicas[a.replica], a.to, t, self.config.dwell, url),
-                  a.reason)
+        r = transition(
+            self._replicas[a.replica], a.to, t, self.config.dwell, url, retiring=a.retire
+        )
+        self._put(r, a.reason)
 
     def _put(self, r: Replica, why: str) -> None:
         before, was = self._replicas[r.name], self.active()
         self._replicas[r.name] = r
         if before.state is not r.state:
-            log.info("replica %s %s: %s -> %s (%s)", r.name, r.url or before.url,
-                     before.state, r.state, why)
+            kind = f" [{r.variant or before.variant}]" if self._target.variant else ""
+            log.info(
+                "replica %s %s%s: %s -> %s (%s)",
+                r.name,
+                r.url or before.url,
+                kind,
+                before.state,
+                r.state,
+                why,
+            )
         if self._on_change is not None and self.active() != was:
             try:
                 self._on_change(self.snapshot())
@@ -249,7 +302,9 @@ class WarmPool:
         url = r.url
         try:
             if r.managed:
-                url = await self.launcher.launch()
+                url = await (
+                    self.launcher.launch() if r.variant is None else self.launcher.launch(r.variant)
+                )
             elif url is None or not await self._http.healthy(url):
                 return  # a static endpoint still unreachable: COLD, re-probed next tick
             elif self._adopt_serving(r, url, await self._http.is_sleeping(url), now):
@@ -259,13 +314,16 @@ class WarmPool:
                 raise ReplicaError("the pool is stopping")
         except Exception as e:  # launcher errors vary (OSError, RuntimeError, ...): logged
             log.warning("bringing up %s failed: %s", name, e)
-            if r.managed and url is not None:
-                await self._stop_quietly(url)
+            if r.managed:
+                if url is not None:
+                    await self._stop_quietly(url)
+                self._replicas[name] = self._replicas[name].model_copy(update={"variant": None})
             return
         finally:
             self._replicas[name] = self._replicas[name].model_copy(update={"busy": False})
-        self._move(Action(kind="launch", replica=name, to=WARM, reason="up and asleep"),
-                   self._at(now), url)
+        self._move(
+            Action(kind="launch", replica=name, to=WARM, reason="up and asleep"), self._at(now), url
+        )
 
     def _adopt_serving(self, r: Replica, url: str, sleeping: bool, now: float | None) -> bool:
         """A static endpoint found awake while the pool is short of ACTIVE ones (an agent
@@ -276,16 +334,21 @@ class WarmPool:
         never woken)."""
         if sleeping or len(self.active()) >= self._target.active:
             return False
-        self._put(r.model_copy(update={"state": ACTIVE, "since": self._at(now), "url": url}),
-                  "static endpoint found awake and serving: adopted as it is")
+        self._put(
+            r.model_copy(update={"state": ACTIVE, "since": self._at(now), "url": url}),
+            "static endpoint found awake and serving: adopted as it is",
+        )
         return True
 
     async def _observe(self, t: float) -> None:
         """Probe every replica that should be up: dead -> COLD (a managed one is reaped,
         and the plan relaunches its slot when the targets need it); a replica awake or
         asleep against its recorded state is put right."""
-        rs = [r for r in self._replicas.values()
-              if not r.busy and r.url is not None and r.state is not ReplicaState.COLD]
+        rs = [
+            r
+            for r in self._replicas.values()
+            if not r.busy and r.url is not None and r.state is not ReplicaState.COLD
+        ]
         probes = await asyncio.gather(*(self._http.probe(self._url(r)) for r in rs))
         for r, sleeping in zip(rs, probes, strict=True):
             if sleeping is None:

@@ -18,6 +18,14 @@ Edges (anything else is refused, with a reason)::
   never held back (capacity comes first; scaling down is what waits), so a replica
   changes routing at most once per ``active_min_s`` in the down direction.
 
+Variants (a launch-time property, e.g. with or without ``--speculative-config``): when
+the target names a ``variant``, replicas of another one are *stale*. The planner rolls
+them out one at a time: it wakes (or launches, then wakes) one replica of the wanted
+variant beyond the ACTIVE target, drains a stale ACTIVE one only while the ACTIVE count
+stays at or above the target, and retires stale standby replicas (IDLE -> WARM after
+``drain_s``, then WARM -> COLD without the standby dwells: they are no one's standby).
+Stale replicas are never woken, resumed or counted as standby.
+
 :func:`plan` turns the replicas and a :class:`PoolTarget` into a :class:`Plan` of
 actions; the I/O adapter (:mod:`regions.pool.manager`) carries them out.
 """
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,13 +70,18 @@ class DwellPolicy(_Frozen):
     warm_min_s: float = Field(300.0, ge=0)  # WARM before stop: launches are expensive
     idle_min_s: float = Field(1800.0, ge=0)  # IDLE before sleep: instant return to ACTIVE
     active_min_s: float = Field(120.0, ge=0)  # ACTIVE before drain: the anti-flap rule
+    # IDLE before a stale replica (another variant) is retired: requests routed to it
+    # before gateways saw it drained finish first (sleep aborts running requests).
+    drain_s: float = Field(10.0, ge=0)
 
 
 class PoolTarget(_Frozen):
-    """How many replicas should be ACTIVE, and how many kept in standby (WARM)."""
+    """How many replicas should be ACTIVE, and how many kept in standby (WARM);
+    ``variant``: the one replicas should run (None: any, the launcher has one kind)."""
 
     active: int = Field(ge=0)
     warm: int = Field(ge=0)
+    variant: str | None = None
 
 
 class PoolConfig(_Frozen):
@@ -84,8 +97,10 @@ class PoolConfig(_Frozen):
     @model_validator(mode="after")
     def _fits(self) -> PoolConfig:
         if self.size is not None and self.size < self.active + self.warm:
-            raise ValueError(f"size {self.size} < active {self.active} + warm {self.warm}: "
-                             "the pool cannot hold its own targets")
+            raise ValueError(
+                f"size {self.size} < active {self.active} + warm {self.warm}: "
+                "the pool cannot hold its own targets"
+            )
         return self
 
     @property
@@ -100,7 +115,8 @@ class PoolConfig(_Frozen):
 class Replica(_Frozen):
     """One replica slot. ``since`` is when it entered ``state``; ``url`` is None while a
     managed slot has no process; ``busy`` while an action on it is in flight (the
-    planner leaves it alone and counts a busy COLD slot as becoming WARM)."""
+    planner leaves it alone and counts a busy COLD slot as becoming WARM); ``variant``
+    is what it was launched as (None: unknown or the launcher's only kind)."""
 
     name: str
     url: str | None = None
@@ -108,6 +124,15 @@ class Replica(_Frozen):
     since: float = 0.0
     managed: bool = True
     busy: bool = False
+    variant: str | None = None
+
+
+def is_stale(r: Replica, target: PoolTarget) -> bool:
+    """Whether ``r`` runs (or is being launched as) another variant than the target
+    wants; unknown ones never, and an empty slot is free for any."""
+    if r.state is COLD and not r.busy:
+        return False
+    return target.variant is not None and r.variant is not None and r.variant != target.variant
 
 
 class TransitionRefused(ValueError):
@@ -118,8 +143,12 @@ class TransitionRefused(ValueError):
         self.reason = reason
 
 
-def refusal(r: Replica, to: ReplicaState, now: float, dwell: DwellPolicy) -> str | None:
-    """Why ``r`` may not move to ``to`` at ``now``, or None when it may."""
+def refusal(
+    r: Replica, to: ReplicaState, now: float, dwell: DwellPolicy, *, retiring: bool = False
+) -> str | None:
+    """Why ``r`` may not move to ``to`` at ``now``, or None when it may. ``retiring``: a
+    stale replica on its way out, held only by ``drain_s`` in IDLE (the standby dwells
+    keep capacity for a burst, and a stale replica is no one's standby)."""
     here = f"{r.name} is {r.state}"
     if r.busy:
         return f"{here} with an action in flight"
@@ -132,29 +161,49 @@ def refusal(r: Replica, to: ReplicaState, now: float, dwell: DwellPolicy) -> str
         return f"{here}: {r.state} -> {to} is not an edge (from {r.state}: {allowed})"
     if (r.state, to) == (WARM, COLD) and not r.managed:
         return f"{here}: a static endpoint is stopped by whoever manages it"
-    minimum = {(WARM, COLD): dwell.warm_min_s, (IDLE, WARM): dwell.idle_min_s,
-               (ACTIVE, IDLE): dwell.active_min_s}.get((r.state, to))
+    minimum = {
+        (WARM, COLD): dwell.warm_min_s,
+        (IDLE, WARM): dwell.idle_min_s,
+        (ACTIVE, IDLE): dwell.active_min_s,
+    }.get((r.state, to))
+    if retiring:
+        minimum = {(IDLE, WARM): dwell.drain_s, (ACTIVE, IDLE): dwell.active_min_s}.get(
+            (r.state, to)
+        )
     held = now - r.since
     if minimum is not None and held < minimum:
-        return f"{here} for {held:.0f} s < {r.state} dwell {minimum:g} s"
+        what = "drain" if retiring and r.state is IDLE else f"{r.state} dwell"
+        return f"{here} for {held:.0f} s < {what} {minimum:g} s"
     return None
 
 
-def transition(r: Replica, to: ReplicaState, now: float, dwell: DwellPolicy,
-               url: str | None = None) -> Replica:
+def transition(
+    r: Replica,
+    to: ReplicaState,
+    now: float,
+    dwell: DwellPolicy,
+    url: str | None = None,
+    *,
+    retiring: bool = False,
+) -> Replica:
     """``r`` in state ``to`` since ``now``; raises :class:`TransitionRefused`. ``url``
-    gives a freshly launched replica its address; stopping clears a managed url."""
-    reason = refusal(r, to, now, dwell)
+    gives a freshly launched replica its address; stopping clears a managed url (and
+    its variant: the slot is empty)."""
+    reason = refusal(r, to, now, dwell, retiring=retiring)
     if reason is not None:
         raise TransitionRefused(reason)
-    new_url = url if url is not None else (None if to is COLD and r.managed else r.url)
-    return r.model_copy(update={"state": to, "since": now, "url": new_url})
+    emptied = to is COLD and r.managed
+    new_url = url if url is not None else (None if emptied else r.url)
+    variant = None if emptied else r.variant
+    return r.model_copy(update={"state": to, "since": now, "url": new_url, "variant": variant})
 
 
 def died(r: Replica, now: float) -> Replica:
     """Any -> COLD, observed: the process is gone (a static endpoint keeps its url)."""
-    url = r.url if not r.managed else None
-    return r.model_copy(update={"state": COLD, "since": now, "url": url, "busy": False})
+    url, variant = (r.url, r.variant) if not r.managed else (None, None)
+    return r.model_copy(
+        update={"state": COLD, "since": now, "url": url, "busy": False, "variant": variant}
+    )
 
 
 class Action(_Frozen):
@@ -162,6 +211,7 @@ class Action(_Frozen):
     replica: str
     to: ReplicaState
     reason: str
+    retire: bool = False  # a stale replica leaving: see ``refusal(retiring=True)``
 
 
 class Plan(_Frozen):
@@ -178,39 +228,55 @@ class Plan(_Frozen):
         return [a for a in self.actions if a.kind in kinds]
 
 
-def plan(replicas: Sequence[Replica], target: PoolTarget, now: float,
-         dwell: DwellPolicy) -> Plan:
+def plan(replicas: Sequence[Replica], target: PoolTarget, now: float, dwell: DwellPolicy) -> Plan:
     """Decide which replicas to wake, resume, drain, sleep, stop or launch to reach
     ``target``. Scale-up is immediate (IDLE first: they are awake), scale-down waits
     for the dwell times; COLD slots are launched to WARM for the standby target and
-    for any ACTIVE shortfall."""
+    for any ACTIVE shortfall. Replicas of another variant than the target's are rolled
+    out one at a time (module docstring)."""
     free = sorted((r for r in replicas if not r.busy), key=lambda r: (r.since, r.name))
-    of = {s: [r for r in free if r.state is s] for s in ReplicaState}
-    launching = sum(1 for r in replicas if r.busy and r.state is COLD)
+    stale = [r for r in free if is_stale(r, target)]
+    of = {s: [r for r in free if r.state is s and r not in stale] for s in ReplicaState}
+    launching = sum(1 for r in replicas if r.busy and r.state is COLD and not is_stale(r, target))
     n_active = sum(1 for r in replicas if r.state is ACTIVE)
+    n_stale_active = sum(1 for r in replicas if r.state is ACTIVE and is_stale(r, target))
     actions: list[Action] = []
     deferred: list[str] = []
     notes: list[str] = []
 
-    def act(kind: ActionKind, r: Replica, to: ReplicaState, why: str) -> None:
-        actions.append(Action(kind=kind, replica=r.name, to=to, reason=why))
+    def act(kind: ActionKind, r: Replica, to: ReplicaState, why: str, retire: bool = False) -> None:
+        actions.append(Action(kind=kind, replica=r.name, to=to, reason=why, retire=retire))
 
     need = target.active - n_active
-    resumed = of[IDLE][::-1][:max(need, 0)]  # most recently drained first: warmest cache
-    woken = of[WARM][:max(need - len(resumed), 0)]
+    # The roll's surge: while stale replicas serve, one replica of the wanted variant
+    # beyond the target, so that draining a stale one keeps ACTIVE at the target.
+    surge = 1 if n_stale_active else 0
+    up = max(0, min(target.active - (n_active - n_stale_active), target.active + surge - n_active))
+    why_up = (
+        f"{n_active} ACTIVE < target {target.active}"
+        if need > 0
+        else f"roll to {target.variant}: replaces one of {n_stale_active} ACTIVE on another variant"
+    )
+    resumed = of[IDLE][::-1][:up]  # most recently drained first: warmest cache
+    woken = of[WARM][: up - len(resumed)]
     for r in resumed:
-        act("resume", r, ACTIVE, f"{n_active} ACTIVE < target {target.active}")
+        act("resume", r, ACTIVE, why_up)
     for r in woken:
-        act("wake", r, ACTIVE, f"{n_active} ACTIVE < target {target.active}")
+        act("wake", r, ACTIVE, why_up)
     shortfall = max(need - len(resumed) - len(woken), 0)
+    to_bring_up = up - len(resumed) - len(woken)  # >= shortfall: the roll's surge too
     if need < 0:
-        # Longest-ACTIVE first: the first whose anti-flap dwell is over.
-        drainable = [r for r in of[ACTIVE] if refusal(r, IDLE, now, dwell) is None]
-        for r in drainable[:-need]:
-            act("drain", r, IDLE, f"{n_active} ACTIVE > target {target.active}")
-        if len(drainable) < -need:
-            deferred += [f"drain: {refusal(r, IDLE, now, dwell)}"
-                         for r in of[ACTIVE] if r not in drainable]
+        _drain(
+            of[ACTIVE],
+            [r for r in stale if r.state is ACTIVE],
+            target,
+            n_active,
+            now,
+            dwell,
+            act,
+            deferred,
+        )
+    _retire(stale, target, now, dwell, act, deferred)
 
     still_idle = [r for r in of[IDLE] if r not in resumed]
     for r in still_idle:
@@ -221,19 +287,35 @@ def plan(replicas: Sequence[Replica], target: PoolTarget, now: float,
     # Standby: IDLE counts when deciding to launch (it is ready at once) but not when
     # deciding to stop (it may be resumed) - a hysteresis that avoids launch/stop churn.
     standby = len(still_warm) + len(still_idle) + launching
-    deficit = target.warm + shortfall - standby
+    wanted = target.warm + to_bring_up
+    deficit = wanted - standby
     cold = of[COLD]
     for r in [r for r in cold if not r.managed]:  # re-probe: reachable ones join as WARM
         act("launch", r, WARM, "static endpoint: adopt when reachable")
     managed_cold = [r for r in cold if r.managed]
-    for r in managed_cold[:max(deficit, 0)]:
-        act("launch", r, WARM, f"standby {standby} < wanted {target.warm + shortfall}")
-    if deficit > len(managed_cold):
-        notes.append(f"pool too small: wanted {target.warm + shortfall} in standby, "
-                     f"have {standby} and {len(managed_cold)} COLD slots to launch")
+    for r in managed_cold[: max(deficit, 0)]:
+        act("launch", r, WARM, f"standby {standby} < wanted {wanted}")
+    retiring = sum(1 for r in stale if r.state in (IDLE, WARM) and r.managed)
+    if deficit > len(managed_cold) + retiring:
+        notes.append(
+            f"pool too small: wanted {wanted} in standby, "
+            f"have {standby} and {len(managed_cold)} COLD slots to launch"
+        )
+    elif deficit > len(managed_cold):
+        notes.append(
+            f"roll to {target.variant}: {deficit - len(managed_cold)} launch(es) "
+            "wait for the slot of a replica being retired"
+        )
     if shortfall:
-        notes.append(f"{shortfall} ACTIVE short of {target.active}: COLD slots launch to "
-                     "WARM first and are woken by a later plan (never COLD -> ACTIVE)")
+        notes.append(
+            f"{shortfall} ACTIVE short of {target.active}: COLD slots launch to "
+            "WARM first and are woken by a later plan (never COLD -> ACTIVE)"
+        )
+    if stale:
+        notes.append(
+            f"roll to {target.variant}: {n_stale_active} ACTIVE and "
+            f"{len(stale) - n_stale_active} other replica(s) on another variant"
+        )
 
     excess = len(still_warm) - target.warm
     if excess > 0:
@@ -241,8 +323,66 @@ def plan(replicas: Sequence[Replica], target: PoolTarget, now: float,
         for r in stoppable[:excess]:
             act("stop", r, COLD, f"{len(still_warm)} WARM > target {target.warm}")
         if len(stoppable) < excess:
-            deferred += [f"stop: {refusal(r, COLD, now, dwell)}"
-                         for r in still_warm if r.managed and r not in stoppable]
-    return Plan(actions=tuple(actions), deferred=tuple(deferred), notes=tuple(notes),
-                shortfall=shortfall)
+            deferred += [
+                f"stop: {refusal(r, COLD, now, dwell)}"
+                for r in still_warm
+                if r.managed and r not in stoppable
+            ]
+    return Plan(
+        actions=tuple(actions), deferred=tuple(deferred), notes=tuple(notes), shortfall=shortfall
+    )
 
+
+class _Act(Protocol):
+    def __call__(
+        self, kind: ActionKind, r: Replica, to: ReplicaState, why: str, retire: bool = False
+    ) -> None: ...
+
+
+def _drain(
+    fresh_active: list[Replica],
+    stale_active: list[Replica],
+    target: PoolTarget,
+    n_active: int,
+    now: float,
+    dwell: DwellPolicy,
+    act: _Act,
+    deferred: list[str],
+) -> None:
+    """Drain the ACTIVE replicas beyond the target: stale ones first (that is the roll,
+    and only ever once a replacement is ACTIVE), then the longest ACTIVE; each once its
+    anti-flap dwell is over."""
+    excess = n_active - target.active
+    candidates = stale_active + fresh_active
+    drainable = [r for r in candidates if refusal(r, IDLE, now, dwell) is None]
+    for r in drainable[:excess]:
+        why = f"{n_active} ACTIVE > target {target.active}"
+        if r in stale_active:
+            why = f"roll to {target.variant}: replaced ({why}); runs {r.variant}"
+        act("drain", r, IDLE, why)
+    if len(drainable) < excess:
+        deferred += [
+            f"drain: {refusal(r, IDLE, now, dwell)}" for r in candidates if r not in drainable
+        ]
+
+
+def _retire(
+    stale: list[Replica],
+    target: PoolTarget,
+    now: float,
+    dwell: DwellPolicy,
+    act: _Act,
+    deferred: list[str],
+) -> None:
+    """Stale standby leaves: IDLE ones sleep once drained (``drain_s``), WARM managed
+    ones stop, freeing their slots for the wanted variant. Static ones stay asleep."""
+    for r in stale:
+        why = f"retiring: runs {r.variant}, {target.variant} wanted"
+        if r.state is IDLE:
+            reason = refusal(r, WARM, now, dwell, retiring=True)
+            if reason is None:
+                act("sleep", r, WARM, why, retire=True)
+            else:
+                deferred.append(f"retire: {reason}")
+        elif r.state is WARM and r.managed:
+            act("stop", r, COLD, why, retire=True)

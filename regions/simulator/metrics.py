@@ -155,6 +155,38 @@ class Exposition:
 
 
 @dataclass
+class SpecDecodeStats:
+    """vLLM's ``SpecDecodingStats``, counted per decode step: each step verifies one
+    draft of ``num_spec_tokens`` tokens, accepts the first ``accepted_per_draft`` of them
+    and adds the bonus token, so it yields ``accepted_per_draft + 1`` tokens."""
+
+    num_spec_tokens: int
+    accepted_per_draft: int
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted_per_pos = [0] * self.num_spec_tokens
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.accepted_per_draft + 1
+
+    def observe_decode_token(self, index: int) -> None:
+        """The ``index``-th decode token of a request (0 = the first after prefill):
+        the first of each step opens a draft, the next ones are its accepted tokens."""
+        pos = index % self.tokens_per_step
+        if pos == 0:
+            self.drafts += 1
+            self.draft_tokens += self.num_spec_tokens
+        else:
+            self.accepted += 1
+            self.accepted_per_pos[pos - 1] += 1
+
+
+@dataclass
 class EngineStats:
     """What the simulated engine counts; rendered by :func:`render_metrics`."""
 
@@ -167,6 +199,7 @@ class EngineStats:
     queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     # The FastAPI instrumentator's http_requests_total: (handler, method, "2xx"...) -> count
     http_requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    spec_decode: SpecDecodeStats | None = None  # with --speculative-config only, like vLLM
 
 
 @dataclass(frozen=True)
@@ -254,6 +287,8 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         "Information of the LLMEngine CacheConfig",
         [({**snap.cache_info, "engine": "0"}, 1.0)],
     )
+    if stats.spec_decode is not None:
+        _spec_decode(out, base, stats.spec_decode)
     out.counter(
         "http_requests",
         "Total number of requests by method, status and handler.",
@@ -263,3 +298,21 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         ],
     )
     return out.text()
+
+
+def _spec_decode(out: Exposition, base: Mapping[str, str], sd: SpecDecodeStats) -> None:
+    """vLLM's ``SpecDecodingProm`` families (absent without a speculative config)."""
+    out.counter(
+        "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [(base, sd.drafts)]
+    )
+    out.counter(
+        "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [(base, sd.draft_tokens)]
+    )
+    out.counter(
+        "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [(base, sd.accepted)]
+    )
+    out.counter(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        [({**base, "position": str(i)}, n) for i, n in enumerate(sd.accepted_per_pos)],
+    )

@@ -1,4 +1,13 @@
-"""The simulator's HTTP surface: vLLM's OpenAI-compatible API plus ``/_sim/fault``."""
+"""The simulator's HTTP surface: vLLM's OpenAI-compatible API plus ``/_sim/fault``.
+
+With a speculative config (vLLM's ``--speculative-config`` JSON) the simulator exports
+vLLM's ``vllm:spec_decode_*`` counters and decodes faster: each decode step yields the
+draft's accepted tokens plus the bonus token in about the time of one token, with the
+first ``ceil(num_speculative_tokens / 2)`` draft tokens accepted. What speculative
+decoding costs under load (verification takes batch slots from other sequences) is
+not modelled. Without one the ``spec_decode`` metrics are absent, as in vLLM, so an
+observer can tell which variant serves.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +15,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from aiohttp import web
@@ -18,7 +27,7 @@ from regions.simulator.admin import AdminApi
 from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token, generated
 from regions.simulator.faults import FaultSpec, FaultState, Verdict
 from regions.simulator.limits import check_max_tokens, output_budget
-from regions.simulator.metrics import EngineStats
+from regions.simulator.metrics import EngineStats, SpecDecodeStats
 from regions.simulator.protocol import (
     ApiError,
     ChatRequest,
@@ -51,6 +60,18 @@ class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     dev_mode: bool = True  # VLLM_SERVER_DEV_MODE: /sleep, /wake_up, /is_sleeping, ...
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    speculative_config: Mapping[str, object] | None = None  # --speculative-config
+
+
+def spec_decode_stats(config: Mapping[str, object] | None) -> SpecDecodeStats | None:
+    """The counters of a speculative config (None without one); raises ValueError when
+    ``num_speculative_tokens`` (default 1) is not a positive integer."""
+    if config is None:
+        return None
+    k = config.get("num_speculative_tokens", 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
+    return SpecDecodeStats(num_spec_tokens=k, accepted_per_draft=(k + 1) // 2)
 
 
 @web.middleware
@@ -104,7 +125,13 @@ def _sse(payload: Json) -> bytes:
 class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.engine = Engine(config.engine)
+        spec = spec_decode_stats(config.speculative_config)
+        engine = config.engine
+        if spec is not None:  # a step's tokens in about one token's time
+            rate = engine.decode_tokens_per_s * spec.tokens_per_step
+            engine = replace(engine, decode_tokens_per_s=rate)
+        self.engine = Engine(engine)
+        self.engine.stats.spec_decode = spec
         self.faults = FaultState(config.engine.seed)
         self.created = now()
 
@@ -288,7 +315,12 @@ class Simulator:
         return _json(body)
 
     async def _collect(self, gen: GenRequest) -> list[Token]:
-        return [t async for t in self.engine.generate(gen)]
+        return [t async for t in self._generate(gen)]
+
+    def _generate(self, gen: GenRequest) -> AsyncGenerator[Token]:
+        spec = self.engine.stats.spec_decode
+        stream = self.engine.generate(gen)
+        return stream if spec is None else _count_drafts(stream, spec)
 
     async def _stream(
         self,
@@ -303,7 +335,7 @@ class Simulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         tokens: list[Token] = []
-        stream: AsyncGenerator[Token] = self.engine.generate(gen)
+        stream: AsyncGenerator[Token] = self._generate(gen)
         try:
             if first is not None:
                 await resp.write(_sse(first))
@@ -380,6 +412,23 @@ class Simulator:
         self.faults.clear()
         log.info("faults cleared")
         return _json(self.faults.spec.model_dump())
+
+
+async def _count_drafts(
+    stream: AsyncGenerator[Token], spec: SpecDecodeStats
+) -> AsyncGenerator[Token]:
+    """Pass the tokens on, counting every decode token into its draft (vLLM counts per
+    step; the totals agree)."""
+    n = 0
+    try:
+        async for t in stream:
+            if t.token_id is not None:
+                if n:  # the first token comes from prefill, not from a draft
+                    spec.observe_decode_token(n - 1)
+                n += 1
+            yield t
+    finally:
+        await stream.aclose()  # the engine releases the sequence now, not at GC
 
 
 async def serve(
