@@ -46,7 +46,14 @@ class LadderRunner:
         self._held: dict[str, str] = {}  # last hold reason logged, per region
 
     async def tick(self, snap: Snapshot) -> list[LadderAction]:
-        """One step of every region's ladder; returns the changes written."""
+        """One step of every region's ladder; returns the changes written. Nothing
+        while operators have paused automation: the steps stay as they are."""
+        if snap.control.paused:
+            if self._held.get("") != snap.control.reason:
+                log.warning("ladder paused with automation: %s", snap.control.reason)
+                self._held[""] = snap.control.reason
+            return []
+        self._held.pop("", None)
         page = await self.store.get_prefix(self.keys.degradation_prefix())
         current: dict[str, tuple[DegradationRecord, int]] = {}
         for kv in page.kvs:

@@ -6,11 +6,12 @@ process-wide default, so that replicas sharing a test process do not share serie
 decided on and the result it applied), and the orchestrator calls ``transitioned`` /
 ``failover_step_done`` after each write that succeeded.
 
-Region gauges (state, health, pre-warm attainment) are exported by the leader only:
-a follower reads no snapshot, so it drops them rather than export stale values, and
-``max by (region, state) (tectonic_region_state)`` over all replicas has exactly one
-answer. Counters and the histogram count what each replica did while it led.
-Session moves are counted by the gateways (``tectonic_gateway_*``), not here.
+Region gauges (state, health, pre-warm attainment, routing weights, drill readiness)
+are exported by the leader only: a follower reads no snapshot, so it drops them rather
+than export stale values, and ``max by (region, state) (tectonic_region_state)`` over
+all replicas has exactly one answer. Counters and the histogram count what each
+replica did while it led. Session moves are counted by the gateways
+(``tectonic_gateway_*``), not here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from controlplane.core.model import (
     Health,
     RegionState,
 )
-from controlplane.core.snapshot import Snapshot
+from controlplane.core.snapshot import RegionView, Snapshot
 
 log = logging.getLogger("tectonic.metrics")
 
@@ -94,7 +95,36 @@ class ControlPlaneMetrics:
             "Unix time of the last reconcile tick that completed",
             registry=r,
         )
+        self.routing_weight = Gauge(
+            "tectonic_routing_weight",
+            "Share of the traffic homed in region that routing/<region> sends to target "
+            "(leader only)",
+            ["region", "target"],
+            registry=r,
+        )
+        self.region_barred = Gauge(
+            "tectonic_region_barred",
+            "1 while a failed last drill bars the region as a failover target and no "
+            "operator overrode it, else 0 (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.drill_timestamp = Gauge(
+            "tectonic_region_drill_timestamp_seconds",
+            "Unix time of the region's last drill verdict in regions/<region>/readiness; "
+            "absent while it has none (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.automation_paused = Gauge(
+            "tectonic_automation_paused",
+            "1 while operators paused automation (automatic transitions: failovers and "
+            "recovery steps), else 0 (a follower says 0)",
+            registry=r,
+        )
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
+        self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
+        self._drilled: set[str] = set()  # regions drill_timestamp shows
 
     def scrape(self, *, leader: bool) -> bytes:
         """The exposition, with leadership as of now (ticks stop when the store does)."""
@@ -115,6 +145,7 @@ class ControlPlaneMetrics:
                 self._set_health(h.region, h.health.verdict)
         elif not leader:
             self._drop_region_gauges()
+            self.automation_paused.set(0)
 
     def _from_snapshot(self, snap: Snapshot) -> None:
         for name, view in snap.regions.items():
@@ -126,13 +157,38 @@ class ControlPlaneMetrics:
             self._set_health(name, view.health.verdict)
             if rec.failover is not None:
                 self._set_prewarm(name, rec.failover.prewarm_result)
+            self._set_routing(name, view.effective_routing().targets)
+            self._set_readiness(name, view)
+        self.automation_paused.set(1 if snap.control.paused else 0)
 
     def _drop_region_gauges(self) -> None:
         if self._epochs:
             self.region_state.clear()
             self.region_health.clear()
             self.prewarm_attained.clear()
+            self.routing_weight.clear()
+            self.region_barred.clear()
+            self.drill_timestamp.clear()
             self._epochs.clear()
+            self._targets.clear()
+            self._drilled.clear()
+
+    def _set_routing(self, region: str, targets: dict[str, float]) -> None:
+        for gone in self._targets.get(region, set()) - targets.keys():
+            self.routing_weight.remove(region, gone)
+        self._targets[region] = set(targets)
+        for target, weight in targets.items():
+            self.routing_weight.labels(region, target).set(weight)
+
+    def _set_readiness(self, region: str, view: RegionView) -> None:
+        self.region_barred.labels(region).set(1 if view.barred else 0)
+        at = view.readiness.at if view.readiness is not None else 0.0
+        if at > 0:
+            self.drill_timestamp.labels(region).set(at)
+            self._drilled.add(region)
+        elif region in self._drilled:
+            self.drill_timestamp.remove(region)
+            self._drilled.discard(region)
 
     def _set_state(self, region: str, state: RegionState, epoch: int) -> None:
         self._epochs[region] = epoch
