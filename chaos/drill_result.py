@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controlplane.core.drills import DrillSummary
+
+__all__ = ["DrillResult", "DrillSummary", "summarize"]
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -103,34 +107,19 @@ class DrillResult(_Frozen):
         return [c.name for c in self.criteria if not c.passed]
 
 
-class DrillSummary(_Frozen):
-    """A finished drill in a few fields: the value of ``drills/history/<id>`` and a row
-    of every history table (the full result stays in its report directory)."""
-
-    id: str
-    scenario: str
-    region: str
-    started_at: float
-    ended_at: float
-    passed: bool
-    dry_run: bool = False
-    aborted: str = ""
-    failed: tuple[str, ...] = ()  # names of the failed criteria
-    trigger: str = "manual"  # manual | schedule
-    report_path: str = ""
-
-    @classmethod
-    def of(cls, result: DrillResult, trigger: str = "manual") -> DrillSummary:
-        return cls(
-            id=result.id,
-            scenario=result.scenario,
-            region=result.region,
-            started_at=result.started_at,
-            ended_at=result.ended_at,
-            passed=result.passed,
-            dry_run=result.dry_run,
-            aborted=result.aborted,
-            failed=tuple(result.failed_criteria()),
-            trigger=trigger,
-            report_path=result.report_path,
-        )
+def summarize(result: DrillResult, trigger: str = "manual", request_id: str = "") -> DrillSummary:
+    """The history row of ``result``."""
+    return DrillSummary(
+        id=result.id,
+        scenario=result.scenario,
+        region=result.region,
+        started_at=result.started_at,
+        ended_at=result.ended_at,
+        passed=result.passed,
+        dry_run=result.dry_run,
+        aborted=result.aborted,
+        failed=tuple(result.failed_criteria()),
+        trigger=trigger,
+        report_path=result.report_path,
+        request_id=request_id,
+    )

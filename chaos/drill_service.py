@@ -33,15 +33,16 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from chaos.drill_result import DrillResult, DrillSummary
+from chaos import drill_requests as requests
+from chaos.drill_result import DrillResult, DrillSummary, summarize
 from chaos.scenario import SCENARIO_DIR, load_all
 from chaos.schedule import (
     SCHEDULE_FILE,
@@ -57,6 +58,7 @@ from controlplane.audit import AuditLog
 from controlplane.clock import Clock, SystemClock
 from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import ConfigError, EtcdConfig
+from controlplane.core.drills import DrillRequest, ScenarioInfo
 from controlplane.core.model import AuditEntry
 from controlplane.keys import Keys
 from controlplane.store.port import (
@@ -73,11 +75,18 @@ from controlplane.store.retry import retry_call
 
 log = logging.getLogger("tectonic.drills")
 
-# (scenario name, target region or None for the scenario's default) → the drill's result
-RunDrill = Callable[[str, str | None], Awaitable[DrillResult]]
+
+class RunDrill(Protocol):
+    """Runs the named scenario on ``region`` (None: the scenario's default)."""
+
+    def __call__(
+        self, name: str, region: str | None, *, dry_run: bool = False
+    ) -> Awaitable[DrillResult]: ...
+
 
 SCHEDULE = "schedule"
 MANUAL = "manual"
+REQUEST = "request"
 
 
 class DrillLock(BaseModel):
@@ -147,6 +156,7 @@ class DrillService:
         lock_ttl_s: int = 15,
         store_deadline_s: float = 10.0,
         default_regions: Mapping[str, str] | None = None,
+        scenarios: Sequence[ScenarioInfo] = (),
     ) -> None:
         # The keep-alive runs every ttl/3 and gives up at ttl - ttl/5: needs ttl >= 2.
         if lock_ttl_s < 2:
@@ -163,6 +173,8 @@ class DrillService:
         self._ttl = lock_ttl_s
         self._deadline = store_deadline_s
         self._default_regions = dict(default_regions or {})
+        self._scenarios = tuple(scenarios)  # published in drills/catalog; () = unchecked
+        self._wake = asyncio.Event()  # set by the watch on drills/requests/
         self._audit = AuditLog(keys, self.holder)
         self._announced: PlannedRun | None = None
         self._told: set[tuple[str, datetime]] = set()  # (what, occurrence) already logged
@@ -170,28 +182,45 @@ class DrillService:
     # ---- one drill -----------------------------------------------------------------
 
     async def run_once(
-        self, name: str, region: str | None = None, trigger: str = MANUAL
+        self,
+        name: str,
+        region: str | None = None,
+        trigger: str = MANUAL,
+        *,
+        dry_run: bool = False,
+        request_id: str = "",
     ) -> DrillSummary:
         """Run one drill now under the lock and record it. Raises DrillBusy if another
         drill runs, LockLost if the lock was lost meanwhile, or whatever the drill
         raised (after recording it as failed)."""
         async with self._locked(name, region, trigger) as held:
-            return await self._run_locked(held, name, region, trigger)
+            return await self._run_locked(
+                held, name, region, trigger, dry_run=dry_run, request_id=request_id
+            )
 
     async def _run_locked(
-        self, held: _Held, name: str, region: str | None, trigger: str
+        self,
+        held: _Held,
+        name: str,
+        region: str | None,
+        trigger: str,
+        *,
+        dry_run: bool = False,
+        request_id: str = "",
     ) -> DrillSummary:
         started = self._clock.now()
         try:
-            result = await self._hold(held, name, region)
+            result = await self._hold(held, name, region, dry_run)
         except Exception as e:
-            summary = self._failed(name, region, trigger, started, e)
+            summary = self._failed(name, region, trigger, started, e).model_copy(
+                update={"dry_run": dry_run, "request_id": request_id}
+            )
             try:
                 await self._record(held, summary)
             except StoreError as store_error:  # the drill's error is the one to raise
                 log.error("could not record the failed drill %s: %s", name, store_error)
             raise
-        summary = DrillSummary.of(result, trigger=trigger)
+        summary = summarize(result, trigger=trigger, request_id=request_id)
         await self._record(held, summary)
         verdict = "PASSED" if summary.passed else f"FAILED ({', '.join(summary.failed)})"
         log.info("drill %s on %s %s", summary.scenario, summary.region, verdict)
@@ -275,12 +304,14 @@ class DrillService:
                 self._ttl,
             )
 
-    async def _hold(self, held: _Held, name: str, region: str | None) -> DrillResult:
+    async def _hold(
+        self, held: _Held, name: str, region: str | None, dry_run: bool = False
+    ) -> DrillResult:
         """Run the drill while keeping the lease alive; whichever ends first ends both."""
         results: list[DrillResult] = []
 
         async def drill() -> None:
-            results.append(await self._run_drill(name, region))
+            results.append(await self._run_drill(name, region, dry_run=dry_run))
             keeper.cancel()  # a cancelled task does not fail its TaskGroup
 
         failure: BaseException | None = None
@@ -361,17 +392,36 @@ class DrillService:
             len(self._schedule.entries),
             self._tick_s,
         )
-        while True:
-            try:
-                report = await self.tick()
-                if report.outcome != "idle":
-                    log.info("tick: %s", report.model_dump_json())
-            except StoreError as e:
-                log.warning("tick failed, trying again in %g s: %s", self._tick_s, e)
-            await asyncio.sleep(self._tick_s)
+        watcher = asyncio.create_task(
+            requests.watch_requests(self._store, self._keys, self._wake, self._tick_s)
+        )
+        try:
+            while True:
+                try:
+                    report = await self.tick()
+                    if report.outcome != "idle":
+                        log.info("tick: %s", report.model_dump_json())
+                except StoreError as e:
+                    log.warning("tick failed, trying again in %g s: %s", self._tick_s, e)
+                with contextlib.suppress(TimeoutError):  # a request wakes the loop early
+                    await asyncio.wait_for(self._wake.wait(), self._tick_s)
+                self._wake.clear()
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
     async def tick(self) -> TickReport:
+        """Publish the catalog; run the oldest operator request if any, else the
+        oldest due scheduled drill; at most one drill per tick."""
         now = self._now()
+        await requests.publish_catalog(
+            self._store, self._keys, self.holder, self._scenarios, self._schedule,
+            now.timestamp(),
+        )  # fmt: skip
+        asked = await requests.pending(self._store, self._keys)
+        if asked:
+            outcome = await self._run_requested(asked[0])
+            return TickReport(at=now.timestamp(), ran=f"request:{asked[0].id}", outcome=outcome)
         report = check_due(self._schedule, await self._last_runs(), now)
         self._tell_skipped(report.skipped)
         keys = tuple(r.entry.key for r in report.runs)
@@ -382,6 +432,26 @@ class DrillService:
         outcome = await self._run_scheduled(run)
         self._announce(self._now())
         return TickReport(at=now.timestamp(), due=keys, ran=run.entry.key, outcome=outcome)
+
+    async def _run_requested(self, req: DrillRequest) -> str:
+        known = {s.name for s in self._scenarios}
+        if known and req.scenario not in known:
+            log.error("request %s names no scenario of this service: %s", req.id, req.scenario)
+            await requests.done(self._store, self._keys, req)
+            return "refused: unknown scenario"
+        log.info("running drill %s requested by %s: %s", req.scenario, req.actor, req.reason)
+        try:
+            summary = await self.run_once(
+                req.scenario, req.region or None, REQUEST, dry_run=req.dry_run,
+                request_id=req.id,
+            )  # fmt: skip
+        except DrillBusy:
+            return "busy"  # kept: the next tick tries again
+        except Exception as e:  # recorded as a failed run by _run_locked
+            await requests.done(self._store, self._keys, req)
+            return f"error: {type(e).__name__}: {e}"
+        await requests.done(self._store, self._keys, req)
+        return "passed" if summary.passed else "failed"
 
     async def _run_scheduled(self, run: PlannedRun) -> str:
         entry = run.entry
@@ -548,6 +618,7 @@ async def _main(args: argparse.Namespace) -> int:
             store, keys, schedule, _load_runner(), SystemClock(),
             holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
             default_regions={s.name: s.region for s in scenarios},
+            scenarios=requests.scenario_infos(scenarios),
         )  # fmt: skip
         task = asyncio.current_task()
         if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)

@@ -148,9 +148,9 @@ async def drill_on(
         await traffic.stop()
 
 
-async def run_drill(name: str, region: str | None) -> DrillResult:
+async def run_drill(name: str, region: str | None, *, dry_run: bool = False) -> DrillResult:
     """What the drill service calls: the named scenario, in a lab."""
-    return await run_in_lab(find_scenario(name), region)
+    return await run_in_lab(find_scenario(name), region, dry_run=dry_run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from chaos.drill_result import DrillResult, DrillSummary, JournalEntry
+from chaos.drill_result import DrillResult, DrillSummary, JournalEntry, summarize
 from chaos.report_plots import draw_regions, draw_timeline, save_png
 
 REPORT, RESULT, SUMMARY = "report.html", "result.json", "summary.md"
@@ -269,7 +269,7 @@ def scan_history(reports_root: Path) -> History:
         except (OSError, ValidationError) as exc:
             unreadable.append((str(path), _why(exc)))
             continue
-        found.append((path.parent.name, DrillSummary.of(result)))
+        found.append((path.parent.name, summarize(result)))
     found.sort(key=lambda row: (row[1].started_at, row[1].id), reverse=True)
     return History(rows=tuple(found), unreadable=tuple(unreadable))
 

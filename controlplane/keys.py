@@ -113,6 +113,17 @@ class Keys:
         """One finished drill's summary (``DrillSummary``), kept for the history."""
         return f"{self.root}drills/history/{sortable_id}"
 
+    def drill_requests_prefix(self) -> str:
+        return self.root + "drills/requests/"
+
+    def drill_request(self, request_id: str) -> str:
+        """An operator's request for a drill (``DrillRequest``), until the service runs it."""
+        return f"{self.root}drills/requests/{request_id}"
+
+    def drill_catalog(self) -> str:
+        """What the drill service can run and will run (``DrillCatalog``)."""
+        return self.root + "drills/catalog"
+
     def region_of(self, key: str, prefix: str) -> str:
         """The first path segment after ``prefix`` (e.g. the region of a routing key)."""
         return key[len(prefix) :].split("/", 1)[0]

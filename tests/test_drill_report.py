@@ -18,12 +18,12 @@ from matplotlib.image import imread
 from chaos.drill_result import (
     Criterion,
     DrillResult,
-    DrillSummary,
     JournalEntry,
     LadderEvent,
     RegionSample,
     Sample,
     Transition,
+    summarize,
 )
 from chaos.procs import until
 from chaos.report import load_history, main, write_history, write_report
@@ -240,7 +240,7 @@ def test_history_lists_drills_newest_first_and_names_the_unreadable(tmp_path: Pa
 
     history = load_history(root)
     assert [s.id for s in history] == ["new-drill", "old-drill"]
-    assert history[1] == DrillSummary.of(
+    assert history[1] == summarize(
         older.model_copy(
             update={"criteria": (), "report_path": str(root / "old-drill/report.html")}
         )

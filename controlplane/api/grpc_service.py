@@ -23,6 +23,7 @@ from controlplane.api.convert import (
     plan_to_pb,
     region_status,
 )
+from controlplane.api.grpc_drills import DrillMethods
 from controlplane.api.reads import BadRead, Reads
 from controlplane.api.rpc_checks import (
     abort,
@@ -55,7 +56,7 @@ log = logging.getLogger("tectonic.api")
 MAX_TARGETS = 16
 
 
-class ControlPlaneService(pb_grpc.ControlPlaneServicer):
+class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
     def __init__(
         self,
         store: Store,

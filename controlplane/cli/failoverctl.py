@@ -357,6 +357,14 @@ def sessions_pin(
     _show(c, info, lambda: out.print(f"{session_id}: pinned to {info.region}"))
 
 
+# Registered last: their module uses this one's helpers (imported when they run).
+from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app  # noqa: E402
+
+app.add_typer(readiness_app, name="readiness")
+app.add_typer(prefixes_app, name="prefixes")
+app.add_typer(drill_app, name="drill")
+
+
 def run() -> None:
     app()
 

@@ -140,7 +140,11 @@ class Readiness(Frozen):
     passed: bool
     drill: str = ""
     at: float = 0.0
+    # An operator's override of a failed verdict (the region takes traffic again);
+    # cleared by the next drill's verdict.
     override_reason: str = ""
+    override_actor: str = ""
+    override_at: float = 0.0
 
 
 class IntentKind(StrEnum):

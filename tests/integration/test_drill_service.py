@@ -45,7 +45,9 @@ class FakeRunner:
         self.started = asyncio.Event()
         self.cancelled = False
 
-    async def __call__(self, name: str, region: str | None) -> DrillResult:
+    async def __call__(
+        self, name: str, region: str | None, *, dry_run: bool = False
+    ) -> DrillResult:
         self.calls.append((name, region))
         self.started.set()
         started = self.clock.now()

@@ -348,3 +348,193 @@ class SessionInfo(_message.Message):
     pinned_at: float
     moves: int
     def __init__(self, session_id: _Optional[str] = ..., found: _Optional[bool] = ..., home: _Optional[str] = ..., region: _Optional[str] = ..., epoch: _Optional[int] = ..., pinned_at: _Optional[float] = ..., moves: _Optional[int] = ...) -> None: ...
+
+class ReadinessRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class RegionReadiness(_message.Message):
+    __slots__ = ("region", "has_verdict", "passed", "drill", "at", "override_reason", "override_actor", "override_at", "barred")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    HAS_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    DRILL_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_REASON_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_AT_FIELD_NUMBER: _ClassVar[int]
+    BARRED_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    has_verdict: bool
+    passed: bool
+    drill: str
+    at: float
+    override_reason: str
+    override_actor: str
+    override_at: float
+    barred: bool
+    def __init__(self, region: _Optional[str] = ..., has_verdict: _Optional[bool] = ..., passed: _Optional[bool] = ..., drill: _Optional[str] = ..., at: _Optional[float] = ..., override_reason: _Optional[str] = ..., override_actor: _Optional[str] = ..., override_at: _Optional[float] = ..., barred: _Optional[bool] = ...) -> None: ...
+
+class ReadinessResponse(_message.Message):
+    __slots__ = ("regions",)
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[RegionReadiness]
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionReadiness, _Mapping]]] = ...) -> None: ...
+
+class ReadinessOverrideRequest(_message.Message):
+    __slots__ = ("region", "reason", "actor")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    reason: str
+    actor: str
+    def __init__(self, region: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class TopPrefixesRequest(_message.Message):
+    __slots__ = ("region", "limit")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    limit: int
+    def __init__(self, region: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class PrefixEntry(_message.Message):
+    __slots__ = ("key", "tokens", "count", "sessions", "may_leave", "preview")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAY_LEAVE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    tokens: int
+    count: float
+    sessions: int
+    may_leave: bool
+    preview: str
+    def __init__(self, key: _Optional[str] = ..., tokens: _Optional[int] = ..., count: _Optional[float] = ..., sessions: _Optional[int] = ..., may_leave: _Optional[bool] = ..., preview: _Optional[str] = ...) -> None: ...
+
+class TopPrefixesResponse(_message.Message):
+    __slots__ = ("region", "found", "generated_at", "gateways", "min_sessions", "entries")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    GATEWAYS_FIELD_NUMBER: _ClassVar[int]
+    MIN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    found: bool
+    generated_at: float
+    gateways: int
+    min_sessions: int
+    entries: _containers.RepeatedCompositeFieldContainer[PrefixEntry]
+    def __init__(self, region: _Optional[str] = ..., found: _Optional[bool] = ..., generated_at: _Optional[float] = ..., gateways: _Optional[int] = ..., min_sessions: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[PrefixEntry, _Mapping]]] = ...) -> None: ...
+
+class DrillsRequest(_message.Message):
+    __slots__ = ("limit", "region")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    region: str
+    def __init__(self, limit: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
+
+class DrillRun(_message.Message):
+    __slots__ = ("id", "scenario", "region", "started_at", "ended_at", "passed", "dry_run", "aborted", "failed", "trigger", "report_path", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    scenario: str
+    region: str
+    started_at: float
+    ended_at: float
+    passed: bool
+    dry_run: bool
+    aborted: str
+    failed: _containers.RepeatedScalarFieldContainer[str]
+    trigger: str
+    report_path: str
+    request_id: str
+    def __init__(self, id: _Optional[str] = ..., scenario: _Optional[str] = ..., region: _Optional[str] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., passed: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., aborted: _Optional[str] = ..., failed: _Optional[_Iterable[str]] = ..., trigger: _Optional[str] = ..., report_path: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ScheduledDrill(_message.Message):
+    __slots__ = ("scenario", "region", "at")
+    SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    scenario: str
+    region: str
+    at: float
+    def __init__(self, scenario: _Optional[str] = ..., region: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
+
+class DrillScenario(_message.Message):
+    __slots__ = ("name", "title", "region")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    title: str
+    region: str
+    def __init__(self, name: _Optional[str] = ..., title: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
+
+class PendingDrill(_message.Message):
+    __slots__ = ("id", "scenario", "region", "dry_run", "actor", "reason", "requested_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    scenario: str
+    region: str
+    dry_run: bool
+    actor: str
+    reason: str
+    requested_at: float
+    def __init__(self, id: _Optional[str] = ..., scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., requested_at: _Optional[float] = ...) -> None: ...
+
+class DrillsResponse(_message.Message):
+    __slots__ = ("runs", "scenarios", "upcoming", "pending", "service", "published_at", "running")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    SCENARIOS_FIELD_NUMBER: _ClassVar[int]
+    UPCOMING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[DrillRun]
+    scenarios: _containers.RepeatedCompositeFieldContainer[DrillScenario]
+    upcoming: _containers.RepeatedCompositeFieldContainer[ScheduledDrill]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingDrill]
+    service: str
+    published_at: float
+    running: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[DrillRun, _Mapping]]] = ..., scenarios: _Optional[_Iterable[_Union[DrillScenario, _Mapping]]] = ..., upcoming: _Optional[_Iterable[_Union[ScheduledDrill, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingDrill, _Mapping]]] = ..., service: _Optional[str] = ..., published_at: _Optional[float] = ..., running: _Optional[str] = ...) -> None: ...
+
+class DrillRequest(_message.Message):
+    __slots__ = ("scenario", "region", "dry_run", "reason", "actor")
+    SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    scenario: str
+    region: str
+    dry_run: bool
+    reason: str
+    actor: str
+    def __init__(self, scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...

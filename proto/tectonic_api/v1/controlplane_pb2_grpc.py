@@ -84,6 +84,31 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
                 _registered_method=True)
+        self.GetReadiness = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/GetReadiness',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessResponse.FromString,
+                _registered_method=True)
+        self.OverrideReadiness = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/OverrideReadiness',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessOverrideRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.RegionReadiness.FromString,
+                _registered_method=True)
+        self.TopPrefixes = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/TopPrefixes',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesResponse.FromString,
+                _registered_method=True)
+        self.ListDrills = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/ListDrills',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillsRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillsResponse.FromString,
+                _registered_method=True)
+        self.RequestDrill = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/RequestDrill',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -149,6 +174,36 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReadiness(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OverrideReadiness(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TopPrefixes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDrills(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestDrill(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +256,31 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.PinSession,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.SerializeToString,
+            ),
+            'GetReadiness': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReadiness,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessResponse.SerializeToString,
+            ),
+            'OverrideReadiness': grpc.unary_unary_rpc_method_handler(
+                    servicer.OverrideReadiness,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessOverrideRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.RegionReadiness.SerializeToString,
+            ),
+            'TopPrefixes': grpc.unary_unary_rpc_method_handler(
+                    servicer.TopPrefixes,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesResponse.SerializeToString,
+            ),
+            'ListDrills': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDrills,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillsRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillsResponse.SerializeToString,
+            ),
+            'RequestDrill': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestDrill,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.DrillRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +553,141 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/PinSession',
             tectonic__api_dot_v1_dot_controlplane__pb2.PinSessionRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReadiness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/GetReadiness',
+            tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OverrideReadiness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/OverrideReadiness',
+            tectonic__api_dot_v1_dot_controlplane__pb2.ReadinessOverrideRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.RegionReadiness.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TopPrefixes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/TopPrefixes',
+            tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.TopPrefixesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDrills(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/ListDrills',
+            tectonic__api_dot_v1_dot_controlplane__pb2.DrillsRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.DrillsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestDrill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/RequestDrill',
+            tectonic__api_dot_v1_dot_controlplane__pb2.DrillRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.FromString,
             options,
             channel_credentials,
             insecure,
