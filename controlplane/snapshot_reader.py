@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from controlplane.codec import CorruptValue, decode
 from controlplane.config import Topology
+from controlplane.core.degradation import DegradationRecord
 from controlplane.core.model import (
     ControlFlags,
     HealthReport,
@@ -31,6 +32,7 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
     treated as absent, so one bad key cannot stall every region."""
     regions_kv = {kv.key: kv for kv in (await store.get_prefix(keys.regions_prefix())).kvs}
     routing_kv = {kv.key: kv for kv in (await store.get_prefix(keys.routing_prefix())).kvs}
+    ladder_kv = {kv.key: kv for kv in (await store.get_prefix(keys.degradation_prefix())).kvs}
     reports_page = await store.get_prefix(keys.reports_prefix())
     intents_page = await store.get_prefix(keys.intents_prefix())
     control_kv = await store.get(keys.control())
@@ -42,6 +44,7 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
         health_kv = regions_kv.get(keys.region_health(name))
         ready_kv = regions_kv.get(keys.readiness(name))
         route_kv = routing_kv.get(keys.routing(name))
+        ladder = _parse(DegradationRecord, ladder_kv.get(keys.degradation(name)))
         record = _parse(RegionRecord, rec_kv) or RegionRecord(region=name, since=now)
         views[name] = RegionView(
             name=name,
@@ -51,6 +54,7 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
             readiness=_parse(Readiness, ready_kv),
             routing=_parse(Routing, route_kv),
             routing_rev=route_kv.mod_revision if route_kv else 0,
+            degradation=ladder.applied if ladder else (),
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))

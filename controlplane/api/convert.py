@@ -61,6 +61,7 @@ def region_status(view: RegionView, zone: str) -> pb.RegionStatus:
         failover_steps_done=",".join(s.value for s in fo.done) if fo else "",
         recovery_step=rc.step if rc else 0,
         recovery_steps=rc.steps if rc else 0,
+        degradation_steps=list(view.degradation),
     )
 
 

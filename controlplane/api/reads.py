@@ -82,6 +82,7 @@ class RegionStatusView(BaseModel):
     routing: dict[str, float] = Field(description="where traffic homed here goes: region -> weight")
     barred: bool = Field(description="a failed drill bars the region from taking traffic")
     readiness: Readiness | None = Field(description="last drill verdict, if any")
+    degradation: list[str] = Field(description="degradation ladder steps applied now, in order")
     signals: dict[str, float]
     votes: dict[str, Health]
     failover: FailoverView | None
@@ -149,6 +150,7 @@ def region_view(view: RegionView, zone: str) -> RegionStatusView:
         routing=view.effective_routing().targets,
         barred=view.barred,
         readiness=view.readiness,
+        degradation=list(view.degradation),
         signals=view.health.signals,
         votes=view.health.votes,
         failover=FailoverView(

@@ -74,6 +74,9 @@ def status_table(st: pb.StatusResponse) -> Table:
         progress = r.failover_steps_done or (
             f"recovery {r.recovery_step}/{r.recovery_steps}" if r.recovery_steps else ""
         )
+        if r.degradation_steps:
+            ladder = "ladder: " + ", ".join(r.degradation_steps)
+            progress = f"{progress}; {ladder}" if progress else ladder
         name = r.name + (" [red](barred)[/red]" if r.barred else "")
         t.add_row(
             name,

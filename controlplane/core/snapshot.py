@@ -26,6 +26,7 @@ class RegionView(Frozen):
     readiness: Readiness | None = None
     routing: Routing | None = None
     routing_rev: int = 0
+    degradation: tuple[str, ...] = ()  # ladder steps applied now, in order (degradation/<r>)
 
     @property
     def barred(self) -> bool:

@@ -86,6 +86,10 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
                 return [a for a, _ in await history()].count("ladder_apply") == len(ladder.names)
 
             await until(all_applied, within=60, every=0.25, what="every ladder step applied")
+            # What on-call sees: the steps in status (failoverctl status, the dashboard).
+            st = await cp.stub.GetStatus(pb.GetStatusRequest())
+            east = next(r for r in st.regions if r.name == "east")
+            assert list(east.degradation_steps) == list(ladder.names)
             # The gateway carries the context cap out: a ~20K-token chat (80K chars) is refused.
             long_chat = {"model": "tiny", "messages": [
                 {"role": "user", "content": "tell me everything. " * 4_000}]}  # fmt: skip
