@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import failover, gateway, prefixes, prewarm, recovery, sessions
+from bench import failover, gateway, leader, prefixes, prewarm, recovery, sessions
 
 
 class BenchModule(Protocol):
@@ -35,6 +35,13 @@ BENCHES = (
         failover,
         "Kill a region's vLLM servers and the leading control plane, on a real etcd and "
         "real processes: detection time, routing-switch time, leader-resume time.",
+    ),
+    BenchInfo(
+        "leader",
+        leader,
+        "SIGKILL the control-plane leader at each step of a failover (before and during "
+        "pre-warm, after the routing switch, during recovery): time until a new leader "
+        "acts, against the lease TTL, and that no completed step is repeated.",
     ),
     BenchInfo(
         "gateway",

@@ -61,6 +61,8 @@ class DeploymentSpec:
     ladder_step_interval_s: float = 1.0
     ladder_baseline_ttft_p99_s: float = 0.25
     ladder_reorder: tuple[int, ...] = ()  # tests only: a misbehaving ladder (indices)
+    lease_ttl_s: int = 3  # the leader's lease
+    prewarm_hold_s: float = 0.0  # benches only: hold each failover in its pre-warm step
 
 
 def local_topology(
@@ -96,12 +98,17 @@ def local_topology(
             "failover_cooldown_s": 30,
             "loop_period_s": 0.5,
             "retry_timeout_s": 0.5,
-            "lease_ttl_s": 3,
+            "lease_ttl_s": spec.lease_ttl_s,
         },
         "recovery": {"step_percent": 25, "step_interval_s": 1.0},
         # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
         # so few is one prefix, so a local deployment warms the top quarter.
-        "prewarm": {"budget_s": 30, "top_fraction": 0.25, "verify": 4},
+        "prewarm": {
+            "budget_s": 30,
+            "top_fraction": 0.25,
+            "verify": 4,
+            "hold_s": spec.prewarm_hold_s,
+        },
         # The traffic's system prompts are ~400 characters: a level every 32 tokens
         # (real vLLM on CPU caches whole 128-token blocks: a level per block).
         "prefixes": {
