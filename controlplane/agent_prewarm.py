@@ -16,6 +16,16 @@ For each target of the plan, concurrently:
 The figures returned go into the failover's record and audit entry: totals, budget
 attainment, the verified hit rate, what residency and limits left out. An agent that
 cannot be reached costs its prefixes (counted, not warmed) and never the failover.
+
+**Recovery** (:meth:`AgentPrewarmer.prewarm_home`): when a failed-over region comes
+back (RECOVERED, its servers restarted with cold caches), the same path replays the
+region's *own* catalog on it before the first increment of traffic goes home. The
+catalog survives the failover: the leader keeps a region's last catalog while no live
+export mentions it, and gateways count prefixes under the region that *served* them,
+so the failover's traffic is counted at the targets, not under the failed region. The
+region's replicas serve nothing yet, so the share replayed is its own
+(``recovery.prewarm_top_fraction``, all the budget and KV capacity allow by default)
+rather than the failover's top 1 %.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from controlplane.core.prefix_catalog import PrefixCatalog, catalog_selection
 from controlplane.core.prefixes import PrewarmLimits, Residency, SkipReason
 from controlplane.keys import Keys
 from controlplane.store.port import Store
+from controlplane.tls import aio_channel
 
 log = logging.getLogger("tectonic.prewarm")
 GRACE_S = 5.0  # past the budget: the agent's own deadline plus its last report
@@ -63,12 +74,28 @@ class AgentPrewarmer:
     async def prewarm(
         self, plan: FailoverPlan, budget_s: float, failover_id: str
     ) -> dict[str, float]:
-        catalog = await self._catalog(plan.source)
+        return await self._run(plan.source, sorted(plan.targets), budget_s, failover_id,
+                               self.fraction)  # fmt: skip
+
+    async def prewarm_home(
+        self, region: str, budget_s: float, recovery_id: str, fraction: float
+    ) -> dict[str, float]:
+        """Recovery: ``region``'s own catalog replayed on ``region`` (see the module doc);
+        ``fraction`` of its shared prefixes, 1.0 meaning every catalog entry."""
+        return await self._run(region, [region], budget_s, recovery_id, fraction)
+
+    async def _run(
+        self, source: str, targets: Sequence[str], budget_s: float, run_id: str,
+        fraction: float,
+    ) -> dict[str, float]:  # fmt: skip
+        catalog = await self._catalog(source)
         if catalog is None or not catalog.entries:
-            log.warning("%s: no prefix catalog yet; nothing to pre-warm", plan.source)
+            log.warning("%s: no prefix catalog yet; nothing to pre-warm", source)
             return {"prefixes_total": 0.0, "catalog_entries": 0.0, "budget_s": budget_s}
+        # 1.0: a count, every entry (top_n takes an int as a count, a float as a share)
+        share: float = len(catalog.entries) if fraction >= 1.0 else fraction
         results = await asyncio.gather(
-            *(self._target(plan, t, catalog, budget_s, failover_id) for t in sorted(plan.targets))
+            *(self._target(source, t, catalog, budget_s, run_id, share) for t in targets)
         )
         out = _combine(results)
         out["budget_s"] = budget_s
@@ -87,12 +114,13 @@ class AgentPrewarmer:
             return None
 
     async def _target(
-        self, plan: FailoverPlan, target: str, catalog: PrefixCatalog, budget_s: float,
-        failover_id: str,
+        self, source: str, target: str, catalog: PrefixCatalog, budget_s: float,
+        failover_id: str, fraction: float,
     ) -> dict[str, float]:  # fmt: skip
-        src, dst = self.topology.region(plan.source), self.topology.region(target)
+        src, dst = self.topology.region(source), self.topology.region(target)
         res: dict[str, float] = {"targets": 1.0}
-        async with grpc.aio.insecure_channel(dst.agent, options=_CHANNEL_OPTIONS) as ch:
+        # With security: TLS with our certificate, and our own token (role operator).
+        async with aio_channel(dst.agent, self.topology.security, options=_CHANNEL_OPTIONS) as ch:
             stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
             try:
                 desc = await stub.Describe(apb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
@@ -119,7 +147,7 @@ class AgentPrewarmer:
                 min_sessions=min(self.min_sessions, catalog.min_sessions),
                 source_zone=src.zone, target_zone=dst.zone,
             )  # fmt: skip
-            sel = catalog_selection(catalog, limits, residency, self.fraction)
+            sel = catalog_selection(catalog, limits, residency, fraction)
             for reason in SkipReason:
                 res[f"skipped_{reason.value}"] = float(sel.skipped.get(reason, 0))
             res["prefixes_total"] = float(len(sel.replay))
@@ -130,21 +158,21 @@ class AgentPrewarmer:
             if not sel.replay:
                 log.info(
                     "%s -> %s: no prefix may be pre-warmed (%s)",
-                    plan.source,
+                    source,
                     target,
                     {k.value: v for k, v in sel.skipped.items()} or "none shared",
                 )
                 return res
             log.warning(
                 "%s -> %s: pre-warming %d prefixes (%d tokens, ~%.1fs of prefill)",
-                plan.source,
+                source,
                 target,
                 len(sel.replay),
                 sel.prefill_tokens,
                 sel.prefill_s,
             )
             req = apb.PrewarmRequest(
-                failover_id=failover_id, source=plan.source, budget_s=budget_s,
+                failover_id=failover_id, source=source, budget_s=budget_s,
                 payloads=[p.model_dump_json().encode() for p in sel.replay],
                 activate=desc.replicas_active + desc.replicas_warm, verify=self.verify,
             )  # fmt: skip

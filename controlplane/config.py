@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.core.prefixes import FingerprintParams
+from controlplane.security import SecurityConfig
 
 REGION_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
@@ -91,12 +92,36 @@ class TimingConfig(_Strict):
 
 
 class RecoveryConfig(_Strict):
+    """Graduated recovery (DESIGN.md §3). With a degradation ladder file, its ``recovery``
+    section and ``baseline`` set the pace and the guard (``ladder_file.recovery_config``)."""
+
     step_percent: Annotated[float, Field(gt=0, le=100)] = 10.0
     step_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    # Traffic guard: during RECOVERED, a breach of any threshold below steps the home
+    # weight back one increment and pauses until the signals are calm for one interval.
+    # None: that signal is not guarded; the first-token guard needs a baseline (without a
+    # ladder file: none, so only the error rate is guarded by default).
+    guard_ttft_p99_over_baseline: Annotated[float | None, Field(gt=1, le=100)] = 1.5
+    guard_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = 0.02
+    guard_auth_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = None
+    guard_headroom_under: Annotated[float | None, Field(gt=0, lt=1)] = None
+    guard_queue_depth_over: Annotated[float | None, Field(gt=0)] = None
+    baseline_ttft_p99_s: Annotated[float | None, Field(gt=0, le=60)] = None
+    baseline_per_region: dict[str, Annotated[float, Field(gt=0, le=60)]] = Field(
+        default_factory=dict
+    )
+    # Before the first step, replay the region's own catalog (prefixes/<r>) on it, within
+    # prewarm.budget_s: this share of its shared prefixes (1.0: as many as the budget and
+    # its KV capacity allow; its replicas are idle then).
+    prewarm: bool = True
+    prewarm_top_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
 
     @property
     def steps(self) -> int:
         return max(1, round(100 / self.step_percent))
+
+    def baseline_for(self, region: str) -> float | None:
+        return self.baseline_per_region.get(region, self.baseline_ttft_p99_s)
 
 
 class PrewarmConfig(_Strict):
@@ -155,13 +180,33 @@ class PrefixesConfig(_Strict):
 class EtcdConfig(_Strict):
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
     request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
+    # server_name: the name etcd's certificates carry, when endpoints are addresses.
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    # etcd's own users (etcdctl auth enable); the password is read from a file so that
+    # the topology file, often in git, holds no secret.
+    user: str | None = None
+    password_file: str | None = None
 
     @model_validator(mode="after")
     def _endpoints(self) -> Self:
         bad = [e for e in self.endpoints if not re.match(HOST_PORT, e)]
         if bad:
             raise ValueError(f"endpoints must be host:port, got {bad}")
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together (etcd's client certificate)")
+        if self.cert is not None and self.ca is None:
+            raise ValueError("a client certificate needs ca (TLS to etcd)")
+        if (self.user is None) != (self.password_file is None):
+            raise ValueError("user and password_file go together (etcd authentication)")
         return self
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
 
 
 class Topology(_Strict):
@@ -175,6 +220,8 @@ class Topology(_Strict):
     # file; None: no ladder, degraded regions keep every feature.
     degradation_ladder: str | None = None
     prefixes: PrefixesConfig = PrefixesConfig()
+    # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
+    security: SecurityConfig | None = None
 
     @model_validator(mode="after")
     def _references(self) -> Self:
@@ -234,10 +281,20 @@ def read_yaml(path: str | Path, what: str) -> object:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read {what} {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {e.start}): is it a {what}?") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p} is not valid YAML: nested too deeply") from None
+    except (ValueError, TypeError, AttributeError, IndexError) as e:
+        # PyYAML's constructors let these out for values it cannot build, e.g. the date
+        # 2026-02-30 or an empty ``!!int``: a mistake in the file all the same.
+        raise ConfigError(
+            f"{p} is not valid YAML: a value cannot be read ({e}); quote it if it is text"
+        ) from None
 
 
 def load_topology(path: str | Path) -> Topology:

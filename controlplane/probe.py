@@ -14,6 +14,7 @@ from controlplane.core.model import Health, HealthReport, ObserverKind
 from controlplane.keys import Keys
 from controlplane.reports import PROBE_OBSERVER, store_report
 from controlplane.store.port import Store
+from controlplane.tls import aio_channel
 
 log = logging.getLogger("tectonic.probe")
 AGENT_SERVICE = "tectonic.v1.RegionAgent"
@@ -22,7 +23,8 @@ AGENT_SERVICE = "tectonic.v1.RegionAgent"
 class AgentProber:
     def __init__(self, store: Store, keys: Keys, topology: Topology, clock: Clock) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
-        self._channels = {r.name: grpc.aio.insecure_channel(r.agent) for r in topology.regions}
+        # Health checks need no token, but a TLS agent takes only TLS (with our cert).
+        self._channels = {r.name: aio_channel(r.agent, topology.security) for r in topology.regions}
         self._last: dict[str, Health] = {}
 
     async def check(self, region: str) -> tuple[Health, str]:

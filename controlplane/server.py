@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
 from controlplane.agent_prewarm import AgentPrewarmer
+from controlplane.api.auth import AuthInterceptor
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
@@ -41,8 +42,10 @@ from controlplane.orchestrator import Orchestrator
 from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.prewarm import HoldPrewarmer, Prewarmer
 from controlplane.probe import AgentProber
+from controlplane.security import SecurityConfig
 from controlplane.session_store import SessionStore
 from controlplane.store.port import Store
+from controlplane.tls import server_credentials
 
 log = logging.getLogger("tectonic.server")
 
@@ -72,7 +75,7 @@ class ControlPlaneReplica:
     def __post_init__(self) -> None:
         if self.ladder is not None:
             # The ladder file is the source of truth for recovery's pace too (DESIGN §5).
-            pace = recovery_config(self.ladder)
+            pace = recovery_config(self.ladder, self.topology.recovery)
             if pace != self.topology.recovery and "recovery" in self.topology.model_fields_set:
                 log.warning(
                     "recovery pace from the degradation ladder (%g %% every %gs) overrides "
@@ -185,11 +188,16 @@ class ControlPlaneReplica:
             await asyncio.sleep(min(1.0, self.topology.timing.loop_period_s))
 
     async def run(self) -> None:
+        sec = self.topology.security
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                (
+                    "grpc.max_receive_message_length",
+                    sec.limits.max_request_bytes if sec else MAX_MESSAGE_BYTES,
+                ),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
+            interceptors=[AuthInterceptor(sec)] if sec else None,
         )
         controlplane_pb2_grpc.add_ControlPlaneServicer_to_server(  # type: ignore[no-untyped-call]
             ControlPlaneService(
@@ -207,7 +215,12 @@ class ControlPlaneReplica:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        self.port = server.add_insecure_port(self.listen)
+        if sec is not None:
+            _log_security(self.replica_id, sec)
+        if sec is not None and sec.tls is not None:
+            self.port = server.add_secure_port(self.listen, server_credentials(sec.tls))
+        else:
+            self.port = server.add_insecure_port(self.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         http = self._http_server(self.http_listen) if self.http_listen else None
@@ -274,6 +287,22 @@ class ControlPlaneReplica:
         )
         self.http_port = http.port
         return http
+
+
+def _log_security(replica_id: str, sec: SecurityConfig) -> None:
+    roles = ", ".join(f"{t.name} ({t.role.value})" for t in sec.tokens)
+    log.info(
+        "replica %s: gRPC %s; tokens: %s; commands limited to %d at once, %g a minute",
+        replica_id,
+        "mutual TLS"
+        if sec.tls and sec.tls.require_client_cert
+        else ("TLS" if sec.tls else "plaintext"),
+        roles or "off (no role checks)",
+        sec.limits.mutating_burst,
+        sec.limits.mutating_per_minute,
+    )
+    if sec.tokens and sec.tls is None:
+        log.warning("security.tokens without security.tls: bearer tokens travel in clear text")
 
 
 class _QuietUvicorn(uvicorn.Server):

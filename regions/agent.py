@@ -46,8 +46,11 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from controlplane.config import ConfigError
+from controlplane.api.auth import AuthInterceptor
+from controlplane.config import ConfigError, describe_errors, read_yaml
 from controlplane.core.model import Health
+from controlplane.security import SecurityConfig
+from controlplane.tls import aio_channel, server_credentials
 from regions.agent_pool import AgentPool, AgentPoolConfig, check_replica_source, load_pool_config
 from regions.agent_service import (
     PrewarmServiceConfig,
@@ -90,6 +93,8 @@ class AgentConfig(BaseModel):
     max_error_rate: float | None = Field(None, ge=0, lt=1)  # share of 5xx answers, 0..1
     warn_every: float = Field(5.0, ge=0)
     prewarm: PrewarmServiceConfig = PrewarmServiceConfig()
+    # TLS for its server and its reports, accepted tokens, its own token (--security).
+    security: SecurityConfig | None = None
 
     @model_validator(mode="after")
     def _timing(self) -> AgentConfig:
@@ -124,9 +129,11 @@ class AgentHandle:
         self.ticks = 0  # completed probe rounds
         self.report_target: str | None = None  # the control plane that took the last report
         self._health = health.aio.HealthServicer()
-        self._server = grpc.aio.server()
+        sec = config.security
+        # Not the control plane's request limit: a Prewarm carries up to a catalog (1 MiB).
+        self._server = grpc.aio.server(interceptors=[AuthInterceptor(sec)] if sec else None)
         self._session: aiohttp.ClientSession | None = None
-        self._channels = [grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS)
+        self._channels = [aio_channel(ep, sec, options=_CHANNEL_OPTIONS)
                           for ep in config.control_planes]
         self._stubs = [pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]
                        for ch in self._channels]
@@ -148,7 +155,9 @@ class AgentHandle:
                  apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name,
                  reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self._server)
-        self.port = self._server.add_insecure_port(self.config.listen)
+        tls = self.config.security.tls if self.config.security else None
+        self.port = (self._server.add_secure_port(self.config.listen, server_credentials(tls))
+                     if tls else self._server.add_insecure_port(self.config.listen))
         if not self.port:
             raise OSError(f"cannot listen on {self.config.listen}")
         if self.pool is not None:  # up and ACTIVE before the first probe
@@ -299,6 +308,17 @@ async def serve_agent(config: AgentConfig, replica_set: ReplicaSet | None = None
     return handle
 
 
+def load_security(path: str) -> SecurityConfig:
+    """The ``security:`` section of a YAML file (a topology file, or one with only it)."""
+    data = read_yaml(path, "security file")
+    if not isinstance(data, dict) or not isinstance(data.get("security"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a security: section")
+    try:
+        return SecurityConfig.model_validate(data["security"])
+    except ValidationError as e:
+        raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p = argparse.ArgumentParser(prog="tectonic-agent", description="Tectonic region agent")
     p.add_argument("--region", required=True)
@@ -336,6 +356,10 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--prewarm-concurrency", type=int, default=None, metavar="N",
                    help="pre-warm replays in flight per replica (default 2): how many "
                         "prefills a replica runs at full speed at once, plus one")
+    p.add_argument("--security", metavar="FILE", default=None,
+                   help="YAML whose security: section (the topology file works) gives TLS for "
+                        "the agent's server and its reports, the tokens it accepts, and its "
+                        "own token (token_file or TECTONIC_TOKEN; role reporter)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -347,8 +371,12 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
         p.error(str(e))
     etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
     try:
+        security = load_security(args.security) if args.security else None
+    except ConfigError as e:
+        p.error(str(e))
+    try:
         return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
-                           replicas=tuple(args.replica), pool=pool, etcd=etcd,
+                           replicas=tuple(args.replica), pool=pool, etcd=etcd, security=security,
                            cluster=args.cluster, interval=args.interval,
                            timeout=args.timeout, max_queue=args.max_queue,
                            max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate,

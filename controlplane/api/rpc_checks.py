@@ -12,6 +12,7 @@ from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 
+from controlplane.api.auth import current_principal
 from controlplane.config import Topology
 from controlplane.session_store import validate_session_id
 from controlplane.store.port import StoreUnavailable
@@ -75,7 +76,8 @@ async def reason_and_actor(
     when the request does not say), checked in that order."""
     reason = await checked_text(ctx, "reason", reason, MAX_REASON, required=reason_required)
     actor = await checked_text(ctx, "actor", actor, MAX_ACTOR, required=False)
-    return reason, actor or DEFAULT_ACTOR
+    # With tokens on, the audit log names the authenticated principal, never a claim.
+    return reason, current_principal() or actor or DEFAULT_ACTOR
 
 
 async def session_id(ctx: grpc.aio.ServicerContext, value: str) -> str:

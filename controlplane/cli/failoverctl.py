@@ -28,13 +28,20 @@ from controlplane.cli.client import (
     EXIT_BAD_INPUT,
     Client,
     CliError,
+    Credentials,
     default_actor,
 )
 
 HELP = (
     "The on-call CLI for Tectonic: region states, failovers, recovery, sessions.\n\n"
-    "Exit codes: 0 done · 1 refused by the control plane · 2 bad input · 3 control plane "
-    "unreachable (nothing changed) · 4 aborted at the confirmation prompt."
+    "Exit codes: 0 done · 1 refused by the control plane (a safety rule; your token's role "
+    "is too low, e.g. a viewer asking for a failover, which needs operator; or rate limited: "
+    "retry after the time it says) · 2 bad input · 3 control plane unreachable or the TLS "
+    "handshake refused (nothing changed) · 4 aborted at the confirmation prompt · 5 not "
+    "authenticated (no --token / TECTONIC_TOKEN, or one the control plane does not know).\n\n"
+    "Secured deployments: --ca (TECTONIC_CA) verifies the control plane; --cert/--key "
+    "(TECTONIC_CERT/TECTONIC_KEY) are your client certificate for mutual TLS; --token "
+    "(prefer the env TECTONIC_TOKEN: command lines show up in ps) is your bearer token."
 )
 
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich")
@@ -70,12 +77,33 @@ def main(
         str, typer.Option(envvar="TECTONIC_ACTOR", help="Who you are, for the audit log.")
     ] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per call.")] = 5.0,
+    ca: Annotated[
+        str, typer.Option(envvar="TECTONIC_CA", help="PEM CA that signed the control plane (TLS).")
+    ] = "",
+    cert: Annotated[
+        str, typer.Option(envvar="TECTONIC_CERT", help="Your PEM client certificate (mTLS).")
+    ] = "",
+    key: Annotated[
+        str, typer.Option(envvar="TECTONIC_KEY", help="Your PEM client key (mTLS).")
+    ] = "",
+    token: Annotated[
+        str,
+        typer.Option(
+            envvar="TECTONIC_TOKEN",
+            help="Bearer token (prefer the env var); the audit log records its principal.",
+            show_default=False,
+        ),
+    ] = "",
 ) -> None:
     servers = [s.strip() for s in server.split(",") if s.strip()]
     if not servers:
         err.print("error: --server is empty")
         raise typer.Exit(EXIT_BAD_INPUT)
-    ctx.obj = Ctx(Client(servers, timeout), actor or default_actor(), False)
+    if bool(cert) != bool(key):
+        err.print("error: --cert and --key go together (your client certificate and its key)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    creds = Credentials(ca=ca or None, cert=cert or None, key=key or None, token=token or None)
+    ctx.obj = Ctx(Client(servers, timeout, creds), actor or default_actor(), False)
 
 
 def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:

@@ -2,7 +2,8 @@
 
 Why the raw stubs rather than aetcd's helpers: aetcd cannot page a range (no
 ``limit``/``revision``), its keep-alive is one-shot anyway, and its shared watch
-stream hides which watch broke. aetcd still owns the channel and the generated code.
+stream hides which watch broke. aetcd still owns the channel and the generated code,
+except with TLS or an etcd user (``etcd.ca`` / ``etcd.user``): see ``etcd_secure``.
 
 * One channel to every endpoint: endpoints are resolved once at connect and passed
   as gRPC's ``ipv4:h1:p1,h2:p2`` (or ``ipv6:``) target with ``round_robin``, so a dead
@@ -33,6 +34,7 @@ import grpc
 from aetcd import rpc
 
 from controlplane.config import EtcdConfig
+from controlplane.store.etcd_secure import SecureEtcdClient
 from controlplane.store.port import (
     Compare,
     CompareOp,
@@ -440,6 +442,10 @@ class EtcdStore:
             if self._client is not None:
                 return
             target = await grpc_target(self._config.endpoints)
+            if self._config.tls or self._config.user is not None:
+                # aetcd makes plaintext channels only (etcd_secure.py says more).
+                self._client = SecureEtcdClient(self._config, target, self._options)
+                return
             # aetcd builds its target as f"{host}:{port}"; split ours to match.
             host, _, port = target.rpartition(":")
             client = aetcd.Client(host=host, port=int(port), options=self._options)

@@ -19,6 +19,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.core.model import Health
+from controlplane.security import SecurityConfig
+from controlplane.tls import aio_channel
 
 log = logging.getLogger("tectonic.gateway.report")
 _TO_PB = {
@@ -56,13 +58,15 @@ class HealthReporter:
         interval_s: float = 1.0,
         timeout_s: float = 0.5,
         warn_every_s: float = 30.0,
+        security: SecurityConfig | None = None,
     ) -> None:
         self.observer = observer
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._endpoints = list(control_planes)
+        # TLS and the gateway's token (role reporter) when the topology has security:.
         self._channels = [
-            grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS) for ep in self._endpoints
+            aio_channel(ep, security, options=_CHANNEL_OPTIONS) for ep in self._endpoints
         ]
         self._stubs = [
             pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]

@@ -15,6 +15,7 @@ from controlplane.config import Topology, parse_topology
 from controlplane.core.ladder import Ladder
 from controlplane.server import ControlPlaneReplica
 from controlplane.store.etcd import EtcdStore
+from controlplane.store.port import Store
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 
@@ -65,11 +66,16 @@ async def running_replica(
     replica_id: str = "cp-a",
     http_listen: str | None = None,
     ladder: Ladder | None = None,
+    store: Store | None = None,
 ) -> AsyncIterator[Running]:
     """``http_listen`` (e.g. ``127.0.0.1:0``) also serves the HTTP API, on
-    ``replica.http_port``."""
-    store = EtcdStore(topology.etcd)
-    await store.connect()
+    ``replica.http_port``. ``store``: use this one (closed by the caller) instead of a
+    new EtcdStore on the topology's etcd. ``stub`` is plaintext and tokenless: with the
+    topology's ``security`` on, make your own channel (``controlplane.tls``)."""
+    own_store = store is None
+    if store is None:
+        store = EtcdStore(topology.etcd)
+        await store.connect()
     replica = ControlPlaneReplica(
         topology=topology,
         store=store,
@@ -89,7 +95,8 @@ async def running_replica(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await store.close()
+        if own_store:
+            await store.close()
 
 
 async def report(stub: pb_grpc.ControlPlaneStub, health: dict[str, int]) -> None:
