@@ -2,8 +2,11 @@
 
 After a failover, home region ``us-east`` comes back with cold prefix caches and empty
 queues. A real etcd, ``--replicas`` simulators per region (home ``us-east``, target
-``us-west``) and one gateway process for home run; the bench writes ``routing/us-east``
-as the leader would (``routing_recovery_step``) and the gateway's sessions follow it.
+``us-west``), one gateway process for home and home's region agent run; the bench writes
+``routing/us-east`` as the leader would (``routing_recovery_step``) and the gateway's
+sessions follow it. Before the graduated recovery's first step the bench pre-warms home
+as the leader does (``AgentPrewarmer.prewarm_home``: home's catalog, merged from the
+gateway's exports, replayed by home's agent); ``--no-recovery-prewarm`` leaves it out.
 The load: Poisson session arrivals, each session a few streaming completions sharing
 its tenant's long system prompt; client-side TTFT, serving region and cache hit kept
 per request. Each round: home warm, **steady** window; then twice **failover** (all to
@@ -24,6 +27,7 @@ import random
 import string
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,12 +46,16 @@ from bench._common import (
 )
 from bench._stream import streamed_completion
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, read_ready, spawn, start_simulators
-from controlplane.codec import encode
-from controlplane.config import EtcdConfig
+from chaos.procs import Proc, free_port, read_ready, spawn, start_simulators
+from controlplane.agent_prewarm import AgentPrewarmer
+from controlplane.clock import SystemClock
+from controlplane.codec import decode, encode
+from controlplane.config import EtcdConfig, Topology, parse_topology
 from controlplane.core.failover import routing_recovery_step
 from controlplane.core.model import Routing
+from controlplane.core.prefix_catalog import PrefixCatalog
 from controlplane.keys import Keys
+from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.store.etcd import EtcdStore
 from regions.probe_vllm import parse_gauges
 
@@ -85,6 +93,8 @@ class Options:
     steady_s: float = 10.0
     failover_s: float = 4.0
     seed: int = 1
+    prewarm: str = "catalog"  # before the graduated recovery: catalog | all | none
+    cold_arm: bool = False
     quiet: bool = False
 
     @property
@@ -102,6 +112,7 @@ class Rec:
     ttft_s: float | None  # None: failed
     region: str
     cold: bool  # fewer than half the prompt's tokens hit the prefix cache
+    tenant: int = -1
 
 
 # ---- the workload -----------------------------------------------------------------------
@@ -143,6 +154,7 @@ class Load:
     rng: random.Random
     records: list[Rec] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    starts: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, tenant)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -150,6 +162,7 @@ class Load:
         n = 0
         while not stop.is_set():
             tenant = self.rng.choices(range(len(self.prompts)), weights)[0]
+            self.starts.append((time.monotonic(), tenant))
             task = asyncio.create_task(self._session(f"s{self.o.seed}-{n}", tenant))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -173,18 +186,25 @@ class Load:
                 )
             except (BenchError, aiohttp.ClientError, TimeoutError) as e:
                 self.failures.append(str(e)[:200])
-                self.records.append(Rec(sent, None, "", False))
+                self.records.append(Rec(sent, None, "", False, tenant))
                 continue
-            self.records.append(Rec(sent, ttft, region, cached < tokens / 2))
+            self.records.append(Rec(sent, ttft, region, cached < tokens / 2, tenant))
 
 
 # ---- the deployment ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Deployed:
+    topology: Topology
+    gateway: str  # URL
+    home: list[str]  # replica URLs
+    target: list[str]
+
+
 @contextlib.contextmanager
-def deployment(o: Options, tmp: Path) -> Iterator[tuple[str, str, list[str], list[str]]]:
-    """etcd, the simulators and a gateway; yields (etcd endpoint, gateway URL, home
-    replica URLs, target replica URLs)."""
+def deployment(o: Options, tmp: Path) -> Iterator[Deployed]:
+    """etcd, the simulators, a gateway and home's region agent."""
     sim_args = [
         "--prefill-tokens-per-s", str(o.prefill_rate), "--decode-tokens-per-s",
         str(o.decode_rate), "--max-num-seqs", str(o.engine_seqs),
@@ -198,15 +218,29 @@ def deployment(o: Options, tmp: Path) -> Iterator[tuple[str, str, list[str], lis
             procs += sims
             home = [p.url for p in sims[: o.replicas]]
             target = [p.url for p in sims[o.replicas :]]
+            agent_at = f"127.0.0.1:{free_port()}"
+            # Home's agent: probes home's replicas and replays the recovery pre-warm. It
+            # reports to no control plane (the bench is the leader).
+            agent = spawn(
+                ["-m", "regions.agent", "--region", HOME, "--listen", agent_at,
+                 "--control-plane", "127.0.0.1:9", "--interval", "1", "--timeout", "0.5",
+                 "--prefill-tokens-per-s", str(o.prefill_rate), "--log-level", "ERROR",
+                 *(a for u in home for a in ("--replica", u))],
+                "bench-recovery-agent", stdout_pipe=True,
+            )  # fmt: skip
+            procs.append(agent)
             regions = [
-                {"name": name, "zone": "z", "agent": "127.0.0.1:9", "capacity_rps": 1000,
+                {"name": name, "zone": "z", "agent": agent_at, "capacity_rps": 1000,
                  "replicas": urls}
                 for name, urls in ((HOME, home), (TARGET, target))
             ]  # fmt: skip
             topo: dict[str, object] = {
                 "cluster": CLUSTER, "etcd": {"endpoints": [etcd.endpoint]}, "regions": regions,
+                # the gateway's prefix counts reach etcd every 2 s (10 s in production)
+                "prefixes": {"export_interval_s": 2},
             }  # fmt: skip
             path = write_topology(tmp / "topology.yaml", topo)
+            read_ready(agent, time.monotonic() + 30)
             asyncio.run(_initial_routing(etcd.endpoint))
             gw = spawn(
                 ["-m", "regions.gateway", "--topology", str(path), "--region", HOME,
@@ -215,7 +249,7 @@ def deployment(o: Options, tmp: Path) -> Iterator[tuple[str, str, list[str], lis
             )  # fmt: skip
             procs.append(gw)
             gw.url = read_ready(gw, time.monotonic() + 30)
-            yield etcd.endpoint, gw.url, home, target
+            yield Deployed(parse_topology(topo), gw.url, home, target)
         finally:
             kill_all(procs)
 
@@ -299,29 +333,47 @@ async def recovery(router: Router, o: Options, graduated: bool) -> tuple[float, 
     return t0, end
 
 
-def window(records: Sequence[Rec], span: tuple[float, float]) -> dict[str, object]:
-    """Figures of the requests sent within ``span``."""
+def window(
+    records: Sequence[Rec], span: tuple[float, float], warmed: frozenset[int] = frozenset()
+) -> dict[str, object]:
+    """Figures of the requests sent within ``span``; ``warmed``: the tenants the recovery
+    pre-warm replayed (their cold requests are counted apart)."""
     lo, hi = span
     rs = [r for r in records if lo <= r.sent < hi]
     ok = [r for r in rs if r.ttft_s is not None]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     warm = [r.ttft_s for r in ok if r.ttft_s is not None and not r.cold]
     home = [r.ttft_s for r in ok if r.ttft_s is not None and r.region == HOME]
-
-    def ms(xs: Sequence[float], q: float) -> float | None:
-        p = percentile(xs, q)
-        return None if p is None else round(p * 1000, 2)
-
+    cold = [r for r in ok if r.cold]
     return {
         "requests": len(rs),
         "errors": len(rs) - len(ok),
-        "cold": sum(r.cold for r in ok),
+        "cold": len(cold),
+        "cold_prewarmed": sum(r.tenant in warmed for r in cold),  # cold despite the pre-warm
+        "cold_tenants": len({r.tenant for r in cold}),
         "home_share": round(len(home) / len(ok), 3) if ok else None,
-        "p50_ms": ms(ttfts, 50),
-        "p99_ms": ms(ttfts, 99),
-        "max_ms": ms(ttfts, 100),
-        "p99_warm_ms": ms(warm, 99),  # requests that hit the cache: queueing only
-        "p99_home_ms": ms(home, 99),
+        "p50_ms": _ms(ttfts, 50),
+        "p99_ms": _ms(ttfts, 99),
+        "max_ms": _ms(ttfts, 100),
+        "p99_warm_ms": _ms(warm, 99),  # requests that hit the cache: queueing only
+        "p99_home_ms": _ms(home, 99),
+    }
+
+
+def _ms(xs: Sequence[float], q: float) -> float | None:
+    p = percentile(xs, q)
+    return None if p is None else round(p * 1000, 2)
+
+
+def slices(records: Sequence[Rec], span: tuple[float, float], step_s: float) -> dict[str, object]:
+    """The window step by step: p99 and cold requests of each step interval."""
+    lo, hi = span
+    n = max(1, round((hi - lo) / step_s))
+    edges = [(lo + i * step_s, lo + (i + 1) * step_s) for i in range(n)]
+    per = [[r for r in records if a <= r.sent < b and r.ttft_s is not None] for a, b in edges]
+    return {
+        "p99_ms_by_step": [_ms([r.ttft_s for r in rs if r.ttft_s is not None], 99) for rs in per],
+        "cold_by_step": [sum(r.cold for r in rs) for rs in per],
     }
 
 
@@ -331,25 +383,85 @@ def _ratio(a: object, b: object) -> float | None:
     return None
 
 
-async def measure(
-    endpoint: str, gateway: str, home: list[str], target: list[str], o: Options, say: Reporter
-) -> dict[str, object]:
+_PREWARM_FIGURES = frozenset(
+    {"prefixes_total", "prefixes_warmed", "prefixes_failed", "attained_fraction",
+     "verified_hit_rate", "targets_unreachable"}
+)  # fmt: skip
+
+
+@dataclass
+class HomeWarmer:
+    """The leader's part of the recovery pre-warm. At the failover it merges the
+    gateway's prefix exports into home's catalog (``PrefixAggregator.run_once``, as the
+    leader does every ``prefixes.aggregate_interval_s``); before the first recovery step
+    it replays that catalog on home through home's agent (``AgentPrewarmer.prewarm_home``,
+    what the orchestrator runs; budget and share from the topology's defaults)."""
+
+    store: EtcdStore
+    topology: Topology
+    runs: int = 0
+
+    def __post_init__(self) -> None:
+        keys, clock, t = Keys(CLUSTER), SystemClock(), self.topology
+        self.aggregator = PrefixAggregator(self.store, keys, t.prefixes, clock, lambda: [],
+                                           regions=t.names)  # fmt: skip
+        self.prewarmer = AgentPrewarmer(t, self.store, keys, clock,
+                                        min_sessions=t.prefixes.min_sessions,
+                                        verify=t.prewarm.verify)  # fmt: skip
+
+    async def merge(self) -> None:
+        await self.aggregator.run_once()
+
+    async def warm(self) -> tuple[dict[str, object], frozenset[int]]:
+        """Pre-warm home; its figures and the tenants whose prompts its catalog holds."""
+        self.runs += 1
+        t, t0 = self.topology, time.monotonic()
+        figs = await self.prewarmer.prewarm_home(
+            HOME, t.prewarm.budget_s, f"bench-{self.runs}", t.recovery.prewarm_top_fraction
+        )
+        seconds = time.monotonic() - t0
+        kv = await self.store.get(Keys(CLUSTER).prefixes(HOME))
+        entries = () if kv is None else decode(PrefixCatalog, kv.value, kv.key).entries
+        prompts = [e.payload.prompt for e in entries if e.payload and e.payload.prompt]
+        tenants = frozenset(int(p[:5]) for p in prompts if p[:5].isdigit())
+        out: dict[str, object] = {
+            "seconds": round(seconds, 2),
+            "catalog_entries": len(entries),
+            "catalog_payloads": len(prompts),
+            "tenants": len(tenants),
+            **{k: round(v, 3) for k, v in sorted(figs.items()) if k in _PREWARM_FIGURES},
+        }
+        return out, tenants
+
+
+def arms(o: Options, r: int) -> list[str]:
+    """The recoveries of round ``r``, in the order they run (rotating over rounds)."""
+    names = ["graduated", "all_at_once", *(["graduated_cold"] if o.cold_arm else [])]
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+async def measure(d: Deployed, o: Options, say: Reporter) -> dict[str, object]:
     prompts = [system_prompt(i, max(1, o.prompt_tokens - 8), o.seed) for i in range(o.tenants)]
     rng = random.Random(o.seed)
     rounds: list[dict[str, object]] = []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=60)
+    home, target = d.home, d.target
     async with (
         aiohttp.ClientSession(connector=connector, timeout=timeout) as http,
-        EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store,
+        EtcdStore(d.topology.etcd) as store,
     ):
         router = Router(store)
+        warmer = HomeWarmer(store, d.topology)
         say.progress(f"warming {len(prompts)} tenant prompts on every replica of both regions")
         await touch(http, [*home, *target], prompts, o)
-        load = Load(http, gateway, prompts, o, rng)
+        load = Load(http, d.gateway, prompts, o, rng)
         stop = asyncio.Event()
         loader = asyncio.create_task(load.run(stop))
         spans: list[dict[str, tuple[float, float]]] = []
+        warmups: list[tuple[dict[str, object], frozenset[int]]] = []
+        failed_over: list[dict[str, float]] = []  # per round: arm -> when its failover began
         try:
             for r in range(o.rounds):
                 if r:
@@ -360,35 +472,64 @@ async def measure(
                 say.progress(f"round {r + 1}/{o.rounds}: steady state, {o.steady_s:g} s")
                 await asyncio.sleep(o.steady_s)
                 span = {"steady": (t, time.monotonic())}
-                order = [True, False] if r % 2 == 0 else [False, True]
-                for graduated in order:
-                    name = "graduated" if graduated else "all_at_once"
+                warmed: tuple[dict[str, object], frozenset[int]] = ({}, frozenset())
+                failed_over.append({})
+                for name in arms(o, r):
+                    failed_over[-1][name] = time.monotonic()
                     await router.failover()
+                    await warmer.merge()  # home's catalog as the failover finds it
                     drained = await drain_and_reset(http, home)
                     say.progress(
                         f"  failover: home drained and reset in {drained:.2f} s; "
                         f"{o.failover_s:g} s at the target"
                     )
                     await asyncio.sleep(o.failover_s)
+                    if name == "graduated" and o.prewarm == "catalog":
+                        warmed = await warmer.warm()
+                        say.progress(f"  recovery pre-warm of home: {warmed[0]}")
+                    elif name == "graduated" and o.prewarm == "all":
+                        t0 = time.monotonic()
+                        await touch(http, home, prompts, o)
+                        pre: dict[str, object] = {
+                            "seconds": round(time.monotonic() - t0, 2), "tenants": len(prompts),
+                        }  # fmt: skip
+                        warmed = (pre, frozenset(range(len(prompts))))
                     say.progress(f"  recovery {name}, {o.window_s:g} s window")
-                    span[name] = await recovery(router, o, graduated)
+                    span[name] = await recovery(router, o, name != "all_at_once")
                 spans.append(span)
+                warmups.append(warmed)
         finally:
             stop.set()
             await loader
         if load.failures:
             say.progress(f"{len(load.failures)} requests failed, e.g. {load.failures[0]}")
-    for r, span in enumerate(spans):
-        figs = {name: window(load.records, s) for name, s in span.items()}
+    k = d.topology.prefixes.min_sessions
+    for r, (span, (pre, tenants)) in enumerate(zip(spans, warmups, strict=True)):
+        figs = {name: window(load.records, s, tenants) for name, s in span.items()}
+        for name, at in failed_over[r].items():
+            # Tenants a catalog could hold at all when the failover came: K sessions
+            # after the gateway admitted the prompt (its second sighting), so K + 1.
+            seen = Counter(t for started, t in load.starts if started < at)
+            eligible = {t for t, n in seen.items() if n > k}
+            lo, hi = span[name]
+            figs[name]["cold_outside_k"] = sum(
+                rec.cold and rec.tenant not in eligible
+                for rec in load.records
+                if lo <= rec.sent < hi and rec.ttft_s is not None
+            )
         steady = figs["steady"]["p99_ms"]
         line: dict[str, object] = {
             "round": r + 1,
             **figs,
+            "graduated_steps": slices(load.records, span["graduated"], o.step_interval),
+            "prewarm": pre,
             "p99_ratio_recovery": _ratio(figs["graduated"]["p99_ms"], steady),
             "p99_ratio_all_at_once": _ratio(figs["all_at_once"]["p99_ms"], steady),
             "p99_warm_ratio_recovery": _ratio(figs["graduated"]["p99_warm_ms"], steady),
             "p99_warm_ratio_all_at_once": _ratio(figs["all_at_once"]["p99_warm_ms"], steady),
         }
+        if "graduated_cold" in figs:
+            line["p99_ratio_recovery_cold"] = _ratio(figs["graduated_cold"]["p99_ms"], steady)
         say.line(line)
         rounds.append(line)
     return headline(o, rounds, len(load.records), len(load.failures))
@@ -411,8 +552,10 @@ def headline(
     o: Options, rounds: Sequence[dict[str, object]], requests: int, errors: int
 ) -> dict[str, object]:
     names = ("p99_ratio_recovery", "p99_ratio_all_at_once", "p99_warm_ratio_recovery",
-             "p99_warm_ratio_all_at_once")  # fmt: skip
+             "p99_warm_ratio_all_at_once",
+             *(("p99_ratio_recovery_cold",) if o.cold_arm else ()))  # fmt: skip
     med = {n: _median(rounds, n) for n in names}
+    pre = [r["prewarm"] for r in rounds]
     return {
         "bench": "recovery",
         **{n: None if v is None else round(v, 3) for n, v in med.items()},
@@ -422,6 +565,13 @@ def headline(
         "p50_ms_steady": _each(rounds, "steady", "p50_ms"),
         "cold_graduated": _each(rounds, "graduated", "cold"),
         "cold_all_at_once": _each(rounds, "all_at_once", "cold"),
+        "cold_graduated_prewarmed": _each(rounds, "graduated", "cold_prewarmed"),
+        "cold_tenants_graduated": _each(rounds, "graduated", "cold_tenants"),
+        "recovery_prewarm": o.prewarm,
+        "cold_graduated_outside_k": _each(rounds, "graduated", "cold_outside_k"),
+        "prewarm_s": [p.get("seconds") if isinstance(p, dict) else None for p in pre],
+        "prewarm_tenants": [p.get("tenants") if isinstance(p, dict) else None for p in pre],
+        "prewarm_warmed": [p.get("prefixes_warmed") if isinstance(p, dict) else None for p in pre],
         "requests_per_window": _each(rounds, "graduated", "requests"),
         "p99_ratio_recovery_rounds": [r["p99_ratio_recovery"] for r in rounds],
         "p99_ratio_all_at_once_rounds": [r["p99_ratio_all_at_once"] for r in rounds],
@@ -461,9 +611,9 @@ def run_bench(o: Options, say: Reporter) -> dict[str, object]:
     )
     with (
         tempfile.TemporaryDirectory(prefix="tectonic-bench-recovery-") as tmp,
-        deployment(o, Path(tmp)) as (endpoint, gateway, home, target),
+        deployment(o, Path(tmp)) as deployed,
     ):
-        result = asyncio.run(measure(endpoint, gateway, home, target, o, say))
+        result = asyncio.run(measure(deployed, o, say))
     result["runtime_s"] = round(time.monotonic() - started, 1)
     return result
 
@@ -516,6 +666,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default = getattr(d, flag[2:].replace("-", "_"))
         shown = f"{default:,g}" if isinstance(default, float) else f"{default:,}"
         p.add_argument(flag, type=kind, default=default, help=f"{text} (default {shown})")
+    p.add_argument(
+        "--prewarm",
+        choices=("catalog", "all", "none"),
+        default=d.prewarm,
+        help="before the graduated recovery's first step: catalog = the control plane's "
+        "recovery pre-warm (home's catalog through its agent); all = every tenant's "
+        "prompt on every home replica (a bound: what a complete catalog would give); "
+        "none = no pre-warm (as before) (default %(default)s)",
+    )
+    p.add_argument(
+        "--cold-arm",
+        action="store_true",
+        help="a third recovery per round: graduated without the pre-warm "
+        "(headline p99_ratio_recovery_cold)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
 

@@ -32,11 +32,23 @@ def load_ladder(path: str | Path = DEFAULT_PATH) -> Ladder:
     return parse_ladder(read_yaml(path, "ladder file"), str(path))
 
 
-def recovery_config(ladder: Ladder) -> RecoveryConfig:
-    """The graduated traffic part of the file, in the shape the reconcile loop reads."""
-    return RecoveryConfig(
-        step_percent=ladder.recovery.step_percent,
-        step_interval_s=ladder.recovery.step_interval_s,
+def recovery_config(ladder: Ladder, base: RecoveryConfig | None = None) -> RecoveryConfig:
+    """The graduated traffic part of the file, in the shape the reconcile loop reads: its
+    pace, and its guard with the baseline the first-token threshold is relative to. What
+    the file does not say (the recovery pre-warm) is kept from ``base`` (the topology's)."""
+    r, g = ladder.recovery, ladder.recovery.guard
+    return (base or RecoveryConfig()).model_copy(
+        update={
+            "step_percent": r.step_percent,
+            "step_interval_s": r.step_interval_s,
+            "guard_ttft_p99_over_baseline": g.ttft_p99_over_baseline,
+            "guard_error_rate_over": g.error_rate_over,
+            "guard_auth_error_rate_over": g.auth_error_rate_over,
+            "guard_headroom_under": g.headroom_under,
+            "guard_queue_depth_over": g.queue_depth_over,
+            "baseline_ttft_p99_s": ladder.baseline.ttft_p99_s,
+            "baseline_per_region": dict(ladder.baseline.per_region),
+        }
     )
 
 
@@ -55,9 +67,11 @@ def describe(ladder: Ladder) -> str:
             f"saves ~{s.saves.capacity_gain_percent:g} %"
         )
     r = ladder.recovery
+    guard = ", ".join(f"{k} {v:g}" for k, v in r.guard.model_dump().items() if v is not None)
     lines.append(
         f"  recovery: {r.steps} steps of {r.step_percent:g} % every {r.step_interval_s:g}s "
-        f"(~{r.duration_s:g}s); never degraded: {', '.join(ladder.never_degraded)}"
+        f"(~{r.duration_s:g}s), guard: {guard}; never degraded: "
+        f"{', '.join(ladder.never_degraded)}"
     )
     return "\n".join(lines)
 

@@ -4,6 +4,12 @@ Fencing: each transaction also compares the leader key's value and create
 revision, so a replica that lost leadership (even one paused past its lease) can
 no longer change anything. A failed compare is not an error: the next tick
 re-reads the snapshot and decides again (level-triggered).
+
+Steps that take time run as background tasks, one per region at a time, each recorded
+when done so that a new leader resumes at the first missing one: a failover's
+(pre-warm the targets, switch routing) and a recovery's pre-warm of the home region
+before its first traffic step (``RecoveryPrewarmer``; a prewarmer without that method,
+or one that fails, records the step with its reason, and recovery goes on).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
@@ -24,12 +30,15 @@ from controlplane.core.decide import (
     WriteHealth,
     failover_step_write,
     pending_steps,
+    recovery_pending,
+    recovery_step_write,
 )
 from controlplane.core.model import (
     AuditEntry,
     Decision,
     FailoverProgress,
     FailoverStep,
+    RecoveryStep,
     Routing,
 )
 from controlplane.election import NotLeader
@@ -54,6 +63,16 @@ class WriteObserver(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class RecoveryPrewarmer(Protocol):
+    async def prewarm_home(
+        self, region: str, budget_s: float, recovery_id: str, fraction: float
+    ) -> dict[str, float]:
+        """Replay ``region``'s own top prefixes on it within ``budget_s``; figures for
+        the record. A repeat with the same ``recovery_id`` must not warm twice."""
+        ...
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -73,6 +92,7 @@ class Orchestrator:
         self.audit = AuditLog(keys, actor)
         self._failovers: dict[str, asyncio.Task[None]] = {}
         self._repins: dict[str, asyncio.Task[None]] = {}
+        self._recoveries: dict[str, asyncio.Task[None]] = {}
 
     # ---- writes ------------------------------------------------------------------------
     async def write(self, w: Write) -> bool:
@@ -130,6 +150,8 @@ class Orchestrator:
                     self.observer.transitioned(d)
         for f in result.failovers:
             self.ensure_failover(f.region)
+        for r in result.recoveries:
+            self.ensure_recovery(r.region)
 
     # ---- failover steps ---------------------------------------------------------------
     def ensure_failover(self, region: str) -> None:
@@ -186,6 +208,60 @@ class Orchestrator:
             # The next tick sees the step still pending and starts a new attempt.
             log.exception("%s: failover step failed; will retry next tick", region)
 
+    # ---- recovery steps before traffic returns ---------------------------------------------
+    def ensure_recovery(self, region: str) -> None:
+        """Run the region's pending recovery steps in the background, once at a time."""
+        task = self._recoveries.get(region)
+        if task is not None and not task.done():
+            return
+        self._recoveries[region] = asyncio.create_task(
+            self._run_recovery(region), name=f"recovery-{region}"
+        )
+
+    async def _run_recovery(self, region: str) -> None:
+        try:
+            while True:
+                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+                rec = snap.regions[region].record
+                steps = recovery_pending(rec)
+                if not steps:
+                    return
+                result = await self._recovery_step(region, steps[0], rec.since)
+                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+                try:
+                    w = recovery_step_write(snap, region, steps[0], self.actor, result)
+                except ValueError as e:  # relapsed, given up by the core, or done by another
+                    log.info("%s: %s", region, e)
+                    return
+                if not await self.write(w):
+                    return
+                log.warning("%s: recovery %s recorded: %s", region, steps[0].value, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: recovery step failed; will retry next tick", region)
+
+    async def _recovery_step(
+        self, region: str, step: RecoveryStep, since: float
+    ) -> dict[str, float]:
+        """Carry out ``step`` (the pre-warm); its figures, or why it did nothing."""
+        pre = self.prewarmer
+        if not isinstance(pre, RecoveryPrewarmer):
+            return {"unsupported": 1.0}
+        budget = self.topology.prewarm.budget_s
+        log.info("%s: pre-warming its own top prefixes before recovery (budget %.0fs)",
+                 region, budget)  # fmt: skip
+        try:
+            return await pre.prewarm_home(
+                region, budget, f"{region}@recovery@{since:.3f}",
+                self.topology.recovery.prewarm_top_fraction,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # recorded, and recovery goes on without it
+            log.exception("%s: recovery pre-warm failed", region)
+            return {"failed": 1.0}
+
     # ---- background session re-pin -------------------------------------------------------
     def _start_repin(self, region: str, routings: dict[str, Routing]) -> None:
         """Off the critical path: the switch is already written, and gateways re-pin
@@ -223,13 +299,16 @@ class Orchestrator:
             log.exception("%s: background session re-pin failed; sessions re-pin lazily", region)
 
     async def stop_failovers(self) -> None:
-        """Cancel failover steps and session re-pins (on leadership loss or shutdown)."""
-        tasks = [t for t in (*self._failovers.values(), *self._repins.values()) if not t.done()]
+        """Cancel failover and recovery steps and session re-pins (on leadership loss or
+        shutdown)."""
+        running = (*self._failovers.values(), *self._repins.values(), *self._recoveries.values())
+        tasks = [t for t in running if not t.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._failovers.clear()
         self._repins.clear()
+        self._recoveries.clear()
 
     def failovers_running(self) -> list[str]:
         return sorted(r for r, t in self._failovers.items() if not t.done())

@@ -17,6 +17,13 @@ gateways add those payloads to their next export.
   a deposed leader writes nothing. Not leading, ``run_once`` reads nothing either.
 * A region that no live export mentions keeps its last catalog (its ``at`` shows its
   age): when a region dies with its gateways, the failover still finds what was hot.
+* A payload, once in a region's catalog, stays while its entry does (still ranked,
+  still seen from K sessions; a key's payload never changes): a gateway's export cuts
+  the payloads of its lowest-ranked prefixes to fit ``export_max_bytes``, and while a
+  region is failed over its gateways count its traffic under the targets, whose
+  growing counts push the region's own payloads out. Without this the region's catalog
+  would erode during a failover (measured: 19 prompts with payloads, 7 after 60 s)
+  and the recovery pre-warm (``AgentPrewarmer.prewarm_home``) would find little.
 * A catalog over ``max_catalog_bytes`` (etcd refuses requests over 1.5 MiB) loses the
   payloads of its lowest-ranked entries first, then those entries, with a warning.
 * An unchanged catalog is rewritten only every ``REWRITE_EVERY`` rounds, so an idle
@@ -30,7 +37,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 
 from controlplane.clock import Clock
-from controlplane.codec import encode
+from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import PrefixesConfig
 from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
 from controlplane.election import NotLeader
@@ -112,7 +119,8 @@ class PrefixAggregator:
             if self.regions is not None and region not in self.regions:
                 self._skip(f"for region {region}", "not in the topology; no catalog written")
                 continue
-            catalog = self._fit(self._catalog(tracker, region, contributors.get(region, 0)))
+            fresh = self._catalog(tracker, region, contributors.get(region, 0))
+            catalog = self._fit(carry_payloads(fresh, await self._previous(region)))
             if not self._due(region, catalog):
                 continue
             try:
@@ -156,6 +164,19 @@ class PrefixAggregator:
             entries=tuple(entries),
         )
 
+    async def _previous(self, region: str) -> PrefixCatalog | None:
+        """The region's last catalog: written this term, else as etcd holds it."""
+        last = self._last.get(region)
+        if last is not None:
+            return last[0]
+        kv = await self.store.get(self.keys.prefixes(region))
+        if kv is None:
+            return None
+        try:
+            return decode(PrefixCatalog, kv.value, kv.key)
+        except CorruptValue:
+            return None  # rewritten from the exports alone
+
     def _due(self, region: str, catalog: PrefixCatalog) -> bool:
         """Whether to write: changed, or unchanged for REWRITE_EVERY rounds."""
         last = self._last.get(region)
@@ -187,6 +208,22 @@ class PrefixAggregator:
         if self._skipped.get(what) != problem:
             log.warning("prefix export %s skipped: %s", what, problem)
         self._skipping[what] = problem
+
+
+def carry_payloads(catalog: PrefixCatalog, previous: PrefixCatalog | None) -> PrefixCatalog:
+    """``catalog`` with the payloads ``previous`` had for entries that have none now but
+    are still seen from K sessions (see the module doc)."""
+    if previous is None or previous.params != catalog.params:
+        return catalog
+    old = {e.key: e.payload for e in previous.entries if e.payload is not None}
+    k = catalog.min_sessions
+    entries = tuple(
+        e.model_copy(update={"payload": old[e.key]})
+        if e.payload is None and e.sessions >= k and e.key in old
+        else e
+        for e in catalog.entries
+    )
+    return catalog.model_copy(update={"entries": entries})
 
 
 def fit_catalog(catalog: PrefixCatalog, limit: int) -> tuple[PrefixCatalog, int, int]:

@@ -5,6 +5,9 @@ make; each ``Write`` is one fenced etcd transaction for one region (record CAS,
 routing, audit, intent resolution: all or nothing). Failover steps that take time
 (pre-warm) are returned as ``RunFailover`` and carried out step by step with
 ``failover_step_write``, so a new leader resumes at the first step not recorded.
+Recovery's steps before its first traffic step (the home region's pre-warm) follow
+the same pattern: ``RunRecovery`` and ``recovery_step_write``; the traffic steps and
+their guard are decided in ``controlplane.core.recovery``.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from controlplane.core.model import (
     Intent,
     IntentKind,
     RecoveryProgress,
+    RecoveryStep,
     RegionHealth,
     RegionRecord,
     RegionState,
     Routing,
 )
+from controlplane.core.recovery import MoveKind, next_recovery_move, pending_recovery_steps
 from controlplane.core.snapshot import RegionView, Snapshot
 
 
@@ -62,6 +67,13 @@ class RunFailover(Frozen):
     pending: tuple[FailoverStep, ...]
 
 
+class RunRecovery(Frozen):
+    """Steps a RECOVERED region takes before its first traffic step (pre-warm)."""
+
+    region: str
+    pending: tuple[RecoveryStep, ...]
+
+
 class DropIntent(Frozen):
     """A refused operator intent: deleted and audited with the reason."""
 
@@ -74,6 +86,7 @@ class TickResult(Frozen):
     health: tuple[WriteHealth, ...] = ()
     writes: tuple[Write, ...] = ()
     failovers: tuple[RunFailover, ...] = ()
+    recoveries: tuple[RunRecovery, ...] = ()
     dropped: tuple[DropIntent, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -86,6 +99,10 @@ class TickResult(Frozen):
         parts += [
             f"{f.region}: failover steps pending {[s.value for s in f.pending]}"
             for f in self.failovers
+        ]
+        parts += [
+            f"{r.region}: recovery steps pending {[s.value for s in r.pending]}"
+            for r in self.recoveries
         ]
         parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]
         return "; ".join(parts + list(self.notes)) or "no change"
@@ -102,6 +119,13 @@ def pending_steps(record: RegionRecord) -> tuple[FailoverStep, ...]:
         else (FailoverStep.SWITCH, FailoverStep.PREWARM)
     )
     return tuple(s for s in order if s not in fo.done)
+
+
+def recovery_pending(record: RegionRecord) -> tuple[RecoveryStep, ...]:
+    """Steps of the current recovery before its first traffic step, not yet recorded."""
+    if record.state is not RegionState.RECOVERED:
+        return ()
+    return pending_recovery_steps(record.recovery)
 
 
 def _transition(
@@ -182,35 +206,23 @@ def _start_failover(
 
 
 def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str) -> Write | None:
-    rec = view.record
-    prog = rec.recovery or RecoveryProgress(steps=topology.recovery.steps, last_step_at=rec.since)
-    verdict = view.health.verdict
-    if verdict is not Health.HEALTHY:
-        if prog.held:
-            return None
-        # Guard: a wobble during recovery holds the weights where they are.
-        held = rec.model_copy(update={"recovery": prog.model_copy(update={"held": True})})
-        return Write(
-            region=view.name,
-            expected_rev=view.record_rev,
-            record=held,
-            audit=(
-                AuditEntry(
-                    at=now,
-                    actor=actor,
-                    action="recovery_hold",
-                    region=view.name,
-                    reason=f"health {verdict.value} during recovery",
-                ),
-            ),
-        )
-    if now - prog.last_step_at < topology.recovery.step_interval_s:
+    rec, cfg = view.record, topology.recovery
+    prog = rec.recovery or RecoveryProgress(steps=cfg.steps, last_step_at=rec.since)
+    move = next_recovery_move(
+        prog,
+        cfg,
+        region=view.name,
+        verdict=view.health.verdict,
+        signals=view.health.signals,
+        capacity_rps=topology.region(view.name).capacity_rps,
+        now=now,
+        began_at=rec.since,
+        prewarm_budget_s=topology.prewarm.budget_s,
+    )
+    if not move.writes:
         return None
-    step = prog.step + 1
-    routing = routing_recovery_step(view.effective_routing(), view.name, step / prog.steps)
-    routes = {view.name: routing}
-    revs = {view.name: view.routing_rev}
-    if step >= prog.steps:
+    if move.kind is MoveKind.COMPLETE:
+        routing = routing_recovery_step(view.effective_routing(), view.name, 1.0)
         return _transition(
             view,
             "complete",
@@ -218,26 +230,43 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
             actor=actor,
             now=now,
             record_changes={"recovery": None, "failover": None},
-            routing=routes,
-            routing_revs=revs,
+            routing={view.name: routing},
+            routing_revs={view.name: view.routing_rev},
         )
-    new = rec.model_copy(
-        update={"recovery": RecoveryProgress(step=step, steps=prog.steps, last_step_at=now)}
-    )
+    routes: dict[str, Routing] = {}
+    details: dict[str, str] = {}
+    if move.fraction_home is not None:
+        routing = routing_recovery_step(view.effective_routing(), view.name, move.fraction_home)
+        routes[view.name] = routing
+        details["routing"] = str(dict(sorted(routing.targets.items())))
+    for b in move.breaches:
+        details[b.signal] = f"{b.value:.4g}"
+        details[f"{b.signal}_threshold"] = f"{b.threshold:.4g}"
+    action = {
+        MoveKind.ABANDON: "recovery_prewarm",
+        MoveKind.HOLD: "recovery_hold",
+        MoveKind.GUARD: "recovery_guard",
+        MoveKind.SPIKE: "recovery_guard",
+        MoveKind.CALM: "recovery_calm",
+    }.get(move.kind, "recovery_step")
+    if move.kind is MoveKind.ABANDON:
+        details.update({k: f"{v:g}" for k, v in sorted(move.progress.prewarm_result.items())})
+    result = "abandoned" if move.kind is MoveKind.ABANDON else "ok"
     return Write(
         region=view.name,
         expected_rev=view.record_rev,
-        record=new,
+        record=rec.model_copy(update={"recovery": move.progress}),
         routing=routes,
-        routing_revs=revs,
+        routing_revs={view.name: view.routing_rev} if routes else {},
         audit=(
             AuditEntry(
                 at=now,
                 actor=actor,
-                action="recovery_step",
+                action=action,
                 region=view.name,
-                reason=f"step {step}/{prog.steps}: {step / prog.steps:.0%} of new sessions home",
-                details={"routing": str(dict(sorted(routing.targets.items())))},
+                reason=move.reason,
+                result=result,
+                details=details,
             ),
         ),
     )
@@ -344,7 +373,12 @@ def _begin_recovery(
         intent_id=intent_id,
         record_changes={
             "failover": None,
-            "recovery": RecoveryProgress(step=0, steps=topology.recovery.steps, last_step_at=now),
+            "recovery": RecoveryProgress(
+                step=0,
+                steps=topology.recovery.steps,
+                last_step_at=now,
+                planned=(RecoveryStep.PREWARM,) if topology.recovery.prewarm else (),
+            ),
         },
     )
 
@@ -442,17 +476,19 @@ def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
             if note:
                 notes.append(note)
 
-    failovers = []
+    failovers, recoveries = [], []
     for name, view in snap.regions.items():
         rec = view.record
-        steps = pending_steps(rec)
-        if steps:
+        if steps := pending_steps(rec):
             failovers.append(RunFailover(region=name, pending=steps))
+        if later := recovery_pending(rec):
+            recoveries.append(RunRecovery(region=name, pending=later))
     return TickResult(
         now=now,
         health=tuple(health_writes),
         writes=tuple(writes.values()),
         failovers=tuple(failovers),
+        recoveries=tuple(recoveries),
         dropped=tuple(dropped),
         notes=tuple(notes),
     )
@@ -532,6 +568,47 @@ def failover_step_write(
                 details={
                     k: str(dict(sorted(v.targets.items()))) for k, v in sorted(routes.items())
                 },
+            ),
+        ),
+    )
+
+
+def recovery_step_write(
+    snap: Snapshot,
+    region: str,
+    step: RecoveryStep,
+    actor: str,
+    result: dict[str, float] | None = None,
+) -> Write:
+    """The write that records ``step`` of ``region``'s recovery as done, with its result
+    (a failed pre-warm too: recovery goes on). Raises ValueError if it is not pending."""
+    view = snap.regions[region]
+    rec = view.record
+    prog = rec.recovery
+    if step not in recovery_pending(rec) or prog is None:
+        raise ValueError(f"{region}: recovery step {step.value} is not pending")
+    figures = dict(result or {})
+    new = rec.model_copy(
+        update={
+            "recovery": prog.model_copy(
+                update={"done": (*prog.done, step), "prewarm_result": figures}
+            )
+        }
+    )
+    failed = figures.get("failed", 0.0) > 0 or figures.get("targets_unreachable", 0.0) > 0
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        audit=(
+            AuditEntry(
+                at=snap.now,
+                actor=actor,
+                action=f"recovery_{step.value}",
+                region=region,
+                reason=f"{region}'s own top prefixes replayed on it before its first step",
+                result="failed; recovery goes on" if failed else "ok",
+                details={k: f"{v:g}" for k, v in sorted(figures.items())},
             ),
         ),
     )

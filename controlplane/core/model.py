@@ -106,11 +106,25 @@ class FailoverProgress(Frozen):
     prewarm_result: dict[str, float] = Field(default_factory=dict)
 
 
+class RecoveryStep(StrEnum):
+    PREWARM = "prewarm"  # the region's own top prefixes replayed on it before traffic returns
+
+
 class RecoveryProgress(Frozen):
+    """How far graduated recovery got; a new leader resumes from here."""
+
     step: int = 0  # 0..steps; weight back home = step / steps
     steps: int = 10
     last_step_at: float = 0.0
-    held: bool = False  # paused by a guard (degraded health during recovery)
+    held: bool = False  # paused: health not HEALTHY, or the signal guard (guard_at)
+    # Steps before the first traffic step (chosen when recovery began) and those done.
+    planned: tuple[RecoveryStep, ...] = ()
+    done: tuple[RecoveryStep, ...] = ()
+    prewarm_result: dict[str, float] = Field(default_factory=dict)
+    # The signal guard: when it last stepped the weight back (None: not engaged), and
+    # since when the signals have been calm again (None: still breaching).
+    guard_at: float | None = None
+    calm_since: float | None = None
 
 
 class RegionRecord(Frozen):

@@ -30,7 +30,7 @@ REGIONS = ("a", "b")
 def prewarm_topology(
     etcd: EtcdServer, cluster: str, agent_ports: Mapping[str, int],
     replicas: Mapping[str, Sequence[str]], *, prefixes: dict[str, object],
-    prewarm: dict[str, object],
+    prewarm: dict[str, object], recovery: dict[str, object] | None = None,
 ) -> Topology:  # fmt: skip
     data = fast_topology(etcd.endpoints, cluster).model_dump(mode="json")
     data["regions"] = [
@@ -41,6 +41,8 @@ def prewarm_topology(
     data["timing"]["quorum"] = 1  # only the agents observe
     data["prefixes"] = {"export_interval_s": 0.3, "aggregate_interval_s": 0.3, **prefixes}
     data["prewarm"] = prewarm
+    if recovery is not None:
+        data["recovery"] = {**data["recovery"], **recovery}
     return parse_topology(data)
 
 
@@ -56,9 +58,11 @@ class Wired:
 async def wired_regions(
     etcd: EtcdServer, cluster: str, replicas: Mapping[str, Sequence[str]], *,
     prefixes: dict[str, object], prewarm: dict[str, object],
+    recovery: dict[str, object] | None = None,
 ) -> AsyncIterator[Wired]:  # fmt: skip
     ports = {r: free_port() for r in REGIONS}
-    topo = prewarm_topology(etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm)
+    topo = prewarm_topology(etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm,
+                            recovery=recovery)  # fmt: skip
     async with running_replica(topo) as cp:
         agents: dict[str, AgentHandle] = {}
         gw = GatewayServer(GatewayOptions(topology=topo, app=AppConfig(home="a")))

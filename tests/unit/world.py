@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.config import Topology, parse_topology
-from controlplane.core.decide import TickResult, Write, decide, failover_step_write, pending_steps
+from controlplane.core.decide import (
+    TickResult,
+    Write,
+    decide,
+    failover_step_write,
+    pending_steps,
+    recovery_pending,
+    recovery_step_write,
+)
 from controlplane.core.model import (
     AuditEntry,
     ControlFlags,
@@ -60,6 +68,8 @@ class World:
     control: ControlFlags = field(default_factory=ControlFlags)
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
+    recovery_result: dict[str, float] = field(default_factory=dict)  # of recovery pre-warms
+    run_recovery_steps: bool = True  # False: recovery pre-warms never report (stuck agent)
 
     def report(self, region: str, observer: str, health: Health, **signals: float) -> None:
         kind = ObserverKind(observer.split(":", 1)[0])
@@ -117,6 +127,13 @@ class World:
                     w = failover_step_write(self.snapshot(), f.region, steps[0], "cp-test", {})
                 except ValueError:
                     break
+                assert self.apply(w)
+        for r in res.recoveries if self.run_recovery_steps else ():
+            # the recovery pre-warm: done at once, with these figures
+            while later := recovery_pending(self.records[r.region][0]):
+                w = recovery_step_write(
+                    self.snapshot(), r.region, later[0], "cp-test", dict(self.recovery_result)
+                )
                 assert self.apply(w)
         self.results.append(res)
         return res

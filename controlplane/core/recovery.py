@@ -1,0 +1,237 @@
+"""Graduated recovery, pure (DESIGN.md §3, §5): the traffic steps and their guard.
+
+A region in RECOVERED gets its new-session weight back one increment per
+``step_interval_s`` (``config.RecoveryConfig``; with a degradation ladder, the file's
+``recovery`` section and ``baseline``). Each tick :func:`next_recovery_move` reads the
+region's ``RecoveryProgress``, health verdict and signals and returns at most one move,
+checked in this order:
+
+* **steps before traffic** (the recovery pre-warm, :func:`pending_recovery_steps`):
+  nothing moves until the orchestrator records them; one that has no result
+  ``prewarm_budget_s + PREWARM_GRACE_S`` after recovery began is given up (recorded,
+  audited) so that a stuck pre-warm never blocks recovery;
+* **health** not HEALTHY: the weights hold where they are (an UNHEALTHY verdict fails
+  the region over again; that is the caller's, as before);
+* **the guard**, once traffic is home (step 1 or later, or the guard engaged before): a
+  breach of any guard threshold over the region's signals (``ttft_p99_s`` over a multiple
+  of the baseline, ``error_rate``, ...) steps the weight back one increment, re-applying
+  the step before the last, and pauses. Never below 0, where the region keeps the whole
+  failed-over routing, and never a failover by itself. At most one step back per
+  interval: a breach that lasts, or comes back, an interval after the last step back
+  steps back once more;
+* **calm** again (no breach) for one interval after the guard engaged: the next step
+  forward, and the guard disengages;
+* otherwise the next step once the interval has passed since the last; the last step
+  completes recovery (RECOVERED -> NORMAL).
+
+Before the first step no user traffic is home: its signals then come from the
+pre-warm's own replays, so the guard does not read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from controlplane.config import RecoveryConfig
+from controlplane.core.ladder import (
+    AUTH_ERROR_SIGNAL,
+    ERROR_SIGNAL,
+    HEADROOM_SIGNAL,
+    QUEUE_SIGNAL,
+    TTFT_SIGNAL,
+    with_headroom,
+)
+from controlplane.core.model import Frozen, Health, RecoveryProgress, RecoveryStep
+
+PREWARM_GRACE_S = 15.0  # past the pre-warm budget: the agent's grace and the writes
+
+
+class MoveKind(StrEnum):
+    NONE = "none"  # nothing to write
+    WAIT = "wait"  # steps before traffic are pending: the orchestrator runs them
+    ABANDON = "abandon"  # a pending step ran out of time: recorded as given up
+    HOLD = "hold"  # health not HEALTHY: paused where it is (written once)
+    GUARD = "guard"  # a breach: weight stepped back one increment (or paused at 0)
+    SPIKE = "spike"  # a breach again within the interval of the last step back
+    CALM = "calm"  # the guard's breach is over: resume due one interval from now
+    STEP = "step"  # one increment more home
+    COMPLETE = "complete"  # the last increment: back to NORMAL
+
+
+class GuardBreach(Frozen):
+    signal: str
+    value: float
+    threshold: float
+    text: str
+
+
+class RecoveryMove(Frozen):
+    kind: MoveKind
+    progress: RecoveryProgress  # the record's new recovery progress
+    fraction_home: float | None = None  # the new home weight, when routing changes
+    reason: str = ""
+    breaches: tuple[GuardBreach, ...] = ()
+
+    @property
+    def writes(self) -> bool:
+        return self.kind not in (MoveKind.NONE, MoveKind.WAIT)
+
+
+def pending_recovery_steps(progress: RecoveryProgress | None) -> tuple[RecoveryStep, ...]:
+    """Steps planned before the first traffic step and not yet recorded, in order."""
+    if progress is None or progress.step > 0 or progress.guard_at is not None:
+        return ()
+    return tuple(s for s in progress.planned if s not in progress.done)
+
+
+def guard_breaches(
+    cfg: RecoveryConfig, region: str, signals: Mapping[str, float], capacity_rps: float
+) -> tuple[GuardBreach, ...]:
+    """The guard thresholds the region's signals breach; a missing signal is no
+    evidence. The first-token threshold is relative to the region's baseline and
+    unguarded without one."""
+    sig = with_headroom(signals, capacity_rps)
+    out: list[GuardBreach] = []
+
+    def over(signal: str, limit: float | None, text: str) -> None:
+        v = sig.get(signal)
+        if limit is not None and v is not None and v > limit:
+            out.append(GuardBreach(signal=signal, value=v, threshold=limit, text=text.format(v)))
+
+    base = cfg.baseline_for(region)
+    k = cfg.guard_ttft_p99_over_baseline
+    if k is not None and base is not None:
+        over(TTFT_SIGNAL, k * base, f"ttft p99 {{:.3g}}s > {k:g} x baseline {base:g}s")
+    e, a = cfg.guard_error_rate_over, cfg.guard_auth_error_rate_over
+    over(ERROR_SIGNAL, e, f"error rate {{:.2%}} > {e or 0:.2%}")
+    over(AUTH_ERROR_SIGNAL, a, f"auth error rate {{:.2%}} > {a or 0:.2%}")
+    over(
+        QUEUE_SIGNAL,
+        cfg.guard_queue_depth_over,
+        f"queue depth {{:g}} > {cfg.guard_queue_depth_over}",
+    )
+    room, h = sig.get(HEADROOM_SIGNAL), cfg.guard_headroom_under
+    if h is not None and room is not None and room < h:
+        out.append(
+            GuardBreach(
+                signal=HEADROOM_SIGNAL,
+                value=room,
+                threshold=h,
+                text=f"headroom {room:.0%} < {h:.0%}",
+            )
+        )
+    return tuple(out)
+
+
+def next_recovery_move(
+    progress: RecoveryProgress,
+    cfg: RecoveryConfig,
+    *,
+    region: str,
+    verdict: Health,
+    signals: Mapping[str, float],
+    capacity_rps: float,
+    now: float,
+    began_at: float,
+    prewarm_budget_s: float,
+) -> RecoveryMove:
+    """One tick of a RECOVERED region's graduated recovery (see the module doc).
+    ``began_at``: when the region entered RECOVERED."""
+    p, interval = progress, cfg.step_interval_s
+    pending = pending_recovery_steps(p)
+    if pending:
+        waited = now - began_at
+        if waited < prewarm_budget_s + PREWARM_GRACE_S:
+            return RecoveryMove(kind=MoveKind.WAIT, progress=p, reason="pre-warm pending")
+        done = p.model_copy(
+            update={
+                "done": (*p.done, *pending),
+                "prewarm_result": {
+                    **p.prewarm_result,
+                    "abandoned": 1.0,
+                    "waited_s": round(waited, 3),
+                },
+            }
+        )
+        return RecoveryMove(
+            kind=MoveKind.ABANDON,
+            progress=done,
+            reason=f"no pre-warm result {waited:.0f}s after recovery began; going on without",
+        )
+    if verdict is not Health.HEALTHY:
+        if p.held:
+            return RecoveryMove(kind=MoveKind.NONE, progress=p)
+        return RecoveryMove(
+            kind=MoveKind.HOLD,
+            progress=p.model_copy(update={"held": True}),
+            reason=f"health {verdict.value} during recovery",
+        )
+    engaged = p.guard_at is not None
+    breaches = guard_breaches(cfg, region, signals, capacity_rps) if p.step or engaged else ()
+    if breaches:
+        why = "; ".join(b.text for b in breaches)
+        if p.guard_at is None or now - p.guard_at >= interval:
+            back = max(0, p.step - 1)
+            new = p.model_copy(
+                update={
+                    "step": back,
+                    "held": True,
+                    "guard_at": now,
+                    "calm_since": None,
+                    "last_step_at": now,
+                }
+            )
+            if back == p.step:
+                reason = f"recovery guard: {why}; paused at 0 % home (nothing left to step back)"
+                return RecoveryMove(
+                    kind=MoveKind.GUARD, progress=new, reason=reason, breaches=breaches
+                )
+            reason = (
+                f"recovery guard: {why}; stepped back to step {back}/{p.steps} "
+                f"({back / p.steps:.0%} of new sessions home) and paused"
+            )
+            return RecoveryMove(
+                kind=MoveKind.GUARD,
+                progress=new,
+                fraction_home=back / p.steps,
+                reason=reason,
+                breaches=breaches,
+            )
+        if p.calm_since is not None:  # a new spike before the resume: calm starts over
+            return RecoveryMove(
+                kind=MoveKind.SPIKE,
+                reason=f"recovery guard: {why} again",
+                progress=p.model_copy(update={"calm_since": None}),
+                breaches=breaches,
+            )
+        return RecoveryMove(kind=MoveKind.NONE, progress=p, breaches=breaches)
+    if engaged:
+        if p.calm_since is None:
+            return RecoveryMove(
+                kind=MoveKind.CALM,
+                progress=p.model_copy(update={"calm_since": now}),
+                reason="guard signals calm again",
+            )
+        if now - p.calm_since < interval:
+            return RecoveryMove(kind=MoveKind.NONE, progress=p)
+        resumed = f"; resumed after {now - p.calm_since:.0f}s calm"
+    elif now - p.last_step_at < interval:
+        return RecoveryMove(kind=MoveKind.NONE, progress=p)
+    else:
+        resumed = ""
+    step = p.step + 1
+    new = p.model_copy(
+        update={
+            "step": step,
+            "last_step_at": now,
+            "held": False,
+            "guard_at": None,
+            "calm_since": None,
+        }
+    )
+    kind = MoveKind.COMPLETE if step >= p.steps else MoveKind.STEP
+    reason = f"step {step}/{p.steps}: {step / p.steps:.0%} of new sessions home{resumed}"
+    return RecoveryMove(
+        kind=kind, progress=new, fraction_home=min(1.0, step / p.steps), reason=reason
+    )
