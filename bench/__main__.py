@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import failover, gateway, leader, prefixes, prewarm, recovery, sessions
+from bench import failover, gateway, leader, prefixes, prewarm, recovery, sessions, soak
 
 
 class BenchModule(Protocol):
@@ -42,6 +42,13 @@ BENCHES = (
         "SIGKILL the control-plane leader at each step of a failover (before and during "
         "pre-warm, after the routing switch, during recovery): time until a new leader "
         "acts, against the lease TTL, and that no completed step is repeated.",
+    ),
+    BenchInfo(
+        "soak",
+        soak,
+        "The gateways under sustained streaming load for minutes with a region blackout "
+        "in the middle: requests lost before their first byte, retries, session "
+        "consistency violations, memory growth.",
     ),
     BenchInfo(
         "gateway",

@@ -256,6 +256,31 @@ class SessionStore:
                 return new
         raise SessionContention(f"session {session_id!r} kept changing; retry")
 
+    async def move(self, session_id: str, failed: str, to: str, *, home: str) -> SessionPin:
+        """Move a session off ``failed`` (its region answered nothing) to ``to``, unless
+        it is pinned elsewhere already (another gateway moved it: that pin is returned).
+        A session without a pin is created on ``to`` with ``home``. CAS on the pin, no
+        audit entry: like a lazy re-pin, the gateway counts it."""
+        validate_session_id(session_id)
+        self._check_region("region", to)
+        key = self.keys.session(session_id)
+        for _ in range(MAX_ATTEMPTS):
+            old, kv = await self._read(key)
+            if old is not None and old.region != failed:
+                return old
+            epoch = await self._routing_epoch(old.home if old else home)
+            now = self.clock.now()
+            new = (
+                repinned(old, to, epoch, now)
+                if old is not None
+                else SessionPin(home=home, region=to, epoch=epoch, pinned_at=now)
+            )
+            lease = await self.leases.current()
+            guard = Compare.mod_revision(key, kv.mod_revision if kv else 0)
+            if await self._put_guarded(guard, [Put(key, encode(new), lease)], lease):
+                return new
+        raise SessionContention(f"session {session_id!r} kept changing; retry")
+
     async def _routing_epoch(self, home: str) -> int:
         kv = await self.store.get(self.keys.routing(home))
         try:

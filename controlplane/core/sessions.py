@@ -100,6 +100,25 @@ def pick_region(routings: Mapping[str, Routing], home: str, session_id: str) -> 
     return placement(routings, home).pick(session_id)
 
 
+def spill_region(
+    routings: Mapping[str, Routing],
+    zones: Mapping[str, str],
+    failed: str,
+    key: str,
+) -> str | None:
+    """Where a request goes whose region answered nothing (every replica unreachable
+    before the first byte), before the control plane has failed that region over: a
+    serving region of the same zone, chosen by ``key`` (the session id) so that every
+    gateway makes the same choice. None when there is none."""
+    zone = zones.get(failed)
+    candidates = sorted(
+        r for r, z in zones.items() if z == zone and r != failed and serving(routings, r)
+    )
+    if not candidates:
+        return None
+    return candidates[int(_unit(key) * len(candidates)) % len(candidates)]
+
+
 def repinned(pin: SessionPin, region: str, epoch: int, now: float) -> SessionPin:
     """``pin`` moved to ``region`` at ``now`` under its home's routing ``epoch``: the
     home is kept and the move counted. Depends on ``pin`` only through ``home`` and

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from controlplane.core.degradation import FeatureFlags
-from controlplane.core.sessions import NoRegionServing, serving
+from controlplane.core.sessions import NoRegionServing, serving, spill_region
 from controlplane.session_store import InvalidSessionId, validate_session_id
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -45,6 +45,9 @@ class AppConfig:
     prefix_chars: int = DEFAULT_PREFIX_CHARS
     retry_after_s: int = 1
     actuators: ActuatorConfig = field(default_factory=ActuatorConfig)
+    # region -> residency zone (from the topology): where a request may spill when its
+    # region answers nothing; empty: never spill
+    zones: Mapping[str, str] = field(default_factory=dict)
 
 
 class GatewayApp:
@@ -118,12 +121,25 @@ class GatewayApp:
             self.observer.observe(region, session, req.prompt)
         except Exception:  # an observer bug must not fail requests
             log.exception("prefix observer failed")
+        key = prefix_key(req.prefix, self.config.prefix_chars)
         try:
-            return await self.forwarder.forward(
-                request, region, body, prefix_key(req.prefix, self.config.prefix_chars), started
-            )
+            return await self.forwarder.forward(request, region, body, key, started)
         except NoReplica as e:
-            return self._unavailable(region, "no_replica", str(e))
+            failed = e
+        # Nothing reached the client and no replica of the region answered: rather than
+        # lose the request while the control plane confirms the region down, send it to
+        # a serving region of the same zone and move the session there (once, for good).
+        other = spill_region(self.routing.routings, self.config.zones, region,
+                             session or str(key))  # fmt: skip
+        if other is None:
+            return self._unavailable(region, "no_replica", str(failed))
+        if session:
+            other = await self.resolver.move(session, region, other)
+        self.metrics.spill(region, other)
+        try:
+            return await self.forwarder.forward(request, other, body, key, started)
+        except NoReplica as e:
+            return self._unavailable(other, "no_replica", f"{failed}; then {e}")
 
     async def _body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -137,6 +153,8 @@ class GatewayApp:
             return await request.read()
         except web.HTTPRequestEntityTooLarge as e:
             raise BadRequest(f"request body exceeds the limit of {limit} bytes", status=413) from e
+        except web.RequestPayloadError as e:  # e.g. Content-Encoding: gzip on a plain body
+            raise BadRequest(f"cannot read the request body: {e}") from e
 
     def _refuse(self, status: int, message: str, param: str | None = None) -> web.Response:
         self.metrics.error(NO_REGION, "bad_request")

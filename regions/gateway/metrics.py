@@ -93,6 +93,13 @@ class GatewayMetrics:
             "etcd revision of the routing the gateway follows",
             registry=r,
         )
+        self.spills = Counter(
+            "tectonic_gateway_spills",
+            "Requests sent to another region of the zone because no replica of theirs "
+            "answered before the first byte (their session moved with them), by region",
+            ["from_region", "to_region"],
+            registry=r,
+        )
         self.degraded = Counter(
             "tectonic_gateway_degraded",
             "Requests a degradation actuator acted on, by serving region and action "
@@ -110,6 +117,9 @@ class GatewayMetrics:
         if child is None:
             child = self._requests[region, code] = self.requests.labels(region, str(code))
         child.inc()
+
+    def spill(self, from_region: str, to_region: str) -> None:
+        self.spills.labels(from_region, to_region).inc()
 
     def error(self, region: str, kind: str) -> None:
         child = self._errors.get((region, kind))

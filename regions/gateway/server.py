@@ -70,7 +70,10 @@ class GatewayOptions:
 
     def etcd(self) -> EtcdConfig:
         endpoints = self.etcd_endpoints or self.topology.etcd.endpoints
-        return EtcdConfig(endpoints=endpoints, request_timeout_s=self.etcd_timeout_s)
+        # The topology's etcd TLS / auth settings carry over; only these two are flags.
+        return self.topology.etcd.model_copy(
+            update={"endpoints": tuple(endpoints), "request_timeout_s": self.etcd_timeout_s}
+        )
 
     def tracker_config(self) -> TrackerConfig:
         return self.tracker or tracker_config(self.topology.prefixes)
@@ -126,7 +129,10 @@ class GatewayServer:
         self.reporter: HealthReporter | None = None
         if options.control_planes:
             self.reporter = HealthReporter(
-                options.control_planes, options.observer_id, interval_s=options.report_interval_s
+                options.control_planes,
+                options.observer_id,
+                interval_s=options.report_interval_s,
+                security=options.topology.security,
             )
         self.forwarder = Forwarder(
             self.pool,
@@ -157,6 +163,8 @@ class GatewayServer:
                 self.store, self.keys, self.tracker, options.export_options()
             )
         app_config = options.app
+        if not app_config.zones:  # the topology's zones bound where requests may spill
+            app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
         if app_config.actuators.chars_per_token is None:
             # The context cap estimates tokens with the prefix proxy's calibrated ratio.
             ratio = topo.prefixes.chars_per_token

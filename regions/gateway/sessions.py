@@ -39,6 +39,7 @@ from controlplane.core.sessions import (
     Resolution,
     SessionPin,
     pick_region,
+    repinned,
     resolve,
     serving,
 )
@@ -58,6 +59,8 @@ class SessionStoreLike(Protocol):
     async def resolve(
         self, session_id: str, home: str, routings: Mapping[str, Routing]
     ) -> Resolution: ...
+
+    async def move(self, session_id: str, failed: str, to: str, *, home: str) -> SessionPin: ...
 
 
 class RoutingView(Protocol):
@@ -135,6 +138,44 @@ class SessionResolver:
         """A request without a session: the same weighted choice, keyed by its prompt
         prefix (so a prefix keeps its region), and nothing written."""
         return pick_region(self._routing.routings, self.home, key)
+
+    async def move(self, session_id: str, failed: str, to: str) -> str:
+        """``session_id``'s region ``failed`` answered nothing: pin it to ``to`` (CAS in
+        etcd; pending in the cache while etcd is down) and return where it is pinned
+        now, which is another gateway's choice if it moved the session first. It never
+        comes back by itself: like a failed-over session, it stays where it moved."""
+        entry = self._pins.get(session_id)
+        home = entry.pin.home if entry is not None else self.home
+        if self.store_up:
+            try:
+                async with asyncio.timeout(self._store_timeout_s):
+                    pin = await self._sessions.move(session_id, failed, to, home=home)
+            except (StoreUnavailable, TimeoutError) as e:
+                self._store_lost(e)
+            except (StoreError, CorruptValue, SessionContention) as e:
+                log.warning("session %s: could not move it off %s (%s)", session_id, failed, e)
+                return to
+            else:
+                self._store_back()
+                if entry is None or entry.pin.region != pin.region:
+                    self._metrics.session_moves.inc()
+                self._pending.pop(session_id, None)
+                self._remember(session_id, _Entry(pin, self._monotonic()))
+                log.warning("session %s moved %s -> %s: %s answered nothing",
+                            session_id, failed, pin.region, failed)  # fmt: skip
+                return pin.region
+        now = self._clock.now()
+        pin = (
+            repinned(entry.pin, to, entry.pin.epoch, now)
+            if entry is not None
+            else SessionPin(home=home, region=to, epoch=0, pinned_at=now)
+        )
+        self._metrics.session_moves.inc()
+        self._remember(session_id, _Entry(pin, self._monotonic(), pending=True))
+        self._pending[session_id] = pin
+        self._metrics.pending_pins.set(len(self._pending))
+        self._woken.set()
+        return to
 
     def cached(self, session_id: str) -> SessionPin | None:
         entry = self._pins.get(session_id)

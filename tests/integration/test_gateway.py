@@ -366,7 +366,7 @@ async def test_malformed_requests_get_4xx_with_a_json_error(
 
 
 async def test_failed_replicas_are_retried_on_another_before_the_first_byte(
-    deployment: Deployment, http: aiohttp.ClientSession
+    deployment: Deployment, http: aiohttp.ClientSession, etcd_store: EtcdStore, keys: Keys
 ) -> None:
     gw = await asyncio.to_thread(deployment.gateway, "east")
     first, second = deployment.sims["east"]
@@ -387,13 +387,16 @@ async def test_failed_replicas_are_retried_on_another_before_the_first_byte(
     )
     assert results == [(200, "east")] * len(prompts)
 
-    await asyncio.to_thread(first.kill)  # the region has no replica left: 503, retry later
-    body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
-    async with http.post(
-        gw.url + "/v1/completions", json=body, headers={"x-session-id": "retry-0"}
-    ) as resp:
-        assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
-        assert (await resp.json())["error"]["type"] == "ServiceUnavailableError"
+    # No replica of east answers now, and the control plane has not failed it over yet:
+    # the request is not lost but sent to a serving region of the same zone, and its
+    # session moves there for good (pinned in etcd, so other gateways agree).
+    await asyncio.to_thread(first.kill)
+    status, region = await complete(http, gw.url, "retry-0")
+    assert status == 200 and region in REGIONS and region != "east"
+    pin = await pin_of(etcd_store, keys, "retry-0")
+    assert pin is not None and pin.region == region and pin.moves >= 1
+    assert await complete(http, gw.url, "retry-0") == (200, region)  # and stays
+    assert await metric(http, gw.url, "tectonic_gateway_spills_total") >= 1
 
 
 async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(

@@ -123,3 +123,19 @@ def test_a_placement_lists_only_serving_targets_by_name() -> None:
         0.4,
     )
     assert placement(NORMAL, "nowhere").targets == (("nowhere", 1.0),)  # no routing yet
+
+
+def test_spill_goes_to_a_serving_region_of_the_same_zone_chosen_by_the_session() -> None:
+    from controlplane.core.model import Routing
+    from controlplane.core.sessions import spill_region
+
+    zones = {"east": "us", "west": "us", "central": "us", "eu": "eu"}
+    routings = {"central": Routing(targets={"west": 1.0}, epoch=2)}  # central failed over
+    picks = {spill_region(routings, zones, "east", f"s{i}") for i in range(50)}
+    assert picks == {"west"}  # not itself, not a failed-over region, not another zone
+    both = {spill_region({}, zones, "east", f"s{i}") for i in range(50)}
+    assert both == {"west", "central"}  # spread over the candidates ...
+    assert spill_region({}, zones, "east", "s7") == spill_region(
+        {}, zones, "east", "s7"
+    )  # ... stably
+    assert spill_region({}, zones, "eu", "s1") is None  # no other region in its zone
