@@ -50,7 +50,7 @@ class _Strict(BaseModel):
 def _zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "America", "a" * 300
         raise ValueError(
             f"unknown time zone {name!r} (an IANA name, e.g. UTC, Europe/Berlin)"
         ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from controlplane.codec import encode
@@ -44,6 +45,9 @@ def validate_report(
         raise BadReport(f"at most {MAX_SIGNALS} signals per report, got {len(signals)}")
     if any(len(k) > 64 for k in signals):
         raise BadReport("signal names are at most 64 characters")
+    if bad := sorted(k for k, v in signals.items() if not math.isfinite(v)):
+        # JSON has no NaN: stored, it would read back as null and void the whole report.
+        raise BadReport(f"signal values must be finite numbers; not: {bad[:8]}")
     if len(detail) > MAX_DETAIL:
         raise BadReport(f"detail is at most {MAX_DETAIL} characters, got {len(detail)}")
     return HealthReport(

@@ -26,6 +26,7 @@ from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.auth import AuthInterceptor
+from controlplane.api.decode_guard import DecodeGuard
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
@@ -197,7 +198,8 @@ class ControlPlaneReplica:
                 ),
                 ("grpc.so_reuseport", 0),
             ],
-            interceptors=[AuthInterceptor(sec)] if sec else None,
+            # auth first: an unauthenticated caller learns nothing, not even a parse error
+            interceptors=[*([AuthInterceptor(sec)] if sec else []), DecodeGuard()],
         )
         controlplane_pb2_grpc.add_ControlPlaneServicer_to_server(  # type: ignore[no-untyped-call]
             ControlPlaneService(

@@ -47,6 +47,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.api.auth import AuthInterceptor
+from controlplane.api.decode_guard import DecodeGuard
 from controlplane.config import ConfigError, describe_errors, read_yaml
 from controlplane.core.model import Health
 from controlplane.security import SecurityConfig
@@ -131,7 +132,9 @@ class AgentHandle:
         self._health = health.aio.HealthServicer()
         sec = config.security
         # Not the control plane's request limit: a Prewarm carries up to a catalog (1 MiB).
-        self._server = grpc.aio.server(interceptors=[AuthInterceptor(sec)] if sec else None)
+        self._server = grpc.aio.server(
+            interceptors=[*([AuthInterceptor(sec)] if sec else []), DecodeGuard()]
+        )
         self._session: aiohttp.ClientSession | None = None
         self._channels = [aio_channel(ep, sec, options=_CHANNEL_OPTIONS)
                           for ep in config.control_planes]

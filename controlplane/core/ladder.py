@@ -182,7 +182,7 @@ class Step(Frozen):
     @classmethod
     def _known_kind(cls, v: object) -> object:
         kind = v.get("kind") if isinstance(v, Mapping) else getattr(v, "kind", None)
-        if kind not in ACTUATORS:
+        if not isinstance(kind, str) or kind not in ACTUATORS:  # a list is unhashable
             raise ValueError(
                 f"kind {kind!r} is not a known actuator; use one of {sorted(ACTUATORS)} "
                 "(an actuator is code in the gateway or agent, so a new kind ships there first)"

@@ -30,6 +30,7 @@ from regions.gateway.replicas import DEFAULT_PREFIX_CHARS, prefix_key
 from regions.gateway.requests import BadRequest, Endpoint, error_type, parse
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.sessions import SessionResolver
+from regions.http_expect import expect_handler
 
 log = logging.getLogger("tectonic.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,8 +77,8 @@ class GatewayApp:
         # chunked upload without Content-Length is bounded too.
         app = web.Application(client_max_size=self.config.max_body_bytes)
         r = app.router
-        r.add_post(Endpoint.COMPLETIONS.value, self._endpoint(Endpoint.COMPLETIONS))
-        r.add_post(Endpoint.CHAT.value, self._endpoint(Endpoint.CHAT))
+        for ep in (Endpoint.COMPLETIONS, Endpoint.CHAT):
+            r.add_post(ep.value, self._endpoint(ep), expect_handler=expect_handler)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics_page)

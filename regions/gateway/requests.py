@@ -12,6 +12,7 @@ The body itself is forwarded byte for byte. Errors use vLLM's shape:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -103,9 +104,29 @@ def _object(body: bytes) -> Mapping[str, object]:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRequest(f"Invalid JSON body: {e}") from e
+    except RecursionError as e:
+        raise BadRequest("Invalid JSON body: nested too deeply") from e
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(data).__name__}")
+    if _SURROGATE_ESCAPE.search(body) and not _unicode(data):
+        raise BadRequest(
+            "Invalid JSON body: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+            "escape without its pair), which is no text"
+        )
     return data
+
+
+# Only a \u escape can put a surrogate in a JSON string (UTF-8 has none): the cheap test
+# on the raw bytes, before the exact one on the parsed body.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _unicode(data: object) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _first_prompt(prompt: object) -> object:

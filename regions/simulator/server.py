@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
+from regions.http_expect import expect_handler
 from regions.simulator.admin import AdminApi
 from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token, generated
 from regions.simulator.faults import FaultSpec, FaultState, Verdict
@@ -142,8 +143,8 @@ class Simulator:
         r.add_get("/ping", self.health)
         r.add_get("/version", self.version)
         r.add_get("/v1/models", self.models)
-        r.add_post("/v1/completions", self.completions)
-        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions, expect_handler=expect_handler)
+        r.add_post("/v1/chat/completions", self.chat, expect_handler=expect_handler)
         r.add_post("/tokenize", self.tokenize)
         r.add_post("/detokenize", self.detokenize)
         r.add_get("/metrics", self.metrics)
@@ -157,9 +158,21 @@ class Simulator:
     # -- helpers -------------------------------------------------------------
     async def _parse(self, request: web.Request, model: type[M]) -> M:
         try:
-            return model.model_validate(await request.json())
-        except json.JSONDecodeError as e:
+            data = await request.json()
+            json.dumps(data, ensure_ascii=False).encode()  # no lone surrogates: our tokenizer
+            return model.model_validate(data)  # cannot encode them (nor can vLLM's HF one)
+        except UnicodeEncodeError as e:
+            raise ApiError(
+                f"Invalid JSON body: a string holds a lone UTF-16 surrogate ({e.reason})",
+                "BadRequestError",
+                400,
+            ) from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(f"Invalid JSON body: {e}", "BadRequestError", 400) from e
+        except RecursionError as e:
+            raise ApiError("Invalid JSON body: nested too deeply", "BadRequestError", 400) from e
+        except web.RequestPayloadError as e:  # e.g. a Content-Encoding the body does not have
+            raise ApiError(f"Cannot read the body: {e}", "BadRequestError", 400) from e
         except ValidationError as e:
             raise ApiError(str(e), "BadRequestError", 400) from e
 

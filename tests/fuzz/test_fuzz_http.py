@@ -1,0 +1,651 @@
+"""Property-based fuzzing of every HTTP endpoint (issue 8, item 5): the gateway's, the
+control plane's HTTP API and the simulator's (which speaks vLLM's API).
+
+Three in-process gateways on a real etcd, in front of one simulator process: ``east``
+undegraded, ``west`` with every gateway actuator on (context cap in truncate mode,
+``parallel_tool_calls`` off, shedding below priority -5) and ``central`` with the cap in
+reject mode, so that fuzzed bodies also go through the actuators. Requests are written
+byte for byte on a raw socket (``exchange``): bodies from the real request shapes,
+mutated, random JSON of every type (huge numbers, NaN, lone surrogates, deep nesting),
+invalid UTF-8, oversized ones; random session and priority headers; random methods,
+paths and query strings. Properties:
+
+* the server answers (no connection reset, no hang), and never a 5xx of its own: a 5xx
+  is only 502/503/504 (an upstream condition), never 500;
+* a refused request gets a 4xx with a JSON error body that says what is wrong (vLLM's
+  ``{"error": {"message": ...}}`` for the gateway and the simulator, ``{"detail": ...}``
+  for the control plane's API);
+* the server keeps serving: a good request right after is answered 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import secrets
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chaos.local_etcd import EtcdServer
+from chaos.procs import Proc, start_simulator, until
+from controlplane.codec import encode
+from controlplane.config import Topology, parse_topology
+from controlplane.core.degradation import DegradationRecord, FeatureFlags
+from controlplane.keys import Keys
+from controlplane.store.etcd import EtcdStore
+from regions.gateway.app import AppConfig
+from regions.gateway.server import GatewayServer
+from tests.fuzz.mutations import keys_of, mutated, paths
+from tests.integration.cp_harness import fast_topology, running_gateway, running_replica
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
+
+MODEL = "tiny"
+MAX_MODEL_LEN = 512  # the simulator's: a long generation is refused, not waited for
+UPSTREAM_5XX = frozenset({502, 503, 504})
+# aiohttp's HTTP parser answers a longer request line itself (400, plain text): the
+# request never reaches the application, so its error shape is not the API's.
+PARSER_LINE_LIMIT = 8190
+GATEWAYS = ("east", "west", "central")
+FLAGS = {
+    "west": FeatureFlags(
+        max_context_tokens=64, context_cap_mode="truncate", parallel_tool_calls=False,
+        shed_priority_below=-5,
+    ),
+    "central": FeatureFlags(max_context_tokens=64, context_cap_mode="reject"),
+}  # fmt: skip
+GOOD_COMPLETION = {"model": MODEL, "prompt": "Say hi", "max_tokens": 2}
+
+
+# ---- a raw HTTP/1.1 client ------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+class NoAnswer(AssertionError):
+    """The server closed the connection (or stayed silent) without an answer."""
+
+
+def request_bytes(
+    method: str,
+    target: str,
+    headers: Sequence[tuple[str, bytes]] = (),
+    body: bytes | None = None,
+) -> bytes:
+    """An HTTP/1.1 request, ``Connection: close``, with a Content-Length for ``body``."""
+    lines = [f"{method} {target} HTTP/1.1".encode("latin-1"), b"Host: fuzz"]
+    lines += [name.encode("latin-1") + b": " + value for name, value in headers]
+    if body is not None:
+        lines.append(b"Content-Length: " + str(len(body)).encode())
+    lines.append(b"Connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
+
+
+async def exchange(port: int, raw: bytes, *, within: float = 30.0) -> Answer:
+    """Send ``raw`` and read the whole answer (Content-Length, chunked or until close;
+    an event stream only up to its head). Raises NoAnswer when the server drops the
+    connection first, or answers nothing ``within`` seconds."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def send() -> None:
+        # The server may answer (413) and close before reading everything.
+        with contextlib.suppress(ConnectionError):
+            writer.write(raw)
+            await writer.drain()
+
+    sender = asyncio.ensure_future(send())
+    try:
+        async with asyncio.timeout(within):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                raise NoAnswer(f"connection closed without an answer: {e!r}") from e
+            status_line, *header_lines = head.decode("latin-1").split("\r\n")
+            parts = status_line.split(" ", 2)
+            assert parts[0].startswith("HTTP/1."), status_line
+            headers: dict[str, str] = {}
+            for line in header_lines:
+                if ":" in line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            status = int(parts[1])
+            if raw.startswith(b"HEAD ") or status in (204, 304) or 100 <= status < 200:
+                return Answer(status, headers, b"")
+            if headers.get("content-type", "").startswith("text/event-stream"):
+                return Answer(status, headers, b"")  # a live stream: its head is enough
+            return Answer(status, headers, await _body(reader, headers))
+    except TimeoutError as e:
+        raise NoAnswer(f"no complete answer within {within}s") from e
+    finally:
+        sender.cancel()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    try:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            out = bytearray()
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await reader.read()  # trailers, then close
+                    return bytes(out)
+                out += await reader.readexactly(size)
+                await reader.readexactly(2)
+        if "content-length" in headers:
+            return await reader.readexactly(int(headers["content-length"]))
+        return await reader.read()
+    except (asyncio.IncompleteReadError, ConnectionError) as e:
+        raise NoAnswer(f"connection dropped mid-answer: {e!r}") from e
+
+
+# ---- the deployment -------------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    sim: Proc
+    gateways: dict[str, GatewayServer]
+    cp_http_port: int
+
+    @property
+    def sim_port(self) -> int:
+        return self.sim.port
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[Proc]:
+    proc = start_simulator(
+        extra_args=[
+            "--decode-tokens-per-s", "100000", "--prefill-tokens-per-s", "10000000",
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
+        ]
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def _topology(etcd: EtcdServer, cluster: str, sim_url: str) -> Topology:
+    data = fast_topology(etcd.endpoints, cluster).model_dump(mode="json")
+    for r in data["regions"]:
+        if r["name"] in GATEWAYS:
+            r["replicas"] = [sim_url]
+    return parse_topology(data)
+
+
+@pytest.fixture(scope="module")
+async def deployment(etcd: EtcdServer, simulator: Proc) -> AsyncIterator[Deployment]:
+    cluster = f"fuzz-{secrets.token_hex(4)}"
+    topology = _topology(etcd, cluster, simulator.url)
+    keys = Keys(cluster)
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    async with contextlib.AsyncExitStack() as stack:
+        cp = await stack.enter_async_context(running_replica(topology, http_listen="127.0.0.1:0"))
+        gateways = {
+            home: await stack.enter_async_context(running_gateway(topology, home))
+            for home in GATEWAYS
+        }
+        for region, flags in FLAGS.items():
+            record = DegradationRecord(region=region, flags=flags, reason="fuzz", epoch=1)
+            await store.put(keys.degradation(region), encode(record))
+
+        async def degraded() -> bool:
+            return all(gateways[r].degradation.flags(r) == f for r, f in FLAGS.items())
+
+        await until(degraded, within=10, what="the gateways seeing their degradation")
+        try:
+            yield Deployment(simulator, gateways, cp.replica.http_port)
+        finally:
+            await store.close()
+
+
+# ---- strategies -----------------------------------------------------------------------------
+
+HUGE_INTS = st.sampled_from([2**31, 2**63, 2**64 + 1, -(2**63) - 1, 10**400])
+WEIRD_STRINGS = st.sampled_from(
+    [
+        "", " ", MODEL, "TINY", "tiny ", "nope", "\x00", "\u202e", "🦀", "\ud800", "\udfff",
+        "a" * 10_000, "\\", '"', "null", "user", "system", "assistant", "tool", "text",
+        "image_url", "auto", "none", "x" * 257, "a/b",
+    ]
+)  # fmt: skip
+# Text with lone UTF-16 surrogates: valid JSON ("\ud800"), but no Unicode text.
+SURROGATE_TEXT = st.lists(
+    st.sampled_from(["a", " ", "é", "\ud800", "\udc00", "\udfff", "🦀"]), min_size=1, max_size=8
+).map("".join)
+SCALARS = st.one_of(
+    st.none(),
+    SURROGATE_TEXT,
+    st.booleans(),
+    st.integers(-5, 20),
+    st.integers(),
+    HUGE_INTS,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    WEIRD_STRINGS,
+)
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=12), c, max_size=5),
+    max_leaves=15,
+)
+SEED_BODIES: list[dict[str, object]] = [
+    GOOD_COMPLETION,
+    {"model": MODEL, "prompt": ["a b c", "d e"], "max_tokens": 3, "n": 2, "user": "sess-1"},
+    {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1, "stream": True,
+     "stream_options": {"include_usage": True}, "cache_salt": "s1"},
+    {"model": MODEL, "messages": [{"role": "system", "content": "Be terse."},
+                                  {"role": "user", "content": "hi " * 100},
+                                  {"role": "assistant", "content": "ok"},
+                                  {"role": "user", "content": [{"type": "text", "text": "and?"}]}],
+     "max_tokens": 3, "stream": False},
+    {"model": MODEL, "messages": [{"role": "user", "content": "weather?"}], "stream": True,
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+     "parallel_tool_calls": True, "max_completion_tokens": 2},
+]  # fmt: skip
+BODY_KEYS = sorted({k for b in SEED_BODIES for k in keys_of(b)} | {"tool_choice", "temperature"})
+
+
+def _at(doc: object, path: tuple[object, ...]) -> object:
+    for part in path:
+        doc = doc[part]  # type: ignore[index]
+    return doc
+
+
+def _dumps(doc: object) -> bytes:
+    return json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass")
+
+
+CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
+
+
+@st.composite
+def json_body(draw: st.DrawFn, path: str = "") -> bytes:
+    """A request body: a real shape for ``path`` (any path's if "") mutated up to three
+    times (or not at all), any JSON, or bytes that are no JSON."""
+    kind = draw(st.sampled_from(["mutated", "mutated", "text", "json", "junk", "deep"]))
+    if kind in ("mutated", "text"):
+        shapes = SEED_BODIES
+        if path in (CHAT_PATH, COMPLETIONS_PATH):
+            shapes = [b for b in SEED_BODIES if ("messages" in b) == (path == CHAT_PATH)]
+        doc: object = copy.deepcopy(draw(st.sampled_from(shapes)))
+        if kind == "text":  # one of its strings replaced: where encoding bugs live
+            where = draw(st.sampled_from([p for p in paths(doc) if isinstance(_at(doc, p), str)]))
+            parent = _at(doc, where[:-1])
+            parent[where[-1]] = draw(SURROGATE_TEXT | WEIRD_STRINGS | st.text())  # type: ignore[index]
+            return _dumps(doc)
+        for _ in range(draw(st.integers(0, 3))):
+            doc = draw(mutated(doc, JSON_VALUES, BODY_KEYS))
+        return _dumps(doc)
+    if kind == "json":
+        return _dumps(draw(JSON_VALUES))
+    if kind == "deep":
+        n = draw(st.integers(1, 150_000))  # under 1 MiB: size has its own tests
+        inner = draw(st.sampled_from(["[", '{"a":']))
+        close = "]" if inner == "[" else "}"
+        return f'{{"model": "{MODEL}", "prompt": {inner * n}1{close * n}}}'.encode()
+    return draw(
+        st.one_of(
+            st.binary(max_size=200),
+            st.binary(min_size=1, max_size=20).map(
+                lambda b: b'{"model": "tiny", "prompt": "' + b"\xff" + b + b'"}'
+            ),  # invalid UTF-8 inside JSON
+            st.text(max_size=100).map(str.encode),
+            st.sampled_from(
+                [b"", b"{", b"[]", b"null", b"NaN", b'{"model": NaN}', b"\xef\xbb\xbf{}"]
+            ),
+        )
+    )
+
+
+SESSION_IDS = st.one_of(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="/"),
+            min_size=1, max_size=40),
+    st.sampled_from(["a/b", "x" * 257, " ", "sess 1", "é", "\x7f", "_gateway_probe"]),
+    st.binary(min_size=1, max_size=20).map(
+        lambda b: bytes(c for c in b if c >= 0x20 and c != 0x7F) or b"z"
+    ).map(lambda b: b.decode("latin-1")),
+)  # fmt: skip
+PRIORITIES = st.one_of(
+    st.integers(-(10**6), 10**6).map(str),
+    st.sampled_from(["", " 3 ", "-6", "1e3", "0x10", "٣", "9" * 5000, "NaN", "high", "-"]),
+)
+
+
+def _header_value(text: str) -> bytes:
+    """``text`` as a header value HTTP allows (visible ASCII, space, obs-text): control
+    characters are the parser's business (test_gateway_survives_protocol_level_...)."""
+    raw = text.encode("latin-1", "replace")
+    return bytes(c for c in raw if 0x20 <= c < 0x7F or c >= 0x80).strip()
+
+
+@st.composite
+def gateway_headers(draw: st.DrawFn) -> list[tuple[str, bytes]]:
+    headers: list[tuple[str, bytes]] = []
+    if draw(st.booleans()):
+        headers.append(("Content-Type", b"application/json"))
+    if draw(st.booleans()):
+        headers.append(("x-session-id", _header_value(draw(SESSION_IDS))))
+    if draw(st.booleans()):
+        headers.append(("x-priority", _header_value(draw(PRIORITIES))))
+    if draw(st.integers(0, 4)) == 0:
+        name = draw(st.sampled_from(["Accept", "User-Agent", "X-Forwarded-For", "Authorization"]))
+        headers.append((name, _header_value(draw(st.text(max_size=40)))))
+    return headers
+
+
+PRINTABLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
+QUERY_VALUES = st.one_of(
+    st.text(max_size=20),
+    st.integers(-(10**20), 10**20).map(str),
+    st.sampled_from(["", "east", "west", "mars", "0", "1", "1000", "1001", "-1", "abc",
+                     "1e3", "x" * 3000, "%ff", "%", "%zz", "true", "false", "\x00"]),
+)  # fmt: skip
+
+
+@st.composite
+def query_string(draw: st.DrawFn, names: Sequence[str]) -> str:
+    """``?...``: known and unknown names, repeated, encoded or raw (invalid escapes)."""
+    pairs = draw(
+        st.lists(st.tuples(st.sampled_from(names) | st.text(PRINTABLE, max_size=8), QUERY_VALUES),
+                 max_size=4)
+    )  # fmt: skip
+    if not pairs:
+        return ""
+    if draw(st.booleans()):
+        return "?" + urllib.parse.urlencode(pairs)
+    raw = "&".join(f"{k}={v}" for k, v in pairs)
+    return "?" + "".join(c if 0x21 <= ord(c) <= 0x7E else urllib.parse.quote(c) for c in raw)
+
+
+# ---- properties -----------------------------------------------------------------------------
+
+
+def _error_message(answer: Answer) -> str:
+    """The message of a JSON error body (vLLM's shape or FastAPI's ``detail``)."""
+    assert answer.headers.get("content-type", "").startswith("application/json"), (
+        f"{answer.status} without a JSON body: {answer.headers} {answer.body[:200]!r}"
+    )
+    doc = answer.json()
+    assert isinstance(doc, dict), doc
+    if "error" in doc:
+        error = doc["error"]
+        assert isinstance(error, dict) and isinstance(error.get("message"), str), doc
+        return str(error["message"])
+    detail = doc.get("detail")
+    assert isinstance(detail, str), doc
+    return detail
+
+
+def clean(answer: Answer, what: str) -> None:
+    """OK, or a clean refusal: a 4xx with a JSON message, or an upstream 502/503/504."""
+    assert answer.status < 500 or answer.status in UPSTREAM_5XX, (
+        f"{what}: {answer.status} {answer.body[:300]!r}"
+    )
+    if answer.status >= 400:
+        message = _error_message(answer)
+        assert len(message.strip()) >= 5, f"{what}: {answer.status} with message {message!r}"
+
+
+async def still_serving(port: int, path: str = "/v1/completions") -> None:
+    answer = await exchange(
+        port,
+        request_bytes(
+            "POST", path, [("Content-Type", b"application/json")], _dumps(GOOD_COMPLETION)
+        ),
+    )
+    assert answer.status == 200, (answer.status, answer.body[:300])
+
+
+FUZZ = settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+# ---- the gateway ----------------------------------------------------------------------------
+
+
+@FUZZ
+@given(
+    home=st.sampled_from(GATEWAYS),
+    path=st.sampled_from([COMPLETIONS_PATH, CHAT_PATH]),
+    headers=gateway_headers(),
+    data=st.data(),
+)
+async def test_gateway_refuses_bad_bodies_and_headers_cleanly(
+    deployment: Deployment,
+    home: str,
+    path: str,
+    headers: list[tuple[str, bytes]],
+    data: st.DataObject,
+) -> None:
+    body = data.draw(json_body(path), label="body")
+    port = deployment.gateways[home].port
+    answer = await exchange(port, request_bytes("POST", path, headers, body))
+    clean(answer, f"gateway {home} POST {path}")
+    await still_serving(port)
+
+
+# Requests that once got a 500, pinned (a run of the fuzzing may not draw them).
+PINNED = [
+    pytest.param(b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", (),
+                 id="deep-nesting"),
+    pytest.param(b'{"model": "tiny", "prompt": "\\ud800 hi", "max_tokens": 1}', (),
+                 id="lone-surrogate"),
+    pytest.param(b'{"model": "tiny", "prompt": "\xff\xfe"}', (), id="invalid-utf8"),
+    pytest.param(_dumps(GOOD_COMPLETION), (("Content-Encoding", b"gzip"),),
+                 id="content-encoding-lie"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "headers"), PINNED)
+@pytest.mark.parametrize("target", ["gateway", "simulator"])
+async def test_pinned_requests_get_400(
+    deployment: Deployment, target: str, body: bytes, headers: tuple[tuple[str, bytes], ...]
+) -> None:
+    port = deployment.gateways["east"].port if target == "gateway" else deployment.sim_port
+    answer = await exchange(port, request_bytes("POST", COMPLETIONS_PATH, headers, body))
+    clean(answer, f"{target}: {body[:40]!r}")
+    assert answer.status == 400, (answer.status, answer.body[:200])
+    await still_serving(port)
+
+
+@settings(FUZZ, max_examples=40)
+@given(
+    home=st.sampled_from(GATEWAYS),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+    path=st.sampled_from(["/v1/models", "/health", "/metrics", "/v1/completions",
+                          "/v1/chat/completions", "/", "/v1", "/v1/models/tiny", "/admin",
+                          "/v1/completions/", "/%2e%2e/etc/passwd", "/v1/%ff"]),
+    query=query_string(["model", "stream", "user"]),
+)  # fmt: skip
+async def test_gateway_answers_any_method_and_path(
+    deployment: Deployment, home: str, method: str, path: str, query: str
+) -> None:
+    """Known and unknown routes with any method: an answer (2xx, 4xx, or 503 while no
+    replica serves), never a 500 or a dropped connection."""
+    port = deployment.gateways[home].port
+    body = b"" if method in ("GET", "HEAD", "OPTIONS", "DELETE") else _dumps(GOOD_COMPLETION)
+    answer = await exchange(port, request_bytes(method, path + query, (), body))
+    assert answer.status < 500 or answer.status in UPSTREAM_5XX, (answer.status, answer.body)
+    await still_serving(port)
+
+
+@pytest.mark.parametrize("home", GATEWAYS)
+async def test_gateway_refuses_oversized_bodies_with_413(deployment: Deployment, home: str) -> None:
+    gw = deployment.gateways[home]
+    limit = gw.options.app.max_body_bytes
+    assert limit == AppConfig(home=home).max_body_bytes
+    # Announced too large: refused before a byte of it is read.
+    head = request_bytes("POST", "/v1/completions", [("Content-Length", str(limit + 1).encode())])
+    answer = await exchange(gw.port, head + b'{"model": "tiny"')
+    assert answer.status == 413, answer
+    assert "limit" in _error_message(answer)
+    # Chunked, without a length: refused once it is read past the limit.
+    chunk = b"x" * 65_536
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(limit // len(chunk) + 2))
+    raw = request_bytes("POST", "/v1/completions", [("Transfer-Encoding", b"chunked")])
+    answer = await exchange(gw.port, raw + chunks + b"0\r\n\r\n")
+    assert answer.status == 413, answer
+    assert "limit" in _error_message(answer)
+    # Just under the limit is read and judged on its content.
+    body = b'{"model": "tiny", "max_tokens": 1, "prompt": "' + b"a" * (limit - 100) + b'"}'
+    answer = await exchange(gw.port, request_bytes("POST", "/v1/completions", (), body))
+    clean(answer, f"gateway {home}: a body just under the limit")
+    assert answer.status != 413
+    await still_serving(gw.port)
+
+
+@settings(FUZZ, max_examples=40)
+@given(
+    home=st.sampled_from(GATEWAYS),
+    header=st.sampled_from(["x-session-id", "x-priority", "Content-Type", "Content-Encoding",
+                            "Expect", "Accept-Encoding", "X-Weird"]),
+    value=st.binary(max_size=60).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
+    | st.sampled_from([b"gzip", b"deflate", b"br", b"100-continue", b"a" * 9000]),
+)  # fmt: skip
+async def test_gateway_survives_protocol_level_garbage_in_headers(
+    deployment: Deployment, home: str, header: str, value: bytes
+) -> None:
+    """Header values with control characters, non-ASCII bytes, a Content-Encoding the
+    body does not have, an oversized header: an answer below 500 (the HTTP parser's own
+    400 counts: it may not be JSON), never a dropped connection; the gateway serves on."""
+    port = deployment.gateways[home].port
+    raw = request_bytes("POST", "/v1/completions", [(header, value)], _dumps(GOOD_COMPLETION))
+    answer = await exchange(port, raw)
+    assert answer.status < 500 or answer.status in UPSTREAM_5XX, (answer.status, answer.body)
+    await still_serving(port)
+
+
+@pytest.mark.parametrize("target", ["gateway", "simulator"])
+async def test_a_non_ascii_expect_header_is_refused_with_417(
+    deployment: Deployment, target: str
+) -> None:
+    port = deployment.gateways["east"].port if target == "gateway" else deployment.sim_port
+    raw = request_bytes("POST", "/v1/completions", [("Expect", b"\x80")], _dumps(GOOD_COMPLETION))
+    answer = await exchange(port, raw)
+    await still_serving(port)
+    assert answer.status == 417, (answer.status, answer.body)
+
+
+# ---- the control plane's HTTP API -----------------------------------------------------------
+
+CP_PATHS = [
+    "/v1/status", "/v1/history", "/v1/events", "/healthz", "/readyz", "/metrics", "/", "/docs",
+    "/openapi.json", "/v1", "/v1/status/", "/v1/nope", "/%ff", "/v1/history/east",
+]  # fmt: skip
+
+
+@FUZZ
+@given(
+    method=st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"]),
+    path=st.sampled_from(CP_PATHS),
+    query=query_string(["region", "limit", "replay"]),
+    last_event_id=st.none() | st.text(PRINTABLE, max_size=40) | st.integers().map(str),
+)
+async def test_control_plane_http_api_refuses_bad_queries_cleanly(
+    deployment: Deployment, method: str, path: str, query: str, last_event_id: str | None
+) -> None:
+    port = deployment.cp_http_port
+    headers = [] if last_event_id is None else [("Last-Event-ID", last_event_id.encode())]
+    answer = await exchange(port, request_bytes(method, path + query, headers))
+    what = f"control plane {method} {path}{query[:80]}"
+    assert answer.status < 500 or answer.status == 503, f"{what}: {answer.status} {answer.body!r}"
+    if answer.status >= 400 and method != "HEAD":
+        message = _error_message(answer)
+        assert len(message.strip()) >= 5, f"{what}: {answer.status} {message!r}"
+        if answer.status == 503:  # etcd is up: only a full house of event streams
+            assert "event streams" in message, f"{what}: {message}"
+    ok = await exchange(port, request_bytes("GET", "/v1/status"))
+    assert ok.status == 200, ok
+
+
+async def test_control_plane_http_api_refuses_bodies_and_long_queries(
+    deployment: Deployment,
+) -> None:
+    port = deployment.cp_http_port
+    big = request_bytes("GET", "/v1/status", (), b"x" * (17 * 1024))
+    answer = await exchange(port, big)
+    assert answer.status == 413 and "at most" in _error_message(answer), answer
+    answer = await exchange(port, request_bytes("GET", "/v1/history?region=" + "e" * 3000))
+    assert answer.status == 414 and "at most" in _error_message(answer), answer
+    chunked = request_bytes("POST", "/v1/status", [("Transfer-Encoding", b"chunked")])
+    answer = await exchange(port, chunked + b"1\r\nx\r\n0\r\n\r\n")
+    assert answer.status == 411 and _error_message(answer), answer
+
+
+# ---- the simulator (vLLM's API) -------------------------------------------------------------
+
+
+TOKEN_IDS = st.lists(st.integers() | HUGE_INTS, max_size=5).map(
+    lambda ids: _dumps({"model": MODEL, "tokens": ids})
+)
+
+
+@FUZZ
+@given(
+    path=st.sampled_from([COMPLETIONS_PATH, CHAT_PATH, "/tokenize", "/detokenize"]),
+    data=st.data(),
+)
+async def test_simulator_refuses_bad_bodies_like_vllm(
+    deployment: Deployment, path: str, data: st.DataObject
+) -> None:
+    body = data.draw(json_body(path) | TOKEN_IDS, label="body")
+    port = deployment.sim_port
+    headers = [("Content-Type", b"application/json")]
+    answer = await exchange(port, request_bytes("POST", path, headers, body))
+    assert answer.status in (200, 400, 404, 422), (
+        f"simulator {path}: {answer.status} {answer.body!r}"
+    )
+    if answer.status >= 400:
+        assert len(_error_message(answer).strip()) >= 5, answer
+    await still_serving(port)
+
+
+@settings(FUZZ, max_examples=40)
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+    path=st.sampled_from(["/health", "/ping", "/version", "/v1/models", "/metrics",
+                          "/is_sleeping", "/reset_prefix_cache", "/sleep", "/wake_up", "/nope",
+                          "/v1/completions", "/_sim/fault"]),
+    query=query_string(["level", "mode", "tags", "reset_running_requests", "reset_external"]),
+)  # fmt: skip
+async def test_simulator_answers_any_route_and_query(
+    deployment: Deployment, method: str, path: str, query: str
+) -> None:
+    """Admin queries (``/sleep?level=``...) and wrong methods: 2xx or a 4xx with a JSON
+    error, never a 500. Sleep is undone after each example (a wake-up), and
+    ``/_sim/fault`` only ever gets a GET or DELETE here (a POST would inject faults)."""
+    if path == "/_sim/fault" and method in ("POST", "PUT"):
+        method = "GET"
+    port = deployment.sim_port
+    body = b"" if method in ("GET", "DELETE") else b"{}"
+    answer = await exchange(port, request_bytes(method, path + query, (), body))
+    assert answer.status < 500, f"simulator {method} {path}{query}: {answer.status} {answer.body!r}"
+    if answer.status >= 400 and len(path + query) < PARSER_LINE_LIMIT:
+        assert len(_error_message(answer).strip()) >= 5, answer
+    woke = await exchange(port, request_bytes("POST", "/wake_up", (), b""))
+    assert woke.status == 200, woke
+    await still_serving(port)
