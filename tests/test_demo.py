@@ -58,6 +58,7 @@ def test_demo_runs_the_blackout_drill_and_prints_verdicts_and_the_report(tmp_pat
 
 
 @pytest.mark.realvllm
+@pytest.mark.timeout(600)  # three real vLLM servers start (~25 s each) and one restarts
 def test_demo_runs_the_same_drill_against_real_vllm_servers(tmp_path: Path) -> None:
     from chaos.vllm_cpu import SETUP_HINT, vllm_available
 
@@ -65,6 +66,6 @@ def test_demo_runs_the_same_drill_against_real_vllm_servers(tmp_path: Path) -> N
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the real-vLLM demo; {SETUP_HINT}")
         pytest.skip(SETUP_HINT)
-    stdout, result = run_demo(tmp_path, "--vllm", timeout=400)
+    stdout, result = run_demo(tmp_path, "--vllm", timeout=540)
     check_blackout(stdout, result, tmp_path)
     assert "vLLM servers + an agent each" in stdout
