@@ -57,7 +57,7 @@ from chaos.schedule import (
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock, SystemClock
 from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import ConfigError, EtcdConfig
+from controlplane.config import ConfigError, EtcdConfig, load_topology
 from controlplane.core.drills import DrillRequest, ScenarioInfo
 from controlplane.core.model import AuditEntry
 from controlplane.keys import Keys
@@ -587,9 +587,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
     p.add_argument(
-        "--etcd", default="127.0.0.1:2379", help="host:port[,host:port...] (default %(default)s)"
-    )
-    p.add_argument("--cluster", default="default", help="deployment name in etcd keys")
+        "--topology", type=Path, help="the deployment's topology file: its cluster name and "
+        "etcd settings (endpoints, TLS, users); --etcd and --cluster override them",
+    )  # fmt: skip
+    p.add_argument("--etcd", help="host:port[,host:port...] (default 127.0.0.1:2379)")
+    p.add_argument("--cluster", help="deployment name in etcd keys (default: default)")
     p.add_argument("--scenarios", type=Path, help="scenario directory (default chaos/scenarios)")
     p.add_argument("--tick-s", type=float, default=30.0, help="how often to look (default 30)")
     p.add_argument("--lock-ttl-s", type=int, default=15, help="lease of the drill lock")
@@ -601,8 +603,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    keys = Keys(cluster=args.cluster)
-    config = EtcdConfig(endpoints=tuple(e.strip() for e in args.etcd.split(",")))
+    topo = load_topology(args.topology) if args.topology else None
+    keys = Keys(cluster=args.cluster or (topo.cluster if topo else "default"))
+    config = topo.etcd if topo else EtcdConfig(endpoints=("127.0.0.1:2379",))
+    if args.etcd:
+        config = config.model_copy(
+            update={"endpoints": tuple(e.strip() for e in args.etcd.split(","))}
+        )
     from controlplane.store.etcd import EtcdStore  # the adapter, only for the process
 
     async with EtcdStore(config) as store:

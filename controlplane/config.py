@@ -297,5 +297,17 @@ def read_yaml(path: str | Path, what: str) -> object:
         ) from None
 
 
+def load_etcd(path: str | Path) -> EtcdConfig | None:
+    """The ``etcd:`` section of a YAML file (a topology file works): endpoints, TLS and
+    users, for processes that reach etcd without the whole topology; None without one."""
+    data = read_yaml(path, "etcd settings file")
+    if not isinstance(data, dict) or data.get("etcd") is None:
+        return None
+    try:
+        return EtcdConfig.model_validate(data["etcd"])
+    except ValidationError as e:
+        raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None
+
+
 def load_topology(path: str | Path) -> Topology:
     return parse_topology(read_yaml(path, "topology file"), str(path))

@@ -48,7 +48,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.api.auth import AuthInterceptor
 from controlplane.api.decode_guard import DecodeGuard
-from controlplane.config import ConfigError, describe_errors, read_yaml
+from controlplane.config import ConfigError, EtcdConfig, describe_errors, load_etcd, read_yaml
 from controlplane.core.model import Health
 from controlplane.security import SecurityConfig
 from controlplane.tls import aio_channel, server_credentials
@@ -96,6 +96,8 @@ class AgentConfig(BaseModel):
     prewarm: PrewarmServiceConfig = PrewarmServiceConfig()
     # TLS for its server and its reports, accepted tokens, its own token (--security).
     security: SecurityConfig | None = None
+    # etcd TLS / users for publishing the pool (the --security file's etcd: section)
+    etcd_settings: EtcdConfig | None = None
 
     @model_validator(mode="after")
     def _timing(self) -> AgentConfig:
@@ -118,7 +120,8 @@ class AgentHandle:
                 raise ValueError("an agent with a pool serves the pool as its replica set")
             assert config.cluster is not None  # checked by AgentConfig
             self.pool = AgentPool(config.region, config.pool, etcd=config.etcd,
-                                  cluster=config.cluster, interval_s=config.interval)
+                                  cluster=config.cluster, interval_s=config.interval,
+                                  etcd_settings=config.etcd_settings)
         self.replica_set: ReplicaSet = (
             replica_set or (self.pool.pool if self.pool else StaticReplicas(config.replicas)))
         self.prewarm_config = prewarm or config.prewarm
@@ -362,7 +365,8 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p.add_argument("--security", metavar="FILE", default=None,
                    help="YAML whose security: section (the topology file works) gives TLS for "
                         "the agent's server and its reports, the tokens it accepts, and its "
-                        "own token (token_file or TECTONIC_TOKEN; role reporter)")
+                        "own token (token_file or TECTONIC_TOKEN; role reporter); its etcd: "
+                        "section's TLS and user settings are used for --etcd")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -375,11 +379,13 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
     try:
         security = load_security(args.security) if args.security else None
+        etcd_settings = load_etcd(args.security) if args.security else None
     except ConfigError as e:
         p.error(str(e))
     try:
         return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
                            replicas=tuple(args.replica), pool=pool, etcd=etcd, security=security,
+                           etcd_settings=etcd_settings,
                            cluster=args.cluster, interval=args.interval,
                            timeout=args.timeout, max_queue=args.max_queue,
                            max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate,

@@ -266,6 +266,7 @@ class AgentPool:
         interval_s: float,
         store: Store | None = None,
         etcd_timeout_s: float = 2.0,
+        etcd_settings: EtcdConfig | None = None,
         retry_s: float = 0.2,
         max_retry_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
@@ -281,9 +282,11 @@ class AgentPool:
             probe_timeout_s=config.probe_timeout_s,
             request_timeout_s=config.request_timeout_s,
         )
-        self.store: Store = store or EtcdStore(
-            EtcdConfig(endpoints=tuple(etcd), request_timeout_s=etcd_timeout_s)
+        # TLS / users from etcd_settings; the endpoints are the agent's --etcd
+        settings = (etcd_settings or EtcdConfig()).model_copy(
+            update={"endpoints": tuple(etcd), "request_timeout_s": etcd_timeout_s}
         )
+        self.store: Store = store or EtcdStore(settings)
         self._own_store = store is None
         keys = Keys(cluster)
         self.key = keys.pool(region)

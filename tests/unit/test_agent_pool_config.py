@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from controlplane.config import ConfigError
 from regions.agent import AgentConfig, parse_args
 from regions.agent_pool import (
+    AgentPool,
     AgentPoolConfig,
     SimulatorLauncherConfig,
     StaticLauncherConfig,
@@ -147,3 +148,35 @@ def test_cli_reads_the_pool_file_and_refuses_both_sources(
 
 def _etcd() -> list[str]:
     return ["--etcd", "127.0.0.1:2379", "--cluster", "prod"]
+
+
+def test_the_security_files_etcd_settings_reach_the_pools_etcd_client(tmp_path: Path) -> None:
+    """etcd TLS and users pass through to the pool's publication; --etcd sets where."""
+    sec = tmp_path / "topology.yaml"
+    sec.write_text(
+        "etcd: {endpoints: ['etcd-a:2379'], ca: /etc/ca.pem, cert: /etc/c.pem, key: /etc/c.key,"
+        " user: agent, password_file: /etc/etcd-password}\nsecurity: {}\n"
+    )
+    config = parse_args([
+        "--region", "east", "--control-plane", "127.0.0.1:1", "--pool-config",
+        str(write(tmp_path, GOOD)), "--etcd", "10.0.0.5:2379", "--cluster", "prod",
+        "--security", str(sec),
+    ])  # fmt: skip
+    assert config.etcd_settings is not None and config.etcd_settings.ca == "/etc/ca.pem"
+    assert config.pool is not None
+    pool = AgentPool("east", config.pool, etcd=config.etcd, cluster="prod", interval_s=1.0,
+                     etcd_settings=config.etcd_settings)  # fmt: skip
+    used = pool.store._config  # type: ignore[attr-defined]
+    assert used.endpoints == ("10.0.0.5:2379",) and used.cert == "/etc/c.pem"
+    assert used.user == "agent" and used.password_file == "/etc/etcd-password"
+
+
+def test_a_file_without_an_etcd_section_keeps_plain_etcd(tmp_path: Path) -> None:
+    from controlplane.config import load_etcd
+
+    path = tmp_path / "sec.yaml"
+    path.write_text("security: {}\n")
+    assert load_etcd(path) is None
+    path.write_text("etcd: {endpoints: [nonsense]}\n")
+    with pytest.raises(ConfigError, match="endpoints"):
+        load_etcd(path)
