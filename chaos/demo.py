@@ -21,34 +21,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 from pathlib import Path
 
 from chaos.demo_live import LiveView
 from chaos.deployment import DeploymentSpec
 from chaos.drill_result import DrillResult
-from chaos.lab import REPORTS, drill_on, lab_spec, running_lab
+from chaos.lab import REPORTS, run_in_lab
 from chaos.runner import dump
-from chaos.scenario import Scenario, find_scenario
+from chaos.scenario import find_scenario
 from chaos.vllm_cpu import SETUP_HINT, vllm_available
-from controlplane.config import ConfigError, EtcdConfig
-from controlplane.store.etcd import EtcdStore
-
-
-async def run_demo(
-    scenario: Scenario, spec: DeploymentSpec, live: LiveView, reports: Path, sessions: int
-) -> DrillResult:
-    workdir = Path(tempfile.mkdtemp(prefix="tectonic-demo-"))
-    async with running_lab(lab_spec(scenario, spec), workdir, say=live.say) as dep:
-        store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
-        await store.connect()
-        try:
-            return await drill_on(
-                dep, store, scenario, reports=reports, sessions=sessions, say=live.say,
-                on_sample=live.show,
-            )  # fmt: skip
-        finally:
-            await store.close()
+from controlplane.config import ConfigError
 
 
 def print_verdict(result: DrillResult, live: LiveView) -> None:
@@ -94,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     live = LiveView()
     try:
         scenario = find_scenario(args.scenario)
-        result = asyncio.run(run_demo(scenario, spec, live, args.reports, args.sessions))
+        result = asyncio.run(
+            run_in_lab(
+                scenario, spec=spec, reports=args.reports, sessions=args.sessions,
+                say=live.say, on_sample=live.show,
+            )
+        )  # fmt: skip
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,13 +5,13 @@ Replicas are given (real vLLM or simulator processes); faults are the caller's."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
 from chaos.local_etcd import EtcdServer
-from chaos.procs import free_port, until
+from chaos.procs import Proc, free_port, start_simulators, until
 from controlplane.codec import decode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.model import FailoverStep, RegionRecord
@@ -25,6 +25,17 @@ from regions.prewarm_executor import cache_counters
 from tests.integration.cp_harness import Running, fast_topology, running_replica
 
 REGIONS = ("a", "b")
+
+
+@contextlib.contextmanager
+def two_regions(block_size: int) -> Iterator[dict[str, list[Proc]]]:
+    """Regions ``a`` and ``b`` of two simulators each, killed on the way out."""
+    procs = start_simulators(4, block_size=block_size)
+    try:
+        yield {"a": procs[:2], "b": procs[2:]}
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def prewarm_topology(

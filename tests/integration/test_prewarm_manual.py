@@ -11,7 +11,7 @@ import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.procs import Proc, until
 from controlplane.core.model import FailoverStep
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
@@ -20,6 +20,7 @@ from tests.integration.prewarm_harness import (
     hits_across,
     send,
     tokens,
+    two_regions,
     wait_catalog,
     wait_prewarmed,
     wired_regions,
@@ -34,10 +35,8 @@ SYSTEM = "Manual drain policy. " + " ".join(f"step-{j} is logged" for j in range
 
 @pytest.fixture
 def sims() -> Iterator[dict[str, list[Proc]]]:
-    procs = start_simulators(4, block_size=BLOCK)
-    yield {"a": procs[:2], "b": procs[2:]}
-    for p in procs:
-        p.kill()
+    with two_regions(BLOCK) as regions:
+        yield regions
 
 
 async def test_a_manual_failover_prewarms_before_the_switch(

@@ -15,7 +15,7 @@ import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.procs import Proc, until
 from controlplane.codec import decode
 from controlplane.core.model import AuditEntry
 from controlplane.keys import Keys
@@ -25,6 +25,7 @@ from tests.integration.prewarm_harness import (
     hits_across,
     send,
     tokens,
+    two_regions,
     wait_catalog,
     wired_regions,
 )
@@ -38,10 +39,8 @@ SYSTEM = "Returning region policy. " + " ".join(f"clause-{j} applies" for j in r
 
 @pytest.fixture
 def sims() -> Iterator[dict[str, list[Proc]]]:
-    procs = start_simulators(4, block_size=BLOCK)
-    yield {"a": procs[:2], "b": procs[2:]}
-    for p in procs:
-        p.kill()
+    with two_regions(BLOCK) as regions:
+        yield regions
 
 
 async def audit(store: EtcdStore, keys: Keys, action: str) -> list[AuditEntry]:

@@ -302,13 +302,15 @@ def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
         assert isinstance(out[key], int | float) and out[key] > 0, key
     assert set(out["switch_after_bulk_load"]) == {"ms_p99_1k", "ms_p99_1m", "ratio"}
     assert out["etcd_gogc"] is None  # etcd's own GC setting unless --etcd-gogc
-    for line in lines[2:6]:  # etcd's own cost of the switches, from its /metrics
-        assert line["etcd_alloc_kib_per_switch"] > 0 and line["etcd_cpu_ms_per_switch"] > 0
+    # etcd's own cost, from its /metrics: its CPU counter moves in 10 ms ticks, so a
+    # small run may read 0; allocation and the client's CPU are fine-grained.
+    for line in lines[2:6]:
+        assert line["etcd_alloc_kib_per_switch"] > 0 and line["etcd_cpu_ms_per_switch"] >= 0
     repins = lines[6:9]
     assert [x["run"] for x in repins] == [0, 1, 2]
     for line in repins:
         assert line["moved"] == 500 and line["conflicts"] == 0
-        assert line["etcd_cpu_us_per_key"] > 0 and line["client_cpu_us_per_key"] > 0
+        assert line["etcd_cpu_us_per_key"] >= 0 and line["client_cpu_us_per_key"] > 0
     assert sorted(out["repin_keys_per_s_runs"])[1] == out["repin_keys_per_s"]  # the median
     assert set(out["met"]) == set(out["goals"]) == {"switch_ratio", "repin_keys_per_s"}
 
