@@ -9,11 +9,13 @@ judged.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chaos.drill_result import Criterion, LadderEvent, Sample, Transition
-from chaos.scenario import Measurements, SteadyState
+from chaos.scenario import Fault, Measurements, Scenario, SteadyState
+from controlplane.core.model import AuditEntry
 
 
 @dataclass(frozen=True)
@@ -289,3 +291,81 @@ def _ladder(m: Measurements, o: Observed) -> Criterion:
         + (f"; at least {m.min_degradation_steps} steps" if m.min_degradation_steps else ""),
         detail=problem or (f"only {len(set(applied))} steps applied" if few else ""),
     )
+
+
+# ---- what the runner reports besides the criteria ---------------------------------------
+def faults_criterion(faults: Sequence[Fault], problems: list[str]) -> Criterion:
+    return Criterion(
+        name="faults_injected",
+        passed=not problems,
+        measured=f"{len(faults) - len(problems)} of {len(faults)}",
+        required="every fault injected",
+        detail="; ".join(problems),
+    )
+
+
+def abort_reason(s: Scenario, samples: Sequence[Sample], t: float) -> str:
+    if t > s.abort.max_duration_s:
+        return f"the drill ran {t:.0f}s, over max_duration_s {s.abort.max_duration_s:g}"
+    window = [x for x in samples if x.t >= t - s.abort.window_s]
+    requests = sum(x.requests for x in window)
+    errors = sum(x.errors for x in window)
+    if requests >= 20 and errors / requests > s.abort.max_error_rate:
+        return (
+            f"error rate {errors / requests:.0%} over the last {s.abort.window_s:g}s "
+            f"> {s.abort.max_error_rate:.0%}"
+        )
+    return ""
+
+
+def last_prewarm(entries: Sequence[AuditEntry], region: str) -> dict[str, float] | None:
+    found = [e for e in entries if e.action == "prewarm" and e.region == region]
+    if not found:
+        return None
+    out = {}
+    for k, v in found[-1].details.items():
+        with contextlib.suppress(ValueError):
+            out[k] = float(v)
+    return out
+
+
+def regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
+    """The target region and every region that took its traffic during the drill."""
+    took = {
+        r
+        for x in samples
+        if (v := x.regions.get(region)) is not None
+        for r, w in v.routing.items()
+        if w > 0
+    }
+    return [region, *sorted(took - {region})]
+
+
+def figures(
+    o: Observed, sessions: Sequence[SessionLog], prewarm: dict[str, float] | None
+) -> dict[str, float]:
+    requests = sum(len(x.answers) for x in sessions)
+    failed = sum(1 for x in sessions for _, r in x.answers if not r)
+    p99 = [x.first_token_p99_s for x in o.samples if x.first_token_p99_s is not None]
+    hits = [x.prefix_hit_rate for x in o.samples if x.prefix_hit_rate is not None]
+    figures: dict[str, float] = {
+        "rto_s": rto_s(sessions, o.region, o.fault_t),
+        "requests": float(requests),
+        "requests_failed": float(failed),
+        "samples": float(len(o.samples)),
+        "transitions": float(len([t for t in o.transitions if t.region == o.region])),
+        "ladder_events": float(len([e for e in o.ladder if e.region == o.region])),
+    }
+    if p99:
+        figures["first_token_p99_max_s"] = round(max(p99), 4)
+    if hits:
+        figures["prefix_hit_rate_min"] = round(min(hits), 4)
+    if prewarm:
+        for k in ("attained_fraction", "elapsed_s", "prefixes_warmed", "verified_hit_rate"):
+            if k in prewarm:
+                figures[f"prewarm_{k}"] = prewarm[k]
+    down = next((t.t for t in o.transitions if t.region == o.region
+                 and t.to_state == "FAILING_OVER"), None)  # fmt: skip
+    if down is not None and o.fault_t is not None:
+        figures["failover_after_fault_s"] = round(down - o.fault_t, 3)
+    return figures

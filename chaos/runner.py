@@ -26,9 +26,27 @@ from pathlib import Path
 from typing import Protocol
 
 from chaos.drill_result import Criterion, DrillResult, JournalEntry, Sample
-from chaos.measure import Observed, SessionLog, judge, probes_hold
+from chaos.measure import (
+    Observed,
+    SessionLog,
+    abort_reason,
+    faults_criterion,
+    figures,
+    judge,
+    last_prewarm,
+    probes_hold,
+    regions_judged,
+)
 from chaos.observe import Observer, audit_since, step_done
-from chaos.scenario import Condition, Fault, FaultKind, Scenario, SteadyState
+from chaos.scenario import (
+    Condition,
+    Fault,
+    FaultKind,
+    Scenario,
+    SteadyState,
+    describe_condition,
+    describe_fault,
+)
 from chaos.traffic import Traffic
 from controlplane.codec import encode
 from controlplane.config import ConfigError, Topology
@@ -145,7 +163,7 @@ class DrillRunner:
             elif before[0]:
                 injected = True
                 fault_t, problems = await self._faults(s, journal, observer, mono0, flaps)
-                extra.append(_faults_criterion(s.faults, problems))
+                extra.append(faults_criterion(s.faults, problems))
                 journal.phase = "observe"
                 await self._observe(s, journal, observer)
         except DrillAborted as e:
@@ -192,7 +210,7 @@ class DrillRunner:
             if self.on_sample is not None:
                 self.on_sample(sample)
             if journal.phase in ("faults", "observe") and not self._abort:
-                self._abort = _abort_reason(s, self._samples, mono - mono0)
+                self._abort = abort_reason(s, self._samples, mono - mono0)
             await asyncio.sleep(max(0.0, s.sample_s - (time.monotonic() - mono)))
 
     def _check_abort(self) -> None:
@@ -235,12 +253,12 @@ class DrillRunner:
     async def _dry_run(self, s: Scenario, journal: Journal) -> None:
         journal.phase = "faults"
         for f in s.faults:
-            journal.write("fault", f.action.value, ok=True, would=_describe(f))
-            self.say(f"dry run: would {_describe(f)}")
+            journal.write("fault", f.action.value, ok=True, would=describe_fault(f))
+            self.say(f"dry run: would {describe_fault(f)}")
         journal.phase = "rollback"
         for f in s.rollbacks:
-            journal.write("rollback", f.action.value, ok=True, would=_describe(f))
-            self.say(f"dry run: would roll back: {_describe(f)}")
+            journal.write("rollback", f.action.value, ok=True, would=describe_fault(f))
+            self.say(f"dry run: would roll back: {describe_fault(f)}")
 
     async def _faults(
         self,
@@ -258,8 +276,8 @@ class DrillRunner:
         for f in sorted(s.faults, key=lambda f: f.at_s):
             await self._sleep(start + f.at_s - time.monotonic())
             if f.when is not None and not await self._until(f.when, observer):
-                problems.append(f"{f.action.value}: {_cond(f.when)} did not happen")
-                journal.write("fault", f.action.value, ok=False, skipped=_cond(f.when))
+                problems.append(f"{f.action.value}: {describe_condition(f.when)} did not happen")
+                journal.write("fault", f.action.value, ok=False, skipped=describe_condition(f.when))
                 continue
             at = time.monotonic() - mono0
             try:
@@ -267,11 +285,11 @@ class DrillRunner:
             except Exception as e:
                 problems.append(f"{f.action.value}: {e}")
                 journal.write("fault", f.action.value, ok=False, error=repr(e))
-                self.say(f"FAULT {_describe(f)} failed: {e}")
+                self.say(f"FAULT {describe_fault(f)} failed: {e}")
                 continue
             first = at if first is None else first
-            journal.write("fault", f.action.value, ok=True, what=_describe(f), **detail)
-            self.say(f"FAULT {_describe(f)} ({_fmt(detail)})")
+            journal.write("fault", f.action.value, ok=True, what=describe_fault(f), **detail)
+            self.say(f"FAULT {describe_fault(f)} ({_fmt(detail)})")
         return first, problems
 
     async def _observe(self, s: Scenario, journal: Journal, observer: Observer) -> None:
@@ -279,7 +297,9 @@ class DrillRunner:
         await self._sleep(s.observe_s)
         if s.observe_until is not None:
             ok = await self._until(s.observe_until, observer)
-            journal.write("probe", "observe_until", ok=ok, condition=_cond(s.observe_until))
+            journal.write(
+                "probe", "observe_until", ok=ok, condition=describe_condition(s.observe_until)
+            )
 
     async def _until(self, c: Condition, observer: Observer) -> bool:
         deadline = time.monotonic() + c.within_s
@@ -298,10 +318,10 @@ class DrillRunner:
                 detail = await self._act(f, [])
             except Exception as e:  # every rollback runs, whatever the others did
                 journal.write("rollback", f.action.value, ok=False, error=repr(e))
-                self.say(f"ROLLBACK {_describe(f)} failed: {e}")
+                self.say(f"ROLLBACK {describe_fault(f)} failed: {e}")
                 continue
-            journal.write("rollback", f.action.value, ok=True, what=_describe(f), **detail)
-            self.say(f"ROLLBACK {_describe(f)} ({_fmt(detail)})")
+            journal.write("rollback", f.action.value, ok=True, what=describe_fault(f), **detail)
+            self.say(f"ROLLBACK {describe_fault(f)} ({_fmt(detail)})")
 
     # ---- acting on the deployment ----------------------------------------------------------
     async def _act(self, f: Fault, flaps: list[asyncio.Task[None]]) -> dict[str, object]:
@@ -384,7 +404,7 @@ class DrillRunner:
         gateway_violations: float,
     ) -> DrillResult:
         transitions, ladder, entries = await audit_since(self.store, self.target.keys, started)
-        prewarm = _last_prewarm(entries, s.region)
+        prewarm = last_prewarm(entries, s.region)
         reference = (
             load_ladder(self.reference_ladder).names if self.reference_ladder is not None else ()
         )
@@ -418,8 +438,8 @@ class DrillRunner:
         passed = all(c.passed for c in criteria)
         for c in criteria:
             journal.write("measure", c.name, ok=c.passed, measured=c.measured, required=c.required)
-        figures = _figures(observed, sessions, prewarm)
-        regions = [] if dry_run else _regions_judged(s.region, self._samples)
+        measured = figures(observed, sessions, prewarm)
+        regions = [] if dry_run else regions_judged(s.region, self._samples)
         result = DrillResult(
             id=drill_id,
             scenario=s.name,
@@ -434,7 +454,7 @@ class DrillRunner:
             samples=tuple(self._samples),
             transitions=tuple(transitions),
             ladder=tuple(ladder),
-            figures=figures,
+            figures=measured,
             readiness_written=tuple(regions) if self.write_readiness else (),
             journal_path=str(journal.path),
             report_path=str(directory / "report.html"),
@@ -484,110 +504,8 @@ class DrillRunner:
 
 
 # ---- helpers ------------------------------------------------------------------------------
-def _describe(f: Fault) -> str:
-    what = {
-        FaultKind.STOP_REGION: f"stop every vLLM server of {f.region} (SIGKILL)",
-        FaultKind.START_REGION: f"start {f.region}'s vLLM servers",
-        FaultKind.KILL_REPLICAS: f"SIGKILL {f.count} vLLM server(s) of {f.region}",
-        FaultKind.INJECT: f"inject {f.fault.model_dump(exclude_defaults=True) if f.fault else {}} "
-        f"on {f.region}'s servers",
-        FaultKind.CLEAR_FAULTS: f"clear injected faults on {f.region}",
-        FaultKind.KILL_LEADER: "SIGKILL the control-plane leader",
-        FaultKind.START_CONTROLPLANES: "start the killed control-plane replicas",
-        FaultKind.KILL_ETCD_MEMBER: "SIGKILL one etcd member",
-        FaultKind.START_ETCD_MEMBERS: "restart the killed etcd members",
-        FaultKind.FLAP_REGION: f"flap {f.region}: down/up every {f.period_s:g}s for "
-        f"{f.duration_s:g}s",
-    }[f.action]
-    when = f" when {_cond(f.when)}" if f.when else ""
-    return f"{what}{f' at +{f.at_s:g}s' if f.at_s else ''}{when}"
-
-
-def _cond(c: Condition) -> str:
-    return f"{c.region} is {c.state}" + (f" with step {c.step} done" if c.step else "")
-
-
 def _fmt(detail: dict[str, object]) -> str:
     return ", ".join(f"{k} {v}" for k, v in detail.items())
-
-
-def _faults_criterion(faults: Sequence[Fault], problems: list[str]) -> Criterion:
-    return Criterion(
-        name="faults_injected",
-        passed=not problems,
-        measured=f"{len(faults) - len(problems)} of {len(faults)}",
-        required="every fault injected",
-        detail="; ".join(problems),
-    )
-
-
-def _abort_reason(s: Scenario, samples: Sequence[Sample], t: float) -> str:
-    if t > s.abort.max_duration_s:
-        return f"the drill ran {t:.0f}s, over max_duration_s {s.abort.max_duration_s:g}"
-    window = [x for x in samples if x.t >= t - s.abort.window_s]
-    requests = sum(x.requests for x in window)
-    errors = sum(x.errors for x in window)
-    if requests >= 20 and errors / requests > s.abort.max_error_rate:
-        return (
-            f"error rate {errors / requests:.0%} over the last {s.abort.window_s:g}s "
-            f"> {s.abort.max_error_rate:.0%}"
-        )
-    return ""
-
-
-def _last_prewarm(entries: Sequence[AuditEntry], region: str) -> dict[str, float] | None:
-    found = [e for e in entries if e.action == "prewarm" and e.region == region]
-    if not found:
-        return None
-    out = {}
-    for k, v in found[-1].details.items():
-        with contextlib.suppress(ValueError):
-            out[k] = float(v)
-    return out
-
-
-def _regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
-    """The target region and every region that took its traffic during the drill."""
-    took = {
-        r
-        for x in samples
-        if (v := x.regions.get(region)) is not None
-        for r, w in v.routing.items()
-        if w > 0
-    }
-    return [region, *sorted(took - {region})]
-
-
-def _figures(
-    o: Observed, sessions: Sequence[SessionLog], prewarm: dict[str, float] | None
-) -> dict[str, float]:
-    from chaos.measure import rto_s
-
-    requests = sum(len(x.answers) for x in sessions)
-    failed = sum(1 for x in sessions for _, r in x.answers if not r)
-    p99 = [x.first_token_p99_s for x in o.samples if x.first_token_p99_s is not None]
-    hits = [x.prefix_hit_rate for x in o.samples if x.prefix_hit_rate is not None]
-    figures: dict[str, float] = {
-        "rto_s": rto_s(sessions, o.region, o.fault_t),
-        "requests": float(requests),
-        "requests_failed": float(failed),
-        "samples": float(len(o.samples)),
-        "transitions": float(len([t for t in o.transitions if t.region == o.region])),
-        "ladder_events": float(len([e for e in o.ladder if e.region == o.region])),
-    }
-    if p99:
-        figures["first_token_p99_max_s"] = round(max(p99), 4)
-    if hits:
-        figures["prefix_hit_rate_min"] = round(min(hits), 4)
-    if prewarm:
-        for k in ("attained_fraction", "elapsed_s", "prefixes_warmed", "verified_hit_rate"):
-            if k in prewarm:
-                figures[f"prewarm_{k}"] = prewarm[k]
-    down = next((t.t for t in o.transitions if t.region == o.region
-                 and t.to_state == "FAILING_OVER"), None)  # fmt: skip
-    if down is not None and o.fault_t is not None:
-        figures["failover_after_fault_s"] = round(down - o.fault_t, 3)
-    return figures
 
 
 def dump(result: DrillResult) -> str:

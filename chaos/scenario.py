@@ -199,6 +199,29 @@ class Scenario(_Strict):
         return self.steady_state_after or self.steady_state
 
 
+def describe_fault(f: Fault) -> str:
+    what = {
+        FaultKind.STOP_REGION: f"stop every vLLM server of {f.region} (SIGKILL)",
+        FaultKind.START_REGION: f"start {f.region}'s vLLM servers",
+        FaultKind.KILL_REPLICAS: f"SIGKILL {f.count} vLLM server(s) of {f.region}",
+        FaultKind.INJECT: f"inject {f.fault.model_dump(exclude_defaults=True) if f.fault else {}} "
+        f"on {f.region}'s servers",
+        FaultKind.CLEAR_FAULTS: f"clear injected faults on {f.region}",
+        FaultKind.KILL_LEADER: "SIGKILL the control-plane leader",
+        FaultKind.START_CONTROLPLANES: "start the killed control-plane replicas",
+        FaultKind.KILL_ETCD_MEMBER: "SIGKILL one etcd member",
+        FaultKind.START_ETCD_MEMBERS: "restart the killed etcd members",
+        FaultKind.FLAP_REGION: f"flap {f.region}: down/up every {f.period_s:g}s for "
+        f"{f.duration_s:g}s",
+    }[f.action]
+    when = f" when {describe_condition(f.when)}" if f.when else ""
+    return f"{what}{f' at +{f.at_s:g}s' if f.at_s else ''}{when}"
+
+
+def describe_condition(c: Condition) -> str:
+    return f"{c.region} is {c.state}" + (f" with step {c.step} done" if c.step else "")
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """A validated scenario; ConfigError naming the file and each bad field."""
     data = read_yaml(path, "scenario")
