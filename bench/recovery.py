@@ -6,9 +6,11 @@ queues. A real etcd, ``--replicas`` simulators per region (home ``us-east``, tar
 ``routing/us-east`` as the leader would (``routing_recovery_step``) and the gateway's
 sessions follow it. Before the graduated recovery's first step the bench pre-warms home
 as the leader does (``AgentPrewarmer.prewarm_home``: home's catalog, merged from the
-gateway's exports, replayed by home's agent); ``--no-recovery-prewarm`` leaves it out.
-The load: Poisson session arrivals, each session a few streaming completions sharing
-its tenant's long system prompt; client-side TTFT, serving region and cache hit kept
+gateway's exports, replayed by home's agent); ``--prewarm none`` leaves it out. The
+gateway warms home by itself too (``regions/gateway/warmth.py``: warm-first placement
+of new sessions and the recall of the prompts home answered before). The load: Poisson
+session arrivals, each session a few streaming completions sharing its tenant's long
+system prompt; client-side TTFT, serving region and cache hit kept
 per request. Each round: home warm, **steady** window; then twice **failover** (all to
 the target, home drained and ``/reset_prefix_cache``) and a **recovery** window,
 graduated (``--step-percent`` every ``--step-interval`` s) or all at once, in
@@ -89,7 +91,7 @@ class Options:
     decode_rate: float = 1_000.0
     kv_blocks: int = 32_768
     step_percent: int = 10
-    step_interval: float = 1.0
+    step_interval: float = 10.0  # the control plane's default
     steady_s: float = 10.0
     failover_s: float = 4.0
     seed: int = 1
@@ -456,6 +458,10 @@ async def measure(d: Deployed, o: Options, say: Reporter) -> dict[str, object]:
         warmer = HomeWarmer(store, d.topology)
         say.progress(f"warming {len(prompts)} tenant prompts on every replica of both regions")
         await touch(http, [*home, *target], prompts, o)
+        # ... and once through the gateway (sessionless: no tenant gains a session toward
+        # the catalog's K), which a long steady state leaves having answered every tenant
+        # at home: what its prompt memory recalls into home when home serves again.
+        await touch(http, [d.gateway], prompts, o)
         load = Load(http, d.gateway, prompts, o, rng)
         stop = asyncio.Event()
         loader = asyncio.create_task(load.run(stop))
@@ -652,8 +658,8 @@ _ARGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--decode-rate", _positive, "decode tokens/s of one running sequence"),
     ("--kv-blocks", _COUNT, "KV blocks per replica"),
     ("--step-percent", _percent, "graduated recovery: weight moved home per step"),
-    ("--step-interval", _positive, "graduated recovery: seconds between steps (10 in the "
-     "control plane's default; compressed here)"),
+    ("--step-interval", _positive, "graduated recovery: seconds between steps (default: "
+     "the control plane's, 10)"),
     ("--steady-s", _positive, "length of the steady-state window, seconds"),
     ("--failover-s", _positive, "seconds at the target after home is reset"),
     ("--seed", int, "seed of the prompts and the arrivals"),

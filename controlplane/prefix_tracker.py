@@ -100,6 +100,9 @@ class _Distinct(Protocol):
     def serialize(self, serde: object) -> bytes: ...  # compact sketches only
 
 
+_SESSION_MEMO = 4096  # session ids whose keyed hash is kept, each of at most:
+_SESSION_MEMO_CHARS = 256  # the gateway's limit on a session id
+
 Item = tuple[str, int, int, int]  # key, estimate, lower bound, upper bound
 
 
@@ -260,6 +263,7 @@ class PrefixTracker:
         self._tokenize = tokenize
         self._session_key = self.config.session_key.encode()
         self._regions: dict[str, _Region] = {}
+        self._session_hashes: dict[str, str] = {}
         self.errors = 0  # observations dropped because they failed
 
     # ---- the hot path -------------------------------------------------------------------
@@ -287,7 +291,7 @@ class PrefixTracker:
         st = self._region(region)
         sketch, distinct, entries = st.sketch, st.distinct, st.entries
         admit, cap = self.config.admit_count, self.config.min_sessions
-        session = session_hash(session_id, self._session_key) if session_id else None
+        session = self._session(session_id) if session_id else None
         door = st.door
         for i, (key, _, hash64) in enumerate(chain):
             distinct.update(key, 1)
@@ -306,6 +310,19 @@ class PrefixTracker:
                 sketch.update(key)
             if session is not None and len(entry.sessions) < cap:
                 entry.sessions.add(session)
+
+    def _session(self, session_id: str) -> str:
+        """The keyed hash of a session id, memoised (a session sends many requests);
+        the memo is bounded: cleared when full."""
+        h = self._session_hashes.get(session_id)
+        if h is None:
+            h = session_hash(session_id, self._session_key)
+            if len(session_id) > _SESSION_MEMO_CHARS:
+                return h
+            if len(self._session_hashes) >= _SESSION_MEMO:
+                self._session_hashes.clear()
+            self._session_hashes[session_id] = h
+        return h
 
     def _region(self, region: str) -> _Region:
         st = self._regions.get(region)

@@ -48,6 +48,7 @@ from controlplane.core.sessions import (
     Placement,
     Resolution,
     SessionPin,
+    WarmCheck,
     placement,
     repinned,
     resolve,
@@ -161,16 +162,21 @@ class SessionStore:
 
     # ---- the gateway path -------------------------------------------------------------
     async def resolve(
-        self, session_id: str, home: str, routings: Mapping[str, Routing]
+        self,
+        session_id: str,
+        home: str,
+        routings: Mapping[str, Routing],
+        warm: WarmCheck | None = None,
     ) -> Resolution:
-        """Where ``session_id`` is served, writing what the core decided. Raises
+        """Where ``session_id`` is served, writing what the core decided (``warm``: see
+        ``controlplane.core.sessions.warm_first``). Raises
         NoRegionServing (answer 503), InvalidSessionId / ValueError (bad input),
         SessionContention or StoreUnavailable (temporary)."""
         self._check_region("home", home)
         key = self.keys.session(validate_session_id(session_id))
         for _ in range(MAX_ATTEMPTS):
             pin, kv = await self._read(key)
-            res = resolve(pin, session_id, home, routings, self.clock.now())
+            res = resolve(pin, session_id, home, routings, self.clock.now(), warm)
             if res.action is PinAction.KEEP:
                 assert kv is not None  # KEEP needs a stored pin
                 if await self._touch(kv):

@@ -126,12 +126,27 @@ def render_chat(messages: Iterable[tuple[str, str]]) -> str:
 def _root(
     unit: str, model: str, lora: str | None, cache_salt: str | None
 ) -> hashlib._Hash:  # the root of a chain: everything that is not the prompt
-    h = hashlib.sha256(_VERSION)
-    for part in (unit, model, lora or "", cache_salt or ""):
-        data = part.encode("utf-8", "surrogatepass")
-        h.update(len(data).to_bytes(4, "little"))
-        h.update(data)
-    return h
+    key = (unit, model, lora, cache_salt)
+    h = _ROOTS.get(key)
+    if h is None:
+        h = hashlib.sha256(_VERSION)
+        for part in (unit, model, lora or "", cache_salt or ""):
+            data = part.encode("utf-8", "surrogatepass")
+            h.update(len(data).to_bytes(4, "little"))
+            h.update(data)
+        if len(model) + len(lora or "") + len(cache_salt or "") <= _ROOT_KEY_CHARS:
+            if len(_ROOTS) >= _ROOTS_MAX:
+                _ROOTS.clear()
+            _ROOTS[key] = h.copy()
+        return h
+    return h.copy()
+
+
+# Roots by (unit, model, LoRA, salt): a handful in practice (salts are per tenant);
+# bounded in count and in what one entry may hold, since all of it comes from clients.
+_ROOTS: dict[tuple[str, str, str | None, str | None], hashlib._Hash] = {}
+_ROOTS_MAX = 1024
+_ROOT_KEY_CHARS = 512
 
 
 def _level(h: hashlib._Hash, blocks: int) -> Level:
@@ -146,6 +161,12 @@ def token_bytes(token_ids: Sequence[int]) -> bytes:
     if sys.byteorder != "little":
         a.byteswap()
     return a.tobytes()
+
+
+def _has_levels(blocks: int, stride: int, tail: bool) -> bool:
+    """Whether :func:`_chain` yields a key at all (a non-positive ``stride`` is left
+    for it to refuse)."""
+    return blocks >= stride or (tail and blocks > 0)
 
 
 def _chain(
@@ -182,6 +203,8 @@ def block_chain_tokens(
     blocks = len(token_ids) // block_size
     if max_blocks is not None:
         blocks = min(blocks, max_blocks)
+    if not _has_levels(blocks, stride, tail):
+        return []
     data = token_bytes(token_ids[: blocks * block_size])
     root = _root(f"tokens:{block_size}", model, lora, cache_salt)
     return _chain(data, block_size * _TOKEN_BYTES, blocks, stride, tail, root)
@@ -204,6 +227,8 @@ def block_chain_text(
     blocks = len(text) // chars_per_block
     if max_blocks is not None:
         blocks = min(blocks, max_blocks)
+    if not _has_levels(blocks, stride, tail):
+        return []  # most prompts of a chat-sized workload: no hashing at all
     kind = PromptKind.CHAT if chat else PromptKind.TEXT
     root = _root(f"{kind.value}:chars:{chars_per_block}", model, lora, cache_salt)
     return _chain(text, chars_per_block, blocks, stride, tail, root)

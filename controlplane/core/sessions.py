@@ -12,13 +12,17 @@ lazily:
   region recovers (recovery only steers *new* sessions home);
 * choices are a deterministic weighted hash of the session id, so two gateways that
   race for a new session pick the same region even before the create-if-absent
-  transaction settles it.
+  transaction settles it (the transaction settles it either way);
+* warm first: while a home's traffic is split (graduated recovery), a *new* session
+  whose weighted choice is home, where its prompt is not cached yet, may be placed on
+  another serving target (``warm_first``); the caller warms home, and later sessions
+  of that prompt follow the weights again.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -86,6 +90,31 @@ class Placement:
                 return region
         return self.targets[-1][0]
 
+    def pick_among(self, session_id: str, regions: Callable[[str], bool]) -> str | None:
+        """The weighted choice for ``session_id`` among the targets ``regions`` accepts
+        (None: it accepts none)."""
+        kept = tuple((r, w) for r, w in self.targets if regions(r))
+        if not kept:
+            return None
+        return Placement(self.home, self.epoch, kept, sum(w for _, w in kept)).pick(session_id)
+
+
+WarmCheck = Callable[[str], bool]  # region -> its replicas have this prompt cached
+
+
+def warm_first(where: Placement, session_id: str, chosen: str, warm: WarmCheck) -> str:
+    """Where a new session goes when its weighted pick ``chosen`` may be cold for its
+    prompt. Only home is ever steered away from: a split ``routing/<home>`` that
+    includes home is a graduated recovery (or a capacity split) bringing traffic back
+    to a region whose caches restarted, while the other targets carried that traffic.
+    So a session whose pick is home but whose prompt is not warm there goes to the
+    other targets (the same weighted hash among them); any other pick, a warm prompt,
+    or a routing with one target (steady state, a failover, all at once) keeps
+    ``chosen``."""
+    if chosen != where.home or len(where.targets) < 2 or warm(chosen):
+        return chosen
+    return where.pick_among(session_id, lambda r: r != chosen) or chosen
+
 
 def placement(routings: Mapping[str, Routing], home: str) -> Placement:
     routing = routing_of(routings, home)
@@ -132,13 +161,17 @@ def resolve(
     home: str,
     routings: Mapping[str, Routing],
     now: float,
+    warm: WarmCheck | None = None,
 ) -> Resolution:
-    """Where ``session_id`` is served, and what (if anything) to write about it."""
+    """Where ``session_id`` is served, and what (if anything) to write about it.
+    ``warm``: place a new session warm first (``warm_first``); None: by weight only."""
     if pin is not None and serving(routings, pin.region):
         return Resolution(region=pin.region, action=PinAction.KEEP, pin=pin)
     where = placement(routings, pin.home if pin is not None else home)
     region = where.pick(session_id)
     if pin is None:
+        if warm is not None:
+            region = warm_first(where, session_id, region, warm)
         new = SessionPin(home=where.home, region=region, epoch=where.epoch, pinned_at=now)
         return Resolution(region=region, action=PinAction.CREATE, pin=new)
     return Resolution(

@@ -34,6 +34,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+import uvloop
 from pydantic import ValidationError
 
 from controlplane.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
@@ -112,6 +113,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between health reports"
+    )
+    p.add_argument(
+        "--no-warm-first",
+        dest="warm_first",
+        action="store_false",
+        help="while routing splits the home region's traffic (graduated recovery), place "
+        "new sessions by weight only, even where home is still cold for their prompt; "
+        "and do not replay, when a region serves again, the prompts it answered before "
+        "(default: both on; see regions/gateway/warmth.py)",
     )
     g = p.add_argument_group(
         "prefix tracking (pre-warm)",
@@ -237,6 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
             session_header=args.session_header.lower(),
             max_body_bytes=args.max_body_bytes,
             prefix_chars=args.prefix_chars,
+            warm_first=args.warm_first,
         ),
         listen=args.listen,
         etcd_endpoints=endpoints,
@@ -296,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    sys.exit(asyncio.run(_run(options)))
+    sys.exit(uvloop.run(_run(options)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
@@ -25,11 +25,12 @@ from controlplane.session_store import InvalidSessionId, validate_session_id
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
-from regions.gateway.proxy import Forwarder, NoReplica, json_error
+from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
 from regions.gateway.replicas import DEFAULT_PREFIX_CHARS, prefix_key
-from regions.gateway.requests import BadRequest, Endpoint, error_type, parse
+from regions.gateway.requests import BadRequest, Endpoint, ProxyRequest, error_type, parse
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.sessions import SessionResolver
+from regions.gateway.warmth import WarmUps, warmup_body
 from regions.http_expect import expect_handler
 
 log = logging.getLogger("tectonic.gateway")
@@ -49,6 +50,31 @@ class AppConfig:
     # region -> residency zone (from the topology): where a request may spill when its
     # region answers nothing; empty: never spill
     zones: Mapping[str, str] = field(default_factory=dict)
+    # while routing splits home (graduated recovery), place a new session whose prompt
+    # home has not answered yet on the other targets and warm home with it; replay at a
+    # region that serves again the prompts it answered before (warmth.py)
+    warm_first: bool = True
+
+
+class _WarmCheck:
+    """``WarmCheck`` for one request's prompt. A prompt this gateway has never had
+    answered counts as warm: it is cold everywhere, so moving its session gains nothing
+    (and most prompts that are never seen again would be replayed for nothing).
+    Remembers a region it found cold (the session's weighted pick, home), which is the
+    one to warm if the session went elsewhere."""
+
+    __slots__ = ("cold", "key", "warm_ups")
+
+    def __init__(self, warm_ups: WarmUps, key: int) -> None:
+        self.warm_ups, self.key, self.cold = warm_ups, key, ""
+
+    def __call__(self, region: str) -> bool:
+        if self.warm_ups.warmth.is_warm(region, self.key):
+            return True
+        if not self.warm_ups.memory.knows(self.key):
+            return True
+        self.cold = region
+        return False
 
 
 class GatewayApp:
@@ -61,8 +87,10 @@ class GatewayApp:
         metrics: GatewayMetrics,
         observer: PrefixObserver | None = None,
         flags: Callable[[str], FeatureFlags] | None = None,
+        warm_ups: WarmUps | None = None,
     ) -> None:
         self.config = config
+        self.warm_ups = warm_ups  # None: warm first is off
         # A region's degradation flags (DegradationCache.flags); None: never degraded.
         self.flags: Callable[[str], FeatureFlags] = flags or (lambda region: NOT_DEGRADED)
         self.routing = routing
@@ -93,40 +121,34 @@ class GatewayApp:
     async def proxy(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         started = time.monotonic()
         try:
-            body = await self._body(request)
-            req = parse(endpoint, body, self.config.prefix_chars)
-            session = request.headers.get(self.config.session_header) or req.user
-            if session:
-                validate_session_id(session)
-                region = await self.resolver.region_for(session)
-            else:
-                region = self.resolver.region_for_sessionless(req.prefix)
-            # The serving region's flags: it is that region that is short of capacity.
-            cfg = self.config.actuators
-            prio = priority(request.headers.get(cfg.priority_header), cfg.default_priority)
-            acted = actuate(req, region, self.flags(region), prio, cfg)
-            if isinstance(acted, Refusal):
-                return self._degraded(region, acted)
-            for action in acted.actions:
-                self.metrics.degrade(region, action)
-            body = acted.body
-            if acted.truncated:  # the prompt changed: count and route the one sent
-                req = parse(endpoint, body, self.config.prefix_chars)
+            routed = await self._route(request, endpoint)
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except InvalidSessionId as e:
             return self._refuse(400, str(e))
         except NoRegionServing as e:
             return self._unavailable(NO_REGION, "no_region", str(e))
+        if isinstance(routed, web.Response):
+            return routed
+        req, session, region, key, check = routed
+        body = req.body
         try:
             self.observer.observe(region, session, req.prompt)
         except Exception:  # an observer bug must not fail requests
             log.exception("prefix observer failed")
-        key = prefix_key(req.prefix, self.config.prefix_chars)
+        if check is not None and check.cold and check.cold != region:
+            self._warm(check.cold, key, request, body)  # the session was placed elsewhere
+        warmth = self.warm_ups.warmth if self.warm_ups is not None else None
+        generation = warmth.generation(region) if warmth is not None else 0
         try:
-            return await self.forwarder.forward(request, region, body, key, started)
+            resp = await self.forwarder.forward(request, region, body, key, started)
         except NoReplica as e:
             failed = e
+        else:
+            if warmth is not None and resp.status < 400:
+                warmth.served(region, key, generation)
+                self._remember(region, key, request, body)
+            return resp
         # Nothing reached the client and no replica of the region answered: rather than
         # lose the request while the control plane confirms the region down, send it to
         # a serving region of the same zone and move the session there (once, for good).
@@ -141,6 +163,52 @@ class GatewayApp:
             return await self.forwarder.forward(request, other, body, key, started)
         except NoReplica as e:
             return self._unavailable(other, "no_replica", f"{failed}; then {e}")
+
+    async def _route(
+        self, request: web.Request, endpoint: Endpoint
+    ) -> tuple[ProxyRequest, str, str, int, _WarmCheck | None] | web.Response:
+        """Parse, resolve the region, apply its degradation actuators: the request as it
+        will be sent, its session, region, ring key and warm check; or a refusal."""
+        chars = self.config.prefix_chars
+        req = parse(endpoint, await self._body(request), chars)
+        key = prefix_key(req.prefix, chars)
+        session = request.headers.get(self.config.session_header) or req.user
+        check = None
+        if session:
+            validate_session_id(session)
+            if self.warm_ups is not None:
+                check = _WarmCheck(self.warm_ups, key)
+            region = await self.resolver.region_for(session, check)
+        else:
+            region = self.resolver.region_for_sessionless(req.prefix)
+        # The serving region's flags: it is that region that is short of capacity.
+        cfg = self.config.actuators
+        prio = priority(request.headers.get(cfg.priority_header), cfg.default_priority)
+        acted = actuate(req, region, self.flags(region), prio, cfg)
+        if isinstance(acted, Refusal):
+            return self._degraded(region, acted)
+        for action in acted.actions:
+            self.metrics.degrade(region, action)
+        if acted.truncated:  # the prompt changed: count and route the one sent
+            req = parse(endpoint, acted.body, chars)
+            key = prefix_key(req.prefix, chars)
+        elif acted.body is not req.body:
+            req = replace(req, body=acted.body)
+        return req, session, region, key, check
+
+    def _remember(self, region: str, key: int, request: web.Request, body: bytes) -> None:
+        assert self.warm_ups is not None
+        self.warm_ups.memory.answered(
+            region, key, request.path, lambda: forward_headers(request), body
+        )
+
+    def _warm(self, cold: str, key: int, request: web.Request, body: bytes) -> None:
+        assert self.warm_ups is not None
+        replay = warmup_body(body)
+        if replay is None:
+            return
+        self.warm_ups.steered.labels(cold).inc()
+        self.warm_ups.want(cold, key, request.path, forward_headers(request), replay)
 
     async def _body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
@@ -44,6 +45,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.reused = False
+        self._timer: asyncio.TimerHandle | None = None  # outlives a response: see start
         self._reset(None)
 
     def _reset(self, parser: HttpResponseParser | None) -> None:
@@ -53,6 +55,7 @@ class Connection(asyncio.Protocol):
         self.content_length: int | None = None
         self.keep_alive = True
         self.done = False  # the whole response arrived
+        self._parsed = False  # ... and llhttp itself ended it (its parser can go on)
         self.got_bytes = False
         self.head_method = False
         self._chunked = False
@@ -65,13 +68,12 @@ class Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._last_data = 0.0
         self._silence_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; same interface.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -101,6 +103,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.stop_timer()  # no byte can come now: the response is done or failed below
         if self._until_eof and self.status:
             self.done = True
         if not self.done and self._parser is not None:
@@ -159,6 +162,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.status:  # not the end of a 1xx
             self.done = True
+            self._parsed = True
 
     # ---- the consumer side -----------------------------------------------------------
 
@@ -216,11 +220,21 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def start(self, request: bytes, *, head_method: bool, silence_s: float) -> None:
-        self._reset(HttpResponseParser(self))
+        """Send ``request``. The previous response's parser goes on if llhttp ended that
+        response cleanly (as a server's parser goes on from request to request); else a
+        fresh one starts (after a HEAD, llhttp still expects the announced body). The
+        silence timer of the previous response too, if still pending and not due later
+        than this one's: when it fires, it re-arms from this response's last byte."""
+        parser = self._parser if self._parsed and self.exc is None else None
+        self._reset(parser or HttpResponseParser(self))
         self.head_method = head_method
         self._silence_s = silence_s
-        self._last_data = self._loop.time()
-        self._timer = self._loop.call_at(self._last_data + silence_s, self._check_silence)
+        now = self._last_data = self._loop.time()
+        timer = self._timer
+        if timer is None or timer.when() > now + silence_s:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(now + silence_s, self._check_silence)
         assert self.transport is not None
         self.transport.write(request)
 

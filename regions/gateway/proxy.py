@@ -95,7 +95,32 @@ def new_pool(config: ProxyConfig) -> UpstreamPool:
 
 
 def forward_headers(request: web.Request) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in request.headers.items() if k.lower() not in _SKIP_REQUEST]
+    keep = _FORWARD_REQUEST
+    out = []
+    for k, v in request.headers.items():
+        passed = keep.get(k)
+        if passed is None:
+            passed = _remember(keep, k, _SKIP_REQUEST)
+        if passed:
+            out.append((k, v))
+    return out
+
+
+# Header names as sent -> whether they are passed on: one dict lookup per header instead
+# of a lowercased copy (clients send a few spellings of a few names; a full memo is
+# emptied, so any number of distinct names stays bounded).
+_FORWARD_REQUEST: dict[str, bool] = {}
+_FORWARD_RESPONSE: dict[str, bool] = {}
+_MEMO_MAX = 1024
+
+
+def _remember(memo: dict[str, bool], name: str, skip: frozenset[str]) -> bool:
+    passed = name.lower() not in skip
+    if len(name) <= 256:
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[name] = passed
+    return passed
 
 
 def json_error(
@@ -298,4 +323,12 @@ class Forwarder:
 
 
 def _response_headers(up: UpstreamResponse) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in up.headers if k.lower() not in _SKIP_RESPONSE)
+    keep = _FORWARD_RESPONSE
+    out = []
+    for k, v in up.headers:
+        passed = keep.get(k)
+        if passed is None:
+            passed = _remember(keep, k, _SKIP_RESPONSE)
+        if passed:
+            out.append((k, v))
+    return CIMultiDict(out)

@@ -8,7 +8,7 @@ when etcd is lost; a full re-read every ``resync_s``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from controlplane.core.model import Routing
 from controlplane.keys import Keys
@@ -19,7 +19,8 @@ log = logging.getLogger("tectonic.gateway.routing")
 
 
 class RoutingCache(WatchedPrefix[Routing]):
-    """``routings`` is replaced, never mutated: a request may hold one across awaits."""
+    """``routings`` is replaced, never mutated: a request may hold one across awaits.
+    ``listeners`` are called with the new ``routings`` after each change."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class RoutingCache(WatchedPrefix[Routing]):
             store, keys, keys.routing_prefix(), Routing, self._changed, log=log, what="routing",
             retry_s=retry_s, max_retry_s=max_retry_s, resync_s=resync_s,
         )  # fmt: skip
+        self.listeners: list[Callable[[Mapping[str, Routing]], None]] = []
 
     @property
     def routings(self) -> Mapping[str, Routing]:
@@ -45,3 +47,5 @@ class RoutingCache(WatchedPrefix[Routing]):
         else:
             log.info("routing/%s at revision %d: %s (epoch %d)", region, self.revision,
                      dict(routing.targets), routing.epoch)  # fmt: skip
+        for listener in self.listeners:
+            listener(self.routings)

@@ -10,6 +10,9 @@ the serving region's flags), but start-up does not wait for it: no record means 
 is degraded. Shutdown is graceful: ``/health`` turns 503, the listener closes, requests
 in flight get ``grace_s`` to finish, then the background tasks stop.
 
+Warm first (``warmth.py``, on unless ``AppConfig.warm_first`` is off) places a new
+session on a target warm for its prompt while routing splits its home.
+
 Unless turned off, a ``PrefixTracker`` counts every request's prompt and a
 ``PrefixExporter`` ships its export to etcd for the leader (``prefix_export``).
 """
@@ -43,6 +46,7 @@ from regions.gateway.replicas import DEFAULT_LOAD_FACTOR, ReplicaBalancer
 from regions.gateway.report import HealthReporter
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.sessions import SessionResolver
+from regions.gateway.warmth import RegionWarmth, WarmUps
 
 log = logging.getLogger("tectonic.gateway")
 
@@ -170,6 +174,11 @@ class GatewayServer:
             ratio = topo.prefixes.chars_per_token
             actuators = replace(app_config.actuators, chars_per_token=ratio)
             app_config = replace(app_config, actuators=actuators)
+        self.warm_ups: WarmUps | None = None
+        if app_config.warm_first:
+            warmth = RegionWarmth()
+            self.warm_ups = WarmUps(warmth, self.pool, self.balancers, self.metrics)
+            self.routing.listeners.append(self.warm_ups.routing_changed)
         self.app = GatewayApp(
             app_config,
             self.routing,
@@ -178,6 +187,7 @@ class GatewayServer:
             self.metrics,
             observer,
             flags=self.degradation.flags,
+            warm_ups=self.warm_ups,
         )
         self.runner = web.AppRunner(
             self.app.app(), access_log=None, shutdown_timeout=options.grace_s, handle_signals=False
@@ -279,6 +289,8 @@ class GatewayServer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
+        if self.warm_ups is not None:
+            await self.warm_ups.close()
         self.pool.close()
         if self.reporter is not None:
             await self.reporter.close()

@@ -38,6 +38,7 @@ from controlplane.core.sessions import (
     PinAction,
     Resolution,
     SessionPin,
+    WarmCheck,
     pick_region,
     repinned,
     resolve,
@@ -57,7 +58,11 @@ class SessionStoreLike(Protocol):
     async def get(self, session_id: str) -> tuple[SessionPin, int] | None: ...
 
     async def resolve(
-        self, session_id: str, home: str, routings: Mapping[str, Routing]
+        self,
+        session_id: str,
+        home: str,
+        routings: Mapping[str, Routing],
+        warm: WarmCheck | None = None,
     ) -> Resolution: ...
 
     async def move(self, session_id: str, failed: str, to: str, *, home: str) -> SessionPin: ...
@@ -111,8 +116,10 @@ class SessionResolver:
 
     # ---- the request path ------------------------------------------------------------
 
-    async def region_for(self, session_id: str) -> str:
-        """The region that serves ``session_id`` now; raises NoRegionServing."""
+    async def region_for(self, session_id: str, warm: WarmCheck | None = None) -> str:
+        """The region that serves ``session_id`` now; raises NoRegionServing. ``warm``
+        places a new session warm first (``controlplane.core.sessions.warm_first``);
+        concurrent requests of one session share the first one's resolution."""
         routings = self._routing.routings
         entry = self._pins.get(session_id)
         if (
@@ -128,7 +135,7 @@ class SessionResolver:
             return entry.pin.region
         flight = self._flights.get(session_id)
         if flight is None:
-            flight = asyncio.ensure_future(self._resolve(session_id))
+            flight = asyncio.ensure_future(self._resolve(session_id, warm))
             flight.add_done_callback(self._landed(session_id))
             self._flights[session_id] = flight
         # shield: a client that goes away must not cancel the pin write others await
@@ -193,7 +200,7 @@ class SessionResolver:
 
         return done
 
-    async def _resolve(self, session_id: str) -> str:
+    async def _resolve(self, session_id: str, warm: WarmCheck | None) -> str:
         entry = self._pins.get(session_id)
         routings = self._routing.routings
         if not self._routing.connected and self.store_up:
@@ -201,20 +208,20 @@ class SessionResolver:
             # it would cost this request store_timeout_s.
             self._store_lost(StoreUnavailable("the routing watch is down"))
         if not self.store_up:
-            return self._static(session_id, entry, routings)
+            return self._static(session_id, entry, routings, warm)
         home = entry.pin.home if entry is not None else self.home
         try:
             async with asyncio.timeout(self._store_timeout_s):
-                res = await self._sessions.resolve(session_id, home, routings)
+                res = await self._sessions.resolve(session_id, home, routings, warm)
         except SessionContention as e:  # busy key, not a dead store: only this one waits
             log.warning("session %s: %s; resolving from the cache for now", session_id, e)
-            return self._static(session_id, entry, routings)
+            return self._static(session_id, entry, routings, warm)
         except (StoreUnavailable, TimeoutError) as e:
             self._store_lost(e)
-            return self._static(session_id, entry, routings)
+            return self._static(session_id, entry, routings, warm)
         except (StoreError, CorruptValue) as e:
             log.error("session %s: store refused (%s); resolving from the cache", session_id, e)
-            return self._static(session_id, entry, routings, pending=False)
+            return self._static(session_id, entry, routings, warm, pending=False)
         self._store_back()
         if res.action is PinAction.REPIN:
             self._metrics.session_moves.inc()
@@ -232,6 +239,7 @@ class SessionResolver:
         session_id: str,
         entry: _Entry | None,
         routings: Mapping[str, Routing],
+        warm: WarmCheck | None = None,
         *,
         pending: bool = True,
     ) -> str:
@@ -241,7 +249,8 @@ class SessionResolver:
             self._pins.move_to_end(session_id)
             return entry.pin.region
         home = entry.pin.home if entry is not None else self.home
-        res = resolve(entry.pin if entry else None, session_id, home, routings, self._clock.now())
+        now = self._clock.now()
+        res = resolve(entry.pin if entry else None, session_id, home, routings, now, warm)
         if res.action is PinAction.REPIN:
             self._metrics.session_moves.inc()
         self._remember(session_id, _Entry(res.pin, self._monotonic(), pending=pending))

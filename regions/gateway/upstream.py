@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import ssl
 import time
@@ -55,6 +56,11 @@ class Origin:
     def host_header(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    @functools.cached_property
+    def host_line(self) -> str:
+        """The request's Host field line, built once per origin."""
+        return f"Host: {self.host_header}\r\n"
 
 
 class UpstreamResponse:
@@ -96,7 +102,8 @@ class UpstreamResponse:
             return
         self._released = True
         conn = self._conn
-        conn.stop_timer()
+        # A pooled connection keeps its silence timer: it ends itself when it fires
+        # with the response done, or serves the next request (``Connection.start``).
         if conn.done and conn.keep_alive and conn.exc is None and conn.open:
             self._pool.put_back(self._origin, conn)
         else:
@@ -216,21 +223,61 @@ def _serialise(
 ) -> bytes:
     """The request in one piece. Every field is checked, so that no caller can split it
     with CR/LF (aiohttp's server already refuses them in what it accepted; this guards
-    anything else that builds requests)."""
+    anything else that builds requests).
+
+    The checks are cheap on the hot path and exact: a method and a header name once
+    seen valid are remembered (bounded sets: few distinct ones), and the values are
+    checked all at once on the assembled header lines, whose CR and LF counts must be
+    those of their own line ends and which must hold no NUL. Only when that fails are
+    the fields checked one by one, for the error naming the first bad one."""
+    if not isinstance(headers, list | tuple):
+        headers = list(headers)  # iterated twice when one is bad
+    if method not in _GOOD_METHODS or _BAD_TARGET.search(target) is not None:
+        _validate(method, target, headers)
+        _remember(_GOOD_METHODS, method)
+    lines = []
+    for name, value in headers:
+        if name not in _GOOD_NAMES:
+            if _BAD_TOKEN.search(name) is not None:
+                _validate(method, target, headers)
+            _remember(_GOOD_NAMES, name)
+        lines.append(f"{name}: {value}\r\n")
+    fields = "".join(lines)
+    n = len(lines)
+    if fields.count("\r") != n or fields.count("\n") != n or "\0" in fields:
+        _validate(method, target, headers)
+    end = f"Content-Length: {len(body)}\r\n\r\n" if body or method != "GET" else "\r\n"
+    head = f"{method} {target} HTTP/1.1\r\n{origin.host_line}{fields}{end}"
+    return head.encode("utf-8", "surrogateescape") + body
+
+
+def _validate(method: str, target: str, headers: Iterable[tuple[str, str]]) -> None:
+    """Every field, one by one, in order: raises for the first that would split the
+    request (the slow path, for a request that failed a cheap check)."""
     _check("method", method, _BAD_TOKEN)
     _check("target", target, _BAD_TARGET)
-    head = [f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"]
     for name, value in headers:
         _check("header name", name, _BAD_TOKEN)
         _check(f"value of header {name}", value, _BAD_VALUE)
-        head.append(f"{name}: {value}\r\n")
-    head.append(f"Content-Length: {len(body)}\r\n\r\n" if body or method != "GET" else "\r\n")
-    return "".join(head).encode("utf-8", "surrogateescape") + body
 
 
 _BAD_VALUE = re.compile("[\r\n\0]")
 _BAD_TARGET = re.compile("[\r\n\0 \t]|^$")
 _BAD_TOKEN = re.compile("[\r\n\0 \t:]|^$")
+# Methods and header names already found valid (checked once, then a set lookup); a
+# set that fills up is emptied: the checks are then simply done again.
+_GOOD_METHODS: set[str] = set()
+_GOOD_NAMES: set[str] = set()
+_GOOD_MAX = 1024
+_GOOD_CHARS = 256  # longer ones are checked every time, never kept
+
+
+def _remember(good: set[str], token: str) -> None:
+    if len(token) > _GOOD_CHARS:
+        return
+    if len(good) >= _GOOD_MAX:
+        good.clear()
+    good.add(token)
 
 
 def _check(what: str, text: str, bad: re.Pattern[str]) -> None:

@@ -419,3 +419,29 @@ async def test_crlf_in_the_request_is_rejected(
             await pool.request(srv.url, "GET", target, headers)
         assert e.value.kind == "request"
         assert srv.connections == 0  # nothing was sent
+
+
+def test_the_request_head_byte_for_byte_and_the_first_bad_field_named() -> None:
+    from regions.gateway.upstream import Origin, _serialise
+
+    origin = Origin.parse("http://[::1]:8000")
+    headers = [("Content-Type", "application/json"), ("X-Session-Id", "s-1")]
+    for _ in range(2):  # the second time, the method and names are known good
+        got = _serialise(origin, "POST", "/v1/x?a=1", iter(headers), b"{}")
+        assert got == (
+            b"POST /v1/x?a=1 HTTP/1.1\r\nHost: [::1]:8000\r\nContent-Type: application/json"
+            b"\r\nX-Session-Id: s-1\r\nContent-Length: 2\r\n\r\n{}"
+        )
+    assert _serialise(origin, "GET", "/", [], b"") == b"GET / HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n"
+    # The first bad field in request order is named, whichever cheap check caught it.
+    cases = [
+        ("GE T", "/", [("X-A", "v\r")], "method 'GE T'"),
+        ("GET", "", [], "target ''"),
+        ("GET", "/", [("X-A", "v\n"), ("Bad Name", "1")], "value of header X-A 'v\\n'"),
+        ("GET", "/", [("X-A", "v"), ("Bad:Name", "1\r")], "header name 'Bad:Name'"),
+        ("GET", "/", [("X-A", "v"), ("X-B", "a\0b")], "value of header X-B 'a\\x00b'"),
+    ]
+    for method, target, hdrs, named in cases:
+        with pytest.raises(UpstreamError) as e:
+            _serialise(origin, method, target, hdrs, b"")
+        assert e.value.kind == "request" and e.value.detail.startswith(named), e.value.detail

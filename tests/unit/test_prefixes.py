@@ -392,3 +392,23 @@ def test_unique_prompts_stay_out_of_the_sketch_and_the_payload_map() -> None:
     keys = {lv.key for lv in levels(PromptRequest("tiny", prompt=shared), PARAMS)}
     assert {key for key, count, _, _ in t.ranked("east") if count == 20} == keys
     assert len(t._regions["east"].entries) <= 8
+
+
+def test_memoised_chain_roots_and_the_short_prompt_exit_change_no_key() -> None:
+    from controlplane.core import prefixes
+
+    text = "x" * 64 * 40
+
+    def chain() -> list[prefixes.Level]:
+        return block_chain_text(text, 64, model="m", cache_salt="s", stride=16)
+
+    first = chain()
+    prefixes._ROOTS.clear()
+    assert chain() == first and chain() == first  # computed, then from the memo
+    assert [lv.blocks for lv in first] == [16, 32, 40]
+    assert block_chain_text(text[: 64 * 15], 64, stride=16, tail=False) == []
+    assert block_chain_text("x" * 63, 64, tail=True) == []
+    assert [lv.blocks for lv in block_chain_text(text[:64], 64, stride=16)] == [1]
+    assert block_chain_tokens(list(range(15)), 16) == []
+    with pytest.raises(ValueError):
+        block_chain_text(text, 64, stride=0)

@@ -11,11 +11,13 @@ from controlplane.core.sessions import (
     NoRegionServing,
     PinAction,
     SessionPin,
+    WarmCheck,
     pick_region,
     placement,
     repinned,
     resolve,
     serving,
+    warm_first,
 )
 
 NORMAL = {r: Routing(targets={r: 1.0}) for r in ("east", "west", "central")}
@@ -139,3 +141,45 @@ def test_spill_goes_to_a_serving_region_of_the_same_zone_chosen_by_the_session()
         {}, zones, "east", "s7"
     )  # ... stably
     assert spill_region({}, zones, "eu", "s1") is None  # no other region in its zone
+
+
+# ---- warm first ---------------------------------------------------------------------------
+
+
+def warm_in(*regions: str) -> WarmCheck:
+    return lambda region: region in regions
+
+
+def test_warm_first_places_a_new_session_away_from_a_cold_home() -> None:
+    where = placement(EAST_RECOVERING, "east")
+    ids = [f"s{i}" for i in range(400)]
+    homed = [s for s in ids if where.pick(s) == "east"]
+    assert len(homed) > 100  # weight 0.5
+    # east cold: the other targets by their weights (west 0.3 : central 0.2), the same
+    # choice every time
+    spread = [warm_first(where, s, "east", warm_in()) for s in homed]
+    assert set(spread) == {"west", "central"}
+    assert spread == [warm_first(where, s, "east", warm_in("west")) for s in homed]
+    assert 0.5 < spread.count("west") / len(spread) < 0.7
+    for s in homed:  # east warm: the weights decide
+        assert warm_first(where, s, "east", warm_in("east")) == "east"
+    # a pick that is not home is never steered, warm or not
+    away = [s for s in ids if where.pick(s) != "east"]
+    assert all(warm_first(where, s, where.pick(s), warm_in()) == where.pick(s) for s in away)
+
+
+def test_warm_first_changes_nothing_without_a_choice_or_for_a_pinned_session() -> None:
+    cold_home = warm_in("west", "central")
+    for routings in (NORMAL, EAST_BACK):  # one target: steady state, all at once
+        assert resolve(None, "s1", "east", routings, 1.0, cold_home).region == "east"
+    pin = SessionPin(home="east", region="east", epoch=3, pinned_at=0.0)
+    kept = resolve(pin, "s1", "east", EAST_RECOVERING, 2.0, cold_home)
+    assert kept.action is PinAction.KEEP and kept.region == "east"
+
+
+def test_resolve_creates_the_warm_pin_and_keeps_home_and_epoch() -> None:
+    where = placement(EAST_RECOVERING, "east")
+    s = next(f"s{i}" for i in range(100) if where.pick(f"s{i}") == "east")
+    r = resolve(None, s, "east", EAST_RECOVERING, 1.0, warm_in("west"))
+    assert (r.region, r.action) == ("west", PinAction.CREATE)
+    assert (r.pin.home, r.pin.region, r.pin.epoch, r.pin.moves) == ("east", "west", 3, 0)

@@ -1,0 +1,287 @@
+"""Warm first: during a graduated recovery, new sessions go where their prompt is cached.
+
+While ``routing/<home>`` splits new sessions between home and the failover target, a
+new session whose weighted choice is home finds home's prefix caches cold for most
+prompts (its replicas restarted; the recovery pre-warm replays only the catalog, the
+prompts K sessions sent). Its first request would pay a whole prefill, and a
+recovery's first-token p99 is made of those. So the gateway remembers, per region,
+which prompts (by the replica ring's prefix key) it has had answered there since the
+region last stopped serving (``RegionWarmth``), and places such a session on the
+other targets, which carried home's traffic during the failover
+(``controlplane.core.sessions.warm_first``), while it replays the request once at
+home with ``max_tokens: 1`` in the background (``WarmUps``, on the replica the ring
+sends that prompt to). Once that answers, the prompt is warm at home and its next new
+sessions follow the weights. Nothing moves: only a new session's first placement
+changes, pinned as any other.
+
+The replay is the request's own prompt, in its own home region: nothing leaves the
+region (the K-sessions rule of DESIGN.md §4 is about prompts that do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+
+from prometheus_client import Counter
+
+from controlplane.core.model import Routing
+from controlplane.core.sessions import serving
+from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.prompt_memory import PromptMemory
+from regions.gateway.replicas import ReplicaBalancer
+from regions.gateway.upstream import UpstreamError, UpstreamPool
+
+log = logging.getLogger("tectonic.gateway.warmth")
+DEFAULT_MAX_KEYS = 16_384  # per region: 8 bytes of key each, a few hundred KiB in all
+
+
+class RegionWarmth:
+    """Per region, the prefix keys answered there since it last stopped serving.
+    Bounded per region; the oldest key goes first (one it still serves is re-added by
+    its next answer)."""
+
+    def __init__(self, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be at least 1, got {max_keys}")
+        self.max_keys = max_keys
+        self._keys: dict[str, dict[int, None]] = {}
+        self._forgotten: dict[str, int] = {}  # region -> times it was forgotten
+
+    def generation(self, region: str) -> int:
+        """Changes whenever ``region`` is forgotten: an answer to a request sent before
+        that says nothing about the caches the region comes back with."""
+        return self._forgotten.get(region, 0)
+
+    def served(self, region: str, key: int, generation: int | None = None) -> None:
+        """``region`` answered a request for ``key`` sent at ``generation`` (None: now)."""
+        if generation is not None and generation != self.generation(region):
+            return
+        keys = self._keys.get(region)
+        if keys is None:
+            keys = self._keys[region] = {}
+        elif key in keys:
+            return
+        keys[key] = None
+        if len(keys) > self.max_keys:
+            del keys[next(iter(keys))]
+
+    def is_warm(self, region: str, key: int) -> bool:
+        keys = self._keys.get(region)
+        return keys is not None and key in keys
+
+    def count(self, region: str) -> int:
+        return len(self._keys.get(region, ()))
+
+    def routing_changed(self, routings: Mapping[str, Routing]) -> None:
+        """A region that stopped serving may come back with restarted, empty caches:
+        forget what it held."""
+        for region in [r for r in self._keys if not serving(routings, r)]:
+            self._forgotten[region] = self.generation(region) + 1
+            n = len(self._keys.pop(region))
+            log.info("region %s stopped serving: forgetting its %d warm prefixes", region, n)
+
+
+def warmup_body(body: bytes) -> bytes | None:
+    """``body`` as a one-token, non-streaming request: the same prompt, so the same
+    cache blocks. None when it is not a JSON object (the gateway parsed it already)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for field in ("stream", "stream_options", "max_completion_tokens", "n", "best_of"):
+        data.pop(field, None)
+    data["max_tokens"] = 1
+    return json.dumps(data).encode()
+
+
+class WarmUps:
+    """Replays prompts in a region where they are cold, in the background, two ways:
+
+    * *steered*: the prompt of a new session that warm first placed elsewhere (``want``);
+      at most ``max_queued`` waiting in all, one per (region, key);
+    * *recall*: when a region serves again after it stopped, the prompts it answered
+      before (``PromptMemory``), most answered first, up to ``recall_limit``; stopped if
+      the region stops serving again.
+
+    Both ways share one gate per region: at most ``concurrency`` replays at a time (the
+    region is recovering; its capacity goes to users first; the gate is first come,
+    first served, so a steered prompt waits for at most the recalls already running),
+    each on the prompt's first ``replicas`` replicas in ring order."""
+
+    def __init__(
+        self,
+        warmth: RegionWarmth,
+        pool: UpstreamPool,
+        balancers: Mapping[str, ReplicaBalancer],
+        metrics: GatewayMetrics,
+        *,
+        memory: PromptMemory | None = None,
+        concurrency: int = 1,
+        replicas: int = 2,
+        max_queued: int = 256,
+        recall_limit: int = 1024,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if min(concurrency, replicas, max_queued) < 1:
+            raise ValueError("warm-up concurrency, replicas and queue must be at least 1")
+        self.warmth = warmth
+        self.memory = memory or PromptMemory()
+        self._pool = pool
+        self._balancers = balancers
+        self._concurrency = concurrency
+        self._replicas = replicas
+        self._max_queued = max_queued
+        self._recall_limit = recall_limit
+        self._monotonic = monotonic
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._wanted: set[tuple[str, int]] = set()
+        self._recalled: dict[str, int] = {}  # region -> generation last recalled
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.steered = Counter(
+            "tectonic_gateway_warm_first_steers",
+            "New sessions placed on another target because their weighted choice, home, "
+            "was not warm for their prompt yet (by that region)",
+            ["region"],
+            registry=metrics.registry,
+        )
+        self.warmups = Counter(
+            "tectonic_gateway_warmups",
+            "Background one-token replays of a prompt in a region where it was cold, by "
+            "region, way (steered, recall) and outcome (ok, failed, dropped: queue full)",
+            ["region", "way", "outcome"],
+            registry=metrics.registry,
+        )
+
+    @property
+    def pending(self) -> int:
+        return len(self._wanted)
+
+    def want(
+        self, region: str, key: int, path: str, headers: Iterable[tuple[str, str]], body: bytes
+    ) -> bool:
+        """Queue a warm-up of ``body``'s prompt in ``region``. False (nothing queued)
+        when the queue is full; True when queued now or already."""
+        if (region, key) in self._wanted:
+            return True
+        if len(self._wanted) >= self._max_queued:
+            self.warmups.labels(region, "steered", "dropped").inc()
+            return False
+        self._wanted.add((region, key))
+        self._spawn(self._steered(region, key, path, list(headers), body), f"warm-up {region}")
+        return True
+
+    def routing_changed(self, routings: Mapping[str, Routing]) -> None:
+        """Forget what regions that stopped serving held; recall, into each region that
+        serves again, what it answered before."""
+        self.warmth.routing_changed(routings)
+        for region in self.memory.regions():
+            generation = self.warmth.generation(region)
+            if serving(routings, region) and self._recalled.get(region, 0) != generation:
+                self._recalled[region] = generation
+                self._spawn(self._recall(region, generation), f"recall {region}")
+
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _gate(self, region: str) -> asyncio.Semaphore:
+        gate = self._gates.get(region)
+        if gate is None:
+            gate = self._gates[region] = asyncio.Semaphore(self._concurrency)
+        return gate
+
+    async def _steered(
+        self, region: str, key: int, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        outcome = "failed"
+        try:
+            async with self._gate(region):
+                outcome = await self._replay(region, key, path, headers, body)
+        finally:
+            self._wanted.discard((region, key))
+            self.warmups.labels(region, "steered", outcome).inc()
+
+    async def _recall(self, region: str, generation: int) -> None:
+        chosen = self.memory.ranked(region, self._recall_limit)
+        log.info("region %s serves again: replaying the %d prompts it answered most",
+                 region, len(chosen))  # fmt: skip
+        done = 0
+        gate = self._gate(region)
+        pending: set[asyncio.Task[None]] = set()
+        for key, prompt in chosen:
+            if self.warmth.generation(region) != generation:
+                log.info("region %s stopped serving again: recall stopped", region)
+                break
+            if self.warmth.is_warm(region, key) or (region, key) in self._wanted:
+                continue
+            body = warmup_body(prompt.body)
+            if body is None:
+                continue
+            await gate.acquire()
+            task = asyncio.get_running_loop().create_task(
+                self._recall_one(gate, region, key, prompt.path, list(prompt.headers), body)
+            )
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            done += 1
+        if pending:
+            await asyncio.wait(pending)
+        log.info("region %s: recall replayed %d prompts", region, done)
+
+    async def _recall_one(
+        self,
+        gate: asyncio.Semaphore,
+        region: str,
+        key: int,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> None:
+        outcome = "failed"
+        try:
+            outcome = await self._replay(region, key, path, headers, body)
+        finally:
+            gate.release()
+            self.warmups.labels(region, "recall", outcome).inc()
+
+    async def _replay(
+        self, region: str, key: int, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> str:
+        """On the prompt's first ``replicas`` replicas in ring order: its owner, and
+        where the bounded-load ring sends it when the owner is busy."""
+        balancer = self._balancers.get(region)
+        targets = list(balancer.ring.walk(key))[: self._replicas] if balancer else []
+        if balancer is None or not targets:
+            return "failed"
+        generation = self.warmth.generation(region)
+        for replica in targets:
+            balancer.acquire(replica)  # counts against the bound like a user request
+            try:
+                up = await self._pool.request(replica, "POST", path, headers, body)
+                try:
+                    await up.read()
+                finally:
+                    up.release()
+            except UpstreamError as e:
+                log.info("warm-up in %s on %s failed: %s", region, replica, e)
+                return "failed"
+            finally:
+                balancer.release(replica)
+            if up.status != 200:
+                log.info("warm-up in %s on %s: HTTP %d", region, replica, up.status)
+                return "failed"
+        self.warmth.served(region, key, generation)
+        return "ok"
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))

@@ -1,0 +1,105 @@
+"""The gateway's memory of warm prompts per region, and the warm-up request it sends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.core.model import Routing
+from regions.gateway.prompt_memory import PromptMemory
+from regions.gateway.warmth import RegionWarmth, warmup_body
+
+
+def test_a_region_is_warm_for_what_it_answered_and_the_memory_is_bounded() -> None:
+    w = RegionWarmth(max_keys=3)
+    for key in (1, 2, 3):
+        w.served("east", key)
+    w.served("east", 1)  # already known: no reordering, no growth
+    assert [w.is_warm("east", k) for k in (1, 2, 3)] == [True, True, True]
+    assert not w.is_warm("west", 1)
+    w.served("east", 4)  # over the bound: the oldest goes
+    assert not w.is_warm("east", 1) and w.is_warm("east", 4) and w.count("east") == 3
+    with pytest.raises(ValueError, match="max_keys"):
+        RegionWarmth(max_keys=0)
+
+
+def test_a_region_that_stops_serving_is_forgotten_and_others_are_kept() -> None:
+    w = RegionWarmth()
+    w.served("east", 1)
+    w.served("west", 1)
+    w.routing_changed({"east": Routing(targets={"east": 0.3, "west": 0.7})})
+    assert w.is_warm("east", 1)  # still serving (recovering)
+    w.routing_changed({"east": Routing(targets={"west": 1.0})})  # failed over
+    assert not w.is_warm("east", 1) and w.count("east") == 0
+    assert w.is_warm("west", 1)  # no routing/west: serves itself
+
+
+def test_the_warm_up_asks_for_one_token_of_the_same_prompt_without_streaming() -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": 50,
+        "n": 2,
+        "cache_salt": "tenant-a",
+    }
+    replay = json.loads(warmup_body(json.dumps(body).encode()) or b"")
+    assert replay == {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "cache_salt": "tenant-a",
+        "max_tokens": 1,
+    }
+    assert warmup_body(b"[1, 2]") is None and warmup_body(b"{nope") is None
+
+
+def test_an_answer_to_a_request_sent_before_the_region_was_forgotten_is_ignored() -> None:
+    w = RegionWarmth()
+    before = w.generation("east")
+    w.served("east", 1)
+    w.routing_changed({"east": Routing(targets={"west": 1.0})})  # failed over
+    w.served("east", 2, before)  # in flight across the failover: its cache may be gone
+    assert not w.is_warm("east", 2) and w.generation("east") == before + 1
+    w.served("east", 3, w.generation("east"))
+    assert w.is_warm("east", 3)
+
+
+def headers() -> list[tuple[str, str]]:
+    return [("authorization", "Bearer t")]
+
+
+def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
+    body = b"x" * 100
+    size = len(body) + len("/v1/completions") + len("authorization") + len("Bearer t")
+    memory = PromptMemory(max_bytes=3 * size)
+    for _ in range(5):
+        memory.answered("east", 1, "/v1/completions", headers, body)  # popular
+    for key in (2, 3):
+        memory.answered("east", key, "/v1/completions", headers, body)
+    assert memory.count("east") == 3 and memory.size("east") == 3 * size
+    memory.answered("east", 4, "/v1/completions", headers, body)  # over: a one-off goes
+    assert memory.count("east") == 3 and memory.size("east") == 3 * size
+    assert memory.knows(1) and not memory.knows(2) and memory.knows(4)
+    ranked = memory.ranked("east", 2)
+    assert ranked[0][0] == 1 and len(ranked) == 2
+    assert ranked[0][1].headers == (("authorization", "Bearer t"),)
+    assert memory.ranked("west", 5) == [] and not memory.knows(99)
+
+
+def test_prompt_memory_builds_headers_only_for_a_new_prompt_and_skips_a_huge_one() -> None:
+    calls = []
+
+    def counted() -> list[tuple[str, str]]:
+        calls.append(1)
+        return []
+
+    memory = PromptMemory(max_bytes=1000)
+    for _ in range(3):
+        memory.answered("east", 1, "/v1/completions", counted, b"{}")
+    assert len(calls) == 1 and memory.ranked("east", 1)[0][1].hits == 3
+    memory.answered("east", 2, "/v1/completions", counted, b"y" * 2000)
+    assert not memory.knows(2) and memory.count("east") == 1
+    with pytest.raises(ValueError, match="max_bytes"):
+        PromptMemory(max_bytes=0)
