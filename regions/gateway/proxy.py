@@ -148,9 +148,10 @@ class Forwarder:
         config: ProxyConfig | None = None,
         *,
         monotonic: Callable[[], float] = time.monotonic,
-        on_attempt: Callable[[str, bool], None] | None = None,
+        on_attempt: Callable[[str, bool, int], None] | None = None,
     ) -> None:
-        self._on_attempt = on_attempt  # (region, answered): the gateway's health vote
+        # (region, answered, status or 0): the gateway's health vote (report.py)
+        self._on_attempt = on_attempt
         self._pool = pool
         self._balancers = balancers
         self._metrics = metrics
@@ -195,7 +196,7 @@ class Forwarder:
             failed = outcome
             self._metrics.error(region, outcome.kind)
             if self._on_attempt is not None:
-                self._on_attempt(region, False)
+                self._on_attempt(region, False, outcome.status)
             if outcome.kind == "connect":
                 balancer.eject(replica, self._monotonic() + self.config.eject_s)
             log.info(
@@ -292,7 +293,7 @@ class Forwarder:
         self._metrics.first_byte(region, self._monotonic() - started)
         self._metrics.request(region, status)
         if self._on_attempt is not None:
-            self._on_attempt(region, True)
+            self._on_attempt(region, True, status)
 
     def _relay_failure(self, failed: _Failed, region: str) -> web.Response:
         hdrs = failed.headers if failed.headers is not None else CIMultiDict[str]()

@@ -6,6 +6,12 @@ say). Every ``interval_s`` the gateway folds the attempts of the last interval i
 one verdict per region and sends it with ``ReportHealth``, trying the listed
 control-plane endpoints in turn. A region that got no traffic gets no report: the
 gateway has no opinion, and a stale report ages out of the quorum on its own.
+
+Besides the verdict, each report carries the interval's ``error_rate`` (failed
+attempts) and ``auth_error_rate``: the share of attempts the region answered 401 or
+403. vLLM's own metrics group statuses as 2xx/4xx/5xx, so the gateway, which sees each
+status, is the source of that signal (a trigger of the degradation ladder: a client
+retry storm against a failing auth layer shows there first).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _CHANNEL_OPTIONS = [  # retry a dead endpoint within a second or two, not grpc's
 ]
 UNHEALTHY_AT = 0.5  # share of failed attempts
 DEGRADED_AT = 0.05
+AUTH_STATUSES = frozenset({401, 403})
 
 
 def classify(ok: int, failed: int, *, min_attempts: int = 3) -> Health | None:
@@ -73,17 +80,20 @@ class HealthReporter:
             for ch in self._channels
         ]
         self._next = 0
-        self._counts: dict[str, list[int]] = {}  # region -> [ok, failed]
+        self._counts: dict[str, list[int]] = {}  # region -> [ok, failed, auth errors]
         self._warn_every_s = warn_every_s
         self._last_warn = -warn_every_s
         self.sent = 0
 
-    def record(self, region: str, ok: bool) -> None:
-        """One attempt into ``region``: answered (any status below 500) or failed."""
+    def record(self, region: str, ok: bool, status: int = 0) -> None:
+        """One attempt into ``region``: answered (any status below 500; ``status``, 0 if
+        unknown) or failed."""
         counts = self._counts.get(region)
         if counts is None:
-            counts = self._counts[region] = [0, 0]
+            counts = self._counts[region] = [0, 0, 0]
         counts[0 if ok else 1] += 1
+        if status in AUTH_STATUSES:
+            counts[2] += 1
 
     async def run(self) -> None:
         while True:
@@ -93,7 +103,7 @@ class HealthReporter:
     async def report_once(self) -> int:
         counts, self._counts = self._counts, {}
         sent = 0
-        for region, (ok, failed) in sorted(counts.items()):
+        for region, (ok, failed, auth) in sorted(counts.items()):
             health = classify(ok, failed)
             if health is None:
                 continue
@@ -107,6 +117,7 @@ class HealthReporter:
                     "attempts": float(total),
                     "failed": float(failed),
                     "error_rate": failed / total,
+                    "auth_error_rate": auth / total,
                 },
                 detail=f"{failed}/{total} attempts failed in the last {self.interval_s:g} s",
             )
