@@ -97,6 +97,7 @@ class Options:
     seed: int = 1
     prewarm: str = "catalog"  # before the graduated recovery: catalog | all | none
     cold_arm: bool = False
+    warm_first: bool = True  # the gateway's (regions/gateway/warmth.py)
     quiet: bool = False
 
     @property
@@ -246,7 +247,8 @@ def deployment(o: Options, tmp: Path) -> Iterator[Deployed]:
             asyncio.run(_initial_routing(etcd.endpoint))
             gw = spawn(
                 ["-m", "regions.gateway", "--topology", str(path), "--region", HOME,
-                 "--listen", "127.0.0.1:0", "--log-level", "WARNING"],
+                 "--listen", "127.0.0.1:0", "--log-level", "WARNING",
+                 *(() if o.warm_first else ("--no-warm-first",))],
                 "bench-recovery-gateway", stdout_pipe=True,
             )  # fmt: skip
             procs.append(gw)
@@ -574,6 +576,7 @@ def headline(
         "cold_graduated_prewarmed": _each(rounds, "graduated", "cold_prewarmed"),
         "cold_tenants_graduated": _each(rounds, "graduated", "cold_tenants"),
         "recovery_prewarm": o.prewarm,
+        "warm_first": o.warm_first,
         "cold_graduated_outside_k": _each(rounds, "graduated", "cold_outside_k"),
         "prewarm_s": [p.get("seconds") if isinstance(p, dict) else None for p in pre],
         "prewarm_tenants": [p.get("tenants") if isinstance(p, dict) else None for p in pre],
@@ -686,6 +689,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a third recovery per round: graduated without the pre-warm "
         "(headline p99_ratio_recovery_cold)",
+    )
+    p.add_argument(
+        "--no-warm-first",
+        dest="warm_first",
+        action="store_false",
+        help="start the gateway with --no-warm-first: no warm-first placement, no recall "
+        "of home's prompts (the catalog pre-warm only)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
