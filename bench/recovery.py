@@ -16,6 +16,8 @@ the target, home drained and ``/reset_prefix_cache``) and a **recovery** window,
 graduated (``--step-percent`` every ``--step-interval`` s) or all at once, in
 alternating order. Ratios: window p99 ÷ the round's steady p99; headline = medians
 over rounds. Figures and sizing: bench/README.md.
+
+The workload is in bench/recovery_load.py, the figures in bench/recovery_figures.py.
 """
 
 from __future__ import annotations
@@ -23,10 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
-import os
 import random
-import string
 import tempfile
 import time
 from collections import Counter
@@ -36,17 +35,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench._common import (
-    BenchError,
-    Reporter,
-    at_least,
-    goals_and_met,
-    kill_all,
-    main,
-    percentile,
-    write_topology,
-)
-from bench._stream import streamed_completion
+from bench._common import BenchError, Reporter, at_least, kill_all, main, write_topology
+from bench.recovery_figures import _ratio, headline, rho, slices, window
+from bench.recovery_load import HOME, TARGET, Load, Options, system_prompt, touch
 from chaos.local_etcd import EtcdServer
 from chaos.procs import Proc, free_port, read_ready, spawn, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
@@ -61,137 +52,8 @@ from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.store.etcd import EtcdStore
 from regions.probe_vllm import parse_gauges
 
-HOME, TARGET = "us-east", "us-west"
 CLUSTER = "bench-recovery"
-MODEL = "tiny"
 _BUSY = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
-
-
-@dataclass(frozen=True)
-class Goals:
-    p99_ratio_recovery: float = 1.2  # graduated recovery's p99 ÷ steady p99
-
-
-GOALS = Goals()
-
-
-@dataclass(frozen=True)
-class Options:
-    rounds: int = 3
-    tenants: int = 200
-    zipf: float = 1.0
-    prompt_tokens: int = 2000
-    sessions_per_s: float = 12.0
-    turns: int = 3
-    think_s: float = 0.5
-    max_tokens: int = 4
-    replicas: int = 2  # per region
-    engine_seqs: int = 2
-    prefill_rate: float = 20_000.0
-    decode_rate: float = 1_000.0
-    kv_blocks: int = 32_768
-    step_percent: int = 10
-    step_interval: float = 10.0  # the control plane's default
-    steady_s: float = 10.0
-    failover_s: float = 4.0
-    seed: int = 1
-    prewarm: str = "catalog"  # before the graduated recovery: catalog | all | none
-    cold_arm: bool = False
-    warm_first: bool = True  # the gateway's (regions/gateway/warmth.py)
-    quiet: bool = False
-
-    @property
-    def steps(self) -> int:
-        return math.ceil(100 / self.step_percent)
-
-    @property
-    def window_s(self) -> float:
-        return self.steps * self.step_interval
-
-
-@dataclass(frozen=True)
-class Rec:
-    sent: float  # monotonic
-    ttft_s: float | None  # None: failed
-    region: str
-    cold: bool  # fewer than half the prompt's tokens hit the prefix cache
-    tenant: int = -1
-
-
-# ---- the workload -----------------------------------------------------------------------
-
-
-def system_prompt(i: int, words: int, seed: int) -> str:
-    """Tenant ``i``'s system prompt: distinct from its first characters (so tenants spread
-    over the gateway's ring), words of 1-4 letters (one simulator token each)."""
-    rng = random.Random(seed * 1_000_003 + i)
-    body = " ".join(
-        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 4))) for _ in range(words)
-    )
-    return f"{i:05d} tenant system prompt: {body}"
-
-
-def body_for(prompt: str, o: Options) -> dict[str, object]:
-    return {
-        "model": MODEL, "prompt": prompt, "max_tokens": o.max_tokens, "stream": True,
-        "stream_options": {"include_usage": True},
-    }  # fmt: skip
-
-
-async def completion(
-    http: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str]
-) -> tuple[float, str, int, int]:
-    """(TTFT, serving region, prompt tokens, cached tokens) of one streaming completion."""
-    got = await streamed_completion(http, url, body, headers)
-    return got.ttft_s, got.region, got.prompt_tokens, got.cached_tokens
-
-
-@dataclass
-class Load:
-    """Poisson session arrivals through the gateway, until ``stop``; every request kept."""
-
-    http: aiohttp.ClientSession
-    gateway: str
-    prompts: Sequence[str]
-    o: Options
-    rng: random.Random
-    records: list[Rec] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    starts: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, tenant)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        weights = [1 / (i + 1) ** self.o.zipf for i in range(len(self.prompts))]
-        n = 0
-        while not stop.is_set():
-            tenant = self.rng.choices(range(len(self.prompts)), weights)[0]
-            self.starts.append((time.monotonic(), tenant))
-            task = asyncio.create_task(self._session(f"s{self.o.seed}-{n}", tenant))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            n += 1
-            with contextlib.suppress(TimeoutError):
-                gap = self.rng.expovariate(self.o.sessions_per_s)
-                await asyncio.wait_for(stop.wait(), gap)
-        if self._tasks:
-            await asyncio.wait(self._tasks)
-
-    async def _session(self, sid: str, tenant: int) -> None:
-        headers = {"x-session-id": sid}
-        for turn in range(self.o.turns):
-            if turn:
-                await asyncio.sleep(self.o.think_s)
-            prompt = f"{self.prompts[tenant]}\nUser {sid} turn {turn}: which rule applies here?"
-            sent = time.monotonic()
-            try:
-                ttft, region, tokens, cached = await completion(
-                    self.http, self.gateway, body_for(prompt, self.o), headers
-                )
-            except (BenchError, aiohttp.ClientError, TimeoutError) as e:
-                self.failures.append(str(e)[:200])
-                self.records.append(Rec(sent, None, "", False, tenant))
-                continue
-            self.records.append(Rec(sent, ttft, region, cached < tokens / 2, tenant))
 
 
 # ---- the deployment ---------------------------------------------------------------------
@@ -288,20 +150,6 @@ async def drain_and_reset(http: aiohttp.ClientSession, urls: Sequence[str]) -> f
     return time.monotonic() - t0
 
 
-async def touch(
-    http: aiohttp.ClientSession, urls: Sequence[str], prompts: Sequence[str], o: Options
-) -> None:
-    """Every tenant's prompt once on each replica, directly (not recorded): warm caches,
-    as a pre-warm or a long steady state leaves them."""
-
-    async def one(url: str, mine: Sequence[str]) -> None:
-        for p in mine:
-            await completion(http, url, body_for(p + "\nwarm-up", o), {})
-
-    k = o.engine_seqs  # as many at once per replica as it runs
-    await asyncio.gather(*(one(u, prompts[i::k]) for u in urls for i in range(k)))
-
-
 # ---- phases -----------------------------------------------------------------------------
 
 
@@ -335,56 +183,6 @@ async def recovery(router: Router, o: Options, graduated: bool) -> tuple[float, 
     end = t0 + o.window_s
     await asyncio.sleep(max(0.0, end - time.monotonic()))
     return t0, end
-
-
-def window(
-    records: Sequence[Rec], span: tuple[float, float], warmed: frozenset[int] = frozenset()
-) -> dict[str, object]:
-    """Figures of the requests sent within ``span``; ``warmed``: the tenants the recovery
-    pre-warm replayed (their cold requests are counted apart)."""
-    lo, hi = span
-    rs = [r for r in records if lo <= r.sent < hi]
-    ok = [r for r in rs if r.ttft_s is not None]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    warm = [r.ttft_s for r in ok if r.ttft_s is not None and not r.cold]
-    home = [r.ttft_s for r in ok if r.ttft_s is not None and r.region == HOME]
-    cold = [r for r in ok if r.cold]
-    return {
-        "requests": len(rs),
-        "errors": len(rs) - len(ok),
-        "cold": len(cold),
-        "cold_prewarmed": sum(r.tenant in warmed for r in cold),  # cold despite the pre-warm
-        "cold_tenants": len({r.tenant for r in cold}),
-        "home_share": round(len(home) / len(ok), 3) if ok else None,
-        "p50_ms": _ms(ttfts, 50),
-        "p99_ms": _ms(ttfts, 99),
-        "max_ms": _ms(ttfts, 100),
-        "p99_warm_ms": _ms(warm, 99),  # requests that hit the cache: queueing only
-        "p99_home_ms": _ms(home, 99),
-    }
-
-
-def _ms(xs: Sequence[float], q: float) -> float | None:
-    p = percentile(xs, q)
-    return None if p is None else round(p * 1000, 2)
-
-
-def slices(records: Sequence[Rec], span: tuple[float, float], step_s: float) -> dict[str, object]:
-    """The window step by step: p99 and cold requests of each step interval."""
-    lo, hi = span
-    n = max(1, round((hi - lo) / step_s))
-    edges = [(lo + i * step_s, lo + (i + 1) * step_s) for i in range(n)]
-    per = [[r for r in records if a <= r.sent < b and r.ttft_s is not None] for a, b in edges]
-    return {
-        "p99_ms_by_step": [_ms([r.ttft_s for r in rs if r.ttft_s is not None], 99) for rs in per],
-        "cold_by_step": [sum(r.cold for r in rs) for rs in per],
-    }
-
-
-def _ratio(a: object, b: object) -> float | None:
-    if isinstance(a, int | float) and isinstance(b, int | float) and b > 0:
-        return round(a / b, 3)
-    return None
 
 
 _PREWARM_FIGURES = frozenset(
@@ -541,71 +339,6 @@ async def measure(d: Deployed, o: Options, say: Reporter) -> dict[str, object]:
         say.line(line)
         rounds.append(line)
     return headline(o, rounds, len(load.records), len(load.failures))
-
-
-def _median(rounds: Sequence[dict[str, object]], name: str) -> float | None:
-    xs = [float(v) for r in rounds if isinstance(v := r[name], int | float)]
-    return None if len(xs) < len(rounds) or not xs else percentile(xs, 50)
-
-
-def _each(rounds: Sequence[dict[str, object]], phase: str, name: str) -> list[object]:
-    out = []
-    for r in rounds:
-        figs = r[phase]
-        out.append(figs.get(name) if isinstance(figs, dict) else None)
-    return out
-
-
-def headline(
-    o: Options, rounds: Sequence[dict[str, object]], requests: int, errors: int
-) -> dict[str, object]:
-    names = ("p99_ratio_recovery", "p99_ratio_all_at_once", "p99_warm_ratio_recovery",
-             "p99_warm_ratio_all_at_once",
-             *(("p99_ratio_recovery_cold",) if o.cold_arm else ()))  # fmt: skip
-    med = {n: _median(rounds, n) for n in names}
-    pre = [r["prewarm"] for r in rounds]
-    return {
-        "bench": "recovery",
-        **{n: None if v is None else round(v, 3) for n, v in med.items()},
-        "p99_ms_steady": _each(rounds, "steady", "p99_ms"),
-        "p99_ms_graduated": _each(rounds, "graduated", "p99_ms"),
-        "p99_ms_all_at_once": _each(rounds, "all_at_once", "p99_ms"),
-        "p50_ms_steady": _each(rounds, "steady", "p50_ms"),
-        "cold_graduated": _each(rounds, "graduated", "cold"),
-        "cold_all_at_once": _each(rounds, "all_at_once", "cold"),
-        "cold_graduated_prewarmed": _each(rounds, "graduated", "cold_prewarmed"),
-        "cold_tenants_graduated": _each(rounds, "graduated", "cold_tenants"),
-        "recovery_prewarm": o.prewarm,
-        "warm_first": o.warm_first,
-        "cold_graduated_outside_k": _each(rounds, "graduated", "cold_outside_k"),
-        "prewarm_s": [p.get("seconds") if isinstance(p, dict) else None for p in pre],
-        "prewarm_tenants": [p.get("tenants") if isinstance(p, dict) else None for p in pre],
-        "prewarm_warmed": [p.get("prefixes_warmed") if isinstance(p, dict) else None for p in pre],
-        "requests_per_window": _each(rounds, "graduated", "requests"),
-        "p99_ratio_recovery_rounds": [r["p99_ratio_recovery"] for r in rounds],
-        "p99_ratio_all_at_once_rounds": [r["p99_ratio_all_at_once"] for r in rounds],
-        "rounds": len(rounds),
-        "requests": requests,
-        "errors": errors,
-        "window_s": o.window_s,
-        "step_percent": o.step_percent,
-        "step_interval_s": o.step_interval,
-        "offered_rps": round(o.sessions_per_s * o.turns, 1),
-        "cold_utilization": round(rho(o, cold=True), 3),
-        "warm_utilization": round(rho(o, cold=False), 3),
-        "cores": os.cpu_count(),
-        "loadavg_1m_end": round(os.getloadavg()[0], 2),
-        **goals_and_met(GOALS, {"p99_ratio_recovery": med["p99_ratio_recovery"]}),
-    }
-
-
-def rho(o: Options, *, cold: bool) -> float:
-    """Home's utilization at full load (its slots busy ÷ slots) if every request were
-    cold (whole prompt prefilled) or warm (only the ~20-token question and the partial
-    last block, taken as one block plus 20 tokens)."""
-    prefill = o.prompt_tokens + 20 if cold else 16 + 20
-    service_s = prefill / o.prefill_rate + (o.max_tokens - 1) / o.decode_rate
-    return o.sessions_per_s * o.turns * service_s / (o.replicas * o.engine_seqs)
 
 
 # ---- command line -----------------------------------------------------------------------

@@ -21,57 +21,48 @@ never two at once in one deployment, and keeps their history in etcd.
 
     .venv/bin/python -m chaos.drill_service --schedule chaos/schedule.yaml \\
         --etcd 127.0.0.1:2379 --cluster demo
+
+The lock and the recording of a run are in ``chaos/drill_lock.py``; the command line
+(``python -m chaos.drill_service``) is in ``chaos/drill_service_cli.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from chaos import drill_requests as requests
+from chaos.drill_lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
 from chaos.drill_result import DrillResult, DrillSummary, summarize
-from chaos.scenario import SCENARIO_DIR, load_all
-from chaos.schedule import (
-    SCHEDULE_FILE,
-    PlannedRun,
-    Schedule,
-    ScheduleEntry,
-    Skipped,
-    check_due,
-    load_schedule,
-    next_runs,
-)
-from controlplane.audit import AuditLog
-from controlplane.clock import Clock, SystemClock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import ConfigError, EtcdConfig, load_topology
+from chaos.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
+from controlplane.clock import Clock
+from controlplane.codec import CorruptValue, decode
 from controlplane.core.drills import DrillRequest, ScenarioInfo
-from controlplane.core.model import AuditEntry
 from controlplane.keys import Keys
-from controlplane.store.port import (
-    Compare,
-    Delete,
-    KeyValue,
-    LeaseNotFound,
-    Put,
-    Store,
-    StoreError,
-    StoreUnavailable,
-)
-from controlplane.store.retry import retry_call
+from controlplane.store.port import Store, StoreError
+
+# DrillBusy, DrillLock and LockLost moved to chaos/drill_lock.py: importable from here too.
+__all__ = [
+    "MANUAL",
+    "REQUEST",
+    "SCHEDULE",
+    "DrillBusy",
+    "DrillLock",
+    "DrillService",
+    "LockLost",
+    "RunDrill",
+    "TickReport",
+    "history",
+]
 
 log = logging.getLogger("tectonic.drills")
 
@@ -89,41 +80,6 @@ MANUAL = "manual"
 REQUEST = "request"
 
 
-class DrillLock(BaseModel):
-    """Value of ``drills/lock``: who runs which drill, since when."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    holder: str
-    scenario: str
-    region: str
-    trigger: str
-    started_at: float
-    lease: int
-
-
-class DrillBusy(Exception):
-    """Another drill holds the lock; nothing was started."""
-
-    def __init__(self, lock: DrillLock | None, raw: str = "") -> None:
-        self.lock = lock
-        if lock is None:
-            what = f"held with an unreadable value {raw!r}" if raw else "taken and freed repeatedly"
-            super().__init__(f"the drill lock is {what}; not starting another drill")
-            return
-        since = datetime.fromtimestamp(lock.started_at, UTC)
-        super().__init__(
-            f"drill {lock.scenario} on {lock.region or '(default region)'} ({lock.trigger}) "
-            f"is running, held by {lock.holder} since {since:%Y-%m-%d %H:%M:%S} UTC; "
-            "one drill at a time: wait for it (if its process died, the lock frees itself "
-            "when its lease expires)"
-        )
-
-
-class LockLost(Exception):
-    """The lock's lease expired or was revoked while a drill ran: it was cancelled."""
-
-
 class TickReport(BaseModel):
     """What one tick of ``serve()`` decided, for the log and the tests."""
 
@@ -133,13 +89,6 @@ class TickReport(BaseModel):
     due: tuple[str, ...] = ()  # entry keys due at ``at``, oldest occurrence first
     ran: str = ""  # the entry run (or tried) this tick
     outcome: str = "idle"  # idle | passed | failed | busy | already run | error: ...
-
-
-@dataclass(frozen=True)
-class _Held:
-    lease: int
-    create_revision: int
-    granted_at: float  # event-loop time the lease grant was sent
 
 
 class DrillService:
@@ -170,12 +119,10 @@ class DrillService:
         self._clock = clock
         self.holder = holder or f"drills-{socket.gethostname()}-{os.getpid()}"
         self._tick_s = tick_s
-        self._ttl = lock_ttl_s
-        self._deadline = store_deadline_s
         self._default_regions = dict(default_regions or {})
         self._scenarios = tuple(scenarios)  # published in drills/catalog; () = unchecked
         self._wake = asyncio.Event()  # set by the watch on drills/requests/
-        self._audit = AuditLog(keys, self.holder)
+        self._lock = DrillLocker(store, keys, clock, self.holder, lock_ttl_s, store_deadline_s)
         self._announced: PlannedRun | None = None
         self._told: set[tuple[str, datetime]] = set()  # (what, occurrence) already logged
 
@@ -200,7 +147,7 @@ class DrillService:
 
     async def _run_locked(
         self,
-        held: _Held,
+        held: HeldLock,
         name: str,
         region: str | None,
         trigger: str,
@@ -216,12 +163,12 @@ class DrillService:
                 update={"dry_run": dry_run, "request_id": request_id}
             )
             try:
-                await self._record(held, summary)
+                await self._lock.record(held, summary)
             except StoreError as store_error:  # the drill's error is the one to raise
                 log.error("could not record the failed drill %s: %s", name, store_error)
             raise
         summary = summarize(result, trigger=trigger, request_id=request_id)
-        await self._record(held, summary)
+        await self._lock.record(held, summary)
         verdict = "PASSED" if summary.passed else f"FAILED ({', '.join(summary.failed)})"
         log.info("drill %s on %s %s", summary.scenario, summary.region, verdict)
         return summary
@@ -246,66 +193,13 @@ class DrillService:
 
     # ---- the lock --------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _locked(self, name: str, region: str | None, trigger: str) -> AsyncIterator[_Held]:
-        held = await self._acquire(name, region, trigger)
-        try:
-            yield held
-        finally:
-            await self._revoke(held.lease)  # frees the lock (if _record did not)
-
-    async def _acquire(self, name: str, region: str | None, trigger: str) -> _Held:
-        """Create the lock on a fresh lease, or raise DrillBusy (the lease revoked)."""
-        loop = asyncio.get_running_loop()
-        granted_at = loop.time()
-        lease = await retry_call(self._deadline, self._store.grant_lease, self._ttl)
-        lock = DrillLock(
-            holder=self.holder,
-            scenario=name,
-            region=self._region(name, region),
-            trigger=trigger,
-            started_at=self._clock.now(),
-            lease=lease,
-        )
-        key = self._keys.drill_lock()
-        try:
-            for _ in range(3):  # the holder may finish between our txn and our read
-                revision = await self._try_create(key, lock)
-                if revision:
-                    return _Held(lease, revision, granted_at)
-                kv = await retry_call(self._deadline, self._store.get, key)
-                if kv is not None:
-                    raise _busy(kv)
-            raise DrillBusy(None)
-        except BaseException:
-            await self._revoke(lease)
-            raise
-
-    async def _try_create(self, key: str, lock: DrillLock) -> int:
-        """create_revision of the lock if we created it, else 0."""
-        try:
-            result = await self._store.txn(
-                [Compare.absent(key)], [Put(key, encode(lock), lock.lease)]
-            )
-            return result.revision if result.succeeded else 0
-        except StoreUnavailable:
-            # Outcome unknown (txn is not retried blindly): the key on our lease is ours.
-            kv = await retry_call(self._deadline, self._store.get, key)
-            return kv.create_revision if kv is not None and kv.lease == lock.lease else 0
-
-    async def _revoke(self, lease: int) -> None:
-        try:
-            await self._store.revoke_lease(lease)
-        except StoreError as e:
-            log.warning(
-                "could not revoke lease %#x (%s): the drill lock frees itself within %d s",
-                lease,
-                e,
-                self._ttl,
-            )
+    def _locked(
+        self, name: str, region: str | None, trigger: str
+    ) -> contextlib.AbstractAsyncContextManager[HeldLock]:
+        return self._lock.locked(name, self._region(name, region), trigger)
 
     async def _hold(
-        self, held: _Held, name: str, region: str | None, dry_run: bool = False
+        self, held: HeldLock, name: str, region: str | None, dry_run: bool = False
     ) -> DrillResult:
         """Run the drill while keeping the lease alive; whichever ends first ends both."""
         results: list[DrillResult] = []
@@ -317,7 +211,7 @@ class DrillService:
         failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
-                keeper = tg.create_task(self._keep_alive(held))
+                keeper = tg.create_task(self._lock.keep_alive(held))
                 tg.create_task(drill())
         except BaseExceptionGroup as group:
             if len(group.exceptions) != 1:
@@ -326,60 +220,6 @@ class DrillService:
         if failure is not None:  # the drill's error, or LockLost: as it is, not grouped
             raise failure
         return results[0]
-
-    async def _keep_alive(self, held: _Held) -> NoReturn:
-        """Refresh the lease every ttl/3; raise LockLost when it is gone or when no
-        refresh succeeded for ttl - ttl/5 (the server may expire it any moment)."""
-        loop = asyncio.get_running_loop()
-        margin, every, retry = self._ttl / 5, self._ttl / 3, self._ttl / 10
-        valid_until = held.granted_at + self._ttl - margin
-        wait = every
-        while True:
-            await asyncio.sleep(max(0.0, min(wait, valid_until - loop.time())))
-            sent = loop.time()
-            if sent >= valid_until:
-                raise LockLost(f"no keep-alive of the drill lock for {self._ttl - margin:g} s")
-            try:
-                async with asyncio.timeout(valid_until - sent):
-                    ttl = await self._store.refresh_lease(held.lease)
-            except LeaseNotFound as e:
-                raise LockLost(f"the drill lock's lease {held.lease:#x} is gone") from e
-            except (StoreUnavailable, TimeoutError) as e:
-                log.warning("keep-alive of the drill lock failed: %s", str(e) or "timeout")
-                wait = retry
-                continue
-            except StoreError as e:
-                raise LockLost(f"cannot keep the drill lock: {e}") from e
-            valid_until = sent + min(ttl, self._ttl) - margin
-            wait = every
-
-    async def _record(self, held: _Held, summary: DrillSummary) -> None:
-        """History row + audit entry, one sortable id, and the lock deleted if still
-        ours, in one transaction (safe to retry: same keys, same values)."""
-        entry = AuditEntry(
-            at=summary.ended_at,
-            actor=self.holder,
-            action="drill_run",
-            region=summary.region,
-            reason=f"{summary.trigger} drill {summary.scenario}",
-            result="passed" if summary.passed else "failed",
-            details={
-                "drill": summary.id,
-                "aborted": summary.aborted,
-                "failed": ",".join(summary.failed),
-            },
-        )
-        audit = self._audit.op(entry)
-        sortable_id = audit.key.removeprefix(self._keys.audit_prefix())
-        history = Put(self._keys.drill_history(sortable_id), encode(summary))
-        lock = self._keys.drill_lock()
-        await retry_call(
-            self._deadline,
-            self._store.txn,
-            [Compare.created_at(lock, held.create_revision)],
-            [audit, history, Delete(lock)],
-            [audit, history],
-        )
 
     # ---- the schedule ----------------------------------------------------------------
 
@@ -526,13 +366,6 @@ class DrillService:
         return True
 
 
-def _busy(kv: KeyValue) -> DrillBusy:
-    try:
-        return DrillBusy(decode(DrillLock, kv.value, kv.key))
-    except CorruptValue:
-        return DrillBusy(None, kv.value.decode(errors="replace"))
-
-
 def _matches(entry: ScheduleEntry, row: DrillSummary, named: set[tuple[str, str]]) -> bool:
     if row.scenario != entry.scenario:
         return False
@@ -566,91 +399,8 @@ async def history(store: Store, keys: Keys, limit: int | None = 20) -> list[Dril
     return out
 
 
-# ---- main --------------------------------------------------------------------------
-
-
-def _load_runner() -> RunDrill:
-    """The drills run in a local lab (chaos/lab.py), imported only when drills are to
-    run. Against a deployment elsewhere, pass a RunDrill built on a DrillTarget adapter
-    for it (chaos/runner.py)."""
-    from chaos.lab import run_drill
-
-    return run_drill
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m chaos.drill_service",
-        description="Run the scheduled chaos drills (one at a time, inside their windows) "
-        "and keep their history in etcd.",
-        epilog="Check the schedule first: python -m chaos.schedule next chaos/schedule.yaml",
-    )
-    p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
-    p.add_argument(
-        "--topology", type=Path, help="the deployment's topology file: its cluster name and "
-        "etcd settings (endpoints, TLS, users); --etcd and --cluster override them",
-    )  # fmt: skip
-    p.add_argument("--etcd", help="host:port[,host:port...] (default 127.0.0.1:2379)")
-    p.add_argument("--cluster", help="deployment name in etcd keys (default: default)")
-    p.add_argument("--scenarios", type=Path, help="scenario directory (default chaos/scenarios)")
-    p.add_argument("--tick-s", type=float, default=30.0, help="how often to look (default 30)")
-    p.add_argument("--lock-ttl-s", type=int, default=15, help="lease of the drill lock")
-    p.add_argument("--holder", help="id in the lock and history (default drills-HOST-PID)")
-    p.add_argument("--history", type=int, metavar="N", help="print the last N drills and exit")
-    p.add_argument("--run", metavar="SCENARIO", help="run this drill once now and exit")
-    p.add_argument("--region", help="with --run: target region (default the scenario's)")
-    return p
-
-
-async def _main(args: argparse.Namespace) -> int:
-    topo = load_topology(args.topology) if args.topology else None
-    keys = Keys(cluster=args.cluster or (topo.cluster if topo else "default"))
-    config = topo.etcd if topo else EtcdConfig(endpoints=("127.0.0.1:2379",))
-    if args.etcd:
-        config = config.model_copy(
-            update={"endpoints": tuple(e.strip() for e in args.etcd.split(","))}
-        )
-    from controlplane.store.etcd import EtcdStore  # the adapter, only for the process
-
-    async with EtcdStore(config) as store:
-        if args.history is not None:
-            for row in await history(store, keys, args.history):
-                print(row.model_dump_json())
-            return 0
-        directory = args.scenarios or SCENARIO_DIR
-        scenarios = load_all(directory) if directory.is_dir() else []
-        durations = {s.name: s.abort.max_duration_s for s in scenarios}
-        schedule = load_schedule(args.schedule, durations or None)
-        service = DrillService(
-            store, keys, schedule, _load_runner(), SystemClock(),
-            holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
-            default_regions={s.name: s.region for s in scenarios},
-            scenarios=requests.scenario_infos(scenarios),
-        )  # fmt: skip
-        task = asyncio.current_task()
-        if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        if args.run:
-            summary = await service.run_once(args.run, args.region, MANUAL)
-            print(summary.model_dump_json())
-            return 0 if summary.passed else 1
-        await service.serve()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        return asyncio.run(_main(args))
-    except (ConfigError, DrillBusy, StoreError) as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
 if __name__ == "__main__":
+    # The command line imports this module, so it is imported only here.
+    from chaos.drill_service_cli import main
+
     sys.exit(main())

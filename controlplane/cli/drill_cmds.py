@@ -12,8 +12,7 @@ queues a request it carries out, and waits for the verdict unless ``--no-wait``.
 from __future__ import annotations
 
 import time
-from types import ModuleType
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -21,6 +20,19 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import render
 from controlplane.cli.client import EXIT_BAD_INPUT, EXIT_REFUSED, CliError
+from controlplane.cli.common import (
+    Ctx,
+    JsonOpt,
+    ReasonOpt,
+    YesOpt,
+    _call,
+    _confirm,
+    _ctx,
+    _fail,
+    _show,
+    err,
+    out,
+)
 
 readiness_app = typer.Typer(
     help="Drill verdicts per region: a region whose last drill failed is barred (no "
@@ -31,17 +43,6 @@ prefixes_app = typer.Typer(help="The leader's prefix catalogs (what pre-warm rep
                            no_args_is_help=True)  # fmt: skip
 drill_app = typer.Typer(help="Chaos drills: history, schedule, and running one now.",
                         no_args_is_help=True)  # fmt: skip
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (goes to the audit log).")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-
-
-def _f() -> ModuleType:
-    """failoverctl's helpers (imported late: failoverctl imports this module)."""
-    from controlplane.cli import failoverctl
-
-    return failoverctl
 
 
 def _when(ts: float) -> str:
@@ -79,10 +80,9 @@ def readiness(
     """
     if ctx.invoked_subcommand is not None:
         return
-    f = _f()
-    c = f._ctx(ctx, json_out)
-    resp = f._call(c, lambda s: s.GetReadiness, pb.ReadinessRequest(region=region))
-    f._show(c, resp.regions, lambda: f.out.print(readiness_table(resp)))
+    c = _ctx(ctx, json_out)
+    resp = _call(c, lambda s: s.GetReadiness, pb.ReadinessRequest(region=region))
+    _show(c, resp.regions, lambda: out.print(readiness_table(resp)))
 
 
 @readiness_app.command("override")
@@ -100,13 +100,12 @@ def readiness_override(
 
     Example: failoverctl readiness override us-east -r "INC-77: drill harness bug, fixed"
     """
-    f = _f()
-    c = f._ctx(ctx, json_out)
-    f._confirm(f"Override the failed drill of {region}? It may take traffic again.", yes)
+    c = _ctx(ctx, json_out)
+    _confirm(f"Override the failed drill of {region}? It may take traffic again.", yes)
     req = pb.ReadinessOverrideRequest(region=region, reason=reason, actor=c.actor)
-    r = f._call(c, lambda s: s.OverrideReadiness, req)
+    r = _call(c, lambda s: s.OverrideReadiness, req)
     said = f"{region}: failed drill {r.drill} overridden by {r.override_actor}; not barred now"
-    f._show(c, r, lambda: f.err.print(said))
+    _show(c, r, lambda: err.print(said))
 
 
 # ---- prefixes -----------------------------------------------------------------------------
@@ -124,14 +123,13 @@ def prefixes_top(
 
     Example: failoverctl prefixes top us-east --limit 10
     """
-    f = _f()
-    c = f._ctx(ctx, json_out)
+    c = _ctx(ctx, json_out)
     req = pb.TopPrefixesRequest(region=region, limit=limit)
-    resp = f._call(c, lambda s: s.TopPrefixes, req)
+    resp = _call(c, lambda s: s.TopPrefixes, req)
 
     def text() -> None:
         if not resp.found:
-            f.out.print(f"{region}: no prefix catalog yet (no traffic counted by the gateways)")
+            out.print(f"{region}: no prefix catalog yet (no traffic counted by the gateways)")
             return
         t = Table(title=f"{region}: top prefixes (merged from {resp.gateways} gateways, "
                   f"{render.ago(resp.generated_at)}; may leave after {resp.min_sessions} "
@@ -141,18 +139,17 @@ def prefixes_top(
         for i, e in enumerate(resp.entries, 1):
             t.add_row(str(i), f"{e.count:g}", str(e.sessions), str(e.tokens or "-"),
                       "yes" if e.may_leave else "no", e.preview or e.key[:16])  # fmt: skip
-        f.out.print(t)
+        out.print(t)
 
-    f._show(c, resp, text)
+    _show(c, resp, text)
 
 
 # ---- drills -------------------------------------------------------------------------------
 def _drills(
     ctx: typer.Context, json_out: bool, limit: int = 20, region: str = ""
-) -> tuple[ModuleType, Any, pb.DrillsResponse]:
-    f = _f()
-    c = f._ctx(ctx, json_out)
-    return f, c, f._call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=limit, region=region))
+) -> tuple[Ctx, pb.DrillsResponse]:
+    c = _ctx(ctx, json_out)
+    return c, _call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=limit, region=region))
 
 
 def runs_table(runs: list[pb.DrillRun], title: str) -> Table:
@@ -179,26 +176,26 @@ def drill_list(
 
     Example: failoverctl drill list --region us-east
     """
-    f, c, resp = _drills(ctx, json_out, limit, region)
+    c, resp = _drills(ctx, json_out, limit, region)
 
     def text() -> None:
         if not resp.service:
-            f.err.print("[yellow]no drill service has published its scenarios yet[/]")
+            err.print("[yellow]no drill service has published its scenarios yet[/]")
         else:
             t = Table(title=f"Scenarios of drill service {resp.service}")
             for col in ("scenario", "default region", "what"):
                 t.add_column(col)
             for s in resp.scenarios:
                 t.add_row(s.name, s.region, s.title)
-            f.out.print(t)
+            out.print(t)
         if resp.running:
-            f.out.print(f"running now: {resp.running}")
+            out.print(f"running now: {resp.running}")
         for p in resp.pending:
-            f.out.print(f"queued: {p.scenario} on {p.region or 'its default region'} "
-                        f"(request {p.id} by {p.actor}: {p.reason})")  # fmt: skip
-        f.out.print(runs_table(list(resp.runs), "Last drills"))
+            out.print(f"queued: {p.scenario} on {p.region or 'its default region'} "
+                      f"(request {p.id} by {p.actor}: {p.reason})")  # fmt: skip
+        out.print(runs_table(list(resp.runs), "Last drills"))
 
-    f._show(c, resp, text)
+    _show(c, resp, text)
 
 
 @drill_app.command("show")
@@ -211,26 +208,26 @@ def drill_show(
 
     Example: failoverctl drill show 20261129T221541Z-flapping-region-us-east
     """
-    f, c, resp = _drills(ctx, json_out, 500)
+    c, resp = _drills(ctx, json_out, 500)
     run = next((r for r in resp.runs if drill_id in (r.id, r.request_id)), None)
     if run is None:
-        f.err.print(f"[bold red]error:[/] no drill {drill_id!r} in the last 500 (see drill list)")
+        err.print(f"[bold red]error:[/] no drill {drill_id!r} in the last 500 (see drill list)")
         raise typer.Exit(EXIT_BAD_INPUT)
 
     def text() -> None:
         verdict = "PASS" if run.passed else "FAIL"
-        f.out.print(f"{run.id}: {run.scenario} on {run.region}: {verdict}"
-                    + (" (dry run)" if run.dry_run else ""))  # fmt: skip
+        out.print(f"{run.id}: {run.scenario} on {run.region}: {verdict}"
+                  + (" (dry run)" if run.dry_run else ""))  # fmt: skip
         asked = f", request {run.request_id}" if run.request_id else ""
         took = run.ended_at - run.started_at
-        f.out.print(f"  ran {_when(run.started_at)} for {took:.0f}s ({run.trigger}{asked})")
+        out.print(f"  ran {_when(run.started_at)} for {took:.0f}s ({run.trigger}{asked})")
         if run.failed:
-            f.out.print(f"  failed criteria: {', '.join(run.failed)}")
+            out.print(f"  failed criteria: {', '.join(run.failed)}")
         if run.aborted:
-            f.out.print(f"  aborted: {run.aborted}")
-        f.out.print(f"  report: {run.report_path or '-'}")
+            out.print(f"  aborted: {run.aborted}")
+        out.print(f"  report: {run.report_path or '-'}")
 
-    f._show(c, run, text)
+    _show(c, run, text)
 
 
 @drill_app.command("schedule")
@@ -242,11 +239,11 @@ def drill_schedule(ctx: typer.Context, json_out: JsonOpt = False) -> None:
 
     Example: failoverctl drill schedule
     """
-    f, c, resp = _drills(ctx, json_out, 1)
+    c, resp = _drills(ctx, json_out, 1)
 
     def text() -> None:
         if not resp.service:
-            f.err.print("[yellow]no drill service has published a schedule yet[/]")
+            err.print("[yellow]no drill service has published a schedule yet[/]")
             return
         t = Table(title=f"Upcoming drills (service {resp.service}, "
                   f"published {render.ago(resp.published_at)})")  # fmt: skip
@@ -254,9 +251,9 @@ def drill_schedule(ctx: typer.Context, json_out: JsonOpt = False) -> None:
             t.add_column(col)
         for u in resp.upcoming:
             t.add_row(_when(u.at), u.scenario, u.region or "(default)")
-        f.out.print(t)
+        out.print(t)
 
-    f._show(c, resp.upcoming, text)
+    _show(c, resp.upcoming, text)
 
 
 @drill_app.command("run")
@@ -277,37 +274,36 @@ def drill_run(
 
     Example: failoverctl drill run region-blackout --region us-west -r "after the upgrade"
     """
-    f = _f()
-    c = f._ctx(ctx, json_out)
+    c = _ctx(ctx, json_out)
     if not dry_run:
-        f._confirm(f"Run drill {scenario} now? It injects real faults.", yes)
+        _confirm(f"Run drill {scenario} now? It injects real faults.", yes)
     req = pb.DrillRequest(scenario=scenario, region=region, dry_run=dry_run, reason=reason,
                           actor=c.actor)  # fmt: skip
-    resp = f._call(c, lambda s: s.RequestDrill, req)
+    resp = _call(c, lambda s: s.RequestDrill, req)
     if not wait:
-        f._show(c, resp, lambda: f.err.print(f"queued: request {resp.intent_id}"))
+        _show(c, resp, lambda: err.print(f"queued: request {resp.intent_id}"))
         return
     if not c.json:
-        f.err.print(f"queued: request {resp.intent_id}; waiting for the drill service ...")
-    run = _wait_for_run(f, c, resp.intent_id, wait_s)
-    f._show(c, run, lambda: f.out.print(runs_table([run], "Drill")))
+        err.print(f"queued: request {resp.intent_id}; waiting for the drill service ...")
+    run = _wait_for_run(c, resp.intent_id, wait_s)
+    _show(c, run, lambda: out.print(runs_table([run], "Drill")))
     if not run.passed:
         raise typer.Exit(EXIT_REFUSED)
 
 
-def _wait_for_run(f: ModuleType, c: Any, request_id: str, wait_s: float) -> pb.DrillRun:
+def _wait_for_run(c: Ctx, request_id: str, wait_s: float) -> pb.DrillRun:
     deadline = time.monotonic() + wait_s
     said = ""
     while time.monotonic() < deadline:
-        resp = f._call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=50))
+        resp = _call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=50))
         run: pb.DrillRun | None = next((r for r in resp.runs if r.request_id == request_id), None)
         if run is not None:
             return run
         queued = any(p.id == request_id for p in resp.pending)
         now = f"running: {resp.running}" if resp.running else ("queued" if queued else "")
         if now and now != said and not c.json:
-            f.err.print(now)
+            err.print(now)
             said = now
         time.sleep(1.0)
-    raise f._fail(CliError(f"no verdict for request {request_id} within {wait_s:g}s; "
-                           "follow it with failoverctl drill list", EXIT_REFUSED))  # fmt: skip
+    raise _fail(CliError(f"no verdict for request {request_id} within {wait_s:g}s; "
+                         "follow it with failoverctl drill list", EXIT_REFUSED))  # fmt: skip

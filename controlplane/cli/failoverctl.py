@@ -9,28 +9,34 @@ documented in ``controlplane/cli/client.py`` and in ``failoverctl --help``.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from google.protobuf.message import Message
-from rich.console import Console
 from tectonic_api.v1 import controlplane_pb2 as pb
-from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.cli import render
 from controlplane.cli.client import (
     DEFAULT_SERVER,
-    EXIT_ABORTED,
     EXIT_BAD_INPUT,
     Client,
-    CliError,
     Credentials,
     default_actor,
 )
+from controlplane.cli.common import (
+    Ctx,
+    JsonOpt,
+    ReasonOpt,
+    YesOpt,
+    _call,
+    _confirm,
+    _ctx,
+    _exit_on_error,
+    _show,
+    err,
+    out,
+)
+from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
 
 HELP = (
     "The on-call CLI for Tectonic: region states, failovers, recovery, sessions.\n\n"
@@ -47,21 +53,6 @@ HELP = (
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich")
 sessions_app = typer.Typer(help="Look up or pin a sticky session.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
-out = Console()
-err = Console(stderr=True)
-T = TypeVar("T")
-
-
-@dataclass
-class Ctx:
-    client: Client
-    actor: str
-    json: bool
-
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (goes to the audit log).")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
 @app.callback()
@@ -104,53 +95,6 @@ def main(
         raise typer.Exit(EXIT_BAD_INPUT)
     creds = Credentials(ca=ca or None, cert=cert or None, key=key or None, token=token or None)
     ctx.obj = Ctx(Client(servers, timeout, creds), actor or default_actor(), False)
-
-
-def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:
-    c: Ctx = ctx.obj
-    c.json = json_out
-    return c
-
-
-def _fail(e: CliError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {e}")
-    return typer.Exit(e.code)
-
-
-@contextlib.contextmanager
-def _exit_on_error() -> Iterator[None]:
-    """A CliError ends the command: its message on stderr, its exit code."""
-    try:
-        yield
-    except CliError as e:
-        raise _fail(e) from None
-
-
-def _call(c: Ctx, rpc: Callable[[pb_grpc.ControlPlaneStub], Callable[..., T]], request: Any) -> T:
-    """One unary call, ``rpc(stub)(request)``, with the per-call timeout; see _exit_on_error."""
-    with _exit_on_error():
-        return c.client.call(lambda s: rpc(s)(request, timeout=c.client.timeout_s))
-
-
-def _show(c: Ctx, msg: Message | Iterable[Message], text: Callable[[], object]) -> None:
-    """With --json the message (or a list of the messages) as JSON on stdout; else ``text()``."""
-    if not c.json:
-        text()
-    elif isinstance(msg, Message):
-        render.print_json(out, render.to_dict(msg))
-    else:
-        render.print_json(out, [render.to_dict(m) for m in msg])
-
-
-def _confirm(question: str, yes: bool) -> None:
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        err.print("refusing to act without confirmation: no terminal to ask on; pass --yes")
-        raise typer.Exit(EXIT_ABORTED)
-    if not typer.confirm(question, default=False):
-        err.print("aborted; nothing was changed")
-        raise typer.Exit(EXIT_ABORTED)
 
 
 def _status(c: Ctx) -> pb.StatusResponse:
@@ -385,9 +329,7 @@ def sessions_pin(
     _show(c, info, lambda: out.print(f"{session_id}: pinned to {info.region}"))
 
 
-# Registered last: their module uses this one's helpers (imported when they run).
-from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app  # noqa: E402
-
+# The readiness, prefixes and drill commands (drill_cmds.py).
 app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")

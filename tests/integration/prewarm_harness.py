@@ -69,14 +69,15 @@ class Wired:
 async def wired_regions(
     etcd: EtcdServer, cluster: str, replicas: Mapping[str, Sequence[str]], *,
     prefixes: dict[str, object], prewarm: dict[str, object],
-    recovery: dict[str, object] | None = None,
+    recovery: dict[str, object] | None = None, warm_first: bool = True,
 ) -> AsyncIterator[Wired]:  # fmt: skip
     ports = {r: free_port() for r in REGIONS}
     topo = prewarm_topology(etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm,
                             recovery=recovery)  # fmt: skip
     async with running_replica(topo) as cp:
         agents: dict[str, AgentHandle] = {}
-        gw = GatewayServer(GatewayOptions(topology=topo, app=AppConfig(home="a")))
+        app = AppConfig(home="a", warm_first=warm_first)
+        gw = GatewayServer(GatewayOptions(topology=topo, app=app))
         try:
             for r in REGIONS:
                 agents[r] = await serve_agent(AgentConfig(

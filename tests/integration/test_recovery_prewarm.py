@@ -4,6 +4,8 @@ increment of traffic goes home, so the first requests routed home hit the prefix
 
 Simulator replicas, real etcd, agents, a gateway and the control plane's gRPC API. The
 same run with ``recovery.prewarm: false`` is the control: the first request home is cold.
+The gateway runs without warm first (its own replay of home's prompts when home serves
+again, tests/integration/test_gateway_warm_first.py), which would warm home in both.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ async def test_home_is_warmed_before_traffic_returns(
         }  # fmt: skip
         async with wired_regions(etcd, cluster_name, urls, prefixes=prefixes,
                                  prewarm={"budget_s": 20, "verify": 0},
-                                 recovery=recovery) as w:  # fmt: skip
+                                 recovery=recovery, warm_first=False) as w:  # fmt: skip
             stub = w.control_plane.stub
             for s in range(K + 1):
                 assert await send(http, w.gateway, f"s{s}", f"{SYSTEM}\nQ{s}?") == "a"

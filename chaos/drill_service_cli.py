@@ -1,0 +1,109 @@
+"""The drill service's command line, ``python -m chaos.drill_service``: serve the
+schedule, run one drill now (``--run``) or print the history (``--history``).
+
+    .venv/bin/python -m chaos.drill_service --schedule chaos/schedule.yaml \\
+        --etcd 127.0.0.1:2379 --cluster demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from chaos import drill_requests as requests
+from chaos.drill_lock import DrillBusy
+from chaos.drill_service import MANUAL, DrillService, RunDrill, history
+from chaos.scenario import SCENARIO_DIR, load_all
+from chaos.schedule import SCHEDULE_FILE, load_schedule
+from controlplane.clock import SystemClock
+from controlplane.config import ConfigError, EtcdConfig, load_topology
+from controlplane.keys import Keys
+from controlplane.store.port import StoreError
+
+
+def _load_runner() -> RunDrill:
+    """The drills run in a local lab (chaos/lab.py), imported only when drills are to
+    run. Against a deployment elsewhere, pass a RunDrill built on a DrillTarget adapter
+    for it (chaos/runner.py)."""
+    from chaos.lab import run_drill
+
+    return run_drill
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos.drill_service",
+        description="Run the scheduled chaos drills (one at a time, inside their windows) "
+        "and keep their history in etcd.",
+        epilog="Check the schedule first: python -m chaos.schedule next chaos/schedule.yaml",
+    )
+    p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
+    p.add_argument(
+        "--topology", type=Path, help="the deployment's topology file: its cluster name and "
+        "etcd settings (endpoints, TLS, users); --etcd and --cluster override them",
+    )  # fmt: skip
+    p.add_argument("--etcd", help="host:port[,host:port...] (default 127.0.0.1:2379)")
+    p.add_argument("--cluster", help="deployment name in etcd keys (default: default)")
+    p.add_argument("--scenarios", type=Path, help="scenario directory (default chaos/scenarios)")
+    p.add_argument("--tick-s", type=float, default=30.0, help="how often to look (default 30)")
+    p.add_argument("--lock-ttl-s", type=int, default=15, help="lease of the drill lock")
+    p.add_argument("--holder", help="id in the lock and history (default drills-HOST-PID)")
+    p.add_argument("--history", type=int, metavar="N", help="print the last N drills and exit")
+    p.add_argument("--run", metavar="SCENARIO", help="run this drill once now and exit")
+    p.add_argument("--region", help="with --run: target region (default the scenario's)")
+    return p
+
+
+async def _main(args: argparse.Namespace) -> int:
+    topo = load_topology(args.topology) if args.topology else None
+    keys = Keys(cluster=args.cluster or (topo.cluster if topo else "default"))
+    config = topo.etcd if topo else EtcdConfig(endpoints=("127.0.0.1:2379",))
+    if args.etcd:
+        config = config.model_copy(
+            update={"endpoints": tuple(e.strip() for e in args.etcd.split(","))}
+        )
+    from controlplane.store.etcd import EtcdStore  # the adapter, only for the process
+
+    async with EtcdStore(config) as store:
+        if args.history is not None:
+            for row in await history(store, keys, args.history):
+                print(row.model_dump_json())
+            return 0
+        directory = args.scenarios or SCENARIO_DIR
+        scenarios = load_all(directory) if directory.is_dir() else []
+        durations = {s.name: s.abort.max_duration_s for s in scenarios}
+        schedule = load_schedule(args.schedule, durations or None)
+        service = DrillService(
+            store, keys, schedule, _load_runner(), SystemClock(),
+            holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
+            default_regions={s.name: s.region for s in scenarios},
+            scenarios=requests.scenario_infos(scenarios),
+        )  # fmt: skip
+        task = asyncio.current_task()
+        if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        if args.run:
+            summary = await service.run_once(args.run, args.region, MANUAL)
+            print(summary.model_dump_json())
+            return 0 if summary.passed else 1
+        await service.serve()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return asyncio.run(_main(args))
+    except (ConfigError, DrillBusy, StoreError) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,86 @@
+"""Helpers every failoverctl command uses: the consoles, the per-invocation context
+(``Ctx``), the shared options, one unary call with its errors turned into exit codes,
+``--json`` or text output, and the confirmation prompt.
+
+In a module of their own so that failoverctl.py and its command modules (drill_cmds.py)
+import them without importing each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import typer
+from google.protobuf.message import Message
+from rich.console import Console
+from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
+
+from controlplane.cli import render
+from controlplane.cli.client import EXIT_ABORTED, Client, CliError
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+@dataclass
+class Ctx:
+    client: Client
+    actor: str
+    json: bool
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (goes to the audit log).")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:
+    c: Ctx = ctx.obj
+    c.json = json_out
+    return c
+
+
+def _fail(e: CliError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {e}")
+    return typer.Exit(e.code)
+
+
+@contextlib.contextmanager
+def _exit_on_error() -> Iterator[None]:
+    """A CliError ends the command: its message on stderr, its exit code."""
+    try:
+        yield
+    except CliError as e:
+        raise _fail(e) from None
+
+
+def _call(c: Ctx, rpc: Callable[[pb_grpc.ControlPlaneStub], Callable[..., T]], request: Any) -> T:
+    """One unary call, ``rpc(stub)(request)``, with the per-call timeout; see _exit_on_error."""
+    with _exit_on_error():
+        return c.client.call(lambda s: rpc(s)(request, timeout=c.client.timeout_s))
+
+
+def _show(c: Ctx, msg: Message | Iterable[Message], text: Callable[[], object]) -> None:
+    """With --json the message (or a list of the messages) as JSON on stdout; else ``text()``."""
+    if not c.json:
+        text()
+    elif isinstance(msg, Message):
+        render.print_json(out, render.to_dict(msg))
+    else:
+        render.print_json(out, [render.to_dict(m) for m in msg])
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        err.print("refusing to act without confirmation: no terminal to ask on; pass --yes")
+        raise typer.Exit(EXIT_ABORTED)
+    if not typer.confirm(question, default=False):
+        err.print("aborted; nothing was changed")
+        raise typer.Exit(EXIT_ABORTED)
