@@ -1,21 +1,26 @@
-"""Warm first: during a graduated recovery, new sessions go where their prompt is cached.
+"""Warm first: a region that comes back after a failover is warmed by its gateways.
 
-While ``routing/<home>`` splits new sessions between home and the failover target, a
-new session whose weighted choice is home finds home's prefix caches cold for most
-prompts (its replicas restarted; the recovery pre-warm replays only the catalog, the
-prompts K sessions sent). Its first request would pay a whole prefill, and a
-recovery's first-token p99 is made of those. So the gateway remembers, per region,
-which prompts (by the replica ring's prefix key) it has had answered there since the
-region last stopped serving (``RegionWarmth``), and places such a session on the
-other targets, which carried home's traffic during the failover
-(``controlplane.core.sessions.warm_first``), while it replays the request once at
-home with ``max_tokens: 1`` in the background (``WarmUps``, on the replica the ring
-sends that prompt to). Once that answers, the prompt is warm at home and its next new
-sessions follow the weights. Nothing moves: only a new session's first placement
-changes, pinned as any other.
+A region that failed over comes back with restarted, empty prefix caches, and the
+control plane's recovery pre-warm replays only its catalog (prompts K sessions sent,
+within the catalog's size caps: the head of a long tail). Each first request of any
+other prompt would pay a whole prefill, and a recovery's first-token p99 is made of
+those. Two things, both in the gateway, which saw every prompt it sent:
 
-The replay is the request's own prompt, in its own home region: nothing leaves the
-region (the K-sessions rule of DESIGN.md §4 is about prompts that do).
+* **recall**: the gateway keeps, per region, the prompts that region answered
+  (``PromptMemory``); when the region serves again it replays them there with
+  ``max_tokens: 1``, most asked first (``WarmUps``);
+* **warm-first placement**: while ``routing/<home>`` splits new sessions (graduated
+  recovery), a new session whose weighted pick is home but whose prompt home has not
+  answered since it came back (``RegionWarmth``) goes to the other targets, which
+  carried home's traffic during the failover (``controlplane.core.sessions.
+  warm_first``), and the gateway replays that prompt at home; its next new sessions
+  follow the weights. A prompt the gateway never had answered is not steered: it is
+  cold everywhere.
+
+Replays run one at a time per region, on the prompt's first two replicas in ring
+order. Nothing moves: only a new session's first placement changes, pinned as any
+other. The replays are prompts the region itself answered: nothing leaves the region
+(the K-sessions rule of DESIGN.md §4 is about prompts that do).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class RegionWarmth:
         self.max_keys = max_keys
         self._keys: dict[str, dict[int, None]] = {}
         self._forgotten: dict[str, int] = {}  # region -> times it was forgotten
+        self._down: set[str] = set()  # regions not serving now
 
     def generation(self, region: str) -> int:
         """Changes whenever ``region`` is forgotten: an answer to a request sent before
@@ -78,11 +84,15 @@ class RegionWarmth:
 
     def routing_changed(self, routings: Mapping[str, Routing]) -> None:
         """A region that stopped serving may come back with restarted, empty caches:
-        forget what it held."""
-        for region in [r for r in self._keys if not serving(routings, r)]:
-            self._forgotten[region] = self.generation(region) + 1
-            n = len(self._keys.pop(region))
-            log.info("region %s stopped serving: forgetting its %d warm prefixes", region, n)
+        forget what it held, once per outage (a new generation)."""
+        for region in set(self._keys) | set(routings) | self._down:
+            if serving(routings, region):
+                self._down.discard(region)
+            elif region not in self._down:
+                self._down.add(region)
+                self._forgotten[region] = self.generation(region) + 1
+                n = len(self._keys.pop(region, ()))
+                log.info("region %s stopped serving: forgetting its %d warm prefixes", region, n)
 
 
 def warmup_body(body: bytes) -> bytes | None:

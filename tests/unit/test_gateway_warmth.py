@@ -103,3 +103,15 @@ def test_prompt_memory_builds_headers_only_for_a_new_prompt_and_skips_a_huge_one
     assert not memory.knows(2) and memory.count("east") == 1
     with pytest.raises(ValueError, match="max_bytes"):
         PromptMemory(max_bytes=0)
+
+
+def test_each_outage_is_a_new_generation_even_when_nothing_was_answered_in_between() -> None:
+    w = RegionWarmth()
+    down = {"east": Routing(targets={"west": 1.0})}
+    back = {"east": Routing(targets={"east": 1.0})}
+    w.routing_changed(down)
+    w.routing_changed(down)  # still down: the same outage
+    assert w.generation("east") == 1
+    w.routing_changed(back)  # back, and nothing answered there before it fails again
+    w.routing_changed(down)
+    assert w.generation("east") == 2 and w.generation("west") == 0
