@@ -23,6 +23,16 @@ if ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
+# promtool (Debian's prometheus package, nothing started): the alert rules test runs
+# `promtool check rules` and `promtool test rules` (skipped locally without it, failed
+# in CI).
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "==> installing prometheus (Debian package, for promtool)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
