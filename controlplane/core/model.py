@@ -14,7 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Non-finite floats (a first-token p99 in the histogram's +Inf bucket is inf) are
+    # written as "Infinity"/"NaN" strings, which read back as floats; JSON's default
+    # null would make a stored record or audit entry unreadable.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
 
 class RegionState(StrEnum):
