@@ -13,7 +13,7 @@ import json
 from aiohttp import HttpVersion11, hdrs, web
 
 
-async def expect_handler(request: web.Request) -> None:
+async def expect_handler(request: web.BaseRequest) -> None:
     if request.version != HttpVersion11:
         return
     expect = request.headers.get(hdrs.EXPECT, "")

@@ -18,9 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_small_run_prints_one_headline_with_sane_figures() -> None:
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_small_run_prints_one_headline_with_sane_figures(client: str) -> None:
+    small = ["--requests", "200", "--throughput-requests", "300", "--blocks", "2"]
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "gateway", "--requests", "200", "--blocks", "2", "--quiet"],
+        [sys.executable, "-m", "bench", "gateway", *small, "--client", client, "--quiet"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -31,7 +33,8 @@ def test_small_run_prints_one_headline_with_sane_figures() -> None:
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1
     head = json.loads(lines[0])
-    assert head["bench"] == "gateway"
+    assert head["bench"] == "gateway" and head["client"] == client
+    assert head["requests_per_side"] == {"latency": 400, "throughput": 600}
     for key in ("added_latency_ms_p50", "added_latency_ms_p99", "throughput_ratio"):
         assert isinstance(head[key], int | float) and math.isfinite(head[key]), key
     assert head["throughput_ratio"] > 0

@@ -18,8 +18,8 @@ prompt stays while one-off prompts churn through.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_BYTES = 8 << 20  # per region: ~800 prompts of 10 KB
 
@@ -30,10 +30,10 @@ class Remembered:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     hits: int = 1
+    size: int = field(init=False)  # bytes held, counted once (eviction reads it often)
 
-    @property
-    def size(self) -> int:
-        return len(self.body) + len(self.path) + sum(len(k) + len(v) for k, v in self.headers)
+    def __post_init__(self) -> None:
+        self.size = len(self.body) + len(self.path) + sum(len(k) + len(v) for k, v in self.headers)
 
 
 class PromptMemory:
@@ -49,11 +49,11 @@ class PromptMemory:
         region: str,
         key: int,
         path: str,
-        headers: Callable[[], Iterable[tuple[str, str]]],
+        headers: Sequence[tuple[str, str]],
         body: bytes,
     ) -> None:
-        """``region`` answered a request for ``key``; ``headers`` is called only for a
-        key not remembered yet (the hot path of a known prompt is a counter)."""
+        """``region`` answered a request for ``key`` (the hot path of a known prompt is
+        a counter; ``headers`` are copied only for a new one)."""
         prompts = self._prompts.get(region)
         if prompts is None:
             prompts = self._prompts[region] = OrderedDict()
@@ -61,7 +61,7 @@ class PromptMemory:
         if known is not None:
             known.hits += 1
             return
-        entry = Remembered(path, tuple(headers()), body)
+        entry = Remembered(path, tuple(headers), body)
         if entry.size > self.max_bytes:
             return
         prompts[key] = entry

@@ -94,7 +94,7 @@ def new_pool(config: ProxyConfig) -> UpstreamPool:
     )
 
 
-def forward_headers(request: web.Request) -> list[tuple[str, str]]:
+def forward_headers(request: web.BaseRequest) -> list[tuple[str, str]]:
     keep = _FORWARD_REQUEST
     out = []
     for k, v in request.headers.items():
@@ -163,17 +163,25 @@ class Forwarder:
         return list(self._balancers)
 
     async def forward(
-        self, request: web.Request, region: str, body: bytes, key: int, started: float
+        self,
+        request: web.BaseRequest,
+        region: str,
+        body: bytes,
+        key: int,
+        started: float,
+        headers: Sequence[tuple[str, str]] | None = None,
     ) -> web.StreamResponse:
-        """Send ``body`` to ``request.path`` on a replica of ``region`` chosen by ``key``.
-        Returns the response (already streamed, or to be sent); raises NoReplica."""
+        """Send ``body`` to ``request.path`` on a replica of ``region`` chosen by ``key``
+        with ``headers`` (default: ``forward_headers(request)``). Returns the response
+        (already streamed, or to be sent); raises NoReplica."""
         balancer = self._balancers.get(region)
         if balancer is None or not balancer.replicas:
             raise NoReplica(
                 f"region {region!r} has no replica to route to (none configured, or its "
                 "warm pool has no ACTIVE replica)"
             )
-        headers = forward_headers(request)
+        if headers is None:
+            headers = forward_headers(request)
         deadline = started + self.config.retry_deadline_s
         tried: set[str] = set()
         failed: _Failed | None = None
@@ -215,7 +223,7 @@ class Forwarder:
 
     async def _attempt(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         region: str,
         replica: str,
         body: bytes,
@@ -242,7 +250,7 @@ class Forwarder:
             up.release()
 
     async def _relay(
-        self, request: web.Request, up: UpstreamResponse, region: str, started: float
+        self, request: web.BaseRequest, up: UpstreamResponse, region: str, started: float
     ) -> web.StreamResponse:
         """Pass the replica's answer through. Until the first bytes are written, errors
         propagate (the caller retries); after them, they end the stream here."""
@@ -272,7 +280,7 @@ class Forwarder:
 
     async def _cut(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         resp: web.StreamResponse,
         region: str,
         up: UpstreamResponse,

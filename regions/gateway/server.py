@@ -189,9 +189,7 @@ class GatewayServer:
             flags=self.degradation.flags,
             warm_ups=self.warm_ups,
         )
-        self.runner = web.AppRunner(
-            self.app.app(), access_log=None, shutdown_timeout=options.grace_s, handle_signals=False
-        )
+        self.runner: web.ServerRunner | None = None  # built in start: needs the loop
         self.port = 0
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -218,6 +216,12 @@ class GatewayServer:
                     "waiting for etcd (%s) to read routing/ and pools/ before serving",
                     ", ".join(self.options.etcd().endpoints),
                 )
+        self.runner = web.ServerRunner(
+            self.app.server(),
+            access_log=None,
+            shutdown_timeout=self.options.grace_s,
+            handle_signals=False,
+        )
         await self.runner.setup()
         host, _, port = self.options.listen.rpartition(":")
         site = web.TCPSite(self.runner, host, int(port), reuse_address=True, backlog=1024)
@@ -284,8 +288,9 @@ class GatewayServer:
             return
         self._stopped = True
         self.app.stopping = True
-        with contextlib.suppress(Exception):
-            await self.runner.cleanup()  # stop listening, let requests in flight finish
+        if self.runner is not None:
+            with contextlib.suppress(Exception):
+                await self.runner.cleanup()  # stop listening, let requests in flight finish
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})

@@ -365,6 +365,41 @@ async def test_malformed_requests_get_4xx_with_a_json_error(
     assert await metric(http, gw.url, "tectonic_gateway_errors_total") >= len(cases)
 
 
+async def test_routes_methods_expect_and_a_chunked_body_over_the_limit(
+    deployment: Deployment, http: aiohttp.ClientSession
+) -> None:
+    """The gateway's own route table (aiohttp's low-level server, no router): unknown
+    paths 404, a known path with another method 405 naming the allowed ones, HEAD on the
+    GET routes, ``Expect`` answered, a chunked body bounded like a sized one."""
+    gw = await asyncio.to_thread(deployment.gateway, "east", "--max-body-bytes", "4096")
+    async with http.get(gw.url + "/v1/nothing") as resp:
+        assert resp.status == 404
+    async with http.get(gw.url + "/v1/completions") as resp:
+        assert resp.status == 405 and resp.headers["Allow"] == "POST"
+    async with http.post(gw.url + "/health") as resp:
+        assert resp.status == 405 and set(resp.headers["Allow"].split(",")) == {"GET", "HEAD"}
+    async with http.head(gw.url + "/health") as resp:
+        assert resp.status == 200
+    body = {"model": "tiny", "prompt": "expect me", "max_tokens": 1}
+    async with http.post(
+        gw.url + "/v1/completions", json=body, expect100=True, headers={"x-session-id": "e"}
+    ) as resp:
+        assert resp.status == 200 and (await resp.json())["choices"]
+    async with http.post(
+        gw.url + "/v1/completions", json=body, headers={"Expect": "sideways"}
+    ) as resp:
+        assert resp.status == 417 and "sideways" in (await resp.json())["error"]["message"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    async with http.post(gw.url + "/v1/completions", data=chunks()) as resp:
+        assert resp.status == 413 and (await resp.json())["error"]["code"] == 413
+
+
 async def test_failed_replicas_are_retried_on_another_before_the_first_byte(
     deployment: Deployment, http: aiohttp.ClientSession, etcd_store: EtcdStore, keys: Keys
 ) -> None:

@@ -66,8 +66,7 @@ def test_an_answer_to_a_request_sent_before_the_region_was_forgotten_is_ignored(
     assert w.is_warm("east", 3)
 
 
-def headers() -> list[tuple[str, str]]:
-    return [("authorization", "Bearer t")]
+HEADERS = [("authorization", "Bearer t")]
 
 
 def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
@@ -75,11 +74,11 @@ def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
     size = len(body) + len("/v1/completions") + len("authorization") + len("Bearer t")
     memory = PromptMemory(max_bytes=3 * size)
     for _ in range(5):
-        memory.answered("east", 1, "/v1/completions", headers, body)  # popular
+        memory.answered("east", 1, "/v1/completions", HEADERS, body)  # popular
     for key in (2, 3):
-        memory.answered("east", key, "/v1/completions", headers, body)
+        memory.answered("east", key, "/v1/completions", HEADERS, body)
     assert memory.count("east") == 3 and memory.size("east") == 3 * size
-    memory.answered("east", 4, "/v1/completions", headers, body)  # over: a one-off goes
+    memory.answered("east", 4, "/v1/completions", HEADERS, body)  # over: a one-off goes
     assert memory.count("east") == 3 and memory.size("east") == 3 * size
     assert memory.knows(1) and not memory.knows(2) and memory.knows(4)
     ranked = memory.ranked("east", 2)
@@ -88,18 +87,15 @@ def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
     assert memory.ranked("west", 5) == [] and not memory.knows(99)
 
 
-def test_prompt_memory_builds_headers_only_for_a_new_prompt_and_skips_a_huge_one() -> None:
-    calls = []
-
-    def counted() -> list[tuple[str, str]]:
-        calls.append(1)
-        return []
-
+def test_prompt_memory_keeps_the_first_answer_of_a_prompt_and_skips_a_huge_one() -> None:
     memory = PromptMemory(max_bytes=1000)
-    for _ in range(3):
-        memory.answered("east", 1, "/v1/completions", counted, b"{}")
-    assert len(calls) == 1 and memory.ranked("east", 1)[0][1].hits == 3
-    memory.answered("east", 2, "/v1/completions", counted, b"y" * 2000)
+    memory.answered("east", 1, "/v1/completions", [("a", "1")], b"{}")
+    for _ in range(2):  # the same prompt again: counted, the first copy kept
+        memory.answered("east", 1, "/v1/completions", [("b", "2")], b"{ }")
+    kept = memory.ranked("east", 1)[0][1]
+    assert kept.hits == 3 and kept.headers == (("a", "1"),) and kept.body == b"{}"
+    assert memory.size("east") == len("/v1/completions") + 2 + 2
+    memory.answered("east", 2, "/v1/completions", [], b"y" * 2000)
     assert not memory.knows(2) and memory.count("east") == 1
     with pytest.raises(ValueError, match="max_bytes"):
         PromptMemory(max_bytes=0)
