@@ -15,7 +15,9 @@ __all__ = ["DrillResult", "DrillSummary", "summarize"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf/NaN (a p99 in the histogram's +Inf bucket) as "Infinity"/"NaN" strings, which
+    # read back as floats: JSON's default null would make result.json unreadable.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
 
 class JournalEntry(_Frozen):

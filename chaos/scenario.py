@@ -96,7 +96,9 @@ class Probe(_Strict):
     ]  # fmt: skip
     region: str = "{region}"
     state: Literal["NORMAL", "DEGRADED", "FAILING_OVER", "RECOVERED"] = "NORMAL"
-    max: float = Field(0.0, ge=0, description="tolerance for error_rate / first_token_p99_s")
+    max: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="tolerance for error_rate / first_token_p99_s"
+    )
 
     @model_validator(mode="after")
     def _tolerance(self) -> Probe:
