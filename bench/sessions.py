@@ -57,7 +57,6 @@ from chaos.local_etcd import EtcdServer, etcd_available
 from controlplane.clock import SystemClock
 from controlplane.codec import encode
 from controlplane.config import EtcdConfig, Topology, parse_topology
-from controlplane.core.decide import failover_step_write
 from controlplane.core.model import (
     FailoverPlan,
     FailoverProgress,
@@ -67,6 +66,7 @@ from controlplane.core.model import (
     Routing,
 )
 from controlplane.core.sessions import SessionPin
+from controlplane.core.steps import failover_step_write
 from controlplane.keys import Keys
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData

@@ -16,7 +16,8 @@ from typing import Protocol
 from controlplane.clock import Clock
 from controlplane.codec import CorruptValue, decode
 from controlplane.config import Topology
-from controlplane.core.decide import TickResult, decide
+from controlplane.core.actions import TickResult
+from controlplane.core.decide import decide
 from controlplane.core.model import HealthReport
 from controlplane.core.snapshot import Snapshot
 from controlplane.election import NotLeader

@@ -22,7 +22,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controlplane.core.decide import TickResult
+from controlplane.core.actions import TickResult
 from controlplane.core.model import (
     Decision,
     FailoverProgress,

@@ -23,16 +23,7 @@ from controlplane.audit import AuditLog
 from controlplane.clock import Clock
 from controlplane.codec import encode
 from controlplane.config import Topology
-from controlplane.core.decide import (
-    DropIntent,
-    TickResult,
-    Write,
-    WriteHealth,
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
-)
+from controlplane.core.actions import DropIntent, TickResult, Write, WriteHealth
 from controlplane.core.model import (
     AuditEntry,
     Decision,
@@ -40,6 +31,12 @@ from controlplane.core.model import (
     FailoverStep,
     RecoveryStep,
     Routing,
+)
+from controlplane.core.steps import (
+    failover_step_write,
+    pending_steps,
+    recovery_pending,
+    recovery_step_write,
 )
 from controlplane.election import NotLeader
 from controlplane.keys import Keys

@@ -1,131 +1,44 @@
 """One reconcile tick: snapshot in, actions out. Pure (DESIGN.md §7.1).
 
-``decide`` returns a ``TickResult`` that names every write the orchestrator must
-make; each ``Write`` is one fenced etcd transaction for one region (record CAS,
-routing, audit, intent resolution: all or nothing). Failover steps that take time
-(pre-warm) are returned as ``RunFailover`` and carried out step by step with
-``failover_step_write``, so a new leader resumes at the first step not recorded.
-Recovery's steps before its first traffic step (the home region's pre-warm) follow
-the same pattern: ``RunRecovery`` and ``recovery_step_write``; the traffic steps and
-their guard are decided in ``controlplane.core.recovery``.
+``decide`` returns a ``TickResult`` (types in ``controlplane.core.actions``) that names
+every write the orchestrator must make; each ``Write`` is one fenced etcd transaction
+for one region (record CAS, routing, audit, intent resolution: all or nothing). This
+module holds the per-tick logic: health folding, operator intents and automatic
+transitions. Steps that take time (a failover's pre-warm and switch, a recovery's
+pre-warm) are only named here, as ``RunFailover`` and ``RunRecovery``, and carried out
+one at a time with ``controlplane.core.steps``. Recovery's traffic steps and their guard
+are decided in ``controlplane.core.recovery``.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from controlplane.config import Topology
-from controlplane.core.failover import (
-    PlanRefused,
-    plan_failover,
-    routing_after_switch,
-    routing_recovery_step,
+from controlplane.core.actions import (
+    DropIntent,
+    RunFailover,
+    RunRecovery,
+    TickResult,
+    Write,
+    WriteHealth,
 )
+from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.machine import fire
 from controlplane.core.model import (
     AuditEntry,
-    Decision,
     FailoverPlan,
     FailoverProgress,
-    FailoverStep,
-    Frozen,
     Health,
     Intent,
     IntentKind,
     RecoveryProgress,
     RecoveryStep,
-    RegionHealth,
-    RegionRecord,
     RegionState,
     Routing,
 )
-from controlplane.core.recovery import MoveKind, next_recovery_move, pending_recovery_steps
+from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.snapshot import RegionView, Snapshot
-
-
-class Write(Frozen):
-    """One all-or-nothing transaction about one region."""
-
-    region: str
-    expected_rev: int  # CAS on regions/<r>/state (0 = must be absent)
-    record: RegionRecord
-    routing: dict[str, Routing] = Field(default_factory=dict)
-    routing_revs: dict[str, int] = Field(default_factory=dict)  # CAS on each routing key
-    decision: Decision | None = None
-    audit: tuple[AuditEntry, ...] = ()
-    resolve_intent: str | None = None
-
-
-class WriteHealth(Frozen):
-    region: str
-    health: RegionHealth
-
-
-class RunFailover(Frozen):
-    region: str
-    pending: tuple[FailoverStep, ...]
-
-
-class RunRecovery(Frozen):
-    """Steps a RECOVERED region takes before its first traffic step (pre-warm)."""
-
-    region: str
-    pending: tuple[RecoveryStep, ...]
-
-
-class DropIntent(Frozen):
-    """A refused operator intent: deleted and audited with the reason."""
-
-    intent_id: str
-    audit: AuditEntry
-
-
-class TickResult(Frozen):
-    now: float
-    health: tuple[WriteHealth, ...] = ()
-    writes: tuple[Write, ...] = ()
-    failovers: tuple[RunFailover, ...] = ()
-    recoveries: tuple[RunRecovery, ...] = ()
-    dropped: tuple[DropIntent, ...] = ()
-    notes: tuple[str, ...] = ()
-
-    def summary(self) -> str:
-        parts = [
-            f"{d.region} {d.from_state.value}->{d.to_state.value} ({d.trigger}: {d.reason})"
-            for w in self.writes
-            if (d := w.decision)
-        ]
-        parts += [
-            f"{f.region}: failover steps pending {[s.value for s in f.pending]}"
-            for f in self.failovers
-        ]
-        parts += [
-            f"{r.region}: recovery steps pending {[s.value for s in r.pending]}"
-            for r in self.recoveries
-        ]
-        parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]
-        return "; ".join(parts + list(self.notes)) or "no change"
-
-
-def pending_steps(record: RegionRecord) -> tuple[FailoverStep, ...]:
-    """Steps of the current failover not yet recorded, in the order they must run."""
-    fo = record.failover
-    if record.state is not RegionState.FAILING_OVER or fo is None:
-        return ()
-    order = (
-        (FailoverStep.PREWARM, FailoverStep.SWITCH)
-        if fo.plan.warm_first
-        else (FailoverStep.SWITCH, FailoverStep.PREWARM)
-    )
-    return tuple(s for s in order if s not in fo.done)
-
-
-def recovery_pending(record: RegionRecord) -> tuple[RecoveryStep, ...]:
-    """Steps of the current recovery before its first traffic step, not yet recorded."""
-    if record.state is not RegionState.RECOVERED:
-        return ()
-    return pending_recovery_steps(record.recovery)
+from controlplane.core.steps import pending_steps, recovery_pending
 
 
 def _transition(
@@ -491,124 +404,4 @@ def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
         recoveries=tuple(recoveries),
         dropped=tuple(dropped),
         notes=tuple(notes),
-    )
-
-
-def failover_step_write(
-    snap: Snapshot,
-    region: str,
-    step: FailoverStep,
-    actor: str,
-    prewarm_result: dict[str, float] | None = None,
-) -> Write:
-    """The write that records ``step`` of ``region``'s failover as done (with the routing
-    switch itself, for SWITCH). Raises ValueError if the step is not pending."""
-    view = snap.regions[region]
-    rec = view.record
-    if step not in pending_steps(rec) or rec.failover is None:
-        raise ValueError(f"{region}: step {step.value} is not pending")
-    fo = rec.failover
-    now = snap.now
-    if step is FailoverStep.PREWARM:
-        result = dict(prewarm_result or {})
-        new = rec.model_copy(
-            update={
-                "failover": fo.model_copy(
-                    update={"done": (*fo.done, step), "prewarm_result": result}
-                )
-            }
-        )
-        return Write(
-            region=region,
-            expected_rev=view.record_rev,
-            record=new,
-            audit=(
-                AuditEntry(
-                    at=now,
-                    actor=actor,
-                    action="prewarm",
-                    region=region,
-                    reason=fo.plan.reason,
-                    details={k: f"{v:g}" for k, v in sorted(result.items())},
-                ),
-            ),
-        )
-    # SWITCH: targets that have since failed over themselves are dropped.
-    live = {
-        t: w
-        for t, w in fo.plan.targets.items()
-        if t in snap.regions and snap.regions[t].record.state is not RegionState.FAILING_OVER
-    }
-    if not live:
-        raise ValueError(f"{region}: every planned target has failed over since; waiting")
-    plan = (
-        fo.plan
-        if live == fo.plan.targets
-        else fo.plan.model_copy(
-            update={"targets": {k: v / sum(live.values()) for k, v in live.items()}}
-        )
-    )
-    routes = routing_after_switch(snap, plan)
-    new = rec.model_copy(
-        update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
-    )
-    return Write(
-        region=region,
-        expected_rev=view.record_rev,
-        record=new,
-        routing=routes,
-        routing_revs={k: snap.regions[k].routing_rev for k in routes},
-        audit=(
-            AuditEntry(
-                at=now,
-                actor=actor,
-                action="routing_switch",
-                region=region,
-                reason=plan.reason,
-                details={
-                    k: str(dict(sorted(v.targets.items()))) for k, v in sorted(routes.items())
-                },
-            ),
-        ),
-    )
-
-
-def recovery_step_write(
-    snap: Snapshot,
-    region: str,
-    step: RecoveryStep,
-    actor: str,
-    result: dict[str, float] | None = None,
-) -> Write:
-    """The write that records ``step`` of ``region``'s recovery as done, with its result
-    (a failed pre-warm too: recovery goes on). Raises ValueError if it is not pending."""
-    view = snap.regions[region]
-    rec = view.record
-    prog = rec.recovery
-    if step not in recovery_pending(rec) or prog is None:
-        raise ValueError(f"{region}: recovery step {step.value} is not pending")
-    figures = dict(result or {})
-    new = rec.model_copy(
-        update={
-            "recovery": prog.model_copy(
-                update={"done": (*prog.done, step), "prewarm_result": figures}
-            )
-        }
-    )
-    failed = figures.get("failed", 0.0) > 0 or figures.get("targets_unreachable", 0.0) > 0
-    return Write(
-        region=region,
-        expected_rev=view.record_rev,
-        record=new,
-        audit=(
-            AuditEntry(
-                at=snap.now,
-                actor=actor,
-                action=f"recovery_{step.value}",
-                region=region,
-                reason=f"{region}'s own top prefixes replayed on it before its first step",
-                result="failed; recovery goes on" if failed else "ok",
-                details={k: f"{v:g}" for k, v in sorted(figures.items())},
-            ),
-        ),
     )

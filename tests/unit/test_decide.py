@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from controlplane.core.decide import pending_steps
 from controlplane.core.model import (
     ControlFlags,
     FailoverStep,
@@ -12,6 +11,7 @@ from controlplane.core.model import (
     Readiness,
     RegionState,
 )
+from controlplane.core.steps import pending_steps
 from tests.unit.world import World
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

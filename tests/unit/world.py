@@ -10,15 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controlplane.config import Topology, parse_topology
-from controlplane.core.decide import (
-    TickResult,
-    Write,
-    decide,
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
-)
+from controlplane.core.actions import TickResult, Write
+from controlplane.core.decide import decide
 from controlplane.core.model import (
     AuditEntry,
     ControlFlags,
@@ -32,6 +25,12 @@ from controlplane.core.model import (
     Routing,
 )
 from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.core.steps import (
+    failover_step_write,
+    pending_steps,
+    recovery_pending,
+    recovery_step_write,
+)
 
 
 def topology(**timing: float) -> Topology:

@@ -1,0 +1,163 @@
+"""Long-running steps carried out one at a time. Pure (DESIGN.md §7.1).
+
+A failover's steps (pre-warm, routing switch) and a recovery's steps before its first
+traffic step (the home region's pre-warm) take time, so ``decide`` only names them
+(``RunFailover``, ``RunRecovery``). The orchestrator runs each and records it with
+``failover_step_write`` or ``recovery_step_write``; ``pending_steps`` and
+``recovery_pending`` read what is not yet recorded, so a new leader resumes at the
+first step not recorded.
+"""
+
+from __future__ import annotations
+
+from controlplane.core.actions import Write
+from controlplane.core.failover import routing_after_switch
+from controlplane.core.model import (
+    AuditEntry,
+    FailoverStep,
+    RecoveryStep,
+    RegionRecord,
+    RegionState,
+)
+from controlplane.core.recovery import pending_recovery_steps
+from controlplane.core.snapshot import Snapshot
+
+
+def pending_steps(record: RegionRecord) -> tuple[FailoverStep, ...]:
+    """Steps of the current failover not yet recorded, in the order they must run."""
+    fo = record.failover
+    if record.state is not RegionState.FAILING_OVER or fo is None:
+        return ()
+    order = (
+        (FailoverStep.PREWARM, FailoverStep.SWITCH)
+        if fo.plan.warm_first
+        else (FailoverStep.SWITCH, FailoverStep.PREWARM)
+    )
+    return tuple(s for s in order if s not in fo.done)
+
+
+def recovery_pending(record: RegionRecord) -> tuple[RecoveryStep, ...]:
+    """Steps of the current recovery before its first traffic step, not yet recorded."""
+    if record.state is not RegionState.RECOVERED:
+        return ()
+    return pending_recovery_steps(record.recovery)
+
+
+def failover_step_write(
+    snap: Snapshot,
+    region: str,
+    step: FailoverStep,
+    actor: str,
+    prewarm_result: dict[str, float] | None = None,
+) -> Write:
+    """The write that records ``step`` of ``region``'s failover as done (with the routing
+    switch itself, for SWITCH). Raises ValueError if the step is not pending."""
+    view = snap.regions[region]
+    rec = view.record
+    if step not in pending_steps(rec) or rec.failover is None:
+        raise ValueError(f"{region}: step {step.value} is not pending")
+    fo = rec.failover
+    now = snap.now
+    if step is FailoverStep.PREWARM:
+        result = dict(prewarm_result or {})
+        new = rec.model_copy(
+            update={
+                "failover": fo.model_copy(
+                    update={"done": (*fo.done, step), "prewarm_result": result}
+                )
+            }
+        )
+        return Write(
+            region=region,
+            expected_rev=view.record_rev,
+            record=new,
+            audit=(
+                AuditEntry(
+                    at=now,
+                    actor=actor,
+                    action="prewarm",
+                    region=region,
+                    reason=fo.plan.reason,
+                    details={k: f"{v:g}" for k, v in sorted(result.items())},
+                ),
+            ),
+        )
+    # SWITCH: targets that have since failed over themselves are dropped.
+    live = {
+        t: w
+        for t, w in fo.plan.targets.items()
+        if t in snap.regions and snap.regions[t].record.state is not RegionState.FAILING_OVER
+    }
+    if not live:
+        raise ValueError(f"{region}: every planned target has failed over since; waiting")
+    plan = (
+        fo.plan
+        if live == fo.plan.targets
+        else fo.plan.model_copy(
+            update={"targets": {k: v / sum(live.values()) for k, v in live.items()}}
+        )
+    )
+    routes = routing_after_switch(snap, plan)
+    new = rec.model_copy(
+        update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
+    )
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        routing=routes,
+        routing_revs={k: snap.regions[k].routing_rev for k in routes},
+        audit=(
+            AuditEntry(
+                at=now,
+                actor=actor,
+                action="routing_switch",
+                region=region,
+                reason=plan.reason,
+                details={
+                    k: str(dict(sorted(v.targets.items()))) for k, v in sorted(routes.items())
+                },
+            ),
+        ),
+    )
+
+
+def recovery_step_write(
+    snap: Snapshot,
+    region: str,
+    step: RecoveryStep,
+    actor: str,
+    result: dict[str, float] | None = None,
+) -> Write:
+    """The write that records ``step`` of ``region``'s recovery as done, with its result
+    (a failed pre-warm too: recovery goes on). Raises ValueError if it is not pending."""
+    view = snap.regions[region]
+    rec = view.record
+    prog = rec.recovery
+    if step not in recovery_pending(rec) or prog is None:
+        raise ValueError(f"{region}: recovery step {step.value} is not pending")
+    figures = dict(result or {})
+    new = rec.model_copy(
+        update={
+            "recovery": prog.model_copy(
+                update={"done": (*prog.done, step), "prewarm_result": figures}
+            )
+        }
+    )
+    failed = figures.get("failed", 0.0) > 0 or figures.get("targets_unreachable", 0.0) > 0
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        audit=(
+            AuditEntry(
+                at=snap.now,
+                actor=actor,
+                action=f"recovery_{step.value}",
+                region=region,
+                reason=f"{region}'s own top prefixes replayed on it before its first step",
+                result="failed; recovery goes on" if failed else "ok",
+                details={k: f"{v:g}" for k, v in sorted(figures.items())},
+            ),
+        ),
+    )
