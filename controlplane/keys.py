@@ -53,6 +53,14 @@ class Keys:
     def session(self, session_id: str) -> str:
         return f"{self.root}sessions/{session_id}"
 
+    def session_moves_prefix(self) -> str:
+        return self.root + "session-moves/"
+
+    def session_moves(self, region: str) -> str:
+        """A gateway's notice that it moved sessions off ``region`` (a spill): other
+        gateways re-read their cached pins of it."""
+        return f"{self.root}session-moves/{region}"
+
     def session_lease(self, bucket: int) -> str:
         """The lease shared by every session written in time bucket ``bucket``."""
         return f"{self.root}session-leases/{bucket}"

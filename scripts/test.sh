@@ -14,4 +14,4 @@ echo "==> ruff";  .venv/bin/ruff check .
 echo "==> mypy";  .venv/bin/mypy
 echo "==> import layering"; .venv/bin/lint-imports
 echo "==> pytest"
-exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -37,6 +37,17 @@ class SessionPin(Frozen):
     moves: int = 0
 
 
+class SessionMoves(Frozen):
+    """``session-moves/<region>``: the last gateway that moved sessions off ``region``
+    before the control plane did (no replica answered: a spill). Every write changes
+    it, so every other gateway's watch sees it and re-reads its cached pins of
+    ``region`` instead of trusting them for up to ``revalidate_s``."""
+
+    by: str  # the gateway's id
+    at: float  # Unix time of the write
+    moved: int  # sessions that gateway has moved off the region since it started
+
+
 class PinAction(StrEnum):
     KEEP = "keep"  # serve on the pinned region; nothing to write
     CREATE = "create"  # a new session: create-if-absent

@@ -100,6 +100,13 @@ class GatewayMetrics:
             ["from_region", "to_region"],
             registry=r,
         )
+        self.move_notices = Counter(
+            "tectonic_gateway_session_move_notices",
+            "Notices from other gateways that they moved sessions off a region (no replica "
+            "answered: a spill); this gateway's cached pins of it were re-read from etcd",
+            ["region"],
+            registry=r,
+        )
         self.degraded = Counter(
             "tectonic_gateway_degraded",
             "Requests a degradation actuator acted on, by serving region and action "

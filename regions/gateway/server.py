@@ -10,6 +10,10 @@ the serving region's flags), but start-up does not wait for it: no record means 
 is degraded. Shutdown is graceful: ``/health`` turns 503, the listener closes, requests
 in flight get ``grace_s`` to finish, then the background tasks stop.
 
+Sessions this gateway spills off a region are announced in ``session-moves/``, and
+the other gateways' announcements make this one re-read its cached pins of that
+region (``session_moves.py``).
+
 Warm first (``warmth.py``, on unless ``AppConfig.warm_first`` is off) places a new
 session on a target warm for its prompt while routing splits its home.
 
@@ -45,6 +49,7 @@ from regions.gateway.proxy import Forwarder, ProxyConfig, new_pool
 from regions.gateway.replicas import DEFAULT_LOAD_FACTOR, ReplicaBalancer
 from regions.gateway.report import HealthReporter
 from regions.gateway.routing_cache import RoutingCache
+from regions.gateway.session_moves import SessionMovesBoard
 from regions.gateway.sessions import SessionResolver
 from regions.gateway.warmth import RegionWarmth, WarmUps
 
@@ -114,6 +119,8 @@ class GatewayServer:
             ttl_s=options.session_ttl_s,
             writer="gateway",
         )
+        # spills: tell the other gateways, and hear theirs (session_moves.py)
+        self.moves = SessionMovesBoard(self.store, self.keys, self._sessions_moved_off)
         self.resolver = SessionResolver(
             self.sessions,
             self.routing,
@@ -122,6 +129,7 @@ class GatewayServer:
             max_pins=options.max_pins,
             revalidate_s=options.revalidate_s,
             store_timeout_s=options.store_timeout_s,
+            on_moved=self.moves.moved,
         )
         self.balancers = {
             r.name: ReplicaBalancer(r.replicas, load_factor=options.load_factor)
@@ -229,10 +237,13 @@ class GatewayServer:
         self.port = int(self.runner.addresses[0][1])
         if self.reporter is not None and not self.options.observer_id:
             self.reporter.observer = f"gateway:{self.options.app.home}:{self.port}"
-        if self.exporter is not None:  # unique across hosts: an export per gateway
-            self.exporter.gateway_id = self.options.observer_id or (
-                f"gateway:{self.options.app.home}:{socket.gethostname()}:{self.port}"
-            )
+        # unique across hosts: an export per gateway, and who moved sessions
+        gateway_id = self.options.observer_id or (
+            f"gateway:{self.options.app.home}:{socket.gethostname()}:{self.port}"
+        )
+        self.moves.gateway_id = gateway_id
+        if self.exporter is not None:
+            self.exporter.gateway_id = gateway_id
         log.info(
             "gateway for home region %s serving on %s (routing revision %d)",
             self.options.app.home,
@@ -243,6 +254,9 @@ class GatewayServer:
     async def _loaded(self) -> None:
         await self.routing.loaded.wait()
         await self.pool_cache.loaded.wait()
+
+    def _sessions_moved_off(self, region: str) -> None:
+        self.resolver.sessions_moved_off(region)
 
     def _pool_changed(self, region: str, members: PoolMembers | None) -> None:
         """A pooled region routes to its ACTIVE replicas; without a pool entry, to the
@@ -271,6 +285,7 @@ class GatewayServer:
             tg.create_task(self.pool_cache.run(), name="pools-watch")
             tg.create_task(self.degradation.run(), name="degradation-watch")
             tg.create_task(self.resolver.run(), name="pin-reconcile")
+            tg.create_task(self.moves.run(), name="session-moves")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
             if self.exporter is not None:

@@ -16,6 +16,14 @@ session; a background loop probes it and, once it answers and the routing watch 
 back, writes each pending pin (create-if-absent / re-pin) and adopts etcd's answer,
 counting a session move where that answer differs.
 
+A session another gateway moved (a spill: its region answered nothing there) would
+otherwise keep its old pin here until ``revalidate_s``, and be served in the old
+region again as soon as that answers: ``sessions_moved_off(region)`` (fed by
+``session_moves.py`` from other gateways' notices) makes every cached pin of that
+region go to the store at its next request, and ``on_moved`` tells the others when
+this gateway moves one. A disagreement found that way was announced, not served: it
+is no consistency violation.
+
 ``revalidate_s`` also bounds how long a busy session goes without the store seeing
 it: each store call re-attaches the pin to the current expiry lease, so a session
 in use lives at least ``ttl_s - revalidate_s`` past its last request.
@@ -80,6 +88,7 @@ class _Entry:
     pin: SessionPin
     checked_at: float  # monotonic time etcd last confirmed this pin
     pending: bool = False  # made while etcd was unavailable; not confirmed yet
+    seen: int = 0  # notices of moved sessions heard before etcd confirmed it (_remember)
 
 
 class SessionResolver:
@@ -96,6 +105,7 @@ class SessionResolver:
         probe_every_s: float = 0.5,
         clock: Clock | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        on_moved: Callable[[str], None] | None = None,
     ) -> None:
         self._sessions = sessions
         self._routing = routing
@@ -110,6 +120,11 @@ class SessionResolver:
         self._pins: OrderedDict[str, _Entry] = OrderedDict()
         self._pending: dict[str, SessionPin] = {}  # bounded by max_pins, insertion order
         self._flights: dict[str, asyncio.Task[str]] = {}
+        # notices that sessions were moved off a region: a running count, and per
+        # region the count at its last notice (pins confirmed before it are stale)
+        self._notices = 0
+        self._noticed: dict[str, int] = {}
+        self._on_moved = on_moved  # this gateway moved a session off a region
         self.store_up = True
         self._woken = asyncio.Event()
         metrics.store_up.set(1)
@@ -128,7 +143,10 @@ class SessionResolver:
             and (
                 entry.pending
                 or not self.store_up
-                or self._monotonic() - entry.checked_at < self._revalidate_s
+                or (
+                    self._monotonic() - entry.checked_at < self._revalidate_s
+                    and entry.seen >= self._noticed.get(entry.pin.region, 0)
+                )
             )
         ):
             self._pins.move_to_end(session_id)
@@ -140,6 +158,17 @@ class SessionResolver:
             self._flights[session_id] = flight
         # shield: a client that goes away must not cancel the pin write others await
         return await asyncio.shield(flight)
+
+    def sessions_moved_off(self, region: str) -> None:
+        """Another gateway moved sessions off ``region``: cached pins of it go to the
+        store at their next request (the session may live elsewhere now)."""
+        self._metrics.move_notices.labels(region).inc()
+        self._notices += 1
+        self._noticed[region] = self._notices
+
+    def _announced(self, entry: _Entry) -> bool:
+        """A notice about ``entry``'s region came after etcd last confirmed it."""
+        return entry.seen < self._noticed.get(entry.pin.region, 0)
 
     def region_for_sessionless(self, key: str) -> str:
         """A request without a session: the same weighted choice, keyed by its prompt
@@ -166,6 +195,8 @@ class SessionResolver:
                 self._store_back()
                 if entry is None or entry.pin.region != pin.region:
                     self._metrics.session_moves.inc()
+                if pin.region != failed and self._on_moved is not None:
+                    self._on_moved(failed)
                 self._pending.pop(session_id, None)
                 self._remember(session_id, _Entry(pin, self._monotonic()))
                 log.warning("session %s moved %s -> %s: %s answered nothing",
@@ -210,6 +241,7 @@ class SessionResolver:
         if not self.store_up:
             return self._static(session_id, entry, routings, warm)
         home = entry.pin.home if entry is not None else self.home
+        seen = self._notices  # a notice that lands while etcd answers makes it stale
         try:
             async with asyncio.timeout(self._store_timeout_s):
                 res = await self._sessions.resolve(session_id, home, routings, warm)
@@ -231,7 +263,7 @@ class SessionResolver:
                 entry.pin.region if entry else "?",
                 res.region,
             )
-        self._adopt(session_id, entry, res.pin)
+        self._adopt(session_id, entry, res.pin, seen)
         return res.region
 
     def _static(
@@ -265,14 +297,18 @@ class SessionResolver:
             self._woken.set()
         return res.region
 
-    def _adopt(self, session_id: str, entry: _Entry | None, pin: SessionPin) -> None:
-        """Take etcd's pin. If ours named another region that still serves, the session
-        was (or would have been) served in two places: a consistency violation."""
+    def _adopt(
+        self, session_id: str, entry: _Entry | None, pin: SessionPin, seen: int | None = None
+    ) -> None:
+        """Take etcd's pin (read when ``seen`` notices had been heard). If ours named
+        another region that still serves, and no notice had announced the move, the
+        session was (or would have been) served in two places: a consistency violation."""
         if (
             entry is not None
             and not entry.pending
             and entry.pin.region != pin.region
             and serving(self._routing.routings, entry.pin.region)
+            and not self._announced(entry)
         ):
             self._metrics.consistency_violations.inc()
             log.error(
@@ -285,9 +321,10 @@ class SessionResolver:
             self._metrics.session_moves.inc()  # served from the cache, etcd said otherwise
         if self._pending.pop(session_id, None) is not None:
             self._metrics.pending_pins.set(len(self._pending))
-        self._remember(session_id, _Entry(pin, self._monotonic()))
+        self._remember(session_id, _Entry(pin, self._monotonic()), seen)
 
-    def _remember(self, session_id: str, entry: _Entry) -> None:
+    def _remember(self, session_id: str, entry: _Entry, seen: int | None = None) -> None:
+        entry.seen = self._notices if seen is None else seen
         self._pins[session_id] = entry
         self._pins.move_to_end(session_id)
         while len(self._pins) > self._max_pins:

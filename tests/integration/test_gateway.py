@@ -35,6 +35,7 @@ from chaos.procs import (
     spawn,
     start_agent,
     start_controlplane,
+    start_simulator,
     start_simulators,
     until,
     wait_ready,
@@ -432,6 +433,39 @@ async def test_failed_replicas_are_retried_on_another_before_the_first_byte(
     assert pin is not None and pin.region == region and pin.moves >= 1
     assert await complete(http, gw.url, "retry-0") == (200, region)  # and stays
     assert await metric(http, gw.url, "tectonic_gateway_spills_total") >= 1
+
+
+async def test_a_session_another_gateway_spilled_stays_moved_after_the_blip(
+    deployment: Deployment, http: aiohttp.ClientSession, etcd_store: EtcdStore, keys: Keys
+) -> None:
+    """Gateway a spills a session off east (no replica answered); east comes back
+    before the control plane ever failed it over. Gateway b had the session cached on
+    east: a's notice (``session-moves/east``) makes it re-read the pin, so b serves it
+    where a moved it, not in east again, and no consistency violation happens."""
+    a = await asyncio.to_thread(deployment.gateway, "east")
+    b = await asyncio.to_thread(deployment.gateway, "east")
+    assert await complete(http, a.url, "blip") == (200, "east")
+    assert await complete(http, b.url, "blip") == (200, "east")  # b caches the pin
+    east = deployment.sims["east"]
+    ports = [p.port for p in east]
+    for p in east:
+        await asyncio.to_thread(p.kill)
+    status, moved_to = await complete(http, a.url, "blip")  # a spills it
+    assert status == 200 and moved_to in REGIONS and moved_to != "east"
+    pin = await pin_of(etcd_store, keys, "blip")
+    assert pin is not None and pin.region == moved_to
+
+    async def notified() -> bool:
+        return await metric(http, b.url, "tectonic_gateway_session_move_notices_total") >= 1
+
+    await until(notified, within=10, what="gateway b hearing a's notice")
+    back = [await asyncio.to_thread(start_simulator, port=port) for port in ports]
+    deployment.procs.extend(back)  # the blip is over: east answers again
+    assert await complete(http, b.url, "blip") == (200, moved_to)
+    assert await complete(http, a.url, "blip") == (200, moved_to)
+    assert await complete(http, b.url, "a-new-one") == (200, "east")  # east serves again
+    for gw in (a, b):
+        assert await metric(http, gw.url, "tectonic_gateway_consistency_violations_total") == 0
 
 
 async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(

@@ -255,3 +255,66 @@ async def test_the_background_loop_probes_and_reconciles(world: World) -> None:
     stored = await world.sessions.get("s")
     assert stored is not None and stored[0].region == HOME
     assert world.metric("tectonic_gateway_store_up") == 1
+
+
+# ---- sessions another gateway moved (spills) ------------------------------------------------
+
+
+def violations(world: World) -> float:
+    return world.metric("tectonic_gateway_consistency_violations_total")
+
+
+async def test_a_notice_makes_cached_pins_of_its_region_go_to_the_store(world: World) -> None:
+    a, b = world.resolver(), world.resolver()
+    for sid in ("moved", "stays"):
+        assert await b.region_for(sid) == HOME
+    # Gateway a: no replica of us-east answered, so it moved "moved" to us-west.
+    assert await a.move("moved", HOME, "us-west") == "us-west"
+    reads = {sid: world.reads(sid) for sid in ("moved", "stays")}
+    assert await b.region_for("moved") == HOME  # b has not heard: its cache still says east
+    b.sessions_moved_off(HOME)
+    assert await b.region_for("moved") == "us-west"  # re-read: where a moved it
+    assert await b.region_for("stays") == HOME  # re-read too: still east
+    assert {sid: world.reads(sid) for sid in reads} == {sid: n + 1 for sid, n in reads.items()}
+    assert await b.region_for("moved") == "us-west"  # and cached again
+    assert world.reads("moved") == reads["moved"] + 1
+    # The disagreement was announced before b served the session anywhere: no violation.
+    assert violations(world) == 0
+    assert (
+        world.metrics.registry.get_sample_value(
+            "tectonic_gateway_session_move_notices_total", {"region": HOME}
+        )
+        == 1
+    )
+
+
+async def test_a_notice_about_another_region_leaves_the_cache_alone(world: World) -> None:
+    b = world.resolver()
+    assert await b.region_for("s") == HOME
+    b.sessions_moved_off("eu-west")
+    assert await b.region_for("s") == HOME
+    assert world.reads("s") == 1
+
+
+async def test_without_a_notice_a_disagreement_found_later_is_a_violation(world: World) -> None:
+    a, b = world.resolver(), world.resolver(revalidate_s=10)
+    assert await b.region_for("s") == HOME
+    assert await a.move("s", HOME, "us-west") == "us-west"
+    world.mono.advance(11)  # b revalidates on its own, having served the old pin
+    assert await b.region_for("s") == "us-west"
+    assert violations(world) == 1
+
+
+async def test_moving_a_session_off_a_region_is_announced(world: World) -> None:
+    announced: list[str] = []
+    r = SessionResolver(
+        world.sessions, world.routing, HOME, world.metrics, clock=world.clock,
+        monotonic=world.mono.now, on_moved=announced.append,
+    )  # fmt: skip
+    assert await r.region_for("s") == HOME
+    assert await r.move("s", HOME, "us-west") == "us-west"
+    assert announced == [HOME]
+    world.store.set_available(False)  # etcd down: the move is pending, nothing to announce
+    assert await r.region_for("t") == HOME
+    assert await r.move("t", HOME, "us-west") == "us-west"
+    assert announced == [HOME]
