@@ -1,5 +1,6 @@
 """What every bench shares: percentiles, JSON lines out, goals and whether they were
-met, argument checks, the topology file, killing what was started, and ``main``'s
+met, argument checks, CPU time of processes, the topology file, killing what was
+started, and ``main``'s
 exit codes (0 done, 1 the bench failed, 2 no etcd binary, 130 interrupted)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -82,6 +84,17 @@ def at_least(low: int, name: str) -> Callable[[str], int]:
 
     parse.__name__ = name
     return parse
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) a process has used so far: this one's when ``pid`` is
+    None, else read from ``/proc/<pid>/stat`` (the benches run on Linux)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    # the fields after the command name, which is in parentheses and may hold spaces
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_topology(path: Path, data: dict[str, object]) -> Path:

@@ -42,8 +42,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -53,6 +53,7 @@ from bench._common import (
     BenchError,
     Reporter,
     at_least,
+    cpu_seconds,
     goals_and_met,
     kill_all,
     main,
@@ -111,6 +112,7 @@ class Side:
     latencies: list[float]
     elapsed_s: float = 0.0
     errors: int = 0
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds used
 
     @property
     def rps(self) -> float:
@@ -126,9 +128,16 @@ def _pct(values: Sequence[float], q: float) -> float:
 # ---- the deployment ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Deployed:
+    direct: str  # the simulator's URL
+    gateway: str  # the gateway's URL
+    pids: dict[str, int]  # "simulator", "gateway" -> pid (CPU accounting)
+
+
 @contextlib.contextmanager
-def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
-    """etcd + simulator + gateway; yields (direct URL, gateway URL)."""
+def deployment(tmp: Path) -> Iterator[Deployed]:
+    """etcd + simulator + gateway."""
     procs: list[Proc] = []
     with EtcdServer() as etcd:
         try:
@@ -167,7 +176,7 @@ def deployment(tmp: Path) -> Iterator[tuple[str, str]]:
             )
             procs.append(gw)
             gw.url = read_ready(gw, time.monotonic() + 30)
-            yield sim.url, gw.url
+            yield Deployed(sim.url, gw.url, {"simulator": sim.pid, "gateway": gw.pid})
         finally:
             kill_all(procs)
 
@@ -298,6 +307,11 @@ class Phase:
         return [r["gateway"].rps / r["direct"].rps for r in self.rounds if r["direct"].rps]
 
 
+def cpu_now(pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by this process (the load generator) and ``pids``."""
+    return {"load_generator": cpu_seconds(), **{n: cpu_seconds(p) for n, p in pids.items()}}
+
+
 async def phase(
     client: Client,
     urls: dict[str, str],
@@ -305,36 +319,42 @@ async def phase(
     concurrency: int,
     count: int,
     say: Reporter,
+    pids: Mapping[str, int],
 ) -> Phase:
     """Alternating blocks of ``count`` requests; the side that goes first flips every
-    round."""
+    round. Each side's CPU time per process is summed over its blocks."""
     result = Phase({name: Side([]) for name in urls}, [])
     order = list(urls)
     for b in range(opts.blocks):
         this_round: dict[str, Side] = {}
         for name in order if b % 2 == 0 else reversed(order):
+            before = cpu_now(pids)
             side = await drive(client, urls[name], opts, count, concurrency, offset=b * count)
+            after = cpu_now(pids)
             this_round[name] = side
             total = result.total[name]
             total.latencies += side.latencies
             total.elapsed_s += side.elapsed_s
             total.errors += side.errors
+            for proc, seconds in after.items():
+                total.cpu_s[proc] = total.cpu_s.get(proc, 0.0) + seconds - before[proc]
         result.rounds.append(this_round)
         say.progress(f"  round {b + 1}/{opts.blocks} done")
     return result
 
 
-async def measure(direct: str, gateway: str, opts: Options, say: Reporter) -> dict[str, object]:
-    urls = {"direct": direct, "gateway": gateway}
+async def measure(deployed: Deployed, opts: Options, say: Reporter) -> dict[str, object]:
+    urls = {"direct": deployed.direct, "gateway": deployed.gateway}
+    pids = deployed.pids
     client = CLIENTS[opts.client]()
     try:
         say.progress("warming up (pins, connections)")
         for url in urls.values():
             await drive(client, url, opts, max(200, opts.sessions * 2), opts.concurrency)
         say.progress("latency phase (one request at a time)")
-        lat = await phase(client, urls, opts, 1, opts.requests, say)
+        lat = await phase(client, urls, opts, 1, opts.requests, say, pids)
         say.progress(f"throughput phase ({opts.concurrency} in flight)")
-        thr = await phase(client, urls, opts, opts.concurrency, opts.throughput_requests, say)
+        thr = await phase(client, urls, opts, opts.concurrency, opts.throughput_requests, say, pids)
     finally:
         await client.close()
     for name in urls:
@@ -362,6 +382,11 @@ def _summary(side: Side) -> dict[str, object]:
         "p99_ms": _ms(_pct(side.latencies, 99)),
         "rps": round(side.rps, 1),
     }
+
+
+def _cpu_per_request(side: Side) -> dict[str, float]:
+    n = len(side.latencies)
+    return {proc: round(s * 1000 / n, 3) if n else 0.0 for proc, s in sorted(side.cpu_s.items())}
 
 
 def _ms(seconds: float) -> float:
@@ -397,6 +422,9 @@ def headline(opts: Options, lat: Phase, thr: Phase) -> dict[str, object]:
         "gateway_p99_ms": _ms(g99),
         "direct_rps": round(d_rps, 1),
         "gateway_rps": round(g_rps, 1),
+        # the throughput phase's CPU per request, by side and process: steadier than
+        # the rates, which move with how the processes share the cores
+        "cpu_ms_per_request": {name: _cpu_per_request(side) for name, side in thr.total.items()},
         **goals_and_met(
             GOALS,
             {"added_latency_ms_p50": added50, "throughput_ratio": ratio},
@@ -412,9 +440,9 @@ def run_bench(opts: Options, say: Reporter) -> dict[str, object]:
     say.progress("starting etcd, a fast simulator and a gateway")
     with (
         tempfile.TemporaryDirectory(prefix="tectonic-bench-gw-") as tmp,
-        deployment(Path(tmp)) as (direct, gateway),
+        deployment(Path(tmp)) as deployed,
     ):
-        return uvloop.run(measure(direct, gateway, opts, say))
+        return uvloop.run(measure(deployed, opts, say))
 
 
 _positive = at_least(1, "_positive")

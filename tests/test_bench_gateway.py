@@ -38,5 +38,11 @@ def test_small_run_prints_one_headline_with_sane_figures(client: str) -> None:
     for key in ("added_latency_ms_p50", "added_latency_ms_p99", "throughput_ratio"):
         assert isinstance(head[key], int | float) and math.isfinite(head[key]), key
     assert head["throughput_ratio"] > 0
+    cpu = head["cpu_ms_per_request"]
+    assert set(cpu) == {"direct", "gateway"}
+    assert set(cpu["direct"]) == set(cpu["gateway"]) == {"gateway", "load_generator", "simulator"}
+    # each process that worked for a side used CPU for it; the gateway is idle direct
+    assert cpu["gateway"]["gateway"] > cpu["direct"]["gateway"] >= 0
+    assert all(cpu[side]["simulator"] > 0 and cpu[side]["load_generator"] > 0 for side in cpu)
     assert set(head["goals"]) == set(head["met"])
     assert all(isinstance(v, bool) for v in head["met"].values())
