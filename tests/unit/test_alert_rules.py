@@ -118,6 +118,7 @@ def _exercised_registries() -> list[CollectorRegistry]:
     gw.first_byte("east", 0.1)
     gw.retry("east")
     gw.degrade("east", "shed")
+    gw.spill("east", "west")
     return [cp.registry, gw.registry]
 
 
