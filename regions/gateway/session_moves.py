@@ -67,6 +67,8 @@ class SessionMovesBoard:
     def _changed(self, region: str, notice: SessionMoves | None) -> None:
         if notice is None or notice.by == self.gateway_id:
             return  # deleted, or our own: this gateway's cache already knows
+        if not self.watch.loaded.is_set():
+            return  # the first read: older than anything this gateway has cached
         log.info(
             "gateway %s moved sessions off %s (%d so far): re-reading cached pins of %s",
             notice.by, region, notice.moved, region,

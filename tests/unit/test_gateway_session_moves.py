@@ -58,6 +58,12 @@ async def test_a_burst_of_moves_is_one_notice_heard_by_the_others_only(keys: Key
         b.moved("eu-west")
         await until(lambda: heard["a"] == ["eu-west"])
     assert heard["a"] == ["eu-west"]  # a never reacts to its own notices
+    # A gateway that starts later has nothing cached yet: the notices it finds in its
+    # first read are not news to it.
+    late: list[str] = []
+    c = SessionMovesBoard(store, keys, late.append, gateway_id="c", flush_s=0.05)
+    async with running(c):
+        assert c.watch.values.keys() == {"us-east", "eu-west"} and late == []
 
 
 async def test_a_notice_that_cannot_be_written_is_written_later(keys: Keys) -> None:
