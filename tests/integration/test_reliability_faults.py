@@ -459,9 +459,9 @@ async def test_a_region_flapping_for_two_minutes_fails_over_at_most_once(
     assert not result.aborted, result.aborted
     assert path.count("FAILING_OVER") <= 1, path
     # no session bounced: at most one move each, only sessions of the flapping region,
-    # never back to where it started
-    moved = {region} if "FAILING_OVER" in path else set()
-    assert consistency_violations(logs(traffic.sessions), moved_homes=moved) == 0
+    # never back to where it started. A session of it may move without a failover: a
+    # gateway that found no replica answering spills it to the zone's other region.
+    assert consistency_violations(logs(traffic.sessions), moved_homes={region}) == 0
     moves = {s.sid: s.moves for s in traffic.sessions if s.moves}
     figure("flapping_sessions_moved", len(moves))
     assert all(n == 1 for n in moves.values()), moves
