@@ -2,13 +2,19 @@
 
 It plays the orchestrator's part without any I/O: applies each ``Write`` with the
 same compare-and-set rules the etcd transaction uses, and runs failover steps at
-once. Time is a fake clock advanced by the test.
+once. Records, routing and audit entries are kept as etcd keeps them, encoded to
+JSON and decoded back, so a value that would not read back fails here. Time is a
+fake clock advanced by the test.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from pydantic import BaseModel
+
+from controlplane.codec import decode, encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.actions import TickResult, Write
 from controlplane.core.decide import decide
@@ -31,6 +37,13 @@ from controlplane.core.steps import (
     recovery_pending,
     recovery_step_write,
 )
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def stored(value: M) -> M:
+    """``value`` as a reader of etcd gets it back: JSON out, JSON in."""
+    return decode(type(value), encode(value), "world")
 
 
 def topology(**timing: float) -> Topology:
@@ -102,10 +115,10 @@ class World:
             if self.routing.get(r, (None, 0))[1] != rev:
                 return False
         self.rev += 1
-        self.records[w.region] = (w.record, self.rev)
+        self.records[w.region] = (stored(w.record), self.rev)
         for r, v in w.routing.items():
-            self.routing[r] = (v, self.rev)
-        self.audit.extend(w.audit)
+            self.routing[r] = (stored(v), self.rev)
+        self.audit.extend(stored(a) for a in w.audit)
         if w.resolve_intent:
             self.intents.pop(w.resolve_intent, None)
         return True
@@ -117,7 +130,7 @@ class World:
             self.health[h.region] = h.health
         for d in res.dropped:
             self.intents.pop(d.intent_id, None)
-            self.audit.append(d.audit)
+            self.audit.append(stored(d.audit))
         for w in res.writes:
             self.apply(w)
         for f in res.failovers:
