@@ -106,7 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for info in BENCHES:
-        sp = sub.add_parser(info.name, help=info.summary, description=info.summary)
+        # argparse %-formats help strings ("top 1 %" would read as a format code)
+        sp = sub.add_parser(
+            info.name, help=info.summary.replace("%", "%%"), description=info.summary
+        )
         info.module.add_arguments(sp)
         sp.set_defaults(run=info.module.run)
     return p

@@ -48,7 +48,6 @@ from controlplane.core.model import AuditEntry, FailoverStep, RegionRecord, Regi
 from controlplane.store.etcd import EtcdStore
 from controlplane.store.port import EventType
 
-PHASES = ("before_prewarm", "during_prewarm", "after_switch", "during_recovery")
 HOLD_S = 2.0  # the pre-warm step's minimum length, so that "during" can be hit
 
 

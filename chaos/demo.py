@@ -9,7 +9,9 @@ gateways the whole time. The drill checks the steady state, SIGKILLs every serve
 us-east, watches the failover (pre-warm of the targets with us-east's top prefixes,
 sessions moving once), brings the servers back, waits for the graduated recovery, and
 judges what it measured. It ends with the verdict per criterion and the path of the
-HTML report (plots, journal).
+HTML report (plots, journal). While it runs, the control plane's live dashboard is at
+the address printed at the start (``dashboard: http://127.0.0.1:PORT/``), and every
+process serves Prometheus ``/metrics`` (``LocalDeployment.metrics_targets``).
 
     python -m chaos.demo                       # about a minute with the simulator
     python -m chaos.demo --vllm                # real vLLM servers (CPU build here)

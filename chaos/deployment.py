@@ -5,6 +5,12 @@ vLLM servers started elsewhere and passed in), a region agent and a session-affi
 gateway, and several control-plane replicas electing a leader through etcd. The demo
 and the drills run on it, and its methods are the faults a drill may inject: they
 stop and start real processes by PID, or call the simulator's own fault endpoint.
+
+Every process serves Prometheus ``/metrics`` over HTTP: control planes on
+``--http-listen`` (with the live dashboard at ``/``), agents on ``--metrics-listen``,
+gateways and vLLM servers on their own port. The ports are chosen once, so a process
+restarted by a drill comes back where a scraper looks for it: ``metrics_targets``
+lists them by job, ``dashboard_urls`` gives each control plane's dashboard.
 """
 
 from __future__ import annotations
@@ -151,6 +157,8 @@ class LocalDeployment:
     agents: dict[str, Proc] = field(default_factory=dict)
     gateways: dict[str, Proc] = field(default_factory=dict)
     cp_ports: dict[str, int] = field(default_factory=dict)
+    cp_http_ports: dict[str, int] = field(default_factory=dict)  # --http-listen
+    agent_metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-listen
     cps: dict[str, Proc | None] = field(default_factory=dict)
     killed_etcd: list[int] = field(default_factory=list)
 
@@ -170,6 +178,22 @@ class LocalDeployment:
     @property
     def gateway_urls(self) -> dict[str, str]:
         return {r: g.url for r, g in self.gateways.items()}
+
+    @property
+    def dashboard_urls(self) -> dict[str, str]:
+        """Each control-plane replica's live dashboard (any replica serves it)."""
+        return {rid: f"http://127.0.0.1:{p}/" for rid, p in self.cp_http_ports.items()}
+
+    def metrics_targets(self) -> dict[str, list[str]]:
+        """``host:port`` of every ``/metrics`` endpoint, by job (controlplane, agent,
+        gateway, vllm), running or not: the ports stay the same across restarts."""
+        host = "127.0.0.1"
+        return {
+            "controlplane": [f"{host}:{p}" for p in self.cp_http_ports.values()],
+            "agent": [f"{host}:{p}" for p in self.agent_metrics_ports.values()],
+            "gateway": [f"{host}:{g.port}" for g in self.gateways.values()],
+            "vllm": [f"{host}:{p}" for ports in self.sim_ports.values() for p in ports],
+        }
 
     def replica_urls(self, region: str) -> list[str]:
         """Every configured server of ``region``, running or not (their ports are fixed)."""
@@ -191,6 +215,8 @@ class LocalDeployment:
             for r in self.spec.regions
         }
         self.cp_ports = {f"cp-{i + 1}": free_port() for i in range(self.spec.controlplanes)}
+        self.cp_http_ports = {rid: free_port() for rid in self.cp_ports}
+        self.agent_metrics_ports = {r: free_port() for r in self.spec.regions}
         ladder = compressed_ladder(self.spec, self.workdir / "degradation.yaml")
         topo = local_topology(self.spec, self.etcd_endpoints, agent_ports, self.sim_ports, ladder)
         self.keys = Keys(str(topo["cluster"]))
@@ -208,12 +234,19 @@ class LocalDeployment:
                 interval=0.5,
                 timeout=0.4,
                 listen=f"127.0.0.1:{self._agent_ports[region]}",
-                extra_args=self.spec.agent_args,
+                extra_args=(
+                    *self.spec.agent_args,
+                    "--metrics-listen",
+                    f"127.0.0.1:{self.agent_metrics_ports[region]}",
+                ),
             )
 
     def start_controlplane(self, rid: str) -> None:
         self.cps[rid] = start_controlplane(
-            self.topology_path, rid, listen=f"127.0.0.1:{self.cp_ports[rid]}"
+            self.topology_path,
+            rid,
+            listen=f"127.0.0.1:{self.cp_ports[rid]}",
+            extra_args=["--http-listen", f"127.0.0.1:{self.cp_http_ports[rid]}"],
         )
 
     def start_gateway(self, region: str) -> None:

@@ -24,6 +24,7 @@ from chaos.drill_result import DrillSummary
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
 from controlplane.codec import CorruptValue, decode, encode
+from controlplane.core.details import json_list
 from controlplane.core.model import AuditEntry
 from controlplane.keys import Keys
 from controlplane.store.port import (
@@ -196,7 +197,7 @@ class DrillLocker:
             details={
                 "drill": summary.id,
                 "aborted": summary.aborted,
-                "failed": ",".join(summary.failed),
+                "failed": json_list(summary.failed),
             },
         )
         audit = self._audit.op(entry)

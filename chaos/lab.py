@@ -56,6 +56,7 @@ async def running_lab(
         for rid in dep.cp_ports:
             say(f"starting control-plane replica {rid} ...")
             await asyncio.to_thread(dep.start_controlplane, rid)
+        say(f"dashboard: {' or '.join(dep.dashboard_urls.values())} (live while the lab runs)")
         say(f"starting one gateway per region ({', '.join(spec.regions)}) ...")
         await asyncio.gather(*(asyncio.to_thread(dep.start_gateway, r) for r in spec.regions))
         yield dep

@@ -161,10 +161,6 @@ class EtcdCluster:
         """SIGKILL member ``i`` (no graceful leave; its data dir stays for a restart)."""
         self.members[i].kill(signal.SIGKILL)
 
-    def stop_member(self, i: int) -> None:
-        """SIGTERM member ``i`` and wait for it to exit."""
-        self.members[i].kill(signal.SIGTERM)
-
     def restart_member(self, i: int) -> None:
         """Start member ``i`` again from its data dir and wait until it is healthy."""
         m = self.members[i]

@@ -8,7 +8,7 @@ abort or an error; the hypothesis must hold again. A sampler reads the system's 
 state and metrics every ``sample_s`` throughout (chaos/observe.py) and stops the
 drill early when an abort condition is met. The verdict (chaos/measure.py) is
 written to ``regions/<r>/readiness`` of the target region and of every region that
-took its traffic, with an audit entry; a failed drill bars them (DESIGN.md §6).
+took its traffic, with an audit entry; a failed drill bars them (docs/architecture.md §6).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from chaos.scenario import (
 from chaos.traffic import Traffic
 from controlplane.codec import encode
 from controlplane.config import ConfigError, Topology
+from controlplane.core.details import json_list
 from controlplane.core.model import AuditEntry, Readiness
 from controlplane.keys import Keys
 from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
@@ -476,7 +477,7 @@ class DrillRunner:
         readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
         ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
         entry_base = {"drill": result.id, "scenario": result.scenario,
-                      "failed": ",".join(result.failed_criteria())}  # fmt: skip
+                      "failed": json_list(result.failed_criteria())}  # fmt: skip
         audit = [
             Put(
                 keys.audit(f"{int(result.ended_at * 1e6):017d}-{ACTOR}-{i:06d}"),

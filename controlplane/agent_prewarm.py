@@ -1,5 +1,5 @@
 """The pre-warmer a failover runs: top prefixes of the source replayed on each target
-by the target's region agent (DESIGN.md §4).
+by the target's region agent (docs/architecture.md §4).
 
 For each target of the plan, concurrently:
 

@@ -1,4 +1,4 @@
-"""Topology and timing configuration, validated at load (DESIGN.md §7.5).
+"""Topology and timing configuration, validated at load (docs/architecture.md §7.5).
 
 A bad file fails at start with one message per problem, each naming the field
 (``regions[1].zone``) and what to do about it.
@@ -92,8 +92,9 @@ class TimingConfig(_Strict):
 
 
 class RecoveryConfig(_Strict):
-    """Graduated recovery (DESIGN.md §3). With a degradation ladder file, its ``recovery``
-    section and ``baseline`` set the pace and the guard (``ladder_file.recovery_config``)."""
+    """Graduated recovery (docs/architecture.md §3). With a degradation ladder file, its
+    ``recovery`` section and ``baseline`` set the pace and the guard
+    (``ladder_file.recovery_config``)."""
 
     step_percent: Annotated[float, Field(gt=0, le=100)] = 10.0
     step_interval_s: Annotated[float, Field(ge=0)] = 10.0
@@ -138,7 +139,7 @@ class PrewarmConfig(_Strict):
 
 
 class PrefixesConfig(_Strict):
-    """Prefix counting and the leader's per-region catalog (DESIGN.md §4). Gateways and
+    """Prefix counting and the leader's per-region catalog (docs/architecture.md §4). Gateways and
     the leader read this one section, so their fingerprints and K agree: the leader
     skips an export counted with other values."""
 

@@ -1,4 +1,5 @@
-"""Leader election on the store (DESIGN.md §7.4): lease + txn on ``create_revision == 0``.
+"""Leader election on the store (docs/architecture.md §7.4): lease + txn on
+``create_revision == 0``.
 
 The leader is whoever created ``key`` (value = holder id, attached to the holder's
 lease). Safety rests on two things:

@@ -1,4 +1,4 @@
-"""The etcd key layout (DESIGN.md §2), one prefix per deployment.
+"""The etcd key layout (docs/architecture.md §2), one prefix per deployment.
 
 All keys are text; values are JSON of the models in ``controlplane.core.model``.
 """
@@ -102,6 +102,18 @@ class Keys:
 
     def intent(self, intent_id: str) -> str:
         return f"{self.root}intents/{intent_id}"
+
+    def intent_claim(self, region: str) -> str:
+        """The region's pending operator intent (``Intent``), created with it if absent and
+        deleted when the leader resolves it: one pending intent per region at a time."""
+        return f"{self.root}intent-claims/{region}"
+
+    def intent_outcomes_prefix(self) -> str:
+        return self.root + "intent-outcomes/"
+
+    def intent_outcome(self, intent_id: str) -> str:
+        """What the leader did with an intent (``IntentOutcome``), on a lease (a day)."""
+        return f"{self.root}intent-outcomes/{intent_id}"
 
     def audit_prefix(self) -> str:
         return self.root + "audit/"

@@ -1,4 +1,4 @@
-"""Loads ``runbooks/degradation.yaml`` and exports its JSON schema (DESIGN.md §5).
+"""Loads ``runbooks/degradation.yaml`` and exports its JSON schema (docs/architecture.md §5).
 
 Check a file (exit 0, or 2 with one line per problem):
 ``python -m controlplane.ladder_file check runbooks/degradation.yaml``; regenerate the

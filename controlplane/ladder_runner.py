@@ -19,6 +19,7 @@ from controlplane.audit import AuditLog
 from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import Topology
 from controlplane.core.degradation import DegradationRecord
+from controlplane.core.details import json_list
 from controlplane.core.ladder import Ladder, with_headroom
 from controlplane.core.ladder_executor import (
     LadderAction,
@@ -87,7 +88,7 @@ class LadderRunner:
         entry = AuditEntry(
             at=now, actor=self.actor, action=f"ladder_{action.kind.value}", region=region,
             reason=action.reason,
-            details={"step": action.step or "", "applied": ",".join(action.record.applied)},
+            details={"step": action.step or "", "applied": json_list(action.record.applied)},
         )  # fmt: skip
         cas = Compare.mod_revision(key, rev) if rev else Compare.absent(key)
         ok = (

@@ -1,4 +1,4 @@
-"""The reconcile loop: level-triggered ticks (DESIGN.md §7.1).
+"""The reconcile loop: level-triggered ticks (docs/architecture.md §7.1).
 
 Each tick reads a full snapshot, decides purely, and acts. A watch on intents only
 wakes the loop early; correctness never depends on seeing an event. Only the leader
@@ -47,6 +47,9 @@ class TickObserver(Protocol):
         """After each tick that made progress; a leader's tick has the snapshot it
         decided on and the result it applied."""
 
+    def tick_timed(self, seconds: float) -> None:
+        """After each tick this replica ran as leader, however it ended."""
+
 
 class ReconcileLoop:
     def __init__(
@@ -61,8 +64,12 @@ class ReconcileLoop:
         actor: str,
         observer: TickObserver | None = None,
         ladder: LadderRunner | None = None,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``monotonic`` times each tick (tests pass a fake clock)."""
         self.ladder = ladder
+        self._monotonic = monotonic
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
         self.actor, self.observer = actor, observer
@@ -118,7 +125,7 @@ class ReconcileLoop:
             tg.create_task(self._wake_on_leadership(), name="watch-leadership")
             next_at = time.monotonic()
             while True:
-                await self._one_tick(period)
+                await self.tick_once()
                 # Fixed rate: periodic ticks keep their schedule whatever a tick costs;
                 # an early (woken) tick does not push the next periodic one back.
                 if time.monotonic() >= next_at:
@@ -130,10 +137,24 @@ class ReconcileLoop:
                     pass
                 self.wake.clear()
 
-    async def _one_tick(self, period: float) -> None:
+    async def tick_once(self) -> None:
+        """One tick as ``run`` makes it: bounded, timed, observed, its errors logged."""
+        period = self.topology.timing.loop_period_s
+        leader = self.leadership.is_leader
+        started = self._monotonic()
+        cut = await self._bounded_tick(period + 2 * self.topology.timing.retry_timeout_s)
+        seconds = self._monotonic() - started
+        if seconds > period and not cut:
+            # Silent until the bound cuts it otherwise; ticks fall behind their schedule.
+            log.warning("tick took %.2fs, longer than its period of %.2fs", seconds, period)
+        if leader:
+            self._observe_duration(seconds)
+
+    async def _bounded_tick(self, bound: float) -> bool:
+        """One tick within ``bound`` seconds; True when the bound cut it."""
         self.tick_snapshot = None
         try:
-            async with asyncio.timeout(period + 2 * self.topology.timing.retry_timeout_s):
+            async with asyncio.timeout(bound):
                 result = await self.tick()
             self.last_progress = time.monotonic()
             self.ticks += 1
@@ -142,12 +163,22 @@ class ReconcileLoop:
             # Acting blind is worse than not acting: wait for the store.
             log.warning("store unavailable, not acting this tick: %s", e)
         except TimeoutError:
-            log.warning("tick took longer than %.1fs; skipped", period)
+            log.warning("tick took longer than %.1fs; skipped", bound)
+            return True
         except NotLeader:
             log.info("leadership lost mid-tick; not acting")
         except (StoreError, ValueError):
             # A bug or a corrupt value must not kill the loop; the next tick retries.
             log.exception("tick failed")
+        return False
+
+    def _observe_duration(self, seconds: float) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.tick_timed(seconds)
+        except Exception:
+            log.exception("tick observer failed")  # metrics must never stop the loop
 
     def _observe(self, result: TickResult | None) -> None:
         if self.observer is None:

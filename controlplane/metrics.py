@@ -9,20 +9,26 @@ decided on and the result it applied), and the orchestrator calls ``transitioned
 Region gauges (state, health, pre-warm attainment, routing weights, drill readiness)
 are exported by the leader only: a follower reads no snapshot, so it drops them rather
 than export stale values, and ``max by (region, state) (tectonic_region_state)`` over
-all replicas has exactly one answer. Counters and the histogram count what each
+all replicas has exactly one answer. Counters and the histograms count what each
 replica did while it led. Session moves are counted by the gateways
 (``tectonic_gateway_*``), not here.
+
+Given the topology's regions, every transition the state machine allows exists from
+the start at 0 for each: a series born at its first event hides that event from
+``increase()`` (a dashboard would show no transition in a blackout).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.core.actions import TickResult
+from controlplane.core.machine import TRANSITIONS
 from controlplane.core.model import (
     Decision,
     FailoverProgress,
@@ -38,6 +44,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Failover start -> routing switch recorded: about a tick when the switch comes first,
 # up to the 30 s pre-warm budget (and more on a slow store) when it warms first.
 FAILOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
+# A leader's tick: milliseconds on a healthy store, up to its period (1 s by default)
+# when slow, cut at period + 2 x retry timeout (5 s by default).
+TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 def prewarm_fraction(result: dict[str, float]) -> float | None:
@@ -53,7 +62,8 @@ def prewarm_fraction(result: dict[str, float]) -> float | None:
 
 
 class ControlPlaneMetrics:
-    def __init__(self) -> None:
+    def __init__(self, regions: Iterable[str] = ()) -> None:
+        """``regions``: the topology's, whose transition series start at 0."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.region_state = Gauge(
@@ -90,6 +100,13 @@ class ControlPlaneMetrics:
         self.loop_ticks = Counter(
             "tectonic_loop_ticks", "Reconcile ticks that completed", registry=r
         )
+        self.tick_duration = Histogram(
+            "tectonic_loop_tick_duration_seconds",
+            "Reconcile ticks this replica ran as leader (read, decide, act), however they "
+            "ended; a tick is cut at loop_period_s + 2 x retry_timeout_s",
+            buckets=TICK_BUCKETS,
+            registry=r,
+        )
         self.loop_last_progress = Gauge(
             "tectonic_loop_last_progress_timestamp",
             "Unix time of the last reconcile tick that completed",
@@ -125,6 +142,10 @@ class ControlPlaneMetrics:
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
         self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
         self._drilled: set[str] = set()  # regions drill_timestamp shows
+        for region in regions:
+            for trigger, sources, dest in TRANSITIONS:
+                for source in sources:
+                    self.transitions.labels(region, source.value, dest.value, trigger)
 
     def scrape(self, *, leader: bool) -> bytes:
         """The exposition, with leadership as of now (ticks stop when the store does)."""
@@ -146,6 +167,9 @@ class ControlPlaneMetrics:
         elif not leader:
             self._drop_region_gauges()
             self.automation_paused.set(0)
+
+    def tick_timed(self, seconds: float) -> None:
+        self.tick_duration.observe(seconds)
 
     def _from_snapshot(self, snap: Snapshot) -> None:
         for name, view in snap.regions.items():

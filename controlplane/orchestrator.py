@@ -21,14 +21,16 @@ from typing import Protocol, runtime_checkable
 
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
-from controlplane.codec import encode
+from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import Topology
 from controlplane.core.actions import DropIntent, TickResult, Write, WriteHealth
+from controlplane.core.intents import IntentOutcome
 from controlplane.core.model import (
     AuditEntry,
     Decision,
     FailoverProgress,
     FailoverStep,
+    Intent,
     RecoveryStep,
     Routing,
 )
@@ -43,9 +45,23 @@ from controlplane.keys import Keys
 from controlplane.prewarm import Prewarmer
 from controlplane.session_store import SessionStore
 from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.port import MAX_TXN_OPS, Compare, Delete, Op, Put, Store
+from controlplane.store.port import (
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    LeaseNotFound,
+    Op,
+    Put,
+    Store,
+    TxnResult,
+)
 
 log = logging.getLogger("tectonic.orchestrator")
+
+# An intent's outcome stays readable (GetIntent) a day at least; outcomes share one lease
+# per hour, so a busy day grants 24 leases, not one per intent.
+INTENT_OUTCOME_TTL_S = 24 * 3600
+OUTCOME_LEASE_REUSE_S = 3600
 
 Fence = Callable[[], Sequence[Compare]]
 
@@ -90,6 +106,7 @@ class Orchestrator:
         self._failovers: dict[str, asyncio.Task[None]] = {}
         self._repins: dict[str, asyncio.Task[None]] = {}
         self._recoveries: dict[str, asyncio.Task[None]] = {}
+        self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
 
     # ---- writes ------------------------------------------------------------------------
     async def write(self, w: Write) -> bool:
@@ -104,9 +121,9 @@ class Orchestrator:
         ops: list[Op] = [Put(self.keys.region_state(w.region), encode(w.record))]
         ops += [Put(self.keys.routing(r), encode(v)) for r, v in w.routing.items()]
         ops += [self.audit.op(a) for a in w.audit]
-        if w.resolve_intent:
-            ops.append(Delete(self.keys.intent(w.resolve_intent)))
-        res = await self.store.txn(compares, ops)
+        if w.intent_outcome is not None:
+            ops += await self._resolve_intent_ops(w.intent_outcome)
+        res = await self._txn(compares, ops)
         if not res.succeeded:
             log.info(
                 "write for %s lost a race (state or routing changed, or leadership "
@@ -122,9 +139,36 @@ class Orchestrator:
 
     async def drop_intent(self, d: DropIntent) -> None:
         log.warning("intent %s refused: %s", d.intent_id, d.audit.result)
-        await self.store.txn(
-            [*self.fence()], [Delete(self.keys.intent(d.intent_id)), self.audit.op(d.audit)]
-        )
+        ops = [self.audit.op(d.audit), *await self._resolve_intent_ops(d.outcome)]
+        await self._txn([*self.fence()], ops)
+
+    # ---- operator intents' outcomes -------------------------------------------------------
+    async def _resolve_intent_ops(self, outcome: IntentOutcome) -> list[Op]:
+        """Delete the intent, record its outcome (GetIntent reads it) and free the
+        region's claim if it is this intent's (the API then takes the next one)."""
+        ops: list[Op] = [
+            Delete(self.keys.intent(outcome.id)),
+            Put(self.keys.intent_outcome(outcome.id), encode(outcome), await self._lease()),
+        ]
+        claim = self.keys.intent_claim(outcome.region)
+        kv = await self.store.get(claim)
+        if kv is not None and _claim_holder(kv.value, claim) in (outcome.id, None):
+            ops.append(Delete(claim))  # ours, or unreadable (then it would block forever)
+        return ops
+
+    async def _lease(self) -> int:
+        now = self.clock.now()
+        if self._outcome_lease is None or now - self._outcome_lease[1] >= OUTCOME_LEASE_REUSE_S:
+            ttl = INTENT_OUTCOME_TTL_S + OUTCOME_LEASE_REUSE_S
+            self._outcome_lease = (await self.store.grant_lease(ttl), now)
+        return self._outcome_lease[0]
+
+    async def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        try:
+            return await self.store.txn(compares, ops)
+        except LeaseNotFound:
+            self._outcome_lease = None  # gone (etcd restored from backup?): the next tick
+            raise  # grants a new one
 
     async def apply(self, result: TickResult) -> None:
         if result.health:
@@ -309,3 +353,11 @@ class Orchestrator:
 
     def failovers_running(self) -> list[str]:
         return sorted(r for r, t in self._failovers.items() if not t.done())
+
+
+def _claim_holder(raw: bytes, key: str) -> str | None:
+    """The id of the intent holding a region's claim; None if the value is unreadable."""
+    try:
+        return decode(Intent, raw, key).id
+    except CorruptValue:
+        return None

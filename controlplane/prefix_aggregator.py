@@ -151,7 +151,8 @@ class PrefixAggregator:
                     key=key,
                     count=estimate,
                     sessions=sessions,
-                    payload=payload if sessions >= k else None,  # residency (DESIGN.md §4)
+                    # residency (docs/architecture.md §4)
+                    payload=payload if sessions >= k else None,
                 )
             )
         return PrefixCatalog(

@@ -160,7 +160,7 @@ class TrackerConfig(Frozen):
     doorkeeper_lg_bits: int = Field(22, ge=0, le=30)  # 2 x 512 KiB; 0: no doorkeeper
     max_payloads: int = Field(512, ge=2)  # heavy hitters with a payload, per region
     max_regions: int = Field(64, ge=1)
-    min_sessions: int = Field(3, ge=1)  # K (DESIGN.md §4 residency)
+    min_sessions: int = Field(3, ge=1)  # K (docs/architecture.md §4 residency)
     admit_count: int = Field(2, ge=1)  # sketch lower bound before a key gets a payload
     session_key: str = ""  # keys the session-id hash; the same on every gateway
     model: str = ""  # the model ``observe`` assumes (the gateway protocol carries none)

@@ -1,7 +1,7 @@
 """The pre-warm hook a failover runs before or after its routing switch.
 
 The real pre-warmer is ``controlplane.agent_prewarm.AgentPrewarmer`` (top prefixes
-replayed on the targets by their region agents, DESIGN.md §4). ``NoPrefixData``
+replayed on the targets by their region agents, docs/architecture.md §4). ``NoPrefixData``
 records honestly that nothing was warmed; ``HoldPrewarmer`` keeps a failover in this
 step for a set time so that drills and tests can kill a leader mid-failover.
 """

@@ -68,6 +68,7 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "GetStatus": Permission.READ,
         _CP + "WatchEvents": Permission.READ,
         _CP + "GetHistory": Permission.READ,
+        _CP + "GetIntent": Permission.READ,
         _CP + "GetSession": Permission.READ,
         _CP + "GetReadiness": Permission.READ,
         _CP + "TopPrefixes": Permission.READ,

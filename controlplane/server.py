@@ -21,7 +21,6 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
 from controlplane.agent_prewarm import AgentPrewarmer
@@ -43,6 +42,7 @@ from controlplane.orchestrator import Orchestrator
 from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.prewarm import HoldPrewarmer, Prewarmer
 from controlplane.probe import AgentProber
+from controlplane.reflection import enable_reflection
 from controlplane.security import SecurityConfig
 from controlplane.session_store import SessionStore
 from controlplane.store.port import Store
@@ -75,7 +75,8 @@ class ControlPlaneReplica:
 
     def __post_init__(self) -> None:
         if self.ladder is not None:
-            # The ladder file is the source of truth for recovery's pace too (DESIGN §5).
+            # The ladder file is the source of truth for recovery's pace too
+            # (docs/architecture.md §5).
             pace = recovery_config(self.ladder, self.topology.recovery)
             if pace != self.topology.recovery and "recovery" in self.topology.model_fields_set:
                 log.warning(
@@ -86,7 +87,7 @@ class ControlPlaneReplica:
                 )
             self.topology = self.topology.model_copy(update={"recovery": pace})
         self.keys = Keys(self.topology.cluster)
-        self.metrics = ControlPlaneMetrics()
+        self.metrics = ControlPlaneMetrics(self.topology.names)
         self.stopping = asyncio.Event()
         t = self.topology
         self.election = LeaderElection(
@@ -214,9 +215,7 @@ class ControlPlaneReplica:
             server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         if sec is not None:
             _log_security(self.replica_id, sec)
         if sec is not None and sec.tls is not None:

@@ -1,4 +1,4 @@
-"""Sticky sessions in etcd (DESIGN.md §2): the adapter over the Store port.
+"""Sticky sessions in etcd (docs/architecture.md §2): the adapter over the Store port.
 
 Which region serves a session is decided purely by ``controlplane.core.sessions``;
 this module reads ``sessions/<id>``, asks the core, and writes what it says:

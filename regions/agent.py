@@ -22,8 +22,14 @@ published.
     tectonic-agent --region eu --control-plane 127.0.0.1:7000 \\
         --pool-config pool.yaml --etcd 127.0.0.1:2379 --cluster prod
 
+With ``--metrics-listen HOST:PORT`` (off by default) it also serves Prometheus
+``/metrics`` over HTTP there (:mod:`regions.agent_metrics`): its verdict, each probed
+replica up/down and when last probed, reports, the pool's replicas per state and its
+activations, pre-warm runs.
+
 In-process (tests, demo): ``handle = await serve_agent(AgentConfig(...))``, then
-``handle.view``, ``handle.port``, ``handle.pool`` (with a pool), ``await handle.stop()``.
+``handle.view``, ``handle.port``, ``handle.metrics_port`` (with ``metrics_listen``),
+``handle.pool`` (with a pool), ``await handle.stop()``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ from collections.abc import Sequence
 import aiohttp
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
@@ -50,8 +55,10 @@ from controlplane.api.auth import AuthInterceptor
 from controlplane.api.decode_guard import DecodeGuard
 from controlplane.config import ConfigError, EtcdConfig, describe_errors, load_etcd, read_yaml
 from controlplane.core.model import Health
+from controlplane.reflection import enable_reflection
 from controlplane.security import SecurityConfig
 from controlplane.tls import aio_channel, server_credentials
+from regions.agent_metrics import AgentMetrics, MetricsHttp
 from regions.agent_pool import AgentPool, AgentPoolConfig, check_replica_source, load_pool_config
 from regions.agent_service import (
     PrewarmServiceConfig,
@@ -60,8 +67,7 @@ from regions.agent_service import (
     StaticReplicas,
 )
 from regions.probe_vllm import ReplicaProbe, probe_replica
-from regions.region_view import RegionView as RegionView  # re-exported: it lived here
-from regions.region_view import fold_region_view as fold_region_view  # likewise
+from regions.region_view import RegionView, fold_region_view
 
 log = logging.getLogger("tectonic.agent")
 SERVICE = "tectonic.v1.RegionAgent"
@@ -80,6 +86,7 @@ class AgentConfig(BaseModel):
 
     region: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
     listen: str = "127.0.0.1:0"
+    metrics_listen: str | None = None  # host:port of Prometheus /metrics (port 0: any)
     control_planes: tuple[str, ...] = ()
     replicas: tuple[str, ...] = ()  # static replicas, or else a pool:
     pool: AgentPoolConfig | None = None
@@ -114,6 +121,9 @@ class AgentHandle:
     def __init__(self, config: AgentConfig, replica_set: ReplicaSet | None = None,
                  prewarm: PrewarmServiceConfig | None = None) -> None:
         self.config = config
+        self.metrics = AgentMetrics(config.region, config.replicas, pool=config.pool is not None)
+        self.metrics_port = 0
+        self._metrics_http: MetricsHttp | None = None
         self.pool: AgentPool | None = None
         if config.pool is not None:
             if replica_set is not None:
@@ -121,7 +131,8 @@ class AgentHandle:
             assert config.cluster is not None  # checked by AgentConfig
             self.pool = AgentPool(config.region, config.pool, etcd=config.etcd,
                                   cluster=config.cluster, interval_s=config.interval,
-                                  etcd_settings=config.etcd_settings)
+                                  etcd_settings=config.etcd_settings,
+                                  on_activation=self.metrics.activated)
         self.replica_set: ReplicaSet = (
             replica_set or (self.pool.pool if self.pool else StaticReplicas(config.replicas)))
         self.prewarm_config = prewarm or config.prewarm
@@ -154,18 +165,19 @@ class AgentHandle:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._session = aiohttp.ClientSession()
         self.service = RegionAgentService(self.config.region, self.replica_set, self._session,
-                                          self.prewarm_config)
+                                          self.prewarm_config, observer=self.metrics)
         apb_grpc.add_RegionAgentServicer_to_server(  # type: ignore[no-untyped-call]
             self.service, self._server)
         names = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name,
-                 reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self._server)
+                 apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name)
+        enable_reflection(names, self._server)
         tls = self.config.security.tls if self.config.security else None
         self.port = (self._server.add_secure_port(self.config.listen, server_credentials(tls))
                      if tls else self._server.add_insecure_port(self.config.listen))
         if not self.port:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if self.config.metrics_listen:  # first: a pool's start (launches) can be watched
+            await self._serve_metrics(self.config.metrics_listen)
         if self.pool is not None:  # up and ACTIVE before the first probe
             await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:"
                                   f"{self.port}")
@@ -175,6 +187,17 @@ class AgentHandle:
         log.info("agent for region %s serving gRPC on port %d; replicas %s; control plane %s",
                  self.config.region, self.port, ", ".join(self._replicas()) or "(none)",
                  ", ".join(self.config.control_planes) or "(none)")
+
+    async def _serve_metrics(self, listen: str) -> None:
+        self._metrics_http = MetricsHttp(self.metrics, self._refresh_metrics)
+        self.metrics_port = await self._metrics_http.start(listen)
+        log.info("agent for region %s serving Prometheus metrics on http://%s:%d/metrics",
+                 self.config.region, listen.rsplit(":", 1)[0], self.metrics_port)
+
+    def _refresh_metrics(self) -> None:
+        """Before each scrape: the pool's states as they are now."""
+        if self.pool is not None:
+            self.metrics.pool_snapshot(self.pool.pool.snapshot())
 
     async def _supervise(self) -> None:
         try:
@@ -201,6 +224,7 @@ class AgentHandle:
         probes = await asyncio.gather(
             *(probe_replica(self._session, url, c.timeout) for url in self._replicas()))
         self._log_replicas(probes)
+        self.metrics.probed(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
         view = fold_region_view(c.region, probes, c.max_queue, previous=self.view.probes,
@@ -209,6 +233,7 @@ class AgentHandle:
         if self.pool is not None:
             view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
         old, self.view = self.view, view
+        self.metrics.viewed(view.health)
         if view.health is not old.health:
             worse = _RANK[view.health] > _RANK[old.health]
             log.log(logging.WARNING if worse else logging.INFO, "region view %s -> %s (%s)",
@@ -263,8 +288,10 @@ class AgentHandle:
                 log.info("reporting to control plane %s", eps[idx])
             self._next, self._reachable, self.report_target = idx, True, eps[idx]
             self.reports_sent += 1
+            self.metrics.reported(True)
             return
         self._reachable = False
+        self.metrics.reported(False)
         now = asyncio.get_running_loop().time()
         if now - self._last_warn >= self.config.warn_every:
             self._last_warn = now
@@ -291,6 +318,8 @@ class AgentHandle:
         if self.pool is not None:
             await self.pool.stop()
         await self._server.stop(grace)
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
         for ch in self._channels:
             await ch.close()
         if self._session is not None:
@@ -329,6 +358,9 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p = argparse.ArgumentParser(prog="tectonic-agent", description="Tectonic region agent")
     p.add_argument("--region", required=True)
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (port 0 = any)")
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="also serve Prometheus /metrics over HTTP here (port 0: any free "
+                        "port; the log says which); off by default")
     p.add_argument("--control-plane", action="append", default=[], required=True,
                    help="host:port[,host:port...]; repeatable; tried in turn")
     p.add_argument("--replica", action="append", default=[],
@@ -384,6 +416,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
         p.error(str(e))
     try:
         return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
+                           metrics_listen=args.metrics_listen or None,
                            replicas=tuple(args.replica), pool=pool, etcd=etcd, security=security,
                            etcd_settings=etcd_settings,
                            cluster=args.cluster, interval=args.interval,

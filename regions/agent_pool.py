@@ -69,7 +69,7 @@ from regions.pool.launchers import (
     VllmSpec,
     check_speculative_config,
 )
-from regions.pool.manager import PoolSnapshot, WarmPool
+from regions.pool.manager import OnActivation, PoolSnapshot, WarmPool
 from regions.pool.sizing import BurstProfile
 from regions.pool.states import DwellPolicy, PoolConfig
 from regions.spec_decode_actuator import SpecDecodeActuator
@@ -270,6 +270,7 @@ class AgentPool:
         retry_s: float = 0.2,
         max_retry_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
+        on_activation: OnActivation | None = None,  # the agent's metrics
     ) -> None:
         self.region, self.config = region, config
         self.launcher = config.launcher.build()
@@ -278,6 +279,7 @@ class AgentPool:
             config.pool_config(),
             burst=config.burst,
             on_change=self._changed,
+            on_activation=on_activation,
             dead_after=config.dead_after,
             probe_timeout_s=config.probe_timeout_s,
             request_timeout_s=config.request_timeout_s,

@@ -65,6 +65,13 @@ class StaticReplicas:
         return list(self._replicas)
 
 
+class PrewarmObserver(Protocol):
+    """Told of each pre-warm run (the agent's metrics)."""
+
+    def prewarm_started(self) -> None: ...
+    def prewarm_done(self, outcome: PrewarmOutcome, *, crashed: bool = False) -> None: ...
+
+
 class PrewarmServiceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -119,11 +126,13 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
         replicas: ReplicaSet,
         http: aiohttp.ClientSession,
         config: PrewarmServiceConfig | None = None,
+        observer: PrewarmObserver | None = None,
     ) -> None:
         self.region = region
         self.replicas = replicas
         self.http = http
         self.config = config or PrewarmServiceConfig()
+        self.observer = observer
         self._runs: OrderedDict[str, _Prewarm] = OrderedDict()
 
     async def Describe(
@@ -217,6 +226,9 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             len(payloads),
             request.budget_s,
         )
+        if self.observer is not None:
+            self.observer.prewarm_started()
+        crashed = False
         try:
             if request.activate:
                 await self.replicas.activate(request.activate)
@@ -234,6 +246,7 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             outcome = outcome.model_copy(update={"elapsed_s": loop.time() - started})
         except Exception as e:  # the caller gets the reason, the agent keeps serving
             log.exception("pre-warm for %s failed", request.failover_id)
+            crashed = True
             outcome = PrewarmOutcome(
                 total=len(payloads),
                 warmed=0,
@@ -245,6 +258,8 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             )
         run.outcome = outcome
         run.changed.set()
+        if self.observer is not None:
+            self.observer.prewarm_done(outcome, crashed=crashed)
         log.warning(
             "pre-warm for %s done: %d/%d warmed in %.1fs (%.0f%%), %d failed; "
             "verified hit rate %.2f over %d prefixes%s",

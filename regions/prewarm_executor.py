@@ -1,5 +1,5 @@
 """Replays prefixes on a region's replicas within a budget, then measures the result
-with vLLM's own counters (DESIGN.md §4).
+with vLLM's own counters (docs/architecture.md §4).
 
 Each payload (``controlplane.core.prefixes.ReplayPayload``) is sent once with
 ``max_tokens: 1`` to the replica prefix-aware routing will send its prompts to

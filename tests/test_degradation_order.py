@@ -1,4 +1,4 @@
-"""The executor follows runbooks/degradation.yaml, not code (DESIGN.md §5).
+"""The executor follows runbooks/degradation.yaml, not code (docs/architecture.md §5).
 
 A simulated region fault (first-token latency rising, then errors, then healthy again)
 drives the pure executor over time with the committed file: the steps are applied in

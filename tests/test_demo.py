@@ -46,6 +46,7 @@ def check_blackout(stdout: str, result: dict[str, object], tmp_path: Path) -> No
     # the live view showed the failover as it happened, and the story ends with the report
     assert "FAULT stop every vLLM server of us-east" in stdout
     assert "FAILING_OVER" in stdout and "prefix-cache hit rate" in stdout
+    assert "dashboard: http://127.0.0.1:" in stdout  # the control plane's, live meanwhile
     report = Path(str(result["report_path"]))
     assert report.is_file() and report.is_relative_to(tmp_path)
     assert f"report:  {report.resolve()}" in stdout

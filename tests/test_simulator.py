@@ -166,6 +166,19 @@ async def test_tokenizer_is_deterministic_across_processes(
 
 
 @pytest.mark.slow
+async def test_any_replica_detokenizes_what_another_tokenized(
+    http: aiohttp.ClientSession, sims: list[Proc]
+) -> None:
+    """As with vLLM, whose replicas of a model share one vocabulary: behind a gateway a
+    ``/detokenize`` may land on another replica than the ``/tokenize`` before it."""
+    text = f"{uuid.uuid4().hex}: any replica decodes this, with its BOS shown"
+    a, b = sims
+    tok = await post_json(http, a.url + "/tokenize", {"prompt": text})
+    back = await post_json(http, b.url + "/detokenize", {"tokens": tok["tokens"]})
+    assert back == {"prompt": "<s>" + text}
+
+
+@pytest.mark.slow
 async def test_chat_completion(http: aiohttp.ClientSession, sim: Proc) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     tok = await post_json(http, sim.url + "/tokenize", {"messages": messages})
@@ -571,9 +584,12 @@ def test_prometheus_float_format() -> None:
 def test_crash_fault_kills_the_process() -> None:
     proc = start_simulator(name="sim-crash")
     try:
-        req = urllib.request.Request(proc.url + "/_sim/fault", data=b'{"crash": true}',
-                                     headers={"content-type": "application/json"},
-                                     method="POST")
+        req = urllib.request.Request(
+            proc.url + "/_sim/fault",
+            data=b'{"crash": true}',
+            headers={"content-type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert resp.status == 200
         assert proc.popen.wait(timeout=10) == 70

@@ -51,11 +51,6 @@ def current_principal() -> str | None:
     return p.name if p is not None else None
 
 
-def current_role() -> str | None:
-    p = _principal.get()
-    return p.role.value if p is not None else None
-
-
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from controlplane.core.intents import IntentOutcome, IntentStatus
 from controlplane.core.model import (
     AuditEntry,
     Decision,
@@ -21,6 +22,11 @@ _HEALTH_TO_PB = {
     Health.UNKNOWN: pb.UNKNOWN,
 }
 _HEALTH_FROM_PB: dict[int, Health] = {v: k for k, v in _HEALTH_TO_PB.items()}
+_INTENT_STATE = {
+    IntentStatus.PENDING: pb.INTENT_PENDING,
+    IntentStatus.DONE: pb.INTENT_DONE,
+    IntentStatus.REFUSED: pb.INTENT_REFUSED,
+}
 _KIND_FROM_PB: dict[int, ObserverKind] = {
     pb.AGENT: ObserverKind.AGENT,
     pb.PROBE: ObserverKind.PROBE,
@@ -103,4 +109,21 @@ def plan_to_pb(p: FailoverPlan) -> pb.FailoverPlan:
         warm_first=p.warm_first,
         headroom_short=p.headroom_short,
         notes=p.notes,
+    )
+
+
+def intent_status_to_pb(o: IntentOutcome) -> pb.IntentStatus:
+    return pb.IntentStatus(
+        intent_id=o.id,
+        kind=o.kind.value,
+        region=o.region,
+        state=_INTENT_STATE[o.status],
+        detail=o.detail,
+        reason=o.reason,
+        actor=o.actor,
+        targets=o.targets,
+        requested_at=o.requested_at,
+        decided_at=o.decided_at,
+        decided_by=o.decided_by,
+        epoch=o.epoch,
     )

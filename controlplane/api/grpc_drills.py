@@ -25,6 +25,7 @@ from controlplane.audit import AuditLog
 from controlplane.clock import Clock
 from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import Topology
+from controlplane.core.details import flag
 from controlplane.core.drills import SCENARIO_NAME, DrillCatalog, DrillRequest, DrillSummary
 from controlplane.core.model import AuditEntry, Readiness
 from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
@@ -255,7 +256,7 @@ class DrillMethods:
         )  # fmt: skip
         entry = AuditEntry(
             at=now, actor=actor, action="drill_requested", region=region, reason=reason,
-            details={"request": req.id, "scenario": req.scenario, "dry_run": str(req.dry_run)},
+            details={"request": req.id, "scenario": req.scenario, "dry_run": flag(req.dry_run)},
         )  # fmt: skip
         key = self.keys.drill_request(req.id)
         ok = (

@@ -4,13 +4,21 @@ Any replica answers: reads come from etcd, reports are stored for the leader to
 fold, and operator commands become intents that the leader's loop carries out.
 Bad requests get INVALID_ARGUMENT or FAILED_PRECONDITION with a message that says
 what to do, and change nothing.
+
+One intent per region is pending at a time: an intent is stored together with the
+region's claim (``intent-claims/<r>``, created only if absent) and only while the
+region's record is as the checks saw it, so of two concurrent commands for one region
+one is accepted and the other refused at once, with the reason. ``GetIntent`` reads
+what the leader did with an accepted one.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
@@ -19,6 +27,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 from controlplane.api.convert import (
     event_to_pb,
     health_from_pb,
+    intent_status_to_pb,
     kind_from_pb,
     plan_to_pb,
     region_status,
@@ -35,9 +44,11 @@ from controlplane.api.rpc_checks import (
 )
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, encode
+from controlplane.codec import CorruptValue, decode, encode
 from controlplane.config import Topology
+from controlplane.core.details import flag, json_list
 from controlplane.core.failover import PlanRefused, plan_failover
+from controlplane.core.intents import IntentOutcome, IntentStatus, outcome_details, pending
 from controlplane.core.model import (
     AuditEntry,
     ControlFlags,
@@ -46,14 +57,31 @@ from controlplane.core.model import (
     RegionState,
 )
 from controlplane.core.sessions import SessionPin
+from controlplane.core.snapshot import Snapshot
 from controlplane.keys import Keys
 from controlplane.reports import BadReport, store_report, validate_report
 from controlplane.session_store import SessionStore
-from controlplane.store.port import Compare, Put, Store, StoreUnavailable
+from controlplane.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.api")
 
 MAX_TARGETS = 16
+# Tries to store an intent while the region's record keeps changing under the checks.
+SUBMIT_ATTEMPTS = 3
+INTENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What one attempt's checks (on a fresh snapshot) found to store: the intent and its
+    audit details; ``intent`` None stores nothing (a dry run). A refusal aborts instead."""
+
+    intent: Intent | None
+    details: dict[str, str] = field(default_factory=dict)
+    plan: pb.FailoverPlan | None = None
+
+
+Build = Callable[[Snapshot], Awaitable[Submission]]
 
 
 class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
@@ -143,9 +171,10 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         return pb.ReportHealthResponse(accepted=True)
 
     # ---- operator commands -----------------------------------------------------------
-    async def _submit(self, intent: Intent, **details: str) -> None:
-        """Store the intent for the leader's loop and its ``intent_<kind>`` audit entry
-        (``details`` after the intent's id) in one transaction."""
+    async def _submit(self, intent: Intent, record_rev: int, details: dict[str, str]) -> bool:
+        """Store the intent, the region's claim and its ``intent_<kind>`` audit entry in
+        one transaction, if no other intent holds the claim and the region's record is
+        still at ``record_rev`` (what the checks saw). False if not: look again."""
         audit = AuditEntry(
             at=intent.created_at,
             actor=intent.actor,
@@ -153,16 +182,17 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
             region=intent.region,
             reason=intent.reason,
             result="accepted",
-            details={"intent": intent.id, **details},
+            details={**outcome_details(intent.id, IntentStatus.PENDING), **details},
         )
-        ok = (
-            await self.store.txn(
-                [Compare.absent(self.keys.intent(intent.id))],
-                [Put(self.keys.intent(intent.id), encode(intent)), self.audit.op(audit)],
-            )
-        ).succeeded
-        if not ok:
-            raise StoreUnavailable("intent id collision; retry")
+        claim, value = self.keys.intent_claim(intent.region), encode(intent)
+        compares = [
+            Compare.absent(self.keys.intent(intent.id)),
+            Compare.absent(claim),
+            Compare.mod_revision(self.keys.region_state(intent.region), record_rev),
+        ]
+        ops = [Put(self.keys.intent(intent.id), value), Put(claim, value), self.audit.op(audit)]
+        if not (await self.store.txn(compares, ops)).succeeded:
+            return False
         log.warning(
             "intent %s: %s %s by %s: %s",
             intent.id,
@@ -170,6 +200,47 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
             intent.region,
             intent.actor,
             intent.reason,
+        )
+        return True
+
+    async def _refuse_if_pending(
+        self, ctx: grpc.aio.ServicerContext, snap: Snapshot, region: str
+    ) -> None:
+        """FAILED_PRECONDITION while another intent for ``region`` awaits the leader."""
+        kv = await self.store.get(self.keys.intent_claim(region))
+        held: Intent | None = None
+        if kv is not None:
+            try:
+                held = decode(Intent, kv.value, kv.key)
+            except CorruptValue:
+                log.error("unreadable intent claim %s; the leader frees it", kv.key)
+        # Intents stored before claims existed hold none: the snapshot has them too.
+        held = held or next((i for i in snap.intents if i.region == region), None)
+        if held is not None:
+            await abort(
+                ctx,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{region} already has a pending {held.kind.value} intent {held.id} "
+                f"(by {held.actor}: {held.reason[:120]}); one intent per region at a time. "
+                f"GetIntent {held.id} tells its outcome",
+            )
+
+    async def _claim_and_submit(
+        self, ctx: grpc.aio.ServicerContext, region: str, build: Build
+    ) -> Submission:
+        """Check on a fresh snapshot and store, again if the region changed meanwhile."""
+        for _ in range(SUBMIT_ATTEMPTS):
+            snap = await self.reads.snapshot()
+            await self._refuse_if_pending(ctx, snap, region)
+            sub = await build(snap)
+            if sub.intent is None or await self._submit(
+                sub.intent, snap.regions[region].record_rev, sub.details
+            ):
+                return sub
+        await abort(
+            ctx,
+            grpc.StatusCode.ABORTED,
+            f"{region} kept changing while the request was checked; nothing was changed, retry",
         )
 
     @store_errors
@@ -182,39 +253,45 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
             await bad_request(context, f"at most {MAX_TARGETS} targets")
         for t in request.to:
             await self._known_region(context, t)
-        snap = await self.reads.snapshot()
-        try:
-            plan = plan_failover(
-                snap,
-                self.topology,
-                region,
+
+        async def build(snap: Snapshot) -> Submission:
+            try:
+                plan = plan_failover(
+                    snap,
+                    self.topology,
+                    region,
+                    reason=reason,
+                    actor=actor,
+                    requested=list(request.to),
+                    forced=request.force,
+                    manual=True,
+                )
+            except PlanRefused as e:
+                code = (
+                    grpc.StatusCode.INVALID_ARGUMENT
+                    if e.code == "unknown_region"
+                    else grpc.StatusCode.FAILED_PRECONDITION
+                )
+                await abort(context, code, str(e))
+            if request.dry_run:
+                return Submission(None, plan=plan_to_pb(plan))
+            intent = Intent(
+                id=uuid.uuid4().hex[:12],
+                kind=IntentKind.FAILOVER,
+                region=region,
+                targets=tuple(request.to),
                 reason=reason,
                 actor=actor,
-                requested=list(request.to),
-                forced=request.force,
-                manual=True,
+                force=request.force,
+                created_at=snap.now,
             )
-        except PlanRefused as e:
-            code = (
-                grpc.StatusCode.INVALID_ARGUMENT
-                if e.code == "unknown_region"
-                else grpc.StatusCode.FAILED_PRECONDITION
-            )
-            await abort(context, code, str(e))
-        if request.dry_run:
-            return pb.FailoverResponse(accepted=False, plan=plan_to_pb(plan), dry_run=True)
-        intent = Intent(
-            id=uuid.uuid4().hex[:12],
-            kind=IntentKind.FAILOVER,
-            region=region,
-            targets=tuple(request.to),
-            reason=reason,
-            actor=actor,
-            force=request.force,
-            created_at=snap.now,
-        )
-        await self._submit(intent, force=str(request.force), to=",".join(request.to))
-        return pb.FailoverResponse(accepted=True, intent_id=intent.id, plan=plan_to_pb(plan))
+            details = {"force": flag(request.force), "to": json_list(request.to)}
+            return Submission(intent, details, plan_to_pb(plan))
+
+        sub = await self._claim_and_submit(context, region, build)
+        if sub.intent is None:
+            return pb.FailoverResponse(accepted=False, plan=sub.plan, dry_run=True)
+        return pb.FailoverResponse(accepted=True, intent_id=sub.intent.id, plan=sub.plan)
 
     @store_errors
     async def RequestRecovery(
@@ -222,24 +299,55 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
     ) -> pb.IntentResponse:
         region = await self._known_region(context, request.region)
         reason, actor = await reason_and_actor(context, request.reason, request.actor)
-        snap = await self.reads.snapshot()
-        state = snap.regions[region].record.state
-        if state is not RegionState.FAILING_OVER:
-            await abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{region} is {state.value}; only a FAILING_OVER region can be recovered",
+
+        async def build(snap: Snapshot) -> Submission:
+            state = snap.regions[region].record.state
+            if state is not RegionState.FAILING_OVER:
+                await abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{region} is {state.value}; only a FAILING_OVER region can be recovered",
+                )
+            intent = Intent(
+                id=uuid.uuid4().hex[:12],
+                kind=IntentKind.RECOVER,
+                region=region,
+                reason=reason,
+                actor=actor,
+                created_at=snap.now,
             )
-        intent = Intent(
-            id=uuid.uuid4().hex[:12],
-            kind=IntentKind.RECOVER,
-            region=region,
-            reason=reason,
-            actor=actor,
-            created_at=snap.now,
+            return Submission(intent)
+
+        sub = await self._claim_and_submit(context, region, build)
+        intent_id = sub.intent.id if sub.intent else ""
+        return pb.IntentResponse(accepted=bool(intent_id), intent_id=intent_id)
+
+    @store_errors
+    async def GetIntent(
+        self, request: pb.GetIntentRequest, context: grpc.aio.ServicerContext
+    ) -> pb.IntentStatus:
+        iid = request.intent_id
+        if not INTENT_ID.match(iid):
+            await bad_request(
+                context, "intent_id is the id RequestFailover / RequestRecovery returned"
+            )
+        # The intent first: it is deleted in the transaction that writes its outcome, so
+        # an absent intent means the outcome is there (unless it expired).
+        try:
+            kv = await self.store.get(self.keys.intent(iid))
+            if kv is not None:
+                return intent_status_to_pb(pending(decode(Intent, kv.value, kv.key)))
+            kv = await self.store.get(self.keys.intent_outcome(iid))
+            if kv is not None:
+                return intent_status_to_pb(decode(IntentOutcome, kv.value, kv.key))
+        except CorruptValue as e:
+            await abort(context, grpc.StatusCode.DATA_LOSS, f"{e}; failoverctl history has it")
+        await abort(
+            context,
+            grpc.StatusCode.NOT_FOUND,
+            f"no intent {iid}: never accepted, or its outcome expired (kept a day); "
+            "failoverctl history shows every intent",
         )
-        await self._submit(intent)
-        return pb.IntentResponse(accepted=True, intent_id=intent.id)
 
     async def _set_paused(
         self, paused: bool, request: pb.PauseRequest, context: grpc.aio.ServicerContext

@@ -19,6 +19,7 @@ from controlplane.cli import render
 from controlplane.cli.client import (
     DEFAULT_SERVER,
     EXIT_BAD_INPUT,
+    EXIT_REFUSED,
     Client,
     Credentials,
     default_actor,
@@ -171,6 +172,39 @@ def events(
                 out.print(render.event_line(e), highlight=False)
 
 
+def _intent_status(c: Ctx, intent_id: str) -> pb.IntentStatus:
+    got: pb.IntentStatus = _call(c, lambda s: s.GetIntent, pb.GetIntentRequest(intent_id=intent_id))
+    return got
+
+
+def _wait_for_intent(c: Ctx, intent_id: str, deadline: float) -> pb.IntentStatus | None:
+    """The intent's outcome once the leader has decided it; None if still pending at
+    ``deadline`` (no leader acting?)."""
+    while time.monotonic() < deadline:
+        st = _intent_status(c, intent_id)
+        if st.state != pb.INTENT_PENDING:
+            return st
+        time.sleep(0.3)
+    return None
+
+
+def _wait_for_outcome(c: Ctx, region: str, intent_id: str, epoch0: int, within: float) -> None:
+    """Wait for the leader to carry out the intent (a refusal ends the command with exit
+    code 1 and the leader's reason), then for the routing switch."""
+    deadline = time.monotonic() + within
+    outcome = _wait_for_intent(c, intent_id, deadline)
+    if outcome is None:
+        err.print(
+            f"[yellow]intent {intent_id} still pending after {within:.0f}s[/]: no leader has "
+            f"acted on it yet; `failoverctl intent {intent_id}` tells its outcome"
+        )
+        return
+    if outcome.state == pb.INTENT_REFUSED:
+        err.print(f"[bold red]refused by the leader:[/] {outcome.detail}", highlight=False)
+        raise typer.Exit(EXIT_REFUSED)
+    _wait_for_switch(c, region, epoch0, max(deadline - time.monotonic(), 1.0))
+
+
 def _wait_for_switch(c: Ctx, region: str, epoch0: int, within: float) -> None:
     """Show progress until the failover's routing switch is recorded (or the region has
     already moved on past it: a fast recovery can follow within seconds)."""
@@ -208,11 +242,13 @@ def failover(
     ] = None,
     force: Annotated[
         bool,
-        typer.Option(help="Override residency/barred/headroom/cooldown rules. Needs a reason."),
+        typer.Option(help="Override the residency, barred and headroom rules. Needs a reason."),
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan only.")] = False,
     yes: YesOpt = False,
-    wait: Annotated[bool, typer.Option(help="Wait for the routing switch.")] = True,
+    wait: Annotated[
+        bool, typer.Option(help="Wait for the leader to carry it out and for the switch.")
+    ] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Move a region's traffic to other regions (shows the plan, then asks).
@@ -235,7 +271,33 @@ def failover(
     resp = _call(c, lambda s: s.RequestFailover, req)
     _show(c, resp, lambda: err.print(f"accepted: intent {resp.intent_id}"))
     if wait and not c.json:
-        _wait_for_switch(c, region, epoch0, 60.0)
+        _wait_for_outcome(c, region, resp.intent_id, epoch0, 60.0)
+
+
+@app.command()
+def intent(
+    ctx: typer.Context,
+    intent_id: Annotated[str, typer.Argument(help="The id a failover or recover printed.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """What the leader did with an accepted failover or recovery: pending, done, refused.
+
+    Example: failoverctl intent 3f9c2a1b7e4d --json
+    """
+    c = _ctx(ctx, json_out)
+    st = _intent_status(c, intent_id)
+
+    def text() -> None:
+        state = pb.IntentState.Name(st.state).removeprefix("INTENT_").lower()
+        out.print(
+            f"intent {st.intent_id}: {st.kind} {st.region} by {st.actor}: {state}"
+            + (f" ({st.detail})" if st.detail else ""),
+            highlight=False,
+        )
+
+    _show(c, st, text)
+    if st.state == pb.INTENT_REFUSED:
+        raise typer.Exit(EXIT_REFUSED)
 
 
 @app.command()

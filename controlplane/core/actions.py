@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controlplane.core.intents import IntentOutcome
 from controlplane.core.model import (
     AuditEntry,
     Decision,
@@ -29,7 +30,8 @@ class Write(Frozen):
     routing_revs: dict[str, int] = Field(default_factory=dict)  # CAS on each routing key
     decision: Decision | None = None
     audit: tuple[AuditEntry, ...] = ()
-    resolve_intent: str | None = None
+    # The operator intent this write carries out: deleted, and its outcome recorded.
+    intent_outcome: IntentOutcome | None = None
 
 
 class WriteHealth(Frozen):
@@ -50,10 +52,11 @@ class RunRecovery(Frozen):
 
 
 class DropIntent(Frozen):
-    """A refused operator intent: deleted and audited with the reason."""
+    """A refused operator intent: deleted, audited with the reason, outcome recorded."""
 
     intent_id: str
     audit: AuditEntry
+    outcome: IntentOutcome
 
 
 class TickResult(Frozen):

@@ -1,4 +1,4 @@
-"""One reconcile tick: snapshot in, actions out. Pure (DESIGN.md §7.1).
+"""One reconcile tick: snapshot in, actions out. Pure (docs/architecture.md §7.1).
 
 ``decide`` returns a ``TickResult`` (types in ``controlplane.core.actions``) that names
 every write the orchestrator must make; each ``Write`` is one fenced etcd transaction
@@ -21,8 +21,10 @@ from controlplane.core.actions import (
     Write,
     WriteHealth,
 )
+from controlplane.core.details import routing_text
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
+from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.machine import fire
 from controlplane.core.model import (
     AuditEntry,
@@ -51,7 +53,8 @@ def _transition(
     record_changes: dict[str, object],
     routing: dict[str, Routing] | None = None,
     routing_revs: dict[str, int] | None = None,
-    intent_id: str | None = None,
+    intent: Intent | None = None,
+    decided_by: str = "",
 ) -> Write:
     rec = view.record
     decision = fire(
@@ -75,9 +78,9 @@ def _transition(
     )
     details = {"trigger": trigger}
     if routing:
-        details["routing"] = "; ".join(
-            f"{k}={dict(sorted(v.targets.items()))}" for k, v in sorted(routing.items())
-        )
+        details["routing"] = routing_text(routing)
+    if intent is not None:
+        details |= outcome_details(intent.id, IntentStatus.DONE)
     return Write(
         region=view.name,
         expected_rev=view.record_rev,
@@ -96,12 +99,17 @@ def _transition(
                 details=details,
             ),
         ),
-        resolve_intent=intent_id,
+        intent_outcome=None if intent is None else done(intent, decision, decided_by),
     )
 
 
 def _start_failover(
-    view: RegionView, plan: FailoverPlan, trigger: str, now: float, intent_id: str | None = None
+    view: RegionView,
+    plan: FailoverPlan,
+    trigger: str,
+    now: float,
+    intent: Intent | None = None,
+    decided_by: str = "",
 ) -> Write:
     return _transition(
         view,
@@ -109,7 +117,8 @@ def _start_failover(
         reason=plan.reason,
         actor=plan.actor,
         now=now,
-        intent_id=intent_id,
+        intent=intent,
+        decided_by=decided_by,
         record_changes={
             "failover": FailoverProgress(plan=plan, started_at=now),
             "recovery": None,
@@ -151,7 +160,7 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
     if move.fraction_home is not None:
         routing = routing_recovery_step(view.effective_routing(), view.name, move.fraction_home)
         routes[view.name] = routing
-        details["routing"] = str(dict(sorted(routing.targets.items())))
+        details["routing"] = routing_text(routes)
     for b in move.breaches:
         details[b.signal] = f"{b.value:.4g}"
         details[f"{b.signal}_threshold"] = f"{b.threshold:.4g}"
@@ -236,7 +245,7 @@ def _automatic(
         # Healthy for the whole dwell *since the failover*, not merely since the verdict.
         and now - max(h.since, rec.since) >= timing.recovery_dwell_s
         # A failed drill keeps the region's traffic away until a passing drill or an
-        # operator override (DESIGN.md §6).
+        # operator override (docs/architecture.md §6).
         and not view.barred
     ):
         healthy_for = now - max(h.since, rec.since)
@@ -275,7 +284,8 @@ def _begin_recovery(
     reason: str,
     actor: str,
     now: float,
-    intent_id: str | None = None,
+    intent: Intent | None = None,
+    decided_by: str = "",
 ) -> Write:
     return _transition(
         view,
@@ -283,7 +293,8 @@ def _begin_recovery(
         reason=reason,
         actor=actor,
         now=now,
-        intent_id=intent_id,
+        intent=intent,
+        decided_by=decided_by,
         record_changes={
             "failover": None,
             "recovery": RecoveryProgress(
@@ -296,7 +307,9 @@ def _begin_recovery(
     )
 
 
-def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropIntent:
+def _intent(snap: Snapshot, topology: Topology, intent: Intent, actor: str) -> Write | DropIntent:
+    """Carry out ``intent`` or refuse it; either way its outcome is recorded (``actor``,
+    this leader, decided it)."""
     now = snap.now
     view = snap.regions.get(intent.region)
 
@@ -310,8 +323,9 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropI
                 region=intent.region,
                 reason=intent.reason,
                 result=f"refused: {why}",
-                details={"intent": intent.id},
+                details=outcome_details(intent.id, IntentStatus.REFUSED),
             ),
+            outcome=refused(intent, why, now, actor),
         )
 
     if view is None:
@@ -334,7 +348,7 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropI
         except PlanRefused as e:
             return refuse(str(e))
         trigger = "relapse" if state is RegionState.RECOVERED else "fail_over"
-        return _start_failover(view, plan, trigger, now, intent.id)
+        return _start_failover(view, plan, trigger, now, intent, actor)
     # RECOVER
     if state is not RegionState.FAILING_OVER:
         return refuse(f"{intent.region} is {state.value}, not FAILING_OVER")
@@ -342,7 +356,7 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent) -> Write | DropI
         return refuse(f"{intent.region}'s failover has not finished its steps yet")
     if view.health.verdict is Health.UNHEALTHY and not intent.force:
         return refuse(f"{intent.region} is still UNHEALTHY (force with a reason to override)")
-    return _begin_recovery(view, topology, intent.reason, intent.actor, now, intent.id)
+    return _begin_recovery(view, topology, intent.reason, intent.actor, now, intent, actor)
 
 
 def _with_record(snap: Snapshot, w: Write) -> Snapshot:
@@ -371,7 +385,7 @@ def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
     for intent in sorted(snap.intents, key=lambda i: (i.created_at, i.id)):
         if intent.region in writes:
             continue  # one change per region per tick; the next tick takes it
-        out = _intent(snap, topology, intent)
+        out = _intent(snap, topology, intent, actor)
         if isinstance(out, DropIntent):
             dropped.append(out)
         else:

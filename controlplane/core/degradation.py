@@ -1,5 +1,5 @@
 """What a region's degradation ladder has switched off: the value of
-``degradation/<region>`` (DESIGN.md §5), written by the leader and watched by gateways
+``degradation/<region>`` (docs/architecture.md §5), written by the leader and watched by gateways
 (context cap, parallel tool calls, shedding) and region agents (speculative decoding).
 
 ``FeatureFlags`` is what the actuators read: the effective settings after the applied

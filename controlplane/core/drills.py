@@ -1,4 +1,4 @@
-"""What the control plane knows of chaos drills (DESIGN.md §6): values under
+"""What the control plane knows of chaos drills (docs/architecture.md §6): values under
 ``drills/`` in etcd, written by the drill service (chaos/drill_service.py) and the API,
 read by both and by ``failoverctl drill``. The drills themselves live in ``chaos/``."""
 

@@ -1,4 +1,4 @@
-"""Failover planning and routing arithmetic: the safety rules of DESIGN.md §3.
+"""Failover planning and routing arithmetic: the safety rules of docs/architecture.md §3.
 
 Rules (modelled on AWS ARC's assertion rules), each bypassed only by ``force``
 with a reason:
@@ -6,7 +6,10 @@ with a reason:
 * never fail over into a region that is barred by a failed drill, UNHEALTHY,
   UNKNOWN, in another residency zone, or without headroom;
 * never route away from the last healthy region (not even forced);
-* one failover per region at a time, and at most one per cooldown.
+* one failover per region at a time, and at most one *automatic* failover per
+  cooldown. An operator's failover is not held by the cooldown: it is deliberate,
+  has a reason and is audited, and refusing it would push the operator to ``force``,
+  which also lifts the residency, barred and headroom rules that should still hold.
 
 Targets share the source's load in proportion to their headroom.
 """
@@ -100,10 +103,10 @@ def plan_failover(
         raise PlanRefused(f"{source} is already failed over", code="in_progress")
     cooldown = topology.timing.failover_cooldown_s if cooldown_s is None else cooldown_s
     last = src.record.last_failover_at
-    if last is not None and snap.now - last < cooldown and not forced:
+    if last is not None and snap.now - last < cooldown and not (forced or manual):
         raise PlanRefused(
             f"{source} failed over {snap.now - last:.0f}s ago; cooldown is {cooldown:.0f}s "
-            "(force with a reason to override)",
+            "for automatic failovers (an operator can fail it over with failoverctl)",
             code="cooldown",
         )
     bad = [t for t in requested if t not in snap.regions or t == source]

@@ -1,4 +1,5 @@
-"""The degradation ladder as data: the model of ``runbooks/degradation.yaml`` (DESIGN.md §5).
+"""The degradation ladder as data: the model of ``runbooks/degradation.yaml``
+(docs/architecture.md §5).
 
 Pure: no file or clock here (``controlplane.ladder_file`` loads the YAML, the executor
 in ``controlplane.core.ladder_executor`` walks the ladder). Validation rejects a file
@@ -17,10 +18,11 @@ from controlplane.core.degradation import FeatureFlags
 from controlplane.core.failover import LOAD_SIGNAL
 from controlplane.core.model import Frozen
 
-# DESIGN.md §5 promises these are never degraded; a file may add to the set, not shrink it.
+# docs/architecture.md §5 promises these are never degraded; a file may add to the set, not
+# shrink it.
 PROTECTED_FEATURES = ("basic_chat", "first_token_latency", "token_rate")
 
-# Signal names the conditions read (as the agent and gateways report them, DESIGN.md §3).
+# Signal names the conditions read (as the agent and gateways report them, docs/architecture.md §3).
 TTFT_SIGNAL = "ttft_p99_s"
 ERROR_SIGNAL = "error_rate"
 AUTH_ERROR_SIGNAL = "auth_error_rate"
@@ -194,7 +196,8 @@ class Step(Frozen):
     def _not_protected(cls, v: str) -> str:
         if v in PROTECTED_FEATURES:
             raise ValueError(
-                f"{v!r} is never degraded (DESIGN.md §5: {', '.join(PROTECTED_FEATURES)}); "
+                f"{v!r} is never degraded (docs/architecture.md §5: "
+                f"{', '.join(PROTECTED_FEATURES)}); "
                 "remove this step or have it degrade another feature"
             )
         return v
@@ -258,7 +261,7 @@ class Ladder(Frozen):
     def _keeps_protected(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         missing = [f for f in PROTECTED_FEATURES if f not in v]
         if missing:
-            raise ValueError(f"must keep {missing} (DESIGN.md §5); add them back")
+            raise ValueError(f"must keep {missing} (docs/architecture.md §5); add them back")
         return v
 
     @field_validator("steps")

@@ -1,4 +1,4 @@
-"""Walks the degradation ladder: one decision per tick, pure (DESIGN.md §5, §7.1).
+"""Walks the degradation ladder: one decision per tick, pure (docs/architecture.md §5, §7.1).
 
 ``next_ladder_action`` reads the region's ``DegradationRecord``, its signals and the
 mode, and returns at most one change with the new record for ``degradation/<region>``.

@@ -1,4 +1,4 @@
-"""The per-region state machine (DESIGN.md §3), built on ``transitions``.
+"""The per-region state machine (docs/architecture.md §3), built on ``transitions``.
 
 The machine only validates a transition and records it as a ``Decision``; it does no
 I/O. The orchestrator persists the decision and carries out the side effects.

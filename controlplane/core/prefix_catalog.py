@@ -24,7 +24,7 @@ from controlplane.core.prefixes import (
     top_n,
 )
 
-TOP_FRACTION = 0.01  # DESIGN.md §4: the top 1 % of shared prefixes
+TOP_FRACTION = 0.01  # docs/architecture.md §4: the top 1 % of shared prefixes
 
 
 class CatalogEntry(Frozen):

@@ -25,7 +25,7 @@ Two ways to cut a prompt into blocks:
 256 by default), not at every block: 8 sketch updates for a 2,048-token prompt
 instead of 128, and deeper levels of a shared prefix are found at 256-token grain.
 
-**Residency** (DESIGN.md §4): a prefix may leave its region only when seen from at
+**Residency** (docs/architecture.md §4): a prefix may leave its region only when seen from at
 least ``min_sessions`` distinct sessions, and never into another residency zone.
 Sessions are kept as keyed 64-bit hashes in a set capped at ``min_sessions`` per
 heavy hitter: bounded, exact for the threshold question, and the capped union of two
@@ -463,7 +463,7 @@ def may_leave(sessions: int, residency: Residency) -> SkipReason | None:
 
 
 class PrewarmLimits(Frozen):
-    budget_s: float = Field(30.0, gt=0)  # DESIGN.md §4: 30 s
+    budget_s: float = Field(30.0, gt=0)  # docs/architecture.md §4: 30 s
     prefill_tokens_per_s: float = Field(gt=0)  # the target's prefill rate
     kv_capacity_blocks: int = Field(ge=0)  # blocks the warmed prefixes may hold
     block_size: int = Field(ge=1)  # the target's block size

@@ -1,4 +1,4 @@
-"""Graduated recovery, pure (DESIGN.md §3, §5): the traffic steps and their guard.
+"""Graduated recovery, pure (docs/architecture.md §3, §5): the traffic steps and their guard.
 
 A region in RECOVERED gets its new-session weight back one increment per
 ``step_interval_s`` (``config.RecoveryConfig``; with a degradation ladder, the file's

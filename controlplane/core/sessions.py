@@ -1,4 +1,4 @@
-"""Sticky-session resolution, pure (DESIGN.md §2): which region serves a session.
+"""Sticky-session resolution, pure (docs/architecture.md §2): which region serves a session.
 
 A session is pinned at ``sessions/<id>`` to ``{home, region, epoch, pinned_at}``.
 ``home`` is where it started; ``region`` where it is served. Routing is followed

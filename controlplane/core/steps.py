@@ -1,4 +1,4 @@
-"""Long-running steps carried out one at a time. Pure (DESIGN.md §7.1).
+"""Long-running steps carried out one at a time. Pure (docs/architecture.md §7.1).
 
 A failover's steps (pre-warm, routing switch) and a recovery's steps before its first
 traffic step (the home region's pre-warm) take time, so ``decide`` only names them
@@ -11,6 +11,7 @@ first step not recorded.
 from __future__ import annotations
 
 from controlplane.core.actions import Write
+from controlplane.core.details import routing_details
 from controlplane.core.failover import routing_after_switch
 from controlplane.core.model import (
     AuditEntry,
@@ -114,9 +115,7 @@ def failover_step_write(
                 action="routing_switch",
                 region=region,
                 reason=plan.reason,
-                details={
-                    k: str(dict(sorted(v.targets.items()))) for k, v in sorted(routes.items())
-                },
+                details=routing_details(routes),  # {region: JSON {target: weight}}
             ),
         ),
     )

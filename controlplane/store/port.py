@@ -1,4 +1,4 @@
-"""The one store port (DESIGN.md §7.3). Adapters: ``EtcdStore`` and ``MemoryStore``.
+"""The one store port (docs/architecture.md §7.3). Adapters: ``EtcdStore`` and ``MemoryStore``.
 
 Semantics follow etcd v3 exactly so that the in-memory adapter is a faithful
 stand-in for unit tests:

@@ -1,4 +1,4 @@
-"""Bounded retries for store calls (DESIGN.md §7.6).
+"""Bounded retries for store calls (docs/architecture.md §7.6).
 
 Only ``StoreUnavailable`` (temporary) is retried, with exponential backoff and jitter,
 until ``deadline_s`` has passed since the first attempt; then the last error is

@@ -1,4 +1,4 @@
-"""The gateway's degradation actuators (DESIGN.md §5): pure functions of one parsed
+"""The gateway's degradation actuators (docs/architecture.md §5): pure functions of one parsed
 request and the feature flags of the region that serves it. No I/O.
 
 In the order they run (the cheapest refusal first):

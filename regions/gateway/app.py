@@ -7,6 +7,10 @@ actuators (``actuators.py``: shed, cap the context, force ``parallel_tool_calls`
 tell the prefix observer (the whole prompt, for pre-warm), pick a replica by prompt
 prefix, forward and stream back. Every answer says which region served it in
 ``x-tectonic-region``.
+
+``/tokenize`` and ``/detokenize`` (vLLM's, which clients such as ``vllm bench serve``
+use to size their prompts) go to a replica of the region a request without a session
+would go to. An unknown path or method is answered as vLLM answers it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
 from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
 from regions.gateway.replicas import DEFAULT_PREFIX_CHARS, prefix_key
-from regions.gateway.requests import BadRequest, Endpoint, ProxyRequest, error_type, parse
+from regions.gateway.requests import (
+    TOKENIZER_PATHS,
+    BadRequest,
+    Endpoint,
+    ProxyRequest,
+    error_type,
+    parse,
+    tokenizer_prefix,
+)
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.sessions import SessionResolver
 from regions.gateway.warmth import WarmUps, warmup_body
@@ -59,6 +71,17 @@ class AppConfig:
     # home has not answered yet on the other targets and warm home with it; replay at a
     # region that serves again the prompts it answered before (warmth.py)
     warm_first: bool = True
+
+
+def _routing_error(allowed: set[str] | None) -> web.Response:
+    """What vLLM answers when no route matches (FastAPI's handler, not vLLM's error
+    object): 404 ``{"detail": "Not Found"}`` for an unknown path; for a known path with
+    another method (``allowed`` are its methods), 405 with ``Allow``."""
+    if allowed is None:
+        return web.json_response({"detail": "Not Found"}, status=404)
+    resp = web.json_response({"detail": "Method Not Allowed"}, status=405)
+    resp.headers[hdrs.ALLOW] = ",".join(sorted(allowed))
+    return resp
 
 
 class _WarmCheck:
@@ -93,8 +116,11 @@ class GatewayApp:
         observer: PrefixObserver | None = None,
         flags: Callable[[str], FeatureFlags] | None = None,
         warm_ups: WarmUps | None = None,
+        tokenizer_forwarder: Forwarder | None = None,
     ) -> None:
         self.config = config
+        # /tokenize and /detokenize: kept out of the first-token histogram; None: forwarder
+        self.tokenizer_forwarder = tokenizer_forwarder or forwarder
         self.warm_ups = warm_ups  # None: warm first is off
         # A region's degradation flags (DegradationCache.flags); None: never degraded.
         self.flags: Callable[[str], FeatureFlags] = flags or (lambda region: NOT_DEGRADED)
@@ -106,13 +132,16 @@ class GatewayApp:
         self.stopping = False
 
     def server(self) -> web.Server:
-        """aiohttp's low-level server over a fixed table of five routes. An Application
-        would add a router, match info and the middleware machinery to every request
-        (~10 % of the gateway's CPU per proxied request) for nothing this needs. Must
-        be called with the event loop running."""
+        """aiohttp's low-level server over a fixed table of routes: one dict lookup per
+        request, whatever the table holds. An Application would add a router, match
+        info and the middleware machinery to every request (~10 % of the gateway's CPU
+        per proxied request) for nothing this needs. Must be called with the event
+        loop running."""
         routes: dict[tuple[str, str], Handler] = {}
         for ep in (Endpoint.COMPLETIONS, Endpoint.CHAT):
             routes[hdrs.METH_POST, ep.value] = self._endpoint(ep)
+        for path in TOKENIZER_PATHS:
+            routes[hdrs.METH_POST, path] = self.tokenizer
         for path, handler in (
             ("/v1/models", self.models),
             ("/health", self.health),
@@ -141,10 +170,7 @@ class GatewayApp:
         async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
             handler = routes.get((request.method, request.path))
             if handler is None:
-                methods = allowed.get(request.path)
-                if methods is None:
-                    raise web.HTTPNotFound()
-                raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
+                return _routing_error(allowed.get(request.path))
             if hdrs.EXPECT in request.headers:
                 await expect_handler(request)  # 100 Continue, or a 417 raised
             return await handler(request)
@@ -189,9 +215,23 @@ class GatewayApp:
                 warm_ups.warmth.served(region, key, generation)
                 warm_ups.memory.answered(region, key, request.path, headers, body)
             return resp
-        # Nothing reached the client and no replica of the region answered: rather than
-        # lose the request while the control plane confirms the region down, send it to
-        # a serving region of the same zone and move the session there (once, for good).
+        return await self._spill(request, region, session, body, key, started, headers, failed)
+
+    async def _spill(
+        self,
+        request: web.BaseRequest,
+        region: str,
+        session: str,
+        body: bytes,
+        key: int,
+        started: float,
+        headers: list[tuple[str, str]] | None,
+        failed: NoReplica,
+        forwarder: Forwarder | None = None,
+    ) -> web.StreamResponse:
+        """Nothing reached the client and no replica of ``region`` answered: rather than
+        lose the request while the control plane confirms the region down, send it to a
+        serving region of the same zone and move its session there (once, for good)."""
         other = spill_region(self.routing.routings, self.config.zones, region,
                              session or str(key))  # fmt: skip
         if other is None:
@@ -200,9 +240,34 @@ class GatewayApp:
             other = await self.resolver.move(session, region, other)
         self.metrics.spill(region, other)
         try:
-            return await self.forwarder.forward(request, other, body, key, started, headers)
+            return await (forwarder or self.forwarder).forward(
+                request, other, body, key, started, headers
+            )
         except NoReplica as e:
             return self._unavailable(other, "no_replica", f"{failed}; then {e}")
+
+    async def tokenizer(self, request: web.BaseRequest) -> web.StreamResponse:
+        """``/tokenize`` or ``/detokenize``, forwarded as it is to a replica of the region
+        a request without a session goes to (keyed by its prompt, so the choice is
+        stable). Every replica of the model tokenizes alike, so no session is pinned,
+        nothing is counted for pre-warm, warmed or degraded, and the replica validates
+        the body: its errors are vLLM's own."""
+        started = time.monotonic()
+        chars = self.config.prefix_chars
+        try:
+            body = await self._body(request)
+            prefix = tokenizer_prefix(body, chars)
+            region = self.resolver.region_for_sessionless(prefix)
+        except BadRequest as e:
+            return self._refuse(e.status, e.message, e.param)
+        except NoRegionServing as e:
+            return self._unavailable(NO_REGION, "no_region", str(e))
+        key = prefix_key(prefix, chars)
+        forwarder = self.tokenizer_forwarder
+        try:
+            return await forwarder.forward(request, region, body, key, started)
+        except NoReplica as e:
+            return await self._spill(request, region, "", body, key, started, None, e, forwarder)
 
     async def _route(
         self, request: web.BaseRequest, endpoint: Endpoint

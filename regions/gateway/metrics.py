@@ -3,11 +3,20 @@ default, so two gateways in one test process do not share counters).
 
 Label children are cached here: ``labels()`` takes a lock and builds a tuple per
 call, which adds up on a path that handles every request.
+
+Every series whose labels are known at start (the topology's regions and zones, the
+error kinds, statuses and degradation actions below) exists from the start at 0: a
+series born at its first event hides that event, and a whole burst inside one scrape,
+from ``increase()`` and ``rate()``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from regions.gateway.actuators import Action
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # First-token latency spans sub-millisecond (cached, simulator) to tens of seconds
@@ -29,22 +38,44 @@ FIRST_TOKEN_BUCKETS = (
     30.0,
     60.0,
 )
+NO_REGION = "none"  # the region label of requests refused before a region was chosen
+# Statuses counted from the start for every region: 200, and each 5xx a gateway answers
+# with: a replica's own after the retries (proxy.RETRYABLE_STATUS), 502 for a stream cut
+# after its first byte (proxy.STREAM_BROKEN_STATUS), 503 when nothing takes a request.
+REGION_CODES = (200, 500, 502, 503, 504)
+NO_REGION_CODES = (400, 503)  # refused before a region was chosen: bad request, no region
+# Error kinds (``tectonic_gateway_errors_total{kind}``) by where they are counted: the
+# upstream client's (http1.UpstreamError), the proxy's, and the app's.
+UPSTREAM_KINDS = ("connect", "disconnect", "timeout", "protocol", "request")
+REGION_KINDS = (*UPSTREAM_KINDS, "upstream_5xx", "stream_broken", "client_gone", "no_replica")
+NO_REGION_KINDS = ("no_region", "no_replica", "bad_request")
+
+
+def start_at_zero(metric: Counter | Histogram, label_sets: Iterable[Sequence[str]]) -> None:
+    """Create the children of ``metric`` for ``label_sets`` now, at 0."""
+    for values in label_sets:
+        metric.labels(*values)
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, zones: Mapping[str, str] | None = None) -> None:
+        """``zones``: the topology's region -> zone (its regions and the spills they
+        may make start at 0); none: every series appears at its first event."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             "tectonic_gateway_requests",
-            "Requests answered, by serving region and HTTP status",
+            "Requests answered, by serving region and HTTP status, counted when the answer "
+            "ends; a stream cut after its first byte counts as 502 (its in-band error event "
+            'says 502; errors_total{kind="stream_broken"} counts it too)',
             ["region", "code"],
             registry=r,
         )
         self.errors = Counter(
             "tectonic_gateway_errors",
             "Failures seen by the gateway (connect, upstream 5xx, broken stream, no replica, "
-            "no region, bad request), by region",
+            "no region, bad request; client_gone: the client closed before it had the whole "
+            "answer), by region",
             ["region", "kind"],
             registry=r,
         )
@@ -118,6 +149,28 @@ class GatewayMetrics:
         self._errors: dict[tuple[str, str], Counter] = {}
         self._first: dict[str, Histogram] = {}
         self._retries: dict[str, Counter] = {}
+        if zones:
+            self._start_at_zero(zones)
+
+    def _start_at_zero(self, zones: Mapping[str, str]) -> None:
+        regions = list(zones)
+        for region in regions:
+            for code in REGION_CODES:
+                self._requests[region, code] = self.requests.labels(region, str(code))
+            for kind in REGION_KINDS:
+                self._errors[region, kind] = self.errors.labels(region, kind)
+            self._first[region] = self.first_token.labels(region)
+            self._retries[region] = self.retries.labels(region)
+        for code in NO_REGION_CODES:
+            self._requests[NO_REGION, code] = self.requests.labels(NO_REGION, str(code))
+        for kind in NO_REGION_KINDS:
+            self._errors[NO_REGION, kind] = self.errors.labels(NO_REGION, kind)
+        start_at_zero(self.move_notices, [(r,) for r in regions])
+        start_at_zero(self.degraded, [(r, a.value) for r in regions for a in Action])
+        start_at_zero(
+            self.spills,
+            [(a, b) for a in regions for b in regions if a != b and zones[a] == zones[b]],
+        )
 
     def request(self, region: str, code: int) -> None:
         child = self._requests.get((region, code))

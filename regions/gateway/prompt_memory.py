@@ -2,7 +2,7 @@
 
 A region that fails over comes back with restarted, empty prefix caches. The control
 plane's recovery pre-warm replays home's catalog, which holds only prompts seen from K
-sessions (the rule for prompts that *leave* a region, DESIGN.md §4) and only as many
+sessions (the rule for prompts that *leave* a region, docs/architecture.md §4) and only as many
 as its size caps allow: the head of a long tail. The gateway saw every prompt it sent
 to the region. ``PromptMemory`` keeps, per region, the last request body per replica
 ring key (the prompt's first characters) with how often it was answered there, bounded

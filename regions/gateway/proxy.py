@@ -14,6 +14,12 @@
 * After the first byte is sent an upstream failure cannot be hidden: an SSE stream
   gets a final ``data: {"error": ...}`` event (what vLLM itself sends), then the
   connection is closed without the terminating chunk, so the client sees the cut.
+* Accounting: the first byte (first-token histogram, health vote) is counted when it
+  is sent, the answer (``tectonic_gateway_requests_total``) when the stream ends: a
+  stream cut mid-way counts as 502, the status its in-band error event carries, so
+  that every 5xx error rate sees it. ``client_gone`` is a client that closed before it
+  had the whole answer; clients close right after ``[DONE]`` (the official openai
+  client does), often before the chunked body's end is written, and those are answers.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +43,11 @@ from regions.gateway.upstream import UpstreamError, UpstreamPool, UpstreamRespon
 log = logging.getLogger("tectonic.gateway.proxy")
 REGION_HEADER = "x-tectonic-region"
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+STREAM_BROKEN_STATUS = 502  # a stream cut after its first byte: its error event and its count
+# The end of an answer among an SSE stream's last events: ``[DONE]``, or a choice's
+# finish_reason (a client may stop there: it has the whole answer; the usage chunk and
+# ``[DONE]`` may follow, so the last two chunks written are searched).
+_ANSWER_END = re.compile(rb'data: \[DONE\]|"finish_reason": ?"')
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those the upstream client sets itself.
 _SKIP_REQUEST = frozenset(
     {
@@ -149,9 +161,12 @@ class Forwarder:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         on_attempt: Callable[[str, bool, int], None] | None = None,
+        time_first_byte: bool = True,
     ) -> None:
         # (region, answered, status or 0): the gateway's health vote (report.py)
         self._on_attempt = on_attempt
+        # False: answers that are no generation stay out of the first-token histogram
+        self._observe_first_byte = metrics.first_byte if time_first_byte else _untimed
         self._pool = pool
         self._balancers = balancers
         self._metrics = metrics
@@ -268,15 +283,37 @@ class Forwarder:
         try:
             await resp.prepare(request)
             await resp.write(first)
-            self._answered(region, up.status, started)
-            while (chunk := await up.next_chunk()) is not None:
-                await resp.write(chunk)
-            await resp.write_eof()
         except ConnectionError:
             self._metrics.error(region, "client_gone")  # nobody left to tell
+            return resp
+        self._first_byte(region, up.status, started)
+        self._metrics.request(region, await self._stream_rest(request, resp, up, region, first))
+        return resp
+
+    async def _stream_rest(
+        self,
+        request: web.BaseRequest,
+        resp: web.StreamResponse,
+        up: UpstreamResponse,
+        region: str,
+        first: bytes,
+    ) -> int:
+        """Pass the body on after its first bytes; the status to count the answer with."""
+        before, last = b"", first  # the last two chunks written, for ``_had_answer``
+        ended = False
+        try:
+            while (chunk := await up.next_chunk()) is not None:
+                await resp.write(chunk)
+                before, last = last, chunk
+            ended = True
+            await resp.write_eof()
+        except ConnectionError:
+            if not (ended or _had_answer(up, before, last)):
+                self._metrics.error(region, "client_gone")  # nobody left to tell
         except UpstreamError as e:
             await self._cut(request, resp, region, up, e)
-        return resp
+            return STREAM_BROKEN_STATUS
+        return up.status
 
     async def _cut(
         self,
@@ -291,15 +328,20 @@ class Forwarder:
         self._metrics.error(region, "stream_broken")
         log.warning("stream from a replica of %s broke after the first byte: %s", region, e)
         if up.content_type == "text/event-stream":
-            event = error_body("the replica failed mid-stream", "ServiceUnavailableError", 502)
+            event = error_body(
+                "the replica failed mid-stream", "ServiceUnavailableError", STREAM_BROKEN_STATUS
+            )
             with contextlib.suppress(ConnectionError):
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         if request.transport is not None:
             request.transport.close()
 
     def _answered(self, region: str, status: int, started: float) -> None:
-        self._metrics.first_byte(region, self._monotonic() - started)
+        self._first_byte(region, status, started)
         self._metrics.request(region, status)
+
+    def _first_byte(self, region: str, status: int, started: float) -> None:
+        self._observe_first_byte(region, self._monotonic() - started)
         if self._on_attempt is not None:
             self._on_attempt(region, True, status)
 
@@ -329,6 +371,18 @@ class Forwarder:
                     hdrs[REGION_HEADER] = region
                     return web.Response(status=200, body=data, headers=hdrs)
         return None
+
+
+def _had_answer(up: UpstreamResponse, before: bytes, last: bytes) -> bool:
+    """Whether an SSE stream's last two chunks written end the answer (searched only
+    when the client has closed: nothing is parsed on the way through)."""
+    if up.content_type != "text/event-stream":
+        return False
+    return _ANSWER_END.search(last) is not None or _ANSWER_END.search(before) is not None
+
+
+def _untimed(region: str, seconds: float) -> None:
+    pass
 
 
 def _response_headers(up: UpstreamResponse) -> CIMultiDict[str]:

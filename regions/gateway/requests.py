@@ -28,6 +28,10 @@ class Endpoint(StrEnum):
     CHAT = "/v1/chat/completions"
 
 
+# vLLM's tokenizer endpoints: forwarded as they are (``tokenizer_prefix`` keys them).
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")
+
+
 class BadRequest(Exception):
     """A request the gateway refuses before forwarding (4xx)."""
 
@@ -95,6 +99,24 @@ def parse(endpoint: Endpoint, body: bytes, prefix_chars: int) -> ProxyRequest:
             ids = cast("list[int]", raw)  # completion_prefix checked it
             prompt = PromptRequest(model, token_ids=ids, cache_salt=salt)
     return ProxyRequest(endpoint, body, model, stream, prefix, user, prompt)
+
+
+def tokenizer_prefix(body: bytes, chars: int) -> str:
+    """The routing key of a ``/tokenize`` or ``/detokenize`` body: the first ``chars``
+    characters of its messages, prompt or token ids; "" for a body that is none of
+    those (the replica answers it with vLLM's own validation error)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    try:
+        if data.get("messages") is not None:
+            return chat_prefix(data["messages"], chars)
+        return completion_prefix(data.get("prompt", data.get("tokens")), chars)
+    except BadRequest:
+        return ""
 
 
 def _object(body: bytes) -> Mapping[str, object]:

@@ -109,7 +109,7 @@ class GatewayServer:
         self.keys = Keys(topo.cluster)
         self.store: Store = store or EtcdStore(options.etcd())
         self._own_store = store is None
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics({r.name: r.zone for r in topo.regions})
         self.routing = RoutingCache(self.store, self.keys)
         self.sessions = SessionStore(
             self.store,
@@ -146,12 +146,18 @@ class GatewayServer:
                 interval_s=options.report_interval_s,
                 security=options.topology.security,
             )
+        vote = self.reporter.record if self.reporter else None
         self.forwarder = Forwarder(
+            self.pool, self.balancers, self.metrics, options.proxy, on_attempt=vote
+        )
+        # /tokenize, /detokenize: the same replicas, counts and votes, but no first token
+        tokenizer_forwarder = Forwarder(
             self.pool,
             self.balancers,
             self.metrics,
             options.proxy,
-            on_attempt=self.reporter.record if self.reporter else None,
+            on_attempt=vote,
+            time_first_byte=False,
         )
         self.tracker: PrefixTracker | None = None
         self.exporter: PrefixExporter | None = None
@@ -196,6 +202,7 @@ class GatewayServer:
             observer,
             flags=self.degradation.flags,
             warm_ups=self.warm_ups,
+            tokenizer_forwarder=tokenizer_forwarder,
         )
         self.runner: web.ServerRunner | None = None  # built in start: needs the loop
         self.port = 0

@@ -20,7 +20,7 @@ those. Two things, both in the gateway, which saw every prompt it sent:
 Replays run one at a time per region, on the prompt's first two replicas in ring
 order. Nothing moves: only a new session's first placement changes, pinned as any
 other. The replays are prompts the region itself answered: nothing leaves the region
-(the K-sessions rule of DESIGN.md §4 is about prompts that do).
+(the K-sessions rule of docs/architecture.md §4 is about prompts that do).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from prometheus_client import Counter
 
 from controlplane.core.model import Routing
 from controlplane.core.sessions import serving
-from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.replicas import ReplicaBalancer
 from regions.gateway.upstream import UpstreamError, UpstreamPool
@@ -110,6 +110,16 @@ def warmup_body(body: bytes) -> bytes | None:
     return json.dumps(data).encode()
 
 
+# Every (way, outcome) of tectonic_gateway_warmups_total.
+WARMUP_OUTCOMES = (
+    ("steered", "ok"),
+    ("steered", "failed"),
+    ("steered", "dropped"),
+    ("recall", "ok"),
+    ("recall", "failed"),
+)
+
+
 class WarmUps:
     """Replays prompts in a region where they are cold, in the background, two ways:
 
@@ -167,6 +177,9 @@ class WarmUps:
             ["region", "way", "outcome"],
             registry=metrics.registry,
         )
+        # At 0 from the start, so that rate() sees the first warm-ups (metrics.py).
+        start_at_zero(self.steered, [(r,) for r in balancers])
+        start_at_zero(self.warmups, [(r, *wo) for r in balancers for wo in WARMUP_OUTCOMES])
 
     @property
     def pending(self) -> int:

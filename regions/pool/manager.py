@@ -19,9 +19,11 @@ API (what the region agent uses)::
     await pool.stop()                     # stop managed replicas; static ones untouched
 
 ``on_change(snapshot)`` is called (synchronously, keep it short) whenever the set of
-ACTIVE URLs changes. ``activate``/``set_active`` never launch (that takes minutes): a
-shortfall is in the snapshot's notes and the next ``reconcile`` launches COLD slots to
-WARM and wakes them. A replica is COLD after ``dead_after`` failed probes in a row.
+ACTIVE URLs changes; ``on_activation(kind, ok, seconds)`` after each wake (``"wake"``,
+ok or failed) and resume (``"resume"``) of a replica, for metrics.
+``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
+snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
+A replica is COLD after ``dead_after`` failed probes in a row.
 ``WarmPool`` fits ``regions.agent_service.ReplicaSet``.
 
 Variants: a launcher that knows several (``Launcher.variants``, e.g. with and without
@@ -35,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
+from typing import Literal
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict
@@ -58,6 +62,8 @@ from regions.pool.states import (
 
 log = logging.getLogger("tectonic.pool")
 ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
+ActivationKind = Literal["wake", "resume"]
+OnActivation = Callable[[ActivationKind, bool, float], None]  # kind, ok, seconds
 
 
 class _Frozen(BaseModel):
@@ -87,6 +93,7 @@ class WarmPool:
         *,
         burst: BurstProfile | None = None,
         on_change: Callable[[PoolSnapshot], None] | None = None,
+        on_activation: OnActivation | None = None,
         clock: Clock | None = None,
         dead_after: int = 2,
         probe_timeout_s: float = 2.0,
@@ -100,6 +107,7 @@ class WarmPool:
         variant = launcher.variants[0] if launcher.variants else None  # the default kind
         self._target = config.target.model_copy(update={"variant": variant})
         self._on_change = on_change
+        self._on_activation = on_activation
         self._dead_after = dead_after
         self._timeouts = (probe_timeout_s, request_timeout_s, reset_timeout_s)
         t = self._clock.now()
@@ -239,6 +247,8 @@ class WarmPool:
         await asyncio.gather(*(self._wake_one(a, now) for a in p.of("wake")))
         for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
             self._move(a, self._at(now))
+            if a.kind == "resume":
+                self._activated("resume", True, 0.0)
         for a in p.of("sleep", "stop"):
             r = self._replicas[a.replica]
             try:
@@ -287,14 +297,24 @@ class WarmPool:
 
     async def _wake_one(self, a: Action, now: float | None) -> None:
         r = self._replicas[a.replica]
+        started = time.monotonic()  # real elapsed time, whatever the pool's clock
         try:
             await self._http.wake(self._url(r))
         except ReplicaError as e:
             log.warning("waking %s %s failed: %s", r.name, r.url, e)
+            self._activated("wake", False, time.monotonic() - started)
             with contextlib.suppress(ReplicaError):
                 await self._http.sleep(self._url(r))  # back to the state we record
             return
         self._move(a, self._at(now))
+        self._activated("wake", True, time.monotonic() - started)
+
+    def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
+        if self._on_activation is not None:
+            try:
+                self._on_activation(kind, ok, seconds)
+            except Exception:  # a metrics bug must not wedge the pool; it is logged
+                log.exception("warm pool on_activation callback failed")
 
     async def _launch(self, name: str, now: float | None) -> None:
         """COLD -> WARM: launch (managed) or find reachable (static), then sleep."""

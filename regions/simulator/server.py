@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
@@ -83,8 +83,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json(e.body, status=e.code)
     except web.HTTPNotFound:
         return _json({"detail": "Not Found"}, status=404)
-    except web.HTTPMethodNotAllowed:
-        return _json({"detail": "Method Not Allowed"}, status=405)
+    except web.HTTPMethodNotAllowed as e:
+        resp = _json({"detail": "Method Not Allowed"}, status=405)
+        resp.headers[hdrs.ALLOW] = ", ".join(sorted(e.allowed_methods))
+        return resp
 
 
 def _counting(stats: EngineStats) -> Middleware:
@@ -350,9 +352,11 @@ class Simulator:
         tokens: list[Token] = []
         stream: AsyncGenerator[Token] = self._generate(gen)
         try:
-            if first is not None:
-                await resp.write(_sse(first))
             async for t in stream:
+                if first is not None and not tokens:
+                    # vLLM sends the role chunk with the first engine output, i.e. after
+                    # queueing and prefill: a client's first byte includes the prefill.
+                    await resp.write(_sse(first))
                 tokens.append(t)
                 for payload in chunk(t):
                     await resp.write(_sse(payload))
@@ -396,7 +400,9 @@ class Simulator:
     async def detokenize(self, request: web.Request) -> web.Response:
         req = await self._parse(request, DetokenizeRequest)
         self._check_model(req.model)
-        return _json({"prompt": self.engine.tokenizer.decode(req.tokens)})
+        # vLLM renders special tokens (a BOS shows as its text), it does not skip them.
+        text = self.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        return _json({"prompt": text})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

@@ -2,9 +2,12 @@
 
 Text is cut into pieces of at most four non-space characters, each carrying the
 whitespace that precedes it (``" hello world"`` -> ``" hell"``, ``"o"``, ``" worl"``,
-``"d"``). A piece's id is a stable hash of its bytes, so the same text always gives
-the same ids in every process and on every run, which is all the prefix cache
-needs. A BOS token is prepended when special tokens are added, like Llama's.
+``"d"``). The same text always gives the same ids in every process and on every run,
+which is all the prefix cache needs. A piece of at most six UTF-8 bytes (nearly all)
+is spelled in its id, so every replica decodes it, as every vLLM replica of a model
+decodes every id (``/detokenize`` behind a gateway lands on any replica); a longer
+one gets a stable hash, decoded only by a process that has seen it. A BOS token is
+prepended when special tokens are added, like Llama's.
 
 The chat template is a fixed, documented rendering of the messages, so that
 ``/tokenize`` with ``messages`` and ``/v1/chat/completions`` agree on the count.
@@ -25,14 +28,58 @@ _PIECE = re.compile(r"\s*\S{1,4}|\s+")
 
 # Deterministic "model output": words cycled by a hash of the prompt.
 _WORDS = (
-    "the", "region", "is", "healthy", "and", "traffic", "flows", "to", "a", "warm",
-    "replica", "while", "prefix", "caches", "stay", "hot", "so", "first", "tokens",
-    "arrive", "quickly", "for", "every", "session",
+    "the",
+    "region",
+    "is",
+    "healthy",
+    "and",
+    "traffic",
+    "flows",
+    "to",
+    "a",
+    "warm",
+    "replica",
+    "while",
+    "prefix",
+    "caches",
+    "stay",
+    "hot",
+    "so",
+    "first",
+    "tokens",
+    "arrive",
+    "quickly",
+    "for",
+    "every",
+    "session",
 )
 
 
+# Ids from here up spell their piece: its UTF-8 bytes (up to 6) after a 0x01 byte,
+# read as a big-endian number, plus this offset; below 2**50, so exact in every JSON
+# parser (doubles hold integers up to 2**53).
+_SPELLED = 1 << 20
+_SPELLED_BYTES = 6
+
+
 def _piece_id(piece: str) -> int:
-    return _FIRST_ID + zlib.crc32(piece.encode("utf-8")) % (_VOCAB - _FIRST_ID)
+    raw = piece.encode("utf-8")
+    if len(raw) <= _SPELLED_BYTES:
+        return _SPELLED + int.from_bytes(b"\x01" + raw, "big")
+    return _FIRST_ID + zlib.crc32(raw) % (_VOCAB - _FIRST_ID)
+
+
+def _spelled(token_id: int) -> str | None:
+    """The piece an id spells; None for any other id."""
+    if not _SPELLED <= token_id < _SPELLED + (1 << 8 * (_SPELLED_BYTES + 1)):
+        return None
+    raw = (token_id - _SPELLED).to_bytes(_SPELLED_BYTES + 1, "big").lstrip(b"\x00")
+    if raw[:1] != b"\x01":
+        return None
+    try:
+        return raw[1:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 @dataclass
@@ -48,16 +95,21 @@ class Tokenizer:
         ids = [BOS_ID] if add_special_tokens else []
         for piece in self.pieces(text):
             pid = _piece_id(piece)
-            self._pieces.setdefault(pid, piece)
+            if pid < _SPELLED:
+                self._pieces.setdefault(pid, piece)  # only a hashed piece needs memory
             ids.append(pid)
         return ids
+
+    def _piece(self, token_id: int) -> str:
+        spelled = _spelled(token_id)
+        return self._pieces.get(token_id, "") if spelled is None else spelled
 
     def token_str(self, token_id: int) -> str:
         if token_id == BOS_ID:
             return "<s>"
         if token_id == EOS_ID:
             return "</s>"
-        return self._pieces.get(token_id, "")
+        return self._piece(token_id)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         out = []
@@ -66,7 +118,7 @@ class Tokenizer:
                 if not skip_special_tokens:
                     out.append(self.token_str(token_id))
                 continue
-            out.append(self._pieces.get(token_id, ""))
+            out.append(self._piece(token_id))
         return "".join(out)
 
     def generate(self, prompt_ids: Sequence[int], count: int, *, seed: int = 0) -> list[str]:
@@ -75,7 +127,8 @@ class Tokenizer:
         out = []
         for i in range(count):
             piece = " " + _WORDS[(start + i) % len(_WORDS)]
-            self._pieces.setdefault(_piece_id(piece), piece)
+            if (pid := _piece_id(piece)) < _SPELLED:
+                self._pieces.setdefault(pid, piece)
             out.append(piece)
         return out
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,6 +37,7 @@ from tests.contract.conftest import MAX_MODEL_LEN, Backend
 JsonObj = dict[str, Any]  # decoded JSON, checked by the asserts
 MAX_TOKENS = 8
 SAMPLING: JsonObj = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ADAPTER_METRICS = {  # name of a sample -> the family's "# TYPE" line
     "vllm:prefix_cache_queries_total": "vllm:prefix_cache_queries_total counter",
     "vllm:prefix_cache_hits_total": "vllm:prefix_cache_hits_total counter",
@@ -251,6 +253,21 @@ async def test_unknown_model_is_404_with_error_body(
     assert isinstance(error["message"], str), body
 
 
+async def test_unknown_path_and_method_answers(
+    http: aiohttp.ClientSession, server: Backend
+) -> None:
+    """Routing errors come from the web framework, not vLLM's handlers: FastAPI's
+    ``{"detail": ...}`` JSON, not vLLM's ``{"error": {...}}`` object; a 405 says which
+    methods the path takes. The gateway answers its unknown paths the same way."""
+    async with http.get(server.url + "/v1/no-such-path") as r:
+        assert r.status == 404 and r.content_type == "application/json"
+        assert await r.json() == {"detail": "Not Found"}
+    async with http.get(server.url + "/tokenize") as r:
+        assert r.status == 405 and r.content_type == "application/json"
+        assert await r.json() == {"detail": "Method Not Allowed"}
+        assert r.headers["Allow"] == "POST"
+
+
 async def test_prompt_over_max_model_len_is_400(
     http: aiohttp.ClientSession, server: Backend
 ) -> None:
@@ -326,6 +343,73 @@ async def test_streaming_chat(http: aiohttp.ClientSession, server: Backend) -> N
     check_usage(last["usage"])
 
 
+async def timed_stream(
+    http: aiohttp.ClientSession, url: str, payload: JsonObj, first: asyncio.Event | None = None
+) -> tuple[float, list[JsonObj]]:
+    """Stream ``payload``: seconds from sending it to its first ``data:`` event (``first``
+    is set then), and its JSON chunks."""
+    events: list[str] = []
+    sent = time.monotonic()
+    arrived = 0.0
+    async with http.post(url, json={**payload, "stream": True}) as r:
+        assert r.status == 200, await r.text()
+        async for raw in r.content:  # one line at a time, as it arrives
+            line = raw.decode().strip()
+            if not line:
+                continue
+            if not events:
+                arrived = time.monotonic()
+                if first is not None:
+                    first.set()
+            assert line.startswith("data: "), line
+            events.append(line.removeprefix("data: "))
+    return arrived - sent, json_chunks(events)
+
+
+def stream_payload(server: Backend, path: str, prompt: str) -> JsonObj:
+    if path == CHAT:
+        return {
+            "model": server.model,
+            "messages": [{"role": "user", "content": prompt}],
+            **SAMPLING,
+        }
+    return {"model": server.model, "prompt": prompt, **SAMPLING}
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_first_chunk_comes_after_the_prefill(
+    http: aiohttp.ClientSession, server: Backend, path: str
+) -> None:
+    """A stream's first chunk (for chat, the empty ``role`` delta) goes out with the
+    engine's first output (vLLM's ``first_iteration`` branch in
+    chat_completion/serving.py), after queueing and prefill: the client's time to it is
+    never less than the time to first token the server itself measured for the request
+    (from its arrival, which follows our send, to its first output, which precedes the
+    chunk). A long cold prompt makes that prefill well above the network's few ms, so a
+    server sending the role chunk before prefill fails here."""
+    prompt = await long_prompt(http, server, MAX_MODEL_LEN - 600, MAX_MODEL_LEN - 500)
+    ttft = "vllm:time_to_first_token_seconds"
+    count = await counter(http, server, ttft + "_count")
+    total = await counter(http, server, ttft + "_sum")
+    waited, chunks = await timed_stream(
+        http, server.url + path, stream_payload(server, path, prompt)
+    )
+    if path == CHAT:
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant", chunks[0]
+
+    async def counted() -> bool:
+        return await counter(http, server, ttft + "_count") > count
+
+    await until(counted, within=10, what="the time-to-first-token histogram to count it")
+    assert await counter(http, server, ttft + "_count") == count + 1  # only this request
+    server_ttft = await counter(http, server, ttft + "_sum") - total
+    assert server_ttft > 0
+    assert waited >= server_ttft, (
+        f"first chunk after {waited:.4f} s, but the server's first token took "
+        f"{server_ttft:.4f} s: the chunk left before the prefill ended"
+    )
+
+
 async def test_streaming_without_usage_ends_with_done(
     http: aiohttp.ClientSession, server: Backend
 ) -> None:
@@ -364,6 +448,32 @@ async def test_tokenize_messages_matches_chat_usage(
     payload = {"model": server.model, "messages": messages, **SAMPLING}
     body = await post_json(http, server.url + "/v1/chat/completions", payload)
     assert body["usage"]["prompt_tokens"] == tok["count"]
+
+
+async def detokenize(http: aiohttp.ClientSession, server: Backend, tokens: list[int]) -> str:
+    body = await post_json(
+        http, server.url + "/detokenize", {"model": server.model, "tokens": tokens}
+    )
+    assert set(body) == {"prompt"}, body
+    text = body["prompt"]
+    assert isinstance(text, str), body
+    return text
+
+
+async def test_detokenize_inverts_tokenize(http: aiohttp.ClientSession, server: Backend) -> None:
+    """``/detokenize`` gives the text back, special tokens rendered (a BOS as its own
+    text, the first of ``token_strs``), not skipped."""
+    text = "Prefix caches stay hot, so first tokens arrive quickly."
+    plain = await tokenize(http, server, prompt=text, add_special_tokens=False)
+    assert await detokenize(http, server, plain["tokens"]) == text
+    full = await tokenize(http, server, prompt=text, return_token_strs=True)
+    assert full["tokens"][1:] == plain["tokens"], "a BOS first, then the same ids"
+    bos = full["token_strs"][0]
+    assert isinstance(bos, str) and bos and bos not in text, full
+    assert await detokenize(http, server, full["tokens"]) == bos + text
+    error = (await post_json(http, server.url + "/detokenize", {"model": "nope", "tokens": [5]},
+                             status=404))["error"]  # fmt: skip
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
 
 
 # -- metrics ---------------------------------------------------------------------------------
@@ -573,17 +683,25 @@ async def test_sleep_and_wake_up(http: aiohttp.ClientSession, server: Backend) -
 async def test_request_sent_while_asleep_waits_for_wake_up(
     http: aiohttp.ClientSession, server: Backend
 ) -> None:
+    """Also a stream's first chunk (for chat, the ``role`` delta) waits: it goes out
+    with the first output, not when the request is queued."""
+    first = asyncio.Event()
+    url, payload = server.url + CHAT, stream_payload(server, CHAT, "Streamed while asleep")
     async with asyncio.TaskGroup() as tg:
         try:
             await sleep(http, server)
             pending = tg.create_task(complete(http, server, "Held while asleep"))
+            streamed = tg.create_task(timed_stream(http, url, payload, first))
             done, _ = await asyncio.wait({pending}, timeout=1.0)
             assert not done, "a sleeping engine must not serve"
+            assert not first.is_set(), "a queued chat stream sent a chunk before any output"
         finally:
             await wake_up(http, server)
     body = pending.result()
     assert body["choices"][0]["finish_reason"] == "length"
     check_usage(body["usage"])
+    _, chunks = streamed.result()
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant", chunks[0]
 
 
 async def test_sleep_aborts_requests_in_flight(

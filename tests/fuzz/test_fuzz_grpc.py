@@ -54,6 +54,7 @@ from chaos.procs import Proc, start_simulator
 from controlplane.codec import decode, encode
 from controlplane.config import Topology
 from controlplane.core.drills import DrillCatalog, DrillRequest, ScenarioInfo
+from controlplane.core.intents import IntentOutcome
 from controlplane.core.model import (
     AuditEntry,
     ControlFlags,
@@ -96,6 +97,7 @@ READ_ONLY = frozenset(
         "tectonic.v1.ControlPlane.GetStatus",
         "tectonic.v1.ControlPlane.WatchEvents",
         "tectonic.v1.ControlPlane.GetHistory",
+        "tectonic.v1.ControlPlane.GetIntent",
         "tectonic.v1.ControlPlane.GetSession",
         "tectonic.v1.ControlPlane.GetReadiness",
         "tectonic.v1.ControlPlane.TopPrefixes",
@@ -199,6 +201,7 @@ HINTS: dict[str, st.SearchStrategy[str]] = {
     "observer": st.sampled_from(["agent:east", "gateway:g1", "probe:controlplane", "x@y"]),
     "scenario": st.sampled_from(SCENARIOS),
     "failover_id": st.text("abcdef0123456789-", min_size=1, max_size=40),
+    "intent_id": st.text("abcdef0123456789", min_size=12, max_size=12),
 }  # fmt: skip
 
 
@@ -387,7 +390,8 @@ def _model_of(keys: Keys, key: str) -> type[BaseModel] | None:
     rel = key.removeprefix(keys.root)
     by_prefix: dict[str, type[BaseModel]] = {
         "reports/": HealthReport, "intents/": Intent, "sessions/": SessionPin,
-        "audit/": AuditEntry, "drills/requests/": DrillRequest,
+        "audit/": AuditEntry, "drills/requests/": DrillRequest, "intent-claims/": Intent,
+        "intent-outcomes/": IntentOutcome,
     }  # fmt: skip
     for prefix, model in by_prefix.items():
         if rel.startswith(prefix):

@@ -11,6 +11,7 @@ import uuid
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
@@ -205,3 +206,36 @@ async def test_standard_health_and_reflection(topology: Topology) -> None:
         ):
             names = [s.name for s in r.list_services_response.service]
         assert "tectonic.v1.ControlPlane" in names and "grpc.health.v1.Health" in names
+
+
+async def test_reflection_answers_under_v1_as_current_clients_ask(topology: Topology) -> None:
+    """grpcurl and other current clients ask grpc.reflection.v1 first; v1alpha stays."""
+    async with running_replica(topology) as run:
+        # Same messages on the wire as v1alpha: only the service path differs.
+        v1 = run.channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        asks = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="tectonic.v1.ControlPlane"),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="grpc.reflection.v1.ServerReflection"
+            ),
+        ]
+        answers = [r async for r in v1(iter(asks), timeout=10)]
+        assert len(answers) == 3 and not any(a.HasField("error_response") for a in answers)
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert {"tectonic.v1.ControlPlane", "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection"} <= names
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in answers[1].file_descriptor_response.file_descriptor_proto]
+        assert any(s.name == "ControlPlane" for f in files for s in f.service)
+        refl_file = descriptor_pb2.FileDescriptorProto.FromString(
+            answers[2].file_descriptor_response.file_descriptor_proto[0]
+        )
+        assert refl_file.package == "grpc.reflection.v1"
+        method = refl_file.service[0].method[0]
+        assert method.input_type == ".grpc.reflection.v1.ServerReflectionRequest"

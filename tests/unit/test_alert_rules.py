@@ -48,6 +48,7 @@ from controlplane.core.model import (
 from controlplane.core.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.proxy import STREAM_BROKEN_STATUS
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "runbooks"
@@ -81,7 +82,7 @@ REQUIRED_ALERTS = {
 def _exercised_registries() -> list[CollectorRegistry]:
     """The real registries, with a child of every labelled metric created by the code
     paths that create them (a labelled family without children has no samples)."""
-    cp = ControlPlaneMetrics()
+    cp = ControlPlaneMetrics(["east", "west"])
     plan = FailoverPlan(source="east", targets={"west": 1.0}, reason="down", actor="cp")
     progress = FailoverProgress(
         plan=plan, started_at=10.0, prewarm_result={"prefixes_total": 4, "prefixes_warmed": 3}
@@ -111,8 +112,9 @@ def _exercised_registries() -> list[CollectorRegistry]:
     )
     cp.failover_step_done("east", FailoverStep.SWITCH, progress, at=11.0)
     cp.failover_step_done("east", FailoverStep.PREWARM, progress, at=12.0)
+    cp.tick_timed(0.02)
 
-    gw = GatewayMetrics()
+    gw = GatewayMetrics({"east": "us", "west": "us"})
     gw.request("east", 200)
     gw.error("east", "connect")
     gw.first_byte("east", 0.1)
@@ -478,9 +480,32 @@ def test_dashboard_variables_and_panels() -> None:
         "tectonic_leader",
         "tectonic_gateway_consistency_violations_total",
         "tectonic_gateway_degraded_total",
+        "tectonic_loop_tick_duration_seconds_bucket",
         "first_token 0.5",
         "first_token 0.99",
     } <= queried
+
+
+def test_every_status_selector_counts_streams_cut_mid_way() -> None:
+    """A stream cut after its first byte is counted ``code="502"`` (regions/gateway/
+    proxy.py): every rule and panel that picks statuses out of the gateways' requests
+    (the 5xx error rates) must pick it too."""
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [(r["alert"], str(r["expr"])) for r in load_rules()]
+    exprs += [
+        (f"panel {p['title']!r}", t["expr"])
+        for p in dashboard_panels(dash)
+        for t in p.get("targets", [])
+    ]
+    picked = []
+    for where, expr in exprs:
+        for name, labels in promql_selectors(expr):
+            if name == "tectonic_gateway_requests_total" and "code" in labels:
+                picked.append(where)
+                if not re.fullmatch(labels["code"], str(STREAM_BROKEN_STATUS)):
+                    picked.append(f"{where}: code=~{labels['code']!r} misses broken streams")
+    assert "TectonicGatewayErrorRateHigh" in picked and "panel '5xx share by region'" in picked
+    assert [w for w in picked if "misses" in w] == []
 
 
 def test_dashboard_links_the_runbooks() -> None:

@@ -76,8 +76,18 @@ def test_unknown_region_and_cooldown() -> None:
     rec = w.snapshot().regions["us-east"].record.model_copy(update={"last_failover_at": w.now - 10})
     w.records["us-east"] = (rec, 5)
     with pytest.raises(PlanRefused) as e:
-        plan(w, "us-east", manual=True)
+        plan(w, "us-east")
     assert e.value.code == "cooldown"
+
+
+def test_the_cooldown_holds_automation_not_an_operator() -> None:
+    # A manual failover inside the cooldown is planned as usual, without --force: the
+    # cooldown keeps automation from bouncing a region, not an operator from draining it.
+    w = world_with({})
+    rec = w.snapshot().regions["us-east"].record.model_copy(update={"last_failover_at": w.now - 10})
+    w.records["us-east"] = (rec, 5)
+    p = plan(w, "us-east", manual=True)
+    assert not p.forced and p.manual and p.targets
 
 
 def test_switch_redirects_traffic_already_sent_to_the_source() -> None:

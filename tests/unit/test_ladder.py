@@ -1,4 +1,4 @@
-"""The ladder file's model and the pure executor, with a fake clock (DESIGN.md §5)."""
+"""The ladder file's model and the pure executor, with a fake clock (docs/architecture.md §5)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Graduated recovery's traffic guard and its pre-warm step, on the pure world with a
-fake clock (``controlplane.core.recovery``; DESIGN.md §3, §5).
+fake clock (``controlplane.core.recovery``; docs/architecture.md §3, §5).
 
 The world's recovery: 25 % steps every 2 s; ticks of 1 s. The guard here: first-token
 p99 over 1.5 x a 0.5 s baseline (0.75 s), or an error rate over 2 %.

@@ -18,6 +18,7 @@ from controlplane.codec import decode, encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.actions import TickResult, Write
 from controlplane.core.decide import decide
+from controlplane.core.intents import IntentOutcome
 from controlplane.core.model import (
     AuditEntry,
     ControlFlags,
@@ -77,6 +78,7 @@ class World:
     readiness: dict[str, Readiness] = field(default_factory=dict)
     reports: dict[tuple[str, str], HealthReport] = field(default_factory=dict)
     intents: dict[str, Intent] = field(default_factory=dict)
+    outcomes: dict[str, IntentOutcome] = field(default_factory=dict)  # intent-outcomes/<id>
     control: ControlFlags = field(default_factory=ControlFlags)
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
@@ -119,8 +121,9 @@ class World:
         for r, v in w.routing.items():
             self.routing[r] = (stored(v), self.rev)
         self.audit.extend(stored(a) for a in w.audit)
-        if w.resolve_intent:
-            self.intents.pop(w.resolve_intent, None)
+        if w.intent_outcome is not None:
+            self.intents.pop(w.intent_outcome.id, None)
+            self.outcomes[w.intent_outcome.id] = stored(w.intent_outcome)
         return True
 
     def tick(self, advance: float = 1.0) -> TickResult:
@@ -131,6 +134,7 @@ class World:
         for d in res.dropped:
             self.intents.pop(d.intent_id, None)
             self.audit.append(stored(d.audit))
+            self.outcomes[d.intent_id] = stored(d.outcome)
         for w in res.writes:
             self.apply(w)
         for f in res.failovers:

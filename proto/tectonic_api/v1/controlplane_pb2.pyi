@@ -29,6 +29,13 @@ class ObserverKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT: _ClassVar[ObserverKind]
     PROBE: _ClassVar[ObserverKind]
     GATEWAY: _ClassVar[ObserverKind]
+
+class IntentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTENT_STATE_UNSPECIFIED: _ClassVar[IntentState]
+    INTENT_PENDING: _ClassVar[IntentState]
+    INTENT_DONE: _ClassVar[IntentState]
+    INTENT_REFUSED: _ClassVar[IntentState]
 REGION_STATE_UNSPECIFIED: RegionState
 NORMAL: RegionState
 DEGRADED: RegionState
@@ -43,6 +50,10 @@ OBSERVER_KIND_UNSPECIFIED: ObserverKind
 AGENT: ObserverKind
 PROBE: ObserverKind
 GATEWAY: ObserverKind
+INTENT_STATE_UNSPECIFIED: IntentState
+INTENT_PENDING: IntentState
+INTENT_DONE: IntentState
+INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
     __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps")
@@ -284,6 +295,40 @@ class IntentResponse(_message.Message):
     accepted: bool
     intent_id: str
     def __init__(self, accepted: _Optional[bool] = ..., intent_id: _Optional[str] = ...) -> None: ...
+
+class GetIntentRequest(_message.Message):
+    __slots__ = ("intent_id",)
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    intent_id: str
+    def __init__(self, intent_id: _Optional[str] = ...) -> None: ...
+
+class IntentStatus(_message.Message):
+    __slots__ = ("intent_id", "kind", "region", "state", "detail", "reason", "actor", "targets", "requested_at", "decided_at", "decided_by", "epoch")
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    intent_id: str
+    kind: str
+    region: str
+    state: IntentState
+    detail: str
+    reason: str
+    actor: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    requested_at: float
+    decided_at: float
+    decided_by: str
+    epoch: int
+    def __init__(self, intent_id: _Optional[str] = ..., kind: _Optional[str] = ..., region: _Optional[str] = ..., state: _Optional[_Union[IntentState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., requested_at: _Optional[float] = ..., decided_at: _Optional[float] = ..., decided_by: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
     __slots__ = ("reason", "actor")

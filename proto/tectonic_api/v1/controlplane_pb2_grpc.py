@@ -59,6 +59,11 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.RecoveryRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.FromString,
                 _registered_method=True)
+        self.GetIntent = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/GetIntent',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.GetIntentRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentStatus.FromString,
+                _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/tectonic.v1.ControlPlane/Pause',
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.PauseRequest.SerializeToString,
@@ -139,6 +144,12 @@ class ControlPlaneServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RequestRecovery(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetIntent(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +242,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.RequestRecovery,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.RecoveryRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.SerializeToString,
+            ),
+            'GetIntent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetIntent,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.GetIntentRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.IntentStatus.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
@@ -418,6 +434,33 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/RequestRecovery',
             tectonic__api_dot_v1_dot_controlplane__pb2.RecoveryRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.IntentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetIntent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/GetIntent',
+            tectonic__api_dot_v1_dot_controlplane__pb2.GetIntentRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.IntentStatus.FromString,
             options,
             channel_credentials,
             insecure,

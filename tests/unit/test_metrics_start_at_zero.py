@@ -1,0 +1,165 @@
+"""Labelled counters whose label sets are known at start exist from the start at 0.
+
+A series that appears at its first event hides that event (and a burst inside one
+scrape) from ``increase()`` and ``rate()``: a dashboard showed no transition in a
+blackout, and 10 spills read 3.1 over a minute. So a fresh registry already exposes,
+at 0, every transition of the state machine per region (read from ``machine.py``),
+and per region every status, error kind, degradation action, spill within its zone,
+notice and warm-up the gateway counts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from controlplane.core.machine import ALLOWED_EDGES, TRANSITIONS
+from controlplane.core.model import Decision, RegionState
+from controlplane.metrics import ControlPlaneMetrics
+from regions.gateway import app, proxy
+from regions.gateway.actuators import Action
+from regions.gateway.metrics import (
+    NO_REGION,
+    NO_REGION_CODES,
+    NO_REGION_KINDS,
+    REGION_CODES,
+    REGION_KINDS,
+    UPSTREAM_KINDS,
+    GatewayMetrics,
+)
+from regions.gateway.replicas import ReplicaBalancer
+from regions.gateway.upstream import UpstreamPool
+from regions.gateway.warmth import WARMUP_OUTCOMES, RegionWarmth, WarmUps
+
+REPO = Path(__file__).resolve().parents[2]
+ZONES = {"east": "us", "west": "us", "central": "us", "eu": "eu"}
+
+
+def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """``name``'s samples: sorted labels -> value."""
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def label_sets(registry: CollectorRegistry, name: str, *labels: str) -> set[tuple[str, ...]]:
+    return {
+        tuple(dict(k)[label] for label in labels)
+        for k, v in samples(registry, name).items()
+        if v == 0
+    }
+
+
+# ---- the control plane ------------------------------------------------------------------
+
+
+def test_every_transition_of_every_region_starts_at_zero() -> None:
+    m = ControlPlaneMetrics(ZONES)
+    got = samples(m.registry, "tectonic_transitions_total")
+    edges = {(s.value, d.value, t) for t, sources, d in TRANSITIONS for s in sources}
+    assert {(s.value, d.value) for s, d in ALLOWED_EDGES} == {(s, d) for s, d, _ in edges}
+    want = {
+        (("from", s), ("region", r), ("to", d), ("trigger", t)) for r in ZONES for s, d, t in edges
+    }
+    assert got == dict.fromkeys(want, 0.0)
+
+
+def test_a_transition_counts_on_its_series_from_zero() -> None:
+    m = ControlPlaneMetrics(["east"])
+    m.transitioned(
+        Decision(
+            region="east",
+            from_state=RegionState.NORMAL,
+            to_state=RegionState.FAILING_OVER,
+            trigger="fail_over",
+            reason="down",
+            actor="cp",
+            at=1.0,
+            epoch=1,
+        )
+    )
+    got = samples(m.registry, "tectonic_transitions_total")
+    key = (("from", "NORMAL"), ("region", "east"), ("to", "FAILING_OVER"), ("trigger", "fail_over"))
+    assert got[key] == 1.0
+    assert sum(got.values()) == 1.0 and len(got) == len(ALLOWED_EDGES)  # no series new
+
+
+def test_without_regions_nothing_is_made_up() -> None:
+    assert samples(ControlPlaneMetrics().registry, "tectonic_transitions_total") == {}
+
+
+# ---- the gateway ------------------------------------------------------------------------
+
+
+def test_every_region_starts_with_its_statuses_errors_and_actions_at_zero() -> None:
+    r = GatewayMetrics(ZONES).registry
+    want_codes = {(g, str(c)) for g in ZONES for c in REGION_CODES}
+    want_codes |= {(NO_REGION, str(c)) for c in NO_REGION_CODES}
+    assert label_sets(r, "tectonic_gateway_requests_total", "region", "code") == want_codes
+    want_kinds = {(g, k) for g in ZONES for k in REGION_KINDS}
+    want_kinds |= {(NO_REGION, k) for k in NO_REGION_KINDS}
+    assert label_sets(r, "tectonic_gateway_errors_total", "region", "kind") == want_kinds
+    assert label_sets(r, "tectonic_gateway_degraded_total", "region", "action") == {
+        (g, a.value) for g in ZONES for a in Action
+    }
+    for name in ("tectonic_gateway_retries_total", "tectonic_gateway_session_move_notices_total"):
+        assert label_sets(r, name, "region") == {(g,) for g in ZONES}, name
+    assert label_sets(r, "tectonic_gateway_first_token_seconds_count", "region") == {
+        (g,) for g in ZONES
+    }
+
+
+def test_spills_start_at_zero_between_the_regions_of_a_zone_only() -> None:
+    r = GatewayMetrics(ZONES).registry
+    us = ("east", "west", "central")
+    assert label_sets(r, "tectonic_gateway_spills_total", "from_region", "to_region") == {
+        (a, b) for a in us for b in us if a != b
+    }
+
+
+def test_counting_after_start_goes_on_the_series_made_at_zero() -> None:
+    m = GatewayMetrics(ZONES)
+    for _ in range(10):
+        m.spill("east", "west")
+    m.request("east", 503)
+    m.error("east", "no_replica")
+    m.degrade("west", Action.SHED)
+    get = m.registry.get_sample_value
+    spill = {"from_region": "east", "to_region": "west"}
+    assert get("tectonic_gateway_spills_total", spill) == 10
+    assert get("tectonic_gateway_requests_total", {"region": "east", "code": "503"}) == 1
+    assert get("tectonic_gateway_errors_total", {"region": "east", "kind": "no_replica"}) == 1
+    assert get("tectonic_gateway_degraded_total", {"region": "west", "action": "shed"}) == 1
+
+
+def test_warm_ups_start_at_zero_for_every_region() -> None:
+    m = GatewayMetrics(ZONES)
+    balancers = {g: ReplicaBalancer([f"http://{g}:8000"]) for g in ZONES}
+    WarmUps(RegionWarmth(), UpstreamPool(), balancers, m)
+    r = m.registry
+    assert label_sets(r, "tectonic_gateway_warm_first_steers_total", "region") == {
+        (g,) for g in ZONES
+    }
+    assert label_sets(r, "tectonic_gateway_warmups_total", "region", "way", "outcome") == {
+        (g, way, outcome) for g in ZONES for way, outcome in WARMUP_OUTCOMES
+    }
+
+
+def test_the_known_label_values_are_all_the_code_counts() -> None:
+    """The lists above hold what the gateway's code counts: every error kind and
+    status it passes, read from its source, is among them."""
+    text = "\n".join(p.read_text() for p in (REPO / "regions" / "gateway").glob("*.py"))
+    counted = set(re.findall(r'metrics\.error\([^,]+,\s*"(\w+)"\)', text))
+    counted |= set(re.findall(r'_unavailable\([^,]+,\s*"(\w+)"', text))
+    counted |= set(re.findall(r'_Failed\(\s*"(\w+)"', text))  # counted as outcome.kind
+    assert {"client_gone", "stream_broken", "upstream_5xx", "no_region"} <= counted
+    assert counted <= set(REGION_KINDS) | set(NO_REGION_KINDS)
+    assert set(re.findall(r'UpstreamError\(\s*"(\w+)"', text)) == set(UPSTREAM_KINDS)
+    assert set(UPSTREAM_KINDS) <= set(REGION_KINDS)
+    assert proxy.RETRYABLE_STATUS | {proxy.STREAM_BROKEN_STATUS, 503} <= set(REGION_CODES)
+    assert app.NO_REGION == NO_REGION
