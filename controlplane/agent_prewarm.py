@@ -175,6 +175,7 @@ class AgentPrewarmer:
                 failover_id=failover_id, source=source, budget_s=budget_s,
                 payloads=[p.model_dump_json().encode() for p in sel.replay],
                 activate=desc.replicas_active + desc.replicas_warm, verify=self.verify,
+                routing_chars=self.topology.prefixes.routing_chars,
             )  # fmt: skip
             last = await self._stream(stub, req, target, budget_s)
         if last is None or not last.done:

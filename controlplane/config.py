@@ -158,6 +158,11 @@ class PrefixesConfig(_Strict):
     export_max_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 512 * 1024
     aggregate_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     max_entries: Annotated[int, Field(ge=1, le=4096, description="catalog size per region")] = 256
+    # Which replica of a region serves a prompt is a hash of its first routing_chars
+    # characters; gateways route by it and agents pre-warm by it, so all use this value.
+    routing_chars: Annotated[
+        int, Field(ge=1, le=65536, description="prompt characters that pick the replica")
+    ] = 256
     max_catalog_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 1024 * 1024
 
     @model_validator(mode="after")

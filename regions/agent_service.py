@@ -27,6 +27,7 @@ from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
 from controlplane.core.prefixes import ReplayPayload
+from regions.gateway.replicas import DEFAULT_PREFIX_CHARS
 from regions.prewarm_executor import PrewarmOutcome, Progress, execute_prewarm
 
 log = logging.getLogger("tectonic.agent")
@@ -241,6 +242,7 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
                 budget_s=max(0.0, left),
                 per_replica=self.config.per_replica_concurrency,
                 verify=request.verify,
+                prefix_chars=request.routing_chars or DEFAULT_PREFIX_CHARS,
                 on_progress=run.update,
             )
             outcome = outcome.model_copy(update={"elapsed_s": loop.time() - started})

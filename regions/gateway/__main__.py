@@ -94,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefix-chars",
         type=int,
-        default=256,
-        help="prompt characters that pick the replica (prefix-aware hashing)",
+        default=None,
+        help="the topology's prefixes.routing_chars (prompt characters that pick the "
+        "replica); given, it must equal that value, which the agents' pre-warm uses too",
     )
     p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
@@ -236,9 +237,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
         p.error(f"expected host:port, got {bad}")
     if args.observer_id and not re.match(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$", args.observer_id):
         p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
-    for name in ("max_body_bytes", "prefix_chars", "max_pins"):
+    for name in ("max_body_bytes", "max_pins"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
+    routing_chars = topology.prefixes.routing_chars
+    if args.prefix_chars is not None and args.prefix_chars != routing_chars:
+        # A gateway hashing other characters than the agents' pre-warm would route every
+        # warmed prefix to a replica that was not warmed.
+        p.error(
+            f"--prefix-chars {args.prefix_chars} disagrees with the topology's "
+            f"prefixes.routing_chars ({routing_chars}), which every gateway and the agents' "
+            "pre-warm use: set the value in the topology and drop the flag"
+        )
     prefixes, session_key = _prefix_options(p, args, topology.prefixes)
     options = GatewayOptions(
         topology=topology,
@@ -246,7 +256,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
             home=args.region,
             session_header=args.session_header.lower(),
             max_body_bytes=args.max_body_bytes,
-            prefix_chars=args.prefix_chars,
+            prefix_chars=routing_chars,
             warm_first=args.warm_first,
         ),
         listen=args.listen,

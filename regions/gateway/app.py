@@ -61,7 +61,9 @@ class AppConfig:
     home: str
     session_header: str = "x-session-id"
     max_body_bytes: int = 1 << 20
-    prefix_chars: int = DEFAULT_PREFIX_CHARS
+    # prompt characters that pick the replica; None: the topology's prefixes.routing_chars
+    # (GatewayServer fills it in and refuses another value)
+    prefix_chars: int | None = None
     retry_after_s: int = 1
     actuators: ActuatorConfig = field(default_factory=ActuatorConfig)
     # region -> residency zone (from the topology): where a request may spill when its
@@ -119,6 +121,7 @@ class GatewayApp:
         tokenizer_forwarder: Forwarder | None = None,
     ) -> None:
         self.config = config
+        self._chars = DEFAULT_PREFIX_CHARS if config.prefix_chars is None else config.prefix_chars
         # /tokenize and /detokenize: kept out of the first-token histogram; None: forwarder
         self.tokenizer_forwarder = tokenizer_forwarder or forwarder
         self.warm_ups = warm_ups  # None: warm first is off
@@ -253,7 +256,7 @@ class GatewayApp:
         nothing is counted for pre-warm, warmed or degraded, and the replica validates
         the body: its errors are vLLM's own."""
         started = time.monotonic()
-        chars = self.config.prefix_chars
+        chars = self._chars
         try:
             body = await self._body(request)
             prefix = tokenizer_prefix(body, chars)
@@ -274,7 +277,7 @@ class GatewayApp:
     ) -> tuple[ProxyRequest, str, str, int, _WarmCheck | None] | web.Response:
         """Parse, resolve the region, apply its degradation actuators: the request as it
         will be sent, its session, region, ring key and warm check; or a refusal."""
-        chars = self.config.prefix_chars
+        chars = self._chars
         req = parse(endpoint, await self._body(request), chars)
         key = prefix_key(req.prefix, chars)
         session = request.headers.get(self.config.session_header) or req.user

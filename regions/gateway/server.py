@@ -181,6 +181,15 @@ class GatewayServer:
                 self.store, self.keys, self.tracker, options.export_options()
             )
         app_config = options.app
+        chars = topo.prefixes.routing_chars
+        if app_config.prefix_chars not in (None, chars):
+            # The agents' pre-warm replays each prefix where this value sends it.
+            raise ValueError(
+                f"prefix_chars {app_config.prefix_chars} disagrees with the topology's "
+                f"prefixes.routing_chars ({chars}), which every gateway and the agents' "
+                "pre-warm use"
+            )
+        app_config = replace(app_config, prefix_chars=chars)
         if not app_config.zones:  # the topology's zones bound where requests may spill
             app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
         if app_config.actuators.chars_per_token is None:

@@ -17,7 +17,15 @@ from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
 from chaos.procs import Proc, start_simulators
+from controlplane.agent_prewarm import AgentPrewarmer
+from controlplane.clock import SystemClock
+from controlplane.codec import encode
+from controlplane.config import Topology
+from controlplane.core.model import FailoverPlan
+from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
 from controlplane.core.prefixes import PromptKind, ReplayPayload
+from controlplane.keys import Keys
+from controlplane.store.memory import MemoryStore
 from regions.agent import AgentConfig, AgentHandle, serve_agent
 from regions.agent_service import PrewarmServiceConfig
 from regions.gateway.replicas import ReplicaBalancer, prefix_key
@@ -122,6 +130,86 @@ async def test_prewarm_lands_where_the_gateway_routes_and_vllm_counts_hits(
                 prefix_tokens = (await r.json())["count"]
             assert hits1 - hits0 >= prefix_tokens - BLOCK, (i, hits1 - hits0, prefix_tokens)
     assert final.prompt_tokens >= N_PREFIXES * 8 * BLOCK  # vLLM's usage of the replays
+
+
+async def test_prewarm_hashes_the_characters_the_gateways_route_by(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    """The leader sends the topology's prefixes.routing_chars; the agent's plan must use
+    it, or a deployment whose gateways route by another length than the default gets
+    every prefix warmed on a replica its gateways do not send it to."""
+    chars = 23  # "tenant NNN system promp": still distinct per tenant
+    payloads = [payload(i) for i in range(N_PREFIXES)]
+    urls = [s.url for s in sims]
+    # The test proves something only where the two lengths choose differently.
+    moved = [i for i, p in enumerate(payloads)
+             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
+    assert len(moved) >= 3
+    req = apb.PrewarmRequest(
+        failover_id="a@chars",
+        source="a",
+        budget_s=30,
+        routing_chars=chars,
+        payloads=[p.model_dump_json().encode() for p in payloads],
+    )
+    final = (await prewarm(agent, req))[-1]
+    assert final.done and final.warmed == N_PREFIXES
+    balancer = ReplicaBalancer(urls)
+    async with aiohttp.ClientSession() as http:
+        for i in moved:
+            p = payloads[i]
+            replica = balancer.choose(prefix_key(routing_text(p, chars), chars))
+            assert replica is not None
+            _, hits0 = await cache_counters(http, replica)
+            await complete(http, replica, system_prompt(i) + f" user question {i}?")
+            _, hits1 = await cache_counters(http, replica)
+            assert hits1 - hits0 >= p.tokens - BLOCK, (i, replica, hits1 - hits0)
+
+
+async def test_the_leaders_prewarm_sends_the_topologys_routing_chars(
+    agent: AgentHandle, sims: list[Proc]
+) -> None:
+    """The other half: the leader's pre-warmer (the control plane's side, on a catalog in
+    the store) tells the agent the topology's prefixes.routing_chars."""
+    chars = 23
+    payloads = [payload(i) for i in range(N_PREFIXES)]
+    urls = [s.url for s in sims]
+    moved = [i for i, p in enumerate(payloads)
+             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
+    assert len(moved) >= 3
+    topo = Topology.model_validate(
+        {
+            "cluster": "chars",
+            "regions": [
+                {"name": "a", "zone": "z", "agent": "127.0.0.1:1", "capacity_rps": 10},
+                {"name": "b", "zone": "z", "agent": f"127.0.0.1:{agent.port}", "capacity_rps": 10},
+            ],
+            "prefixes": {"block_size": BLOCK, "routing_chars": chars},
+        }
+    )
+    keys, store = Keys("chars"), MemoryStore()
+    catalog = PrefixCatalog(
+        region="a", at=0.0, params=topo.prefixes.params, min_sessions=1,
+        shared_prefixes=N_PREFIXES,
+        entries=tuple(CatalogEntry(key=p.key, count=100 - i, sessions=3, payload=p)
+                      for i, p in enumerate(payloads)),
+    )  # fmt: skip
+    await store.put(keys.prefixes("a"), encode(catalog))
+    prewarmer = AgentPrewarmer(topo, store, keys, SystemClock(), min_sessions=1, fraction=1.0,
+                               verify=0)  # fmt: skip
+    plan = FailoverPlan(source="a", targets={"b": 1.0}, reason="test", actor="t")
+    result = await prewarmer.prewarm(plan, 30.0, "a@leader")
+    assert result["prefixes_warmed"] == N_PREFIXES, result
+    balancer = ReplicaBalancer(urls)
+    async with aiohttp.ClientSession() as http:
+        for i in moved:
+            p = payloads[i]
+            replica = balancer.choose(prefix_key(routing_text(p, chars), chars))
+            assert replica is not None
+            _, hits0 = await cache_counters(http, replica)
+            await complete(http, replica, system_prompt(i) + f" user question {i}?")
+            _, hits1 = await cache_counters(http, replica)
+            assert hits1 - hits0 >= p.tokens - BLOCK, (i, replica, hits1 - hits0)
 
 
 async def test_without_prewarm_the_first_request_hits_nothing(

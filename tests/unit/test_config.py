@@ -68,3 +68,12 @@ def test_cli_check_exits_2_with_the_message(
     assert "timing.lease_ttl_s" in capsys.readouterr().err
     assert controlplane_main(["--topology", str(REPO / "examples/topology.yaml"), "--check"]) == 0
     assert "us-east" in capsys.readouterr().out
+
+
+def test_routing_chars_default_is_the_gateways_default() -> None:
+    # A topology without prefixes.routing_chars must route and pre-warm as a gateway or
+    # an agent does when told nothing (an old leader's request carries 0: the default).
+    from controlplane.config import PrefixesConfig
+    from regions.gateway.replicas import DEFAULT_PREFIX_CHARS
+
+    assert PrefixesConfig().routing_chars == DEFAULT_PREFIX_CHARS

@@ -300,3 +300,25 @@ def test_gateway_flags_override_the_topology_and_help_explains(tmp_path: object)
     text = _parser().format_help()
     for flag in ("--prefix-block-size", "--prefix-export-interval", "--no-prefix-tracking"):
         assert flag in text
+
+
+def test_prefix_chars_come_from_the_topology_and_a_disagreeing_flag_refuses_to_start(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Gateways route by a hash of the prompt's first routing_chars characters and the
+    # agents' pre-warm replays on the replica that hash picks: one value for all, in the
+    # topology. A gateway flag that says otherwise would route warmed prefixes elsewhere.
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "t.yaml"
+    path.write_text(
+        "regions: [{name: east, zone: us, agent: '127.0.0.1:9', capacity_rps: 1}]\n"
+        "prefixes: {routing_chars: 64}\n"
+    )
+    base = ["--topology", str(path), "--region", "east"]
+    assert parse_args(base)[0].app.prefix_chars == 64
+    assert parse_args([*base, "--prefix-chars", "64"])[0].app.prefix_chars == 64
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--prefix-chars", "256"])
+    err = capsys.readouterr().err
+    assert "--prefix-chars 256 disagrees with the topology's prefixes.routing_chars (64)" in err

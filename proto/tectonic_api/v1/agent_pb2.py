@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btectonic_api/v1/agent.proto\x12\x0btectonic.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xa0\x01\n\x10\x41gentDescription\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\x03 \x01(\x01\x12\x1a\n\x12kv_capacity_blocks\x18\x04 \x01(\x04\x12\x17\n\x0freplicas_active\x18\x05 \x01(\r\x12\x15\n\rreplicas_warm\x18\x06 \x01(\r\"{\n\x0ePrewarmRequest\x12\x13\n\x0b\x66\x61ilover_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x10\n\x08\x62udget_s\x18\x03 \x01(\x01\x12\x10\n\x08payloads\x18\x04 \x03(\x0c\x12\x10\n\x08\x61\x63tivate\x18\x05 \x01(\r\x12\x0e\n\x06verify\x18\x06 \x01(\r\"\xe2\x01\n\x0fPrewarmProgress\x12\r\n\x05total\x18\x01 \x01(\r\x12\x0e\n\x06warmed\x18\x02 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\r\x12\x11\n\telapsed_s\x18\x04 \x01(\x01\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nattainment\x18\x06 \x01(\x01\x12\x10\n\x08verified\x18\x07 \x01(\r\x12\x19\n\x11verified_hit_rate\x18\x08 \x01(\x01\x12\x15\n\rprompt_tokens\x18\t \x01(\x04\x12\x17\n\x0freplicas_active\x18\n \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x0b \x01(\t2\x9e\x01\n\x0bRegionAgent\x12G\n\x08\x44\x65scribe\x12\x1c.tectonic.v1.DescribeRequest\x1a\x1d.tectonic.v1.AgentDescription\x12\x46\n\x07Prewarm\x12\x1b.tectonic.v1.PrewarmRequest\x1a\x1c.tectonic.v1.PrewarmProgress0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btectonic_api/v1/agent.proto\x12\x0btectonic.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xa0\x01\n\x10\x41gentDescription\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x1c\n\x14prefill_tokens_per_s\x18\x03 \x01(\x01\x12\x1a\n\x12kv_capacity_blocks\x18\x04 \x01(\x04\x12\x17\n\x0freplicas_active\x18\x05 \x01(\r\x12\x15\n\rreplicas_warm\x18\x06 \x01(\r\"\x92\x01\n\x0ePrewarmRequest\x12\x13\n\x0b\x66\x61ilover_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x10\n\x08\x62udget_s\x18\x03 \x01(\x01\x12\x10\n\x08payloads\x18\x04 \x03(\x0c\x12\x10\n\x08\x61\x63tivate\x18\x05 \x01(\r\x12\x0e\n\x06verify\x18\x06 \x01(\r\x12\x15\n\rrouting_chars\x18\x07 \x01(\r\"\xe2\x01\n\x0fPrewarmProgress\x12\r\n\x05total\x18\x01 \x01(\r\x12\x0e\n\x06warmed\x18\x02 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\r\x12\x11\n\telapsed_s\x18\x04 \x01(\x01\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nattainment\x18\x06 \x01(\x01\x12\x10\n\x08verified\x18\x07 \x01(\r\x12\x19\n\x11verified_hit_rate\x18\x08 \x01(\x01\x12\x15\n\rprompt_tokens\x18\t \x01(\x04\x12\x17\n\x0freplicas_active\x18\n \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x0b \x01(\t2\x9e\x01\n\x0bRegionAgent\x12G\n\x08\x44\x65scribe\x12\x1c.tectonic.v1.DescribeRequest\x1a\x1d.tectonic.v1.AgentDescription\x12\x46\n\x07Prewarm\x12\x1b.tectonic.v1.PrewarmRequest\x1a\x1c.tectonic.v1.PrewarmProgress0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_end=61
   _globals['_AGENTDESCRIPTION']._serialized_start=64
   _globals['_AGENTDESCRIPTION']._serialized_end=224
-  _globals['_PREWARMREQUEST']._serialized_start=226
-  _globals['_PREWARMREQUEST']._serialized_end=349
-  _globals['_PREWARMPROGRESS']._serialized_start=352
-  _globals['_PREWARMPROGRESS']._serialized_end=578
-  _globals['_REGIONAGENT']._serialized_start=581
-  _globals['_REGIONAGENT']._serialized_end=739
+  _globals['_PREWARMREQUEST']._serialized_start=227
+  _globals['_PREWARMREQUEST']._serialized_end=373
+  _globals['_PREWARMPROGRESS']._serialized_start=376
+  _globals['_PREWARMPROGRESS']._serialized_end=602
+  _globals['_REGIONAGENT']._serialized_start=605
+  _globals['_REGIONAGENT']._serialized_end=763
 # @@protoc_insertion_point(module_scope)

@@ -27,20 +27,22 @@ class AgentDescription(_message.Message):
     def __init__(self, region: _Optional[str] = ..., block_size: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., kv_capacity_blocks: _Optional[int] = ..., replicas_active: _Optional[int] = ..., replicas_warm: _Optional[int] = ...) -> None: ...
 
 class PrewarmRequest(_message.Message):
-    __slots__ = ("failover_id", "source", "budget_s", "payloads", "activate", "verify")
+    __slots__ = ("failover_id", "source", "budget_s", "payloads", "activate", "verify", "routing_chars")
     FAILOVER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     ACTIVATE_FIELD_NUMBER: _ClassVar[int]
     VERIFY_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_CHARS_FIELD_NUMBER: _ClassVar[int]
     failover_id: str
     source: str
     budget_s: float
     payloads: _containers.RepeatedScalarFieldContainer[bytes]
     activate: int
     verify: int
-    def __init__(self, failover_id: _Optional[str] = ..., source: _Optional[str] = ..., budget_s: _Optional[float] = ..., payloads: _Optional[_Iterable[bytes]] = ..., activate: _Optional[int] = ..., verify: _Optional[int] = ...) -> None: ...
+    routing_chars: int
+    def __init__(self, failover_id: _Optional[str] = ..., source: _Optional[str] = ..., budget_s: _Optional[float] = ..., payloads: _Optional[_Iterable[bytes]] = ..., activate: _Optional[int] = ..., verify: _Optional[int] = ..., routing_chars: _Optional[int] = ...) -> None: ...
 
 class PrewarmProgress(_message.Message):
     __slots__ = ("total", "warmed", "failed", "elapsed_s", "done", "attainment", "verified", "verified_hit_rate", "prompt_tokens", "replicas_active", "detail")
