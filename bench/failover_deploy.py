@@ -14,12 +14,12 @@ from pathlib import Path
 from bench._common import BenchError, kill_all, write_topology
 from chaos.procs import (
     Proc,
-    free_port,
     launch_simulator,
     start_agent,
     start_controlplane,
     wait_ready,
 )
+from regions.pool.processes import free_port
 
 REGIONS = ("us-east", "us-west", "us-central")
 CONTROL_PLANES = ("cp-1", "cp-2")

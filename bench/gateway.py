@@ -61,13 +61,14 @@ from bench._common import (
     write_topology,
 )
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, read_ready, spawn, start_simulator
+from chaos.procs import Proc, spawn, start_simulator
 from controlplane.codec import encode
 from controlplane.config import EtcdConfig
 from controlplane.core.model import Routing
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from regions.gateway.upstream import UpstreamError, UpstreamPool
+from regions.pool.processes import read_ready
 
 REGION = "bench"
 CLUSTER = "bench-gateway"

@@ -7,8 +7,8 @@ control-plane process (no resign: its lease must expire) at one point of a failo
 
 * ``before_prewarm``: a manual failover (which warms the targets first) has just been
   recorded, its pre-warm not started;
-* ``during_prewarm``: the same, one second into its pre-warm (``prewarm.hold_s``
-  keeps the step running long enough to be hit);
+* ``during_prewarm``: the same, one second into its pre-warm (the lab's replicas,
+  chaos/lab_controlplane.py, keep the step running long enough to be hit);
 * ``after_switch``: an automatic failover of a region whose servers were SIGKILLed
   (switch first, then warm) has switched routing, its pre-warm still running;
 * ``during_recovery``: that region's servers are back and it recovers in steps; the

@@ -39,7 +39,7 @@ from bench._common import BenchError, Reporter, at_least, kill_all, main, write_
 from bench.recovery_figures import _ratio, headline, rho, slices, window
 from bench.recovery_load import HOME, TARGET, Load, Options, system_prompt, touch
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, free_port, read_ready, spawn, start_simulators
+from chaos.procs import Proc, spawn, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.clock import SystemClock
 from controlplane.codec import decode, encode
@@ -50,6 +50,7 @@ from controlplane.core.prefix_catalog import PrefixCatalog
 from controlplane.keys import Keys
 from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.store.etcd import EtcdStore
+from regions.pool.processes import free_port, read_ready
 from regions.probe_vllm import parse_gauges
 
 CLUSTER = "bench-recovery"

@@ -29,7 +29,6 @@ import yaml
 from chaos.local_etcd import EtcdCluster
 from chaos.procs import (
     Proc,
-    free_port,
     launch_simulator,
     start_agent,
     start_controlplane,
@@ -39,6 +38,7 @@ from chaos.procs import (
 from chaos.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.keys import Keys
 from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
+from regions.pool.processes import free_port
 
 log = logging.getLogger("chaos.deployment")
 
@@ -113,7 +113,6 @@ def local_topology(
             "budget_s": 30,
             "top_fraction": 0.25,
             "verify": 4,
-            "hold_s": spec.prewarm_hold_s,
         },
         # The traffic's system prompts are ~400 characters: a level every 32 tokens
         # (real vLLM on CPU caches whole 128-token blocks: a level per block).
@@ -247,6 +246,7 @@ class LocalDeployment:
             rid,
             listen=f"127.0.0.1:{self.cp_ports[rid]}",
             extra_args=["--http-listen", f"127.0.0.1:{self.cp_http_ports[rid]}"],
+            prewarm_hold_s=self.spec.prewarm_hold_s,
         )
 
     def start_gateway(self, region: str) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from chaos.procs import free_port
+from regions.pool.processes import free_port
 
 ETCD_BINARY = "etcd"
 # Fast elections so that losing a member costs ~0.1-2 s, not the default 1-10 s.

@@ -13,28 +13,18 @@ import asyncio
 import atexit
 import contextlib
 import os
-import select
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+
+from regions.pool.processes import ServerProcess, read_ready, wait_http_ok
 
 REPO = Path(__file__).resolve().parent.parent
 _LIVE: set[Proc] = set()
 _LOGS: list[Path] = []  # removed at exit unless TECTONIC_KEEP_LOGS=1
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS may hand it out again later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -47,63 +37,27 @@ def _env() -> dict[str, str]:
     return env
 
 
-class Proc:
-    """A child process started by a test, with its log file and (for servers) its URL."""
+class Proc(ServerProcess):
+    """A child process started by a test or the lab, with its log file and (for servers)
+    its URL; on the lab's table until it is stopped, so that the interpreter's exit kills
+    what a test forgot. Its log stays for ``log()`` after it stopped (removed at exit)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, name: str) -> None:
-        self.popen = popen
-        self.log_path = log_path
-        self.name = name
-        self.url = ""
-        self.port = 0
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        log_path: Path,
+        name: str,
+        *,
+        tmp: Path | None = None,
+        group: bool = False,
+    ) -> None:
+        super().__init__(popen, log_path, name, tmp=tmp, group=group, keep_log=True)
         _LIVE.add(self)
         _LOGS.append(log_path)
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log(self, tail: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        """SIGKILL and reap: the process dies without any chance to clean up."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait()
-        self._close()
-
-    def terminate(self, timeout: float = 10.0) -> int:
-        """SIGTERM, wait for a clean exit (SIGKILL after ``timeout``); returns the exit code."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.send_signal(signal.SIGKILL)
-                self.popen.wait()
-        self._close()
-        return int(self.popen.returncode)
-
     def _close(self) -> None:
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
+        super()._close()
         _LIVE.discard(self)
-
-    def __enter__(self) -> Proc:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill()
-
-    def __repr__(self) -> str:
-        return f"Proc({self.name}, pid={self.pid}, url={self.url!r})"
 
 
 def spawn(args: Sequence[str], name: str, *, stdout_pipe: bool = False) -> Proc:
@@ -119,27 +73,6 @@ def spawn(args: Sequence[str], name: str, *, stdout_pipe: bool = False) -> Proc:
             stderr=log_file,
         )
     return Proc(popen, Path(log_name), name)
-
-
-def read_ready(proc: Proc, deadline: float) -> str:
-    """The address from the ``READY <address>`` line the process prints on stdout."""
-    out = proc.popen.stdout
-    assert out is not None
-    buf = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([out], [], [], 0.1)
-        if ready:
-            chunk = os.read(out.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            for line in buf.decode(errors="replace").splitlines():
-                if line.startswith("READY "):
-                    return line.split()[1]
-        elif not proc.alive():
-            break
-    proc.kill()
-    raise RuntimeError(f"{proc.name} did not become ready; log:\n{proc.log()}")
 
 
 async def until(
@@ -162,20 +95,6 @@ async def until(
         if loop.time() > deadline:
             raise AssertionError(f"{what} did not hold within {within} s")
         await asyncio.sleep(every)
-
-
-def wait_http_ok(url: str, deadline: float) -> None:
-    """Poll ``url`` until it answers 200 or the deadline passes."""
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as e:
-            last = e
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} not OK in time: {last!r}")
 
 
 def launch_simulator(
@@ -295,11 +214,15 @@ def start_controlplane(
     listen: str = "127.0.0.1:0",
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
+    prewarm_hold_s: float = 0.0,
 ) -> Proc:
-    """Start ``python -m controlplane``; ``Proc.url`` is its gRPC target once it serves."""
+    """Start ``python -m controlplane``; ``Proc.url`` is its gRPC target once it serves.
+    ``prewarm_hold_s`` > 0: the lab's replica whose pre-warm only waits that long
+    (chaos/lab_controlplane.py), so a leader can be killed mid-failover."""
+    module = ["chaos.lab_controlplane", "--prewarm-hold-s", f"{prewarm_hold_s:g}"]
     args = [
         "-m",
-        "controlplane",
+        *(module if prewarm_hold_s > 0 else ["controlplane"]),
         "--topology",
         str(topology),
         "--id",

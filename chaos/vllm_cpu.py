@@ -3,7 +3,7 @@
 Used by ``tests/contract`` (the same API contract against the simulator and vLLM), and
 available to the demo and benches. ``scripts/setup_vllm_cpu.sh`` installs vLLM into its
 own virtual environment (:data:`VLLM_VENV`) and builds the model (:data:`TINY_MODEL_DIR`);
-see ``notes/vllm-cpu.md`` for the measured facts behind every flag below.
+see ``docs/vllm-cpu.md`` for the measured facts behind every flag below.
 
 - :func:`vllm_available` tells whether that venv is in place (cheap: no import).
 - :func:`build_tiny_model` builds a tokenizer + random Llama into a directory. The build
@@ -21,7 +21,6 @@ serves until Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import random
@@ -31,13 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chaos.procs import REPO, Proc, free_port
+from chaos.procs import REPO, Proc
+from regions.pool.launchers import cpu_server_env
+from regions.pool.processes import free_port, wait_healthy
 
 VLLM_VENV = REPO / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
@@ -244,55 +243,11 @@ class VllmProc(Proc):
     def __init__(
         self, popen: subprocess.Popen[bytes], log_path: Path, name: str, tmp: Path
     ) -> None:
-        super().__init__(popen, log_path, name)
-        self.tmp = tmp
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
-
-    def kill(self) -> None:
-        self._signal_group(signal.SIGKILL)
-        self.popen.wait()
-        self._close()
+        super().__init__(popen, log_path, name, tmp=tmp, group=True)
 
     def terminate(self, timeout: float = 15.0) -> int:
         """SIGTERM (vLLM stops its children itself, ~3 s); SIGKILL the group after that."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        self._signal_group(signal.SIGKILL)  # stragglers, and the leader if it hung
-        self.popen.wait()
-        self._close()
-        return int(self.popen.returncode)
-
-    def _close(self) -> None:
-        super()._close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def server_env(tmp: Path, kv_cache_gib: int = 1) -> dict[str, str]:
-    """The environment the note prescribes, with caches and sockets under ``tmp``."""
-    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(
-        {
-            # Whole GiB; without it vLLM sees ~10 GiB, wants 92 % of it and fails to start.
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-            "VLLM_SERVER_DEV_MODE": "1",  # /sleep /wake_up /is_sleeping /reset_prefix_cache
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-            "TMPDIR": str(tmp),  # ZMQ socket files
-            "HF_HOME": str(tmp / "hf"),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
+        return super().terminate(timeout)
 
 
 def launch_vllm(
@@ -338,7 +293,7 @@ def launch_vllm(
         popen = subprocess.Popen(
             args,
             cwd=tmp,
-            env=server_env(tmp, kv_cache_gib),
+            env=cpu_server_env(tmp, kv_cache_gib),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -352,21 +307,8 @@ def launch_vllm(
 
 def wait_vllm(proc: VllmProc, timeout: float = 120.0) -> VllmProc:
     """Wait until ``/health`` answers 200; kill the server and raise with its log if not."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            proc.kill()
-            code = proc.popen.returncode
-            raise RuntimeError(f"vLLM exited with {code} during start-up; log:\n{proc.log(8000)}")
-        try:
-            with urllib.request.urlopen(proc.url + "/health", timeout=1.0) as resp:
-                if resp.status == 200:
-                    return proc
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"vLLM not healthy within {timeout} s; log:\n{proc.log(8000)}")
+    wait_healthy(proc, timeout, "vLLM")
+    return proc
 
 
 def start_vllm(

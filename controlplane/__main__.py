@@ -9,11 +9,13 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from controlplane.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.core.ladder import Ladder
 from controlplane.ladder_file import load_ladder
+from controlplane.prewarm import Prewarmer
 
 EXAMPLES = """examples:
   python -m controlplane --topology examples/topology.yaml --id cp-1 --listen 127.0.0.1:50051
@@ -69,7 +71,12 @@ def _summary(t: Topology) -> str:
 
 
 async def _run(
-    t: Topology, replica_id: str, listen: str, http_listen: str | None, ladder: Ladder | None
+    t: Topology,
+    replica_id: str,
+    listen: str,
+    http_listen: str | None,
+    ladder: Ladder | None,
+    prewarmer: Prewarmer | None,
 ) -> None:
     from controlplane.server import ControlPlaneReplica
     from controlplane.store.etcd import EtcdStore
@@ -83,6 +90,7 @@ async def _run(
         listen=listen,
         http_listen=http_listen,
         ladder=ladder,
+        prewarmer=prewarmer,
     )
     task = asyncio.create_task(replica.run())
     started = asyncio.create_task(replica.started.wait())
@@ -102,7 +110,11 @@ async def _run(
         await store.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | None = None
+) -> int:
+    """``prewarmer``: a seam for the test lab (chaos/lab_controlplane.py), which makes
+    the pre-warmer a replica runs; None: the real one."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -129,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("tectonic").info(
             "degradation ladder %s: %s", t.degradation_ladder, " -> ".join(ladder.names)
         )
-    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder))
+    pre = prewarmer() if prewarmer is not None else None
+    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder, pre))
     return 0
 
 

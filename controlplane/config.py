@@ -133,9 +133,6 @@ class PrewarmConfig(_Strict):
     verify: Annotated[
         int, Field(ge=0, le=256, description="warmed prefixes re-sent to read vLLM's hits")
     ] = 8
-    # Testing/drill seam: keep a failover in its pre-warm step this long, so that a
-    # leader can be killed mid-failover. 0 in production.
-    hold_s: Annotated[float, Field(ge=0, le=600)] = 0.0
 
 
 class PrefixesConfig(_Strict):

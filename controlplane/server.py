@@ -40,7 +40,7 @@ from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
 from controlplane.prefix_aggregator import PrefixAggregator
-from controlplane.prewarm import HoldPrewarmer, Prewarmer
+from controlplane.prewarm import Prewarmer
 from controlplane.probe import AgentProber
 from controlplane.reflection import enable_reflection
 from controlplane.security import SecurityConfig
@@ -93,18 +93,14 @@ class ControlPlaneReplica:
         self.election = LeaderElection(
             self.store, self.keys.leader(), self.replica_id, t.timing.lease_ttl_s
         )
-        pre = self.prewarmer or (
-            HoldPrewarmer(t.prewarm.hold_s)
-            if t.prewarm.hold_s > 0
-            else AgentPrewarmer(
-                t,
-                self.store,
-                self.keys,
-                self.clock,
-                min_sessions=t.prefixes.min_sessions,
-                fraction=t.prewarm.top_fraction,
-                verify=t.prewarm.verify,
-            )
+        pre = self.prewarmer or AgentPrewarmer(
+            t,
+            self.store,
+            self.keys,
+            self.clock,
+            min_sessions=t.prefixes.min_sessions,
+            fraction=t.prewarm.top_fraction,
+            verify=t.prewarm.verify,
         )
         self.sessions = SessionStore(
             self.store,

@@ -1,13 +1,17 @@
 """Launchers: how a warm pool gets replicas (COLD -> process up) and gets rid of them.
 
 - :class:`SimulatorLauncher` spawns ``python -m regions.simulator`` processes (tests,
-  demo) with :func:`chaos.procs.start_simulator`.
-- :class:`VllmLauncher` starts real vLLM servers. ``flavour="gpu"``: the CUDA build with
-  ``--enable-sleep-mode``; ``flavour="cpu"``: the CPU build as in notes/vllm-cpu.md
-  (sleep mode is rejected there, the dev-mode endpoints still pause the engine). Both
+  demo).
+- :class:`VllmLauncher` starts real vLLM servers: the model and the interpreter are the
+  operator's (no default model; the interpreter defaults to this one). ``flavour="gpu"``:
+  the CUDA build with ``--enable-sleep-mode``; ``flavour="cpu"``: the CPU build as in
+  docs/vllm-cpu.md (sleep mode is rejected there, the dev-mode endpoints still pause the
+  engine). Both
   set ``VLLM_SERVER_DEV_MODE=1``: without it vLLM has no ``/sleep``, ``/wake_up``,
   ``/is_sleeping`` or ``/reset_prefix_cache`` (404). :func:`vllm_command` is the pure
   argv + environment builder; what it returns is exactly what runs.
+- Processes are :class:`regions.pool.processes.ServerProcess`: each launcher stops what it
+  started; nothing is global.
 - :class:`StaticEndpoints`: replicas that someone else runs (``managed = False``); the
   pool only probes, sleeps, wakes and routes them, and ``launch``/``stop`` refuse.
 
@@ -25,25 +29,22 @@ import asyncio
 import itertools
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from chaos.procs import Proc, free_port, start_simulator
-from chaos.vllm_cpu import (
-    SETUP_HINT,
-    TINY_MODEL_DIR,
-    VLLM_PYTHON,
-    VllmProc,
-    server_env,
-    vllm_available,
-    wait_vllm,
+from regions.pool.processes import (
+    ServerProcess,
+    free_port,
+    read_ready,
+    start_process,
+    wait_healthy,
+    wait_http_ok,
 )
 from regions.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 
@@ -119,19 +120,28 @@ class SimulatorLauncher:
         self.variants = spec_decode_variants(speculative_config)
         self._name = name
         self._seq = itertools.count()
-        self._procs: dict[str, Proc] = {}
+        self._procs: dict[str, ServerProcess] = {}
+
+    def _spawn(self, args: Sequence[str]) -> ServerProcess:
+        argv = [sys.executable, "-m", "regions.simulator", "--host", "127.0.0.1",
+                "--port", "0", "--model", self.model, "--block-size", str(self.block_size),
+                *args]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = start_process(argv, f"{self._name}{next(self._seq)}", env=env, stdout_pipe=True)
+        deadline = time.monotonic() + self.ready_timeout_s
+        proc.url = read_ready(proc, deadline)
+        proc.port = int(proc.url.rsplit(":", 1)[1])
+        try:
+            wait_http_ok(proc.url + "/health", deadline)
+        except RuntimeError:
+            proc.kill()
+            raise
+        return proc
 
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)
         args = (*self.extra_args, *speculative_args(self.speculative_config, variant))
-        proc = await asyncio.to_thread(
-            start_simulator,
-            model=self.model,
-            block_size=self.block_size,
-            extra_args=args,
-            name=f"{self._name}{next(self._seq)}",
-            timeout=self.ready_timeout_s,
-        )
+        proc = await asyncio.to_thread(self._spawn, args)
         self._procs[proc.url] = proc
         return proc.url
 
@@ -140,7 +150,7 @@ class SimulatorLauncher:
         if proc is not None:
             await asyncio.to_thread(proc.terminate)
 
-    def process(self, url: str) -> Proc | None:
+    def process(self, url: str) -> ServerProcess | None:
         return self._procs.get(url)
 
 
@@ -153,10 +163,10 @@ class VllmSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     flavour: Flavour = "gpu"
-    model: str = str(TINY_MODEL_DIR)
+    model: str = Field(min_length=1)  # a local path or a model id vLLM can load
     served_model_name: str = "tiny"
     host: str = "127.0.0.1"
-    python: str | None = None  # None: this interpreter (gpu), .venv-vllm's (cpu)
+    python: str | None = None  # the interpreter vLLM is installed in; None: this one
     max_model_len: int | None = Field(None, ge=1)  # None: the model's (cpu: 4096)
     kv_cache_gib: int = Field(1, ge=1)  # cpu: VLLM_CPU_KVCACHE_SPACE, whole GiB
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
@@ -200,7 +210,7 @@ def vllm_command(
     both builds (``vllm serve`` fails on vllm-cpu: no ``vllm`` package metadata).
     ``variant``: :data:`NO_SPEC_DECODE` leaves ``--speculative-config`` out."""
     cpu = spec.flavour == "cpu"
-    python = spec.python or (str(VLLM_PYTHON) if cpu else sys.executable)
+    python = spec.python or sys.executable
     argv = [
         python,
         "-m",
@@ -219,9 +229,9 @@ def vllm_command(
     if max_len is not None:
         argv += ["--max-model-len", str(max_len)]
     if cpu:
-        # notes/vllm-cpu.md: eager (torch.compile costs 45-77 s), one process, fp32.
+        # docs/vllm-cpu.md: eager (torch.compile costs 45-77 s), one process, fp32.
         argv += ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"]
-        env = server_env(tmp, spec.kv_cache_gib)  # dev mode, KV space, caches under tmp
+        env = cpu_server_env(tmp, spec.kv_cache_gib)  # dev mode, KV space, caches under tmp
     else:
         argv.append("--enable-sleep-mode")  # level-1 sleep offloads weights, frees KV
         if spec.gpu_memory_utilization is not None:
@@ -234,6 +244,31 @@ def vllm_command(
     return VllmCommand(argv=(*argv, *spec.extra_args), env=env)
 
 
+def cpu_server_env(tmp: Path, kv_cache_gib: int = 1) -> dict[str, str]:
+    """The CPU build's environment (docs/vllm-cpu.md), with its caches and sockets under
+    ``tmp``; no PYTHONPATH, which would shadow the vLLM interpreter's own packages."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        {
+            # Whole GiB; without it vLLM sizes the cache from the machine's memory and
+            # fails to start on a small one.
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+            "VLLM_SERVER_DEV_MODE": "1",  # /sleep /wake_up /is_sleeping /reset_prefix_cache
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+            "TMPDIR": str(tmp),  # ZMQ socket files
+            "HF_HOME": str(tmp / "hf"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
 class VllmLauncher:
     """Real vLLM servers, each in its own process group and temp dir."""
 
@@ -242,36 +277,20 @@ class VllmLauncher:
     def __init__(self, spec: VllmSpec) -> None:
         self.spec = spec
         self.variants = spec_decode_variants(spec.speculative_config)
-        self._procs: dict[str, VllmProc] = {}
+        self._procs: dict[str, ServerProcess] = {}
         self._device_of: dict[str, str] = {}
         self._free_devices = list(spec.devices)
         self._seq = itertools.count()
 
-    def _spawn(self, device: str | None, variant: str | None) -> VllmProc:
-        if self.spec.flavour == "cpu" and self.spec.python is None and not vllm_available():
-            raise LaunchRefused(f"no CPU vLLM: {SETUP_HINT}")
+    def _spawn(self, device: str | None, variant: str | None) -> ServerProcess:
         port = free_port(self.spec.host)
         tmp = Path(tempfile.mkdtemp(prefix="tectonic-pool-vllm-"))
         cmd = vllm_command(self.spec, port, tmp, device, variant)
-        log_path = tmp.parent / f"{tmp.name}.log"
-        try:
-            with log_path.open("wb") as log_file:
-                popen = subprocess.Popen(
-                    cmd.argv,
-                    cwd=tmp,
-                    env=cmd.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )  # stop() kills children
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            log_path.unlink(missing_ok=True)
-            raise
-        proc = VllmProc(popen, log_path, f"vllm{next(self._seq)}", tmp)
+        # A group of its own: stop() kills vLLM's children too.
+        proc = start_process(cmd.argv, f"vllm{next(self._seq)}", env=cmd.env, cwd=tmp,
+                             group=True, tmp=tmp)  # fmt: skip
         proc.port, proc.url = port, f"http://{self.spec.host}:{port}"
-        return wait_vllm(proc, self.spec.ready_timeout_s)
+        return wait_healthy(proc, self.spec.ready_timeout_s, "vLLM")
 
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)

@@ -58,7 +58,8 @@ dwell: {warm_min_s: 60, idle_min_s: 30, active_min_s: 10}
 burst: {burst_rps: 100, replica_rps: 30, cold_start_s: 120, activation_s: 8, budget_s: 30}
 """,
     "launcher: {kind: static, urls: ['http://a:8000', 'http://b:8000']}\nactive: 1\nwarm: 1\n",
-    "launcher: {kind: vllm, flavour: cpu, kv_cache_gib: 2, extra_args: [--enforce-eager]}\n",
+    "launcher: {kind: vllm, flavour: cpu, model: /m, kv_cache_gib: 2,\n"
+    "           extra_args: [--enforce-eager]}\n",
 ]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, free_port, start_simulators, until
+from chaos.procs import Proc, start_simulators, until
 from controlplane.codec import decode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.model import FailoverStep, RegionRecord
@@ -21,6 +21,7 @@ from controlplane.store.etcd import EtcdStore
 from regions.agent import AgentConfig, AgentHandle, serve_agent
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
+from regions.pool.processes import free_port
 from regions.prewarm_executor import cache_counters
 from tests.integration.cp_harness import Running, fast_topology, running_replica
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.procs import free_port
 from controlplane.config import Topology
+from regions.pool.processes import free_port
 from tests.integration.cp_harness import (
     Running,
     fast_topology,

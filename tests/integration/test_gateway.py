@@ -29,9 +29,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 from chaos.local_etcd import EtcdServer
 from chaos.procs import (
     Proc,
-    free_port,
     launch_simulator,
-    read_ready,
     spawn,
     start_agent,
     start_controlplane,
@@ -47,6 +45,7 @@ from controlplane.core.sessions import SessionPin
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from controlplane.store.port import Store
+from regions.pool.processes import free_port, read_ready
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 

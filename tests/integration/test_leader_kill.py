@@ -3,8 +3,8 @@ middle of a failover and the other replica finishes it without repeating a step.
 
 Everything is real: simulator processes serve vLLM's API, region agents probe them
 and report over gRPC, the control-plane replicas elect a leader through etcd.
-``prewarm.hold_s`` keeps the failover in its pre-warm step long enough to kill the
-leader there.
+The replicas are the lab's (chaos/lab_controlplane.py), whose pre-warm only waits
+HOLD_S: the failover stays in its pre-warm step long enough to kill the leader there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, free_port, start_agent, start_controlplane, start_simulator, until
+from chaos.procs import Proc, start_agent, start_controlplane, start_simulator, until
+from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -63,7 +64,6 @@ def deployment(etcd: EtcdServer, tmp_path: Path) -> Iterator[Deployment]:
             "recovery_dwell_s": 600,
             "failover_cooldown_s": 600,
         },
-        "prewarm": {"hold_s": HOLD_S},
     }
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topo))
@@ -85,7 +85,7 @@ def deployment(etcd: EtcdServer, tmp_path: Path) -> Iterator[Deployment]:
         }
         procs += agents.values()
         cps = {
-            rid: start_controlplane(path, rid, listen=f"127.0.0.1:{port}")
+            rid: start_controlplane(path, rid, listen=f"127.0.0.1:{port}", prewarm_hold_s=HOLD_S)
             for rid, port in cp_ports.items()
         }
         procs += cps.values()

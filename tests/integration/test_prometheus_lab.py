@@ -41,8 +41,9 @@ import yaml
 
 from chaos.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab import running_lab
-from chaos.procs import free_port, until
+from chaos.procs import until
 from chaos.traffic import Traffic
+from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]
 

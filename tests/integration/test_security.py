@@ -25,7 +25,6 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.local_etcd import ETCD_BINARY, FAST_FLAGS
-from chaos.procs import free_port
 from controlplane.api.auth import RETRY_AFTER_KEY
 from controlplane.config import EtcdConfig, Topology
 from controlplane.security import (
@@ -42,6 +41,7 @@ from controlplane.store.memory import MemoryStore
 from controlplane.store.port import StoreError
 from controlplane.tls import aio_channel, channel_credentials
 from regions.agent import AgentConfig, serve_agent
+from regions.pool.processes import free_port
 from tests.integration.certs import CertAuthority, Leaf, make_ca
 from tests.integration.cp_harness import Running, fast_topology, region, running_replica, until
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from chaos.procs import start_simulators
-from chaos.vllm_cpu import SETUP_HINT, vllm_available
+from chaos.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_PYTHON, vllm_available
 from controlplane.clock import FakeClock
 from regions.agent_service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec
@@ -267,7 +267,8 @@ async def test_a_real_cpu_vllm_sleeps_and_wakes(http: aiohttp.ClientSession) -> 
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the real-vLLM tests: {SETUP_HINT}")
         pytest.skip(f"real vLLM is not installed: {SETUP_HINT}")
-    pool = WarmPool(VllmLauncher(VllmSpec(flavour="cpu")), PoolConfig(active=0, warm=1))
+    spec = VllmSpec(flavour="cpu", model=str(TINY_MODEL_DIR), python=str(VLLM_PYTHON))
+    pool = WarmPool(VllmLauncher(spec), PoolConfig(active=0, warm=1))
     await pool.start()
     try:
         [url] = pool.snapshot().urls(WARM)

@@ -54,7 +54,9 @@ def test_a_full_file_loads_with_every_field(tmp_path: Path) -> None:
 
 
 def test_each_launcher_kind_builds_its_launcher() -> None:
-    vllm = parse_pool_config({"launcher": {"kind": "vllm", "flavour": "cpu", "kv_cache_gib": 2}})
+    vllm = parse_pool_config(
+        {"launcher": {"kind": "vllm", "flavour": "cpu", "model": "/m", "kv_cache_gib": 2}}
+    )
     assert isinstance(vllm.launcher, VllmLauncherConfig)
     launcher = vllm.launcher.build()
     assert isinstance(launcher, VllmLauncher) and launcher.spec.kv_cache_gib == 2

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.vllm_cpu import VLLM_PYTHON
 from regions.pool.launchers import (
     Launcher,
     LaunchRefused,
@@ -55,9 +54,10 @@ def test_gpu_command_without_a_device_leaves_cuda_visible_devices_alone(
 
 def test_cpu_command_follows_the_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")  # would shadow the vLLM venv's packages
-    cmd = vllm_command(VllmSpec(flavour="cpu", model="/m", kv_cache_gib=2), 9000, tmp_path)
+    spec = VllmSpec(flavour="cpu", model="/m", kv_cache_gib=2, python="/opt/vllm/bin/python")
+    cmd = vllm_command(spec, 9000, tmp_path)
     argv = cmd.argv
-    assert argv[:3] == (str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server")
+    assert argv[:3] == ("/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server")
     assert "--enable-sleep-mode" not in argv  # rejected by the CPU build
     assert "--enforce-eager" in argv and "--enable-prefix-caching" in argv
     assert flag(argv, "--dtype") == "float32"
@@ -72,7 +72,7 @@ def test_cpu_command_follows_the_note(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 async def test_a_failed_spawn_gives_its_gpu_device_back() -> None:
-    launcher = VllmLauncher(VllmSpec(python="/nonexistent/python", devices=("7",),
+    launcher = VllmLauncher(VllmSpec(model="m", python="/nonexistent/python", devices=("7",),
                                      ready_timeout_s=1))
     for _ in range(2):  # the second try would be refused if the device had leaked
         with pytest.raises(FileNotFoundError):
@@ -81,7 +81,8 @@ async def test_a_failed_spawn_gives_its_gpu_device_back() -> None:
 
 async def test_a_launcher_with_every_device_taken_refuses() -> None:
     # `false` as the interpreter: the "server" exits at once, holding the device till then.
-    launcher = VllmLauncher(VllmSpec(python="false", devices=("0",), ready_timeout_s=30))
+    launcher = VllmLauncher(VllmSpec(model="m", python="false", devices=("0",),
+                                     ready_timeout_s=30))
     first = asyncio.create_task(launcher.launch())
     await asyncio.sleep(0)  # the first launch has taken device 0 and is starting
     with pytest.raises(LaunchRefused, match="all 1 GPU devices are in use"):
@@ -104,7 +105,16 @@ async def test_static_endpoints_are_managed_elsewhere() -> None:
 
 
 async def test_every_launcher_fits_the_protocol() -> None:
-    launchers: list[Launcher] = [SimulatorLauncher(), VllmLauncher(VllmSpec()),
+    launchers: list[Launcher] = [SimulatorLauncher(), VllmLauncher(VllmSpec(model="m")),
                                  StaticEndpoints(["http://a"])]
     assert [la.managed for la in launchers] == [True, True, False]
     await launchers[0].stop("http://never-launched")  # stopping the unknown is a no-op
+
+
+def test_a_vllm_launcher_knows_no_lab_defaults(tmp_path: Path) -> None:
+    # The model and the interpreter are the operator's: no test model, no lab venv.
+    with pytest.raises(ValueError, match="model"):
+        VllmSpec()
+    cmd = vllm_command(VllmSpec(flavour="cpu", model="/m"), 9000, tmp_path)
+    assert cmd.argv[0] == sys.executable
+

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from chaos.procs import free_port, until
+from chaos.procs import until
 from controlplane.codec import decode, encode
 from controlplane.core.pool_members import PoolMembers
 from controlplane.keys import Keys
 from controlplane.store.memory import MemoryStore
 from regions.agent_pool import AgentPool, AgentPoolConfig
 from regions.gateway.pool_cache import PoolCache
+from regions.pool.processes import free_port
 
 KEYS = Keys("unit")
 

@@ -246,16 +246,16 @@ def test_progress_is_read_from_what_runs_and_told_when_it_moves() -> None:
 
 # -- launching each variant -----------------------------------------------------------
 def test_vllm_argv_has_the_speculative_config_only_for_its_variant(tmp_path: Path) -> None:
-    spec = VllmSpec(python="/usr/bin/python3", speculative_config=NGRAM)
+    spec = VllmSpec(model="m", python="/usr/bin/python3", speculative_config=NGRAM)
     with_it = vllm_command(spec, 8000, tmp_path, variant=SPEC).argv
     default = vllm_command(spec, 8000, tmp_path).argv
     without = vllm_command(spec, 8000, tmp_path, variant=PLAIN).argv
     i = with_it.index("--speculative-config")
     assert with_it[i + 1] == '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}'
     assert default == with_it and "--speculative-config" not in without
-    assert "--speculative-config" not in vllm_command(VllmSpec(), 8000, tmp_path).argv
+    assert "--speculative-config" not in vllm_command(VllmSpec(model="m"), 8000, tmp_path).argv
     with pytest.raises(ValueError, match="empty"):
-        VllmSpec(speculative_config={})
+        VllmSpec(model="m", speculative_config={})
 
 
 async def test_launchers_know_their_variants_and_refuse_others() -> None:
