@@ -48,6 +48,7 @@ from chaos.scenario import (
     describe_fault,
 )
 from chaos.traffic import Traffic
+from controlplane.audit import AuditLog
 from controlplane.codec import encode
 from controlplane.config import ConfigError, Topology
 from controlplane.core.details import json_list
@@ -478,18 +479,14 @@ class DrillRunner:
         ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
         entry_base = {"drill": result.id, "scenario": result.scenario,
                       "failed": json_list(result.failed_criteria())}  # fmt: skip
+        log = AuditLog(keys, ACTOR)
         audit = [
-            Put(
-                keys.audit(f"{int(result.ended_at * 1e6):017d}-{ACTOR}-{i:06d}"),
-                encode(
-                    AuditEntry(
-                        at=result.ended_at, actor=ACTOR, action="drill_verdict", region=r,
-                        reason="passed" if result.passed else "failed: barred until a "
-                        "passing drill or an operator override", details=entry_base,
-                    )
-                ),
-            )
-            for i, r in enumerate(regions)
+            log.op(AuditEntry(
+                at=result.ended_at, actor=ACTOR, action="drill_verdict", region=r,
+                reason="passed" if result.passed else "failed: barred until a "
+                "passing drill or an operator override", details=entry_base,
+            ))
+            for r in regions
         ]  # fmt: skip
         await self.store.txn([], [*ops, *audit])
 

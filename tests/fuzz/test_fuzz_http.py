@@ -478,7 +478,8 @@ async def test_pinned_requests_get_400(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
     path=st.sampled_from(["/v1/models", "/health", "/metrics", "/v1/completions",
                           "/v1/chat/completions", "/", "/v1", "/v1/models/tiny", "/admin",
-                          "/v1/completions/", "/%2e%2e/etc/passwd", "/v1/%ff"]),
+                          "/v1/completions/", "/%2e%2e/etc/passwd", "/v1/%ff",
+                          "/tokenize", "/detokenize"]),
     query=query_string(["model", "stream", "user"]),
 )  # fmt: skip
 async def test_gateway_answers_any_method_and_path(
