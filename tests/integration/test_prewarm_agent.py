@@ -132,6 +132,32 @@ async def test_prewarm_lands_where_the_gateway_routes_and_vllm_counts_hits(
     assert final.prompt_tokens >= N_PREFIXES * 8 * BLOCK  # vLLM's usage of the replays
 
 
+def chosen_differently(payloads: list[ReplayPayload], urls: list[str], chars: int) -> list[int]:
+    """The payloads whose replica differs between ``chars`` and the default length: the
+    routing-length tests prove something only on those."""
+    moved = [i for i, p in enumerate(payloads)
+             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
+    assert len(moved) >= 3
+    return moved
+
+
+async def warm_where_gateways_route(
+    payloads: list[ReplayPayload], which: list[int], urls: list[str], chars: int
+) -> None:
+    """A user prompt on each of ``which`` payloads, sent where a gateway routing by
+    ``chars`` characters sends it, finds the prefix cached there."""
+    balancer = ReplicaBalancer(urls)
+    async with aiohttp.ClientSession() as http:
+        for i in which:
+            p = payloads[i]
+            replica = balancer.choose(prefix_key(routing_text(p, chars), chars))
+            assert replica is not None
+            _, hits0 = await cache_counters(http, replica)
+            await complete(http, replica, system_prompt(i) + f" user question {i}?")
+            _, hits1 = await cache_counters(http, replica)
+            assert hits1 - hits0 >= p.tokens - BLOCK, (i, replica, hits1 - hits0)
+
+
 async def test_prewarm_hashes_the_characters_the_gateways_route_by(
     agent: AgentHandle, sims: list[Proc]
 ) -> None:
@@ -141,10 +167,7 @@ async def test_prewarm_hashes_the_characters_the_gateways_route_by(
     chars = 23  # "tenant NNN system promp": still distinct per tenant
     payloads = [payload(i) for i in range(N_PREFIXES)]
     urls = [s.url for s in sims]
-    # The test proves something only where the two lengths choose differently.
-    moved = [i for i, p in enumerate(payloads)
-             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
-    assert len(moved) >= 3
+    moved = chosen_differently(payloads, urls, chars)
     req = apb.PrewarmRequest(
         failover_id="a@chars",
         source="a",
@@ -154,16 +177,7 @@ async def test_prewarm_hashes_the_characters_the_gateways_route_by(
     )
     final = (await prewarm(agent, req))[-1]
     assert final.done and final.warmed == N_PREFIXES
-    balancer = ReplicaBalancer(urls)
-    async with aiohttp.ClientSession() as http:
-        for i in moved:
-            p = payloads[i]
-            replica = balancer.choose(prefix_key(routing_text(p, chars), chars))
-            assert replica is not None
-            _, hits0 = await cache_counters(http, replica)
-            await complete(http, replica, system_prompt(i) + f" user question {i}?")
-            _, hits1 = await cache_counters(http, replica)
-            assert hits1 - hits0 >= p.tokens - BLOCK, (i, replica, hits1 - hits0)
+    await warm_where_gateways_route(payloads, moved, urls, chars)
 
 
 async def test_the_leaders_prewarm_sends_the_topologys_routing_chars(
@@ -174,9 +188,7 @@ async def test_the_leaders_prewarm_sends_the_topologys_routing_chars(
     chars = 23
     payloads = [payload(i) for i in range(N_PREFIXES)]
     urls = [s.url for s in sims]
-    moved = [i for i, p in enumerate(payloads)
-             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
-    assert len(moved) >= 3
+    moved = chosen_differently(payloads, urls, chars)
     topo = Topology.model_validate(
         {
             "cluster": "chars",
@@ -200,16 +212,7 @@ async def test_the_leaders_prewarm_sends_the_topologys_routing_chars(
     plan = FailoverPlan(source="a", targets={"b": 1.0}, reason="test", actor="t")
     result = await prewarmer.prewarm(plan, 30.0, "a@leader")
     assert result["prefixes_warmed"] == N_PREFIXES, result
-    balancer = ReplicaBalancer(urls)
-    async with aiohttp.ClientSession() as http:
-        for i in moved:
-            p = payloads[i]
-            replica = balancer.choose(prefix_key(routing_text(p, chars), chars))
-            assert replica is not None
-            _, hits0 = await cache_counters(http, replica)
-            await complete(http, replica, system_prompt(i) + f" user question {i}?")
-            _, hits1 = await cache_counters(http, replica)
-            assert hits1 - hits0 >= p.tokens - BLOCK, (i, replica, hits1 - hits0)
+    await warm_where_gateways_route(payloads, moved, urls, chars)
 
 
 async def test_without_prewarm_the_first_request_hits_nothing(
