@@ -31,8 +31,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -90,6 +91,34 @@ def speculative_args(
     ]
 
 
+async def _started(spawn: Callable[[], ServerProcess]) -> ServerProcess:
+    """Run a blocking start in a thread. A caller cancelled meanwhile (a pool stopping)
+    never gets the process, and the thread may still be starting it: whichever of the
+    two comes second kills it, so that no replica runs that nobody owns."""
+    lock, cancelled = threading.Lock(), threading.Event()
+    handed: list[ServerProcess] = []
+
+    def run() -> ServerProcess:
+        proc = spawn()
+        with lock:
+            orphan = cancelled.is_set()
+            if not orphan:
+                handed.append(proc)
+        if orphan:
+            proc.kill()
+        return proc
+
+    try:
+        return await asyncio.to_thread(run)
+    except asyncio.CancelledError:
+        with lock:
+            cancelled.set()
+            started = list(handed)
+        for proc in started:  # started and handed over just as the caller was cancelled
+            proc.kill()
+        raise
+
+
 def _check_variant(variants: tuple[str, ...], variant: str | None) -> None:
     if variant is not None and variant not in variants:
         raise LaunchRefused(
@@ -141,7 +170,7 @@ class SimulatorLauncher:
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)
         args = (*self.extra_args, *speculative_args(self.speculative_config, variant))
-        proc = await asyncio.to_thread(self._spawn, args)
+        proc = await _started(lambda: self._spawn(args))
         self._procs[proc.url] = proc
         return proc.url
 
@@ -300,7 +329,7 @@ class VllmLauncher:
                 raise LaunchRefused(f"all {len(self.spec.devices)} GPU devices are in use")
             device = self._free_devices.pop(0)
         try:
-            proc = await asyncio.to_thread(self._spawn, device, variant)
+            proc = await _started(lambda: self._spawn(device, variant))
         except BaseException:
             if device is not None:
                 self._free_devices.append(device)

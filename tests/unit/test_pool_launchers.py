@@ -4,6 +4,7 @@ and CPU builds, and static endpoints that refuse to be launched or stopped."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -118,3 +119,35 @@ def test_a_vllm_launcher_knows_no_lab_defaults(tmp_path: Path) -> None:
     cmd = vllm_command(VllmSpec(flavour="cpu", model="/m"), 9000, tmp_path)
     assert cmd.argv[0] == sys.executable
 
+
+
+def _running_with(marker: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+async def test_a_launch_cancelled_while_the_replica_starts_leaves_no_process() -> None:
+    # A pool that stops mid-launch cancels the launch; the thread still starting the
+    # simulator must not leave it running with nobody owning it.
+    marker = f"cancelled-launch-{os.getpid()}"
+    launcher = SimulatorLauncher(model=marker)
+    task = asyncio.create_task(launcher.launch())
+    for _ in range(200):  # until the process exists (it is starting in the thread)
+        if _running_with(marker):
+            break
+        await asyncio.sleep(0.02)
+    assert _running_with(marker), "the simulator never started"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(500):  # the thread finishes the start, then kills what it started
+        if not _running_with(marker):
+            break
+        await asyncio.sleep(0.05)
+    assert not _running_with(marker)
