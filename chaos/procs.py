@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from regions.pool.processes import ServerProcess, read_ready, wait_http_ok
+from regions.pool import processes
+from regions.pool.processes import ServerProcess, read_ready
 
 REPO = Path(__file__).resolve().parent.parent
 _LIVE: set[Proc] = set()
@@ -123,14 +124,8 @@ def launch_simulator(
 
 
 def wait_ready(proc: Proc, timeout: float = 20.0) -> Proc:
-    deadline = time.monotonic() + timeout
-    proc.url = read_ready(proc, deadline)
-    proc.port = int(proc.url.rsplit(":", 1)[1])
-    try:
-        wait_http_ok(proc.url + "/health", deadline)
-    except RuntimeError:
-        proc.kill()
-        raise
+    """The product's wait (READY line, then /health), keeping the lab's type."""
+    processes.wait_ready(proc, timeout)
     return proc
 
 

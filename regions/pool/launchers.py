@@ -32,7 +32,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -42,10 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 from regions.pool.processes import (
     ServerProcess,
     free_port,
-    read_ready,
     start_process,
     wait_healthy,
-    wait_http_ok,
+    wait_ready,
 )
 from regions.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 
@@ -157,15 +155,7 @@ class SimulatorLauncher:
                 *args]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = start_process(argv, f"{self._name}{next(self._seq)}", env=env, stdout_pipe=True)
-        deadline = time.monotonic() + self.ready_timeout_s
-        proc.url = read_ready(proc, deadline)
-        proc.port = int(proc.url.rsplit(":", 1)[1])
-        try:
-            wait_http_ok(proc.url + "/health", deadline)
-        except RuntimeError:
-            proc.kill()
-            raise
-        return proc
+        return wait_ready(proc, self.ready_timeout_s)
 
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)

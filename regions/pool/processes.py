@@ -169,6 +169,20 @@ def read_ready(proc: ServerProcess, deadline: float) -> str:
     raise RuntimeError(f"{proc.name} did not become ready; log:\n{log}")
 
 
+def wait_ready(proc: ServerProcess, timeout: float) -> ServerProcess:
+    """Read the process's ``READY`` address (its URL and port), then wait until its
+    ``/health`` answers 200; kills it and raises if either does not come in time."""
+    deadline = time.monotonic() + timeout
+    proc.url = read_ready(proc, deadline)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    try:
+        wait_http_ok(proc.url + "/health", deadline)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
 def wait_http_ok(url: str, deadline: float) -> None:
     """Poll ``url`` until it answers 200 or the deadline passes."""
     last: Exception | None = None
