@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import yaml
 
-from chaos.local_etcd import etcd_available
-from chaos.procs import Proc
+from chaos.lab.local_etcd import etcd_available
+from chaos.lab.procs import Proc
 from controlplane.config import parse_topology
 
 if TYPE_CHECKING:

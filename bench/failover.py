@@ -44,7 +44,7 @@ from bench.failover_deploy import (
     Deployment,
 )
 from bench.failover_rounds import Bench, FailoverRound, LeaderRound, Watcher
-from chaos.local_etcd import EtcdServer
+from chaos.lab.local_etcd import EtcdServer
 from controlplane.config import ConfigError, EtcdConfig
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore

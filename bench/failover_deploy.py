@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench._common import BenchError, kill_all, write_topology
-from chaos.procs import (
+from chaos.lab.procs import (
     Proc,
     launch_simulator,
     start_agent,

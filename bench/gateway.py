@@ -60,8 +60,8 @@ from bench._common import (
     percentile,
     write_topology,
 )
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, spawn, start_simulator
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, spawn, start_simulator
 from controlplane.codec import encode
 from controlplane.config import EtcdConfig
 from controlplane.core.model import Routing

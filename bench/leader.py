@@ -1,14 +1,14 @@
 """``python -m bench leader``: the control-plane leader SIGKILLed at each step of a
 failover, and how long until a new leader acts.
 
-A local lab (chaos/deployment.py: etcd, three regions of simulators with their agents
+A local lab (chaos/lab/deployment.py: etcd, three regions of simulators with their agents
 and gateways, two control-plane processes) runs four rounds, each killing the leading
 control-plane process (no resign: its lease must expire) at one point of a failover:
 
 * ``before_prewarm``: a manual failover (which warms the targets first) has just been
   recorded, its pre-warm not started;
 * ``during_prewarm``: the same, one second into its pre-warm (the lab's replicas,
-  chaos/lab_controlplane.py, keep the step running long enough to be hit);
+  chaos/lab/controlplane.py, keep the step running long enough to be hit);
 * ``after_switch``: an automatic failover of a region whose servers were SIGKILLed
   (switch first, then warm) has switched routing, its pre-warm still running;
 * ``during_recovery``: that region's servers are back and it recovers in steps; the
@@ -40,8 +40,8 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from bench._common import BenchError, Reporter, goals_and_met, main
 from bench.failover_rounds import Seen, Watcher
-from chaos.deployment import DeploymentSpec, LocalDeployment
-from chaos.lab import running_lab
+from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.run import running_lab
 from controlplane.codec import CorruptValue, decode
 from controlplane.config import EtcdConfig
 from controlplane.core.model import AuditEntry, FailoverStep, RegionRecord, RegionState

@@ -51,7 +51,7 @@ from bench._common import (
     terminate_as_interrupt,
 )
 from bench._stream import streamed_completion
-from chaos.procs import Proc, start_simulators
+from chaos.lab.procs import Proc, start_simulators
 from controlplane.core.prefixes import (
     Candidate,
     PrewarmLimits,

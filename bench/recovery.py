@@ -38,8 +38,8 @@ import aiohttp
 from bench._common import BenchError, Reporter, at_least, kill_all, main, write_topology
 from bench.recovery_figures import _ratio, headline, rho, slices, window
 from bench.recovery_load import HOME, TARGET, Load, Options, system_prompt, touch
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, spawn, start_simulators
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, spawn, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.clock import SystemClock
 from controlplane.codec import decode, encode

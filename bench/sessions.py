@@ -1,6 +1,6 @@
 """``python -m bench sessions``: sticky sessions at scale, on a real etcd.
 
-Two identical single-member etcds are started (``chaos.local_etcd.EtcdServer``:
+Two identical single-member etcds are started (``chaos.lab.local_etcd.EtcdServer``:
 loopback, fast raft timings, ``--unsafe-no-fsync``; Go's GC at etcd's default unless
 ``--etcd-gogc``): one holds 1,000 pinned sessions, the other ``--sessions-large``
 (default 1,000,000), written in 128-op transactions with ``--concurrency`` in flight.
@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from bench._common import at_least, terminate_as_interrupt
-from chaos.local_etcd import EtcdServer, etcd_available
+from chaos.lab.local_etcd import EtcdServer, etcd_available
 from controlplane.clock import SystemClock
 from controlplane.codec import encode
 from controlplane.config import EtcdConfig, Topology, parse_topology

@@ -1,7 +1,7 @@
 """``python -m bench soak``: the gateways under sustained streaming load for minutes,
 with a region blackout in the middle.
 
-A local lab (chaos/deployment.py: etcd, three regions of two simulators each with
+A local lab (chaos/lab/deployment.py: etcd, three regions of two simulators each with
 their agents and gateways, two control-plane processes) serves ``--sessions`` chat
 sessions, each streaming one completion after another through its home region's
 gateway (``x-session-id``). Halfway through, every simulator of us-east is SIGKILLed;
@@ -14,7 +14,7 @@ Figures (one JSON line at the end):
   those that failed mid-stream (cannot be retried: the client has output);
 * ``retries``: the gateways' own count of attempts retried on another replica;
 * ``consistency_violations``: requests served outside the session's region (a session
-  may move once, only because its home failed over; chaos/measure.py), plus the
+  may move once, only because its home failed over; chaos/drills/measure.py), plus the
   gateways' own violation counter;
 * ``rss_growth_ratio``: the gateways' resident memory at the end ÷ after warm-up (the
   largest of the three), and ``cp_rss_growth_ratio`` for the control planes.
@@ -35,10 +35,10 @@ from pathlib import Path
 import aiohttp
 
 from bench._common import BenchError, Reporter, goals_and_met, main
-from chaos.deployment import DeploymentSpec, LocalDeployment
-from chaos.lab import running_lab
-from chaos.measure import SessionLog, consistency_violations
-from chaos.traffic import MODEL, REGION_HEADER, SESSION_HEADER, system_prompt
+from chaos.drills.measure import SessionLog, consistency_violations
+from chaos.drills.traffic import MODEL, REGION_HEADER, SESSION_HEADER, system_prompt
+from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.run import running_lab
 
 VICTIM = "us-east"
 

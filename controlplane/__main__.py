@@ -113,7 +113,7 @@ async def _run(
 def main(
     argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | None = None
 ) -> int:
-    """``prewarmer``: a seam for the test lab (chaos/lab_controlplane.py), which makes
+    """``prewarmer``: a seam for the test lab (chaos/lab/controlplane.py), which makes
     the pre-warmer a replica runs; None: the real one."""
     args = _parser().parse_args(argv)
     logging.basicConfig(

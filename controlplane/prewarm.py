@@ -3,7 +3,7 @@
 The real pre-warmer is ``controlplane.agent_prewarm.AgentPrewarmer`` (top prefixes
 replayed on the targets by their region agents, docs/architecture.md §4). ``NoPrefixData``
 records honestly that nothing was warmed. (The test lab's ``HoldPrewarmer``,
-chaos/lab_controlplane.py, keeps a failover in this step so a leader can be killed in
+chaos/lab/controlplane.py, keeps a failover in this step so a leader can be killed in
 it; it is injected through ``ControlPlaneReplica(prewarmer=...)``.)
 """
 

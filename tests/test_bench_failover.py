@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.failover import GOALS
-from chaos.local_etcd import etcd_available
+from chaos.lab.local_etcd import etcd_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 

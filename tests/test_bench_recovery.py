@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.local_etcd import etcd_available
+from chaos.lab.local_etcd import etcd_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 
 def run_demo(tmp_path: Path, *extra: str, timeout: float) -> tuple[str, dict[str, object]]:
     out = subprocess.run(
-        [sys.executable, "-m", "chaos.demo", "--json", "--reports", str(tmp_path), *extra],
+        [sys.executable, "-m", "chaos.lab.demo", "--json", "--reports", str(tmp_path), *extra],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -61,7 +61,7 @@ def test_demo_runs_the_blackout_drill_and_prints_verdicts_and_the_report(tmp_pat
 @pytest.mark.realvllm
 @pytest.mark.timeout(600)  # three real vLLM servers start (~25 s each) and one restarts
 def test_demo_runs_the_same_drill_against_real_vllm_servers(tmp_path: Path) -> None:
-    from chaos.vllm_cpu import SETUP_HINT, vllm_available
+    from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
 
     if not vllm_available():  # skipped locally, never in CI
         if os.environ.get("CI"):

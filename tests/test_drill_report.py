@@ -15,7 +15,9 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from chaos.drill_result import (
+from chaos.drills.report import load_history, main, write_history, write_report
+from chaos.drills.report_plots import draw_regions, draw_timeline
+from chaos.drills.result import (
     Criterion,
     DrillResult,
     JournalEntry,
@@ -25,9 +27,7 @@ from chaos.drill_result import (
     Transition,
     summarize,
 )
-from chaos.procs import until
-from chaos.report import load_history, main, write_history, write_report
-from chaos.report_plots import draw_regions, draw_timeline
+from chaos.lab.procs import until
 from tests.integration.test_http_api import CHROMIUM, chromium_page
 
 T0 = 1_717_200_000.0  # 2024-06-01 00:00:00 UTC

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.deployment import DeploymentSpec
-from chaos.drill_result import JournalEntry
-from chaos.lab import drill_on, running_lab
-from chaos.procs import until
-from chaos.scenario import find_scenario
+from chaos.drills.result import JournalEntry
+from chaos.drills.scenario import find_scenario
+from chaos.lab.deployment import DeploymentSpec
+from chaos.lab.procs import until
+from chaos.lab.run import drill_on, running_lab
 from controlplane.codec import decode
 from controlplane.config import EtcdConfig
 from controlplane.core.model import Readiness, RegionRecord

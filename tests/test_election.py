@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from chaos.local_etcd import EtcdCluster
+from chaos.lab.local_etcd import EtcdCluster
 from controlplane.config import EtcdConfig
 from controlplane.election import LeaderElection, NotLeader
 from controlplane.keys import Keys

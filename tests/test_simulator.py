@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chaos.procs import Proc, start_simulator, start_simulators, until
+from chaos.lab.procs import Proc, start_simulator, start_simulators, until
 from regions.simulator.metrics import go_float
 from regions.simulator.prefix_cache import PrefixCache
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from chaos.local_etcd import EtcdCluster, EtcdServer
+from chaos.lab.local_etcd import EtcdCluster, EtcdServer
 from controlplane.config import EtcdConfig
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore

@@ -240,7 +240,7 @@ class DrillMethods:
         if catalog is None:
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                         "no drill service has published its scenarios: start one "
-                        "(python -m chaos.drill_service) and retry")  # fmt: skip
+                        "(python -m chaos) and retry")  # fmt: skip
         names = {s.name for s in catalog.scenarios}
         if request.scenario not in names:
             known = ", ".join(sorted(names))

@@ -5,7 +5,7 @@
     failoverctl prefixes top R                 the top prefixes the leader would pre-warm
     failoverctl drill list | show | schedule | run
 
-Drills run in the drill service (``python -m chaos.drill_service``): ``drill run``
+Drills run in the drill service (``python -m chaos``): ``drill run``
 queues a request it carries out, and waits for the verdict unless ``--no-wait``.
 """
 
@@ -235,7 +235,7 @@ def drill_schedule(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """The next scheduled drills, as the drill service planned them.
 
     Its windows and blocked dates are applied; edit chaos/schedule.yaml and check it
-    with python -m chaos.schedule next chaos/schedule.yaml.
+    with python -m chaos.drills.schedule next chaos/schedule.yaml.
 
     Example: failoverctl drill schedule
     """

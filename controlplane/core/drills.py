@@ -1,5 +1,5 @@
 """What the control plane knows of chaos drills (docs/architecture.md §6): values under
-``drills/`` in etcd, written by the drill service (chaos/drill_service.py) and the API,
+``drills/`` in etcd, written by the drill service (chaos/drills/service.py) and the API,
 read by both and by ``failoverctl drill``. The drills themselves live in ``chaos/``."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from chaos.procs import Proc, start_simulator
-from chaos.vllm_cpu import SETUP_HINT, start_vllm, vllm_available
+from chaos.lab.procs import Proc, start_simulator
+from chaos.lab.vllm_cpu import SETUP_HINT, start_vllm, vllm_available
 
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 4096

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chaos.procs import until
+from chaos.lab.procs import until
 from regions.probe_vllm import probe_replica
 from regions.replica_signals import replica_window
 from tests.contract.conftest import MAX_MODEL_LEN, Backend

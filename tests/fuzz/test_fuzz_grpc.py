@@ -49,8 +49,8 @@ from pydantic import BaseModel
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulator
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulator
 from controlplane.codec import decode, encode
 from controlplane.config import Topology
 from controlplane.core.drills import DrillCatalog, DrillRequest, ScenarioInfo

@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulator, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulator, until
 from controlplane.codec import encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.degradation import DegradationRecord, FeatureFlags

@@ -1,8 +1,8 @@
 """Property-based fuzzing of every YAML file Tectonic reads (issue 8, item 5).
 
 Loaders: the topology (``controlplane.config.load_topology``), the degradation ladder
-(``controlplane.ladder_file.load_ladder``), drill scenarios (``chaos.scenario``), the
-drill schedule (``chaos.schedule``, alone and bound to the shipped scenarios) and the
+(``controlplane.ladder_file.load_ladder``), drill scenarios (``chaos.drills.scenario``), the
+drill schedule (``chaos.drills.schedule``, alone and bound to the shipped scenarios) and the
 agent's warm-pool config (``regions.agent_pool.load_pool_config``).
 
 The inputs start from the real files (``runbooks/degradation.yaml``,
@@ -25,8 +25,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.scenario import SCENARIO_DIR, load_scenario
-from chaos.schedule import SCHEDULE_FILE, known_scenarios, load_schedule
+from chaos.drills.scenario import SCENARIO_DIR, load_scenario
+from chaos.drills.schedule import SCHEDULE_FILE, known_scenarios, load_schedule
 from controlplane.config import ConfigError, load_topology
 from controlplane.ladder_file import DEFAULT_PATH as LADDER_FILE
 from controlplane.ladder_file import load_ladder

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.codec import decode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.model import FailoverStep, RegionRecord

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import until
 from controlplane.core.prefixes import PromptKind, ReplayPayload
 from regions.agent import AgentConfig, AgentHandle, parse_args, serve_agent
 from regions.agent_pool import parse_pool_config

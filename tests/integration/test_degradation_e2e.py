@@ -15,8 +15,8 @@ import pytest
 import yaml
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulator, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulator, until
 from controlplane.config import parse_topology
 from controlplane.ladder_file import DEFAULT_PATH, load_ladder
 from regions.agent import AgentConfig, serve_agent

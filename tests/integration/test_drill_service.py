@@ -1,6 +1,6 @@
 """The drill service on a real etcd: one drill at a time across services, history, lock
 release on failure, a dead holder's lock expiring, and ``serve()`` running a due entry
-once. Only the drill itself is faked (``FakeRunner`` stands in for chaos.runner); the
+once. Only the drill itself is faked (``FakeRunner`` stands in for chaos.drills.runner); the
 lock, its lease and the history are real etcd."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from chaos.drill_result import DrillResult
-from chaos.drill_service import DrillBusy, DrillLock, DrillService, LockLost, history
-from chaos.local_etcd import EtcdServer
-from chaos.schedule import Schedule, parse_schedule
+from chaos.drills.result import DrillResult
+from chaos.drills.schedule import Schedule, parse_schedule
+from chaos.drills.service import DrillBusy, DrillLock, DrillService, LockLost, history
+from chaos.lab.local_etcd import EtcdServer
 from controlplane.clock import FakeClock
 from controlplane.codec import decode
 from controlplane.config import EtcdConfig
@@ -34,7 +34,7 @@ SCHEDULE = parse_schedule(
 
 
 class FakeRunner:
-    """Stands in for chaos.runner's run_drill: records calls, waits on ``gate`` if
+    """Stands in for chaos.drills.runner's run_drill: records calls, waits on ``gate`` if
     given, then fails with ``error`` or returns a result stamped by ``clock``."""
 
     def __init__(

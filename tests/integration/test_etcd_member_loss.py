@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.local_etcd import EtcdCluster
+from chaos.lab.local_etcd import EtcdCluster
 from tests.integration.cp_harness import fast_topology, region, running_replica, until
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

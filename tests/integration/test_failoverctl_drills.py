@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.drill_requests import scenario_infos
-from chaos.drill_service import DrillService
-from chaos.lab import run_in_lab
-from chaos.scenario import find_scenario, load_all
-from chaos.schedule import load_schedule
+from chaos.drills.requests import scenario_infos
+from chaos.drills.scenario import find_scenario, load_all
+from chaos.drills.schedule import load_schedule
+from chaos.drills.service import DrillService
+from chaos.lab.run import run_in_lab
 from controlplane.clock import SystemClock
 from controlplane.codec import encode
 from controlplane.config import Topology

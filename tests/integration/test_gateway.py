@@ -26,8 +26,8 @@ import yaml
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import (
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import (
     Proc,
     launch_simulator,
     spawn,

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.codec import encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.degradation import DegradationRecord, FeatureFlags

@@ -16,8 +16,8 @@ from aiohttp import web
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import until
 from controlplane.config import parse_topology
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer

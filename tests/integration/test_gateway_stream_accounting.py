@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Iterator
 import openai
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.config import Topology, parse_topology
 from regions.gateway.server import GatewayServer
 from tests.integration.cp_harness import fast_topology, running_gateway

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
+from chaos.lab.local_etcd import EtcdServer
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from tests.integration.test_gateway import (

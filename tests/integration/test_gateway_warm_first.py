@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.codec import decode, encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.model import Routing

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.procs import until as poll
+from chaos.lab.procs import until as poll
 from controlplane.api.http import sse_stream
 from controlplane.api.reads import AuditRecord
 from controlplane.config import Topology

@@ -3,7 +3,7 @@ middle of a failover and the other replica finishes it without repeating a step.
 
 Everything is real: simulator processes serve vLLM's API, region agents probe them
 and report over gRPC, the control-plane replicas elect a leader through etcd.
-The replicas are the lab's (chaos/lab_controlplane.py), whose pre-warm only waits
+The replicas are the lab's (chaos/lab/controlplane.py), whose pre-warm only waits
 HOLD_S: the failover stays in its pre-warm step long enough to kill the leader there.
 """
 
@@ -20,8 +20,8 @@ import yaml
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_agent, start_controlplane, start_simulator, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_agent, start_controlplane, start_simulator, until
 from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

@@ -14,8 +14,8 @@ import pytest
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import until
 from controlplane.codec import decode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.pool_members import PoolMembers

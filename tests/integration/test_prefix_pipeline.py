@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.codec import decode
 from controlplane.config import PrefixesConfig, Topology, parse_topology
 from controlplane.core.prefix_catalog import PrefixCatalog

@@ -16,7 +16,7 @@ import pytest
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from chaos.procs import Proc, start_simulators
+from chaos.lab.procs import Proc, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.clock import SystemClock
 from controlplane.codec import encode

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, until
 from controlplane.core.model import FailoverStep
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.vllm_cpu import SETUP_HINT, VllmProc, launch_vllm, vllm_available, wait_vllm
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.vllm_cpu import SETUP_HINT, VllmProc, launch_vllm, vllm_available, wait_vllm
 from controlplane.core.model import RegionState
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore

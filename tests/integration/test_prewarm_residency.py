@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from chaos.procs import Proc, start_simulators
+from chaos.lab.procs import Proc, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.clock import FakeClock
 from controlplane.codec import encode

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import Proc, start_simulators
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_simulators
 from controlplane.keys import Keys
 from controlplane.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (

@@ -1,5 +1,5 @@
 """The shipped alert rules and Grafana dashboard against a real Prometheus scraping a
-whole lab (chaos.lab: etcd, simulators, agents, gateways, two control planes) every
+whole lab (chaos.lab.run: etcd, simulators, agents, gateways, two control planes) every
 second, through a region blackout.
 
 Debian's ``prometheus`` runs in a temp dir with a generated prometheus.yml that scrapes
@@ -39,10 +39,10 @@ import aiohttp
 import pytest
 import yaml
 
-from chaos.deployment import DeploymentSpec, LocalDeployment
-from chaos.lab import running_lab
-from chaos.procs import until
-from chaos.traffic import Traffic
+from chaos.drills.traffic import Traffic
+from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.procs import until
+from chaos.lab.run import running_lab
 from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]

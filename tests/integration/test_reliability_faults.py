@@ -1,5 +1,5 @@
 """Reliability under faults that are not a region going down (issue 8, items 2 and 3),
-on a whole local deployment of real processes (``chaos.lab.running_lab``): one etcd
+on a whole local deployment of real processes (``chaos.lab.run.running_lab``): one etcd
 member, three regions of two vLLM simulators + an agent + a gateway each, two
 control-plane replicas, synthetic chat sessions through the gateways.
 
@@ -41,15 +41,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chaos.deployment import DeploymentSpec, LocalDeployment
-from chaos.drill_result import JournalEntry
-from chaos.lab import running_lab
-from chaos.measure import SessionLog, consistency_violations
-from chaos.observe import audit_since
-from chaos.procs import Proc, until
-from chaos.runner import DrillRunner
-from chaos.scenario import FaultKind, find_scenario
-from chaos.traffic import Session, Traffic
+from chaos.drills.measure import SessionLog, consistency_violations
+from chaos.drills.observe import audit_since
+from chaos.drills.result import JournalEntry
+from chaos.drills.runner import DrillRunner
+from chaos.drills.scenario import FaultKind, find_scenario
+from chaos.drills.traffic import Session, Traffic
+from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.procs import Proc, until
+from chaos.lab.run import running_lab
 from controlplane.codec import CorruptValue, decode
 from controlplane.config import EtcdConfig, Topology, load_topology
 from controlplane.core.model import AuditEntry
@@ -418,7 +418,7 @@ async def test_a_region_flapping_for_two_minutes_fails_over_at_most_once(
             "observe_s": FLAP_S + 2,
         }
     )
-    # What chaos.lab.drill_on does, keeping the traffic: its session logs are judged
+    # What chaos.lab.run.drill_on does, keeping the traffic: its session logs are judged
     # here too, not only through the drill's own criteria.
     traffic = Traffic(lab.dep.gateway_urls, interval_s=0.5)
     traffic.add(24, list(lab.dep.spec.regions))

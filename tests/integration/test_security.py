@@ -24,7 +24,7 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.local_etcd import ETCD_BINARY, FAST_FLAGS
+from chaos.lab.local_etcd import ETCD_BINARY, FAST_FLAGS
 from controlplane.api.auth import RETRY_AFTER_KEY
 from controlplane.config import EtcdConfig, Topology
 from controlplane.security import (

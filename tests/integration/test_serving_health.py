@@ -9,7 +9,7 @@ import contextlib
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chaos.procs import until
+from chaos.lab.procs import until
 from controlplane.server import ControlPlaneReplica
 from controlplane.store.memory import MemoryStore
 from tests.integration.cp_harness import fast_topology

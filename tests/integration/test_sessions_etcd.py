@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from chaos.local_etcd import EtcdServer
+from chaos.lab.local_etcd import EtcdServer
 from controlplane.clock import SystemClock
 from controlplane.codec import decode, encode
 from controlplane.config import EtcdConfig, Topology

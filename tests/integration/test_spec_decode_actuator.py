@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from chaos.local_etcd import EtcdServer
-from chaos.procs import until
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import until
 from controlplane.codec import decode, encode
 from controlplane.config import Topology, parse_topology
 from controlplane.core.degradation import DegradationRecord, FeatureFlags

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from chaos.procs import start_simulators
-from chaos.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_PYTHON, vllm_available
+from chaos.lab.procs import start_simulators
+from chaos.lab.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_PYTHON, vllm_available
 from controlplane.clock import FakeClock
 from regions.agent_service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec

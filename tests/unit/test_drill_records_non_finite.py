@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.drill_result import DrillResult, Sample
-from chaos.scenario import SCENARIO_DIR, load_scenario
+from chaos.drills.result import DrillResult, Sample
+from chaos.drills.scenario import SCENARIO_DIR, load_scenario
 from controlplane.config import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""The drill schedule (chaos/schedule.py): pure planning at fixed times, validation
+"""The drill schedule (chaos/drills/schedule.py): pure planning at fixed times, validation
 messages, and the shipped chaos/schedule.yaml."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from chaos.scenario import SCENARIO_DIR, load_all
-from chaos.schedule import (
+from chaos.drills.scenario import SCENARIO_DIR, load_all
+from chaos.drills.schedule import (
     DEFAULT_CRON,
     SCHEDULE_FILE,
     Schedule,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from chaos.procs import until
+from chaos.lab.procs import until
 from controlplane.codec import decode, encode
 from controlplane.core.pool_members import PoolMembers
 from controlplane.keys import Keys

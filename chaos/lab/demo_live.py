@@ -1,6 +1,6 @@
 """The demo's live view: what the on-call would watch while a drill runs.
 
-Fed by the drill's own samples (chaos/observe.py: the control plane's record in etcd
+Fed by the drill's own samples (chaos/drills/observe.py: the control plane's record in etcd
 and the gateways' and vLLM servers' metrics), it prints the region table (state,
 health, degradation steps, routing) whenever it changes, and a traffic line (requests
 per second, error rate, first-token p99, prefix-cache hit rate) every few seconds.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from chaos.drill_result import Sample
+from chaos.drills.result import Sample
 
 
 def _pct(x: float | None) -> str:

@@ -5,7 +5,7 @@ does) on a lease of its own, keeps that lease alive while a drill runs, records 
 finished run (history row + audit entry, deleting the lock if still ours, in one
 transaction) and frees the lock by revoking the lease. ``DrillBusy`` and ``LockLost``
 are what the drill service raises when the lock is taken or lost; the service's
-module docstring (chaos/drill_service.py) has the whole protocol.
+module docstring (chaos/drills/service.py) has the whole protocol.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
-from chaos.drill_result import DrillSummary
+from chaos.drills.result import DrillSummary
 from controlplane.audit import AuditLog
 from controlplane.clock import Clock
 from controlplane.codec import CorruptValue, decode, encode

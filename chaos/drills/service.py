@@ -15,15 +15,15 @@ never two at once in one deployment, and keeps their history in etcd.
   error re-raised, so that history shows the attempt and the scheduler does not retry
   a crashing drill all night. A cancelled run records nothing.
 * **Schedule.** ``serve()`` ticks every ``tick_s``: it reads the history (the last
-  scheduled run of each entry), asks ``chaos.schedule.check_due`` what is due, and runs
+  scheduled run of each entry), asks ``chaos.drills.schedule.check_due`` what is due, and runs
   at most one drill per tick. Under the lock it checks again, so that two services
   sharing a schedule run each occurrence once.
 
-    .venv/bin/python -m chaos.drill_service --schedule chaos/schedule.yaml \\
+    .venv/bin/python -m chaos --schedule chaos/schedule.yaml \\
         --etcd 127.0.0.1:2379 --cluster demo
 
-The lock and the recording of a run are in ``chaos/drill_lock.py``; the command line
-(``python -m chaos.drill_service``) is in ``chaos/drill_service_cli.py``.
+The lock and the recording of a run are in ``chaos/drills/lock.py``; the command line
+(``python -m chaos``) is in ``chaos/drills/cli.py``.
 """
 
 from __future__ import annotations
@@ -33,24 +33,23 @@ import contextlib
 import logging
 import os
 import socket
-import sys
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from chaos import drill_requests as requests
-from chaos.drill_lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
-from chaos.drill_result import DrillResult, DrillSummary, summarize
-from chaos.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
+from chaos.drills import requests as requests
+from chaos.drills.lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
+from chaos.drills.result import DrillResult, DrillSummary, summarize
+from chaos.drills.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
 from controlplane.clock import Clock
 from controlplane.codec import CorruptValue, decode
 from controlplane.core.drills import DrillRequest, ScenarioInfo
 from controlplane.keys import Keys
 from controlplane.store.port import Store, StoreError
 
-# DrillBusy, DrillLock and LockLost moved to chaos/drill_lock.py: importable from here too.
+# DrillBusy, DrillLock and LockLost moved to chaos/drills/lock.py: importable from here too.
 __all__ = [
     "MANUAL",
     "REQUEST",
@@ -398,9 +397,3 @@ async def history(store: Store, keys: Keys, limit: int | None = 20) -> list[Dril
             log.warning("drill history: %s", e)
     return out
 
-
-if __name__ == "__main__":
-    # The command line imports this module, so it is imported only here.
-    from chaos.drill_service_cli import main
-
-    sys.exit(main())

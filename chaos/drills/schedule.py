@@ -6,12 +6,12 @@ it must not run on. An occurrence of the cron runs only if its local date is not
 blocked, it starts inside an allowed window, and the scenario's ``abort.max_duration_s``
 fits before that window closes; otherwise it is skipped, with the reason.
 
-The model and its loading are in ``chaos/schedule_model.py``, the pure planning in
-``chaos/schedule_planning.py``; both are importable from here. This module is their
+The model and its loading are in ``chaos/drills/schedule_model.py``, the pure planning in
+``chaos/drills/schedule_planning.py``; both are importable from here. This module is their
 command line, which reads files and the clock:
 
-    .venv/bin/python -m chaos.schedule check chaos/schedule.yaml
-    .venv/bin/python -m chaos.schedule next chaos/schedule.yaml --count 10 [--json]
+    .venv/bin/python -m chaos.drills.schedule check chaos/schedule.yaml
+    .venv/bin/python -m chaos.drills.schedule next chaos/schedule.yaml --count 10 [--json]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from chaos.scenario import SCENARIO_DIR
-from chaos.schedule_model import (
+from chaos.drills.scenario import SCENARIO_DIR
+from chaos.drills.schedule_model import (
     DAYS,
     DEFAULT_CRON,
     DEFAULT_MAX_DURATION_S,
@@ -39,7 +39,7 @@ from chaos.schedule_model import (
     load_schedule,
     parse_schedule,
 )
-from chaos.schedule_planning import (
+from chaos.drills.schedule_planning import (
     HORIZON,
     MAX_SCAN,
     DueReport,
@@ -125,7 +125,7 @@ def _json(up: Upcoming, now: datetime) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m chaos.schedule",
+        prog="python -m chaos.drills.schedule",
         description="Check the drill schedule and show when drills will run.",
     )
     sub = p.add_subparsers(dest="command", required=True)

@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from chaos.scenario import Scenario
-from chaos.schedule import Schedule, next_runs
+from chaos.drills.scenario import Scenario
+from chaos.drills.schedule import Schedule, next_runs
 from controlplane.codec import CorruptValue, decode, encode
 from controlplane.core.drills import DrillCatalog, DrillRequest, ScenarioInfo, UpcomingDrill
 from controlplane.keys import Keys

@@ -6,8 +6,8 @@ happens (rollbacks), what to measure and the thresholds of the verdict, and when
 give up early (abort conditions). ``{region}`` in any string is the drill's target
 region, chosen when the drill runs (default: the scenario's ``region``).
 
-    .venv/bin/python -m chaos.scenario check chaos/scenarios/*.yaml
-    .venv/bin/python -m chaos.scenario schema > chaos/scenarios/scenario.schema.json
+    .venv/bin/python -m chaos.drills.scenario check chaos/scenarios/*.yaml
+    .venv/bin/python -m chaos.drills.scenario schema > chaos/scenarios/scenario.schema.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controlplane.config import ConfigError, describe_errors, read_yaml
 
-SCENARIO_DIR = Path(__file__).with_name("scenarios")
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 
@@ -31,8 +31,9 @@ class _Strict(BaseModel):
 
 
 class FaultKind(StrEnum):
-    """What the runner can do to a deployment. Every kind is code in chaos/faults.py
-    acting on real processes or the simulator's fault endpoint; a file cannot invent one."""
+    """What the runner can do to a deployment. Every kind is a method of the runner's
+    DrillTarget (chaos/drills/runner.py; the lab's LocalDeployment implements it), acting on real
+    processes or the simulator's fault endpoint; a file cannot invent one."""
 
     STOP_REGION = "stop_region"  # SIGKILL every vLLM server of the region
     START_REGION = "start_region"  # start the region's stopped vLLM servers again
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(str(e), file=sys.stderr)
                 bad += 1
         return 2 if bad else 0
-    print("usage: python -m chaos.scenario schema | check FILE...", file=sys.stderr)
+    print("usage: python -m chaos.drills.scenario schema | check FILE...", file=sys.stderr)
     return 2
 
 

@@ -1,13 +1,13 @@
 """Run a drill in a local lab: a whole deployment on this machine, synthetic chat
 sessions through its gateways, the drill, and everything stopped afterwards.
 
-    python -m chaos.lab region-blackout             # ~1 min; prints the story and verdict
-    python -m chaos.lab auth-503-storm --json
-    python -m chaos.lab leader-kill-mid-failover --dry-run
+    python -m chaos.lab.run region-blackout             # ~1 min; prints the story and verdict
+    python -m chaos.lab.run auth-503-storm --json
+    python -m chaos.lab.run leader-kill-mid-failover --dry-run
 
 The lab is what the demo and the tests run drills on, and what the drill service
 runs when it has no other target. A drill against a deployment elsewhere needs an
-adapter implementing ``chaos.runner.DrillTarget`` over that deployment's processes.
+adapter implementing ``chaos.drills.runner.DrillTarget`` over that deployment's processes.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from chaos.deployment import DeploymentSpec, LocalDeployment
-from chaos.drill_result import DrillResult, Sample
-from chaos.runner import DrillRunner, dump
-from chaos.scenario import Scenario, find_scenario
-from chaos.traffic import Traffic
+from chaos.drills.result import DrillResult, Sample
+from chaos.drills.runner import DrillRunner, dump
+from chaos.drills.scenario import Scenario, find_scenario
+from chaos.drills.traffic import Traffic
+from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from controlplane.codec import decode
 from controlplane.config import ConfigError, EtcdConfig, load_topology
 from controlplane.core.prefix_catalog import PrefixCatalog
@@ -156,7 +156,7 @@ async def run_drill(name: str, region: str | None, *, dry_run: bool = False) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m chaos.lab",
+        prog="python -m chaos.lab.run",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

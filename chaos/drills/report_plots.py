@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import PercentFormatter
 
-from chaos.drill_result import DrillResult, JournalEntry, Sample
+from chaos.drills.result import DrillResult, JournalEntry, Sample
 
 DPI = 100
 STATE_COLORS = {

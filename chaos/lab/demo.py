@@ -13,9 +13,9 @@ HTML report (plots, journal). While it runs, the control plane's live dashboard 
 the address printed at the start (``dashboard: http://127.0.0.1:PORT/``), and every
 process serves Prometheus ``/metrics`` (``LocalDeployment.metrics_targets``).
 
-    python -m chaos.demo                       # about a minute with the simulator
-    python -m chaos.demo --vllm                # real vLLM servers (CPU build here)
-    python -m chaos.demo --scenario auth-503-storm
+    python -m chaos.lab.demo                       # about a minute with the simulator
+    python -m chaos.lab.demo --vllm                # real vLLM servers (CPU build here)
+    python -m chaos.lab.demo --scenario auth-503-storm
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-from chaos.demo_live import LiveView
-from chaos.deployment import DeploymentSpec
-from chaos.drill_result import DrillResult
-from chaos.lab import REPORTS, run_in_lab
-from chaos.runner import dump
-from chaos.scenario import find_scenario
-from chaos.vllm_cpu import SETUP_HINT, vllm_available
+from chaos.drills.result import DrillResult
+from chaos.drills.runner import dump
+from chaos.drills.scenario import find_scenario
+from chaos.lab.demo_live import LiveView
+from chaos.lab.deployment import DeploymentSpec
+from chaos.lab.run import REPORTS, run_in_lab
+from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
 from controlplane.config import ConfigError
 
 VLLM_AGENT_ARGS = ("--max-error-rate", "0.05", "--max-ttft-p99", "5")
@@ -56,7 +56,7 @@ def print_verdict(result: DrillResult, live: LiveView) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m chaos.demo",
+        prog="python -m chaos.lab.demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

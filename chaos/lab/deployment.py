@@ -26,8 +26,8 @@ from typing import Literal
 
 import yaml
 
-from chaos.local_etcd import EtcdCluster
-from chaos.procs import (
+from chaos.lab.local_etcd import EtcdCluster
+from chaos.lab.procs import (
     Proc,
     launch_simulator,
     start_agent,
@@ -35,12 +35,12 @@ from chaos.procs import (
     start_gateway,
     wait_ready,
 )
-from chaos.vllm_cpu import VllmProc, launch_vllm, wait_vllm
+from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.keys import Keys
 from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
 from regions.pool.processes import free_port
 
-log = logging.getLogger("chaos.deployment")
+log = logging.getLogger("chaos.lab.deployment")
 
 REGIONS = ("us-east", "us-west", "us-central")
 # vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which

@@ -1,7 +1,7 @@
 """The drill schedule's planning, pure: times are passed in (aware datetimes), nothing
 is read or awaited. ``next_runs`` lists the drills to come and the occurrences skipped
 on the way; ``check_due`` says which are due now (missed ones collapsed into one).
-The rules are in chaos/schedule.py's docstring.
+The rules are in chaos/drills/schedule.py's docstring.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
 
-from chaos.schedule_model import (
+from chaos.drills.schedule_model import (
     DAYS,
     DEFAULT_MAX_DURATION_S,
     Blocked,

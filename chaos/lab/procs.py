@@ -23,7 +23,7 @@ from pathlib import Path
 from regions.pool import processes
 from regions.pool.processes import ServerProcess, read_ready
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _LIVE: set[Proc] = set()
 _LOGS: list[Path] = []  # removed at exit unless TECTONIC_KEEP_LOGS=1
 
@@ -213,8 +213,8 @@ def start_controlplane(
 ) -> Proc:
     """Start ``python -m controlplane``; ``Proc.url`` is its gRPC target once it serves.
     ``prewarm_hold_s`` > 0: the lab's replica whose pre-warm only waits that long
-    (chaos/lab_controlplane.py), so a leader can be killed mid-failover."""
-    module = ["chaos.lab_controlplane", "--prewarm-hold-s", f"{prewarm_hold_s:g}"]
+    (chaos/lab/controlplane.py), so a leader can be killed mid-failover."""
+    module = ["chaos.lab.controlplane", "--prewarm-hold-s", f"{prewarm_hold_s:g}"]
     args = [
         "-m",
         *(module if prewarm_hold_s > 0 else ["controlplane"]),

@@ -1,7 +1,9 @@
-"""The drill service's command line, ``python -m chaos.drill_service``: serve the
-schedule, run one drill now (``--run``) or print the history (``--history``).
+"""The drill service's command line: serve the schedule, run one drill now (``--run``)
+or print the history (``--history``). What a drill acts on comes from the caller, a
+``RunDrill`` loaded only when drills are to run: ``python -m chaos`` (chaos/__main__.py)
+passes the local lab's.
 
-    .venv/bin/python -m chaos.drill_service --schedule chaos/schedule.yaml \\
+    .venv/bin/python -m chaos --schedule chaos/schedule.yaml \\
         --etcd 127.0.0.1:2379 --cluster demo
 """
 
@@ -12,35 +14,26 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from chaos import drill_requests as requests
-from chaos.drill_lock import DrillBusy
-from chaos.drill_service import MANUAL, DrillService, RunDrill, history
-from chaos.scenario import SCENARIO_DIR, load_all
-from chaos.schedule import SCHEDULE_FILE, load_schedule
+from chaos.drills import requests as requests
+from chaos.drills.lock import DrillBusy
+from chaos.drills.scenario import SCENARIO_DIR, load_all
+from chaos.drills.schedule import SCHEDULE_FILE, load_schedule
+from chaos.drills.service import MANUAL, DrillService, RunDrill, history
 from controlplane.clock import SystemClock
 from controlplane.config import ConfigError, EtcdConfig, load_topology
 from controlplane.keys import Keys
 from controlplane.store.port import StoreError
 
 
-def _load_runner() -> RunDrill:
-    """The drills run in a local lab (chaos/lab.py), imported only when drills are to
-    run. Against a deployment elsewhere, pass a RunDrill built on a DrillTarget adapter
-    for it (chaos/runner.py)."""
-    from chaos.lab import run_drill
-
-    return run_drill
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m chaos.drill_service",
+        prog="python -m chaos",
         description="Run the scheduled chaos drills (one at a time, inside their windows) "
         "and keep their history in etcd.",
-        epilog="Check the schedule first: python -m chaos.schedule next chaos/schedule.yaml",
+        epilog="Check the schedule first: python -m chaos.drills.schedule next chaos/schedule.yaml",
     )
     p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
     p.add_argument(
@@ -59,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -> int:
     topo = load_topology(args.topology) if args.topology else None
     keys = Keys(cluster=args.cluster or (topo.cluster if topo else "default"))
     config = topo.etcd if topo else EtcdConfig(endpoints=("127.0.0.1:2379",))
@@ -79,7 +72,7 @@ async def _main(args: argparse.Namespace) -> int:
         durations = {s.name: s.abort.max_duration_s for s in scenarios}
         schedule = load_schedule(args.schedule, durations or None)
         service = DrillService(
-            store, keys, schedule, _load_runner(), SystemClock(),
+            store, keys, schedule, load_runner(), SystemClock(),
             holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
             default_regions={s.name: s.region for s in scenarios},
             scenarios=requests.scenario_infos(scenarios),
@@ -95,13 +88,13 @@ async def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(load_runner: Callable[[], RunDrill], argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return asyncio.run(_main(args))
+        return asyncio.run(_main(args, load_runner))
     except (ConfigError, DrillBusy, StoreError) as e:
         print(str(e), file=sys.stderr)
         return 2

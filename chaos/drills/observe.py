@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.drill_result import LadderEvent, RegionSample, Sample, Transition
+from chaos.drills.result import LadderEvent, RegionSample, Sample, Transition
 from controlplane.codec import CorruptValue, decode
 from controlplane.config import Topology
 from controlplane.core.degradation import DegradationRecord
@@ -38,7 +38,7 @@ from regions.replica_signals import (
     replica_window,
 )
 
-log = logging.getLogger("chaos.observe")
+log = logging.getLogger("chaos.drills.observe")
 
 GW_REQUESTS = "tectonic_gateway_requests"  # the parser drops _total from family names
 GW_FIRST = "tectonic_gateway_first_token_seconds"

@@ -5,8 +5,8 @@ plots as PNG files beside it), ``timeline.png``, ``regions.png``, ``summary.md``
 ``result.json`` (the DrillResult, from which the rest can be drawn again). The history
 is ``index.html`` and ``history.md`` at the root holding the report directories.
 
-    .venv/bin/python -m chaos.report reports/drills/2024-06-01-east-stop/
-    .venv/bin/python -m chaos.report reports/drills/2024-06-01-east-stop/result.json --history
+    .venv/bin/python -m chaos.drills.report drill-reports/east-stop/
+    .venv/bin/python -m chaos.drills.report drill-reports/east-stop/result.json --history
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from chaos.drill_result import DrillResult, DrillSummary, JournalEntry, summarize
-from chaos.report_plots import draw_regions, draw_timeline, save_png
+from chaos.drills.report_plots import draw_regions, draw_timeline, save_png
+from chaos.drills.result import DrillResult, DrillSummary, JournalEntry, summarize
 
 REPORT, RESULT, SUMMARY = "report.html", "result.json", "summary.md"
 TIMELINE, REGIONS = "timeline.png", "regions.png"
@@ -406,7 +406,7 @@ def _write(path: Path, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m chaos.report",
+        prog="python -m chaos.drills.report",
         description="Draw a drill's report again from its saved result.json: report.html, "
         "the plots, summary.md (and, with --history, the history of its reports root).",
     )

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from chaos.drill_result import Criterion, LadderEvent, Sample, Transition
-from chaos.scenario import Fault, Measurements, Scenario, SteadyState
+from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
+from chaos.drills.scenario import Fault, Measurements, Scenario, SteadyState
 from controlplane.core.model import AuditEntry
 
 

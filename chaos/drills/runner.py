@@ -5,8 +5,8 @@ happens: the steady-state hypothesis must hold before anything is touched; the
 faults are injected at their times (or when their condition holds, e.g. mid-failover);
 the system is watched for ``observe_s``; the rollbacks always run, even after an
 abort or an error; the hypothesis must hold again. A sampler reads the system's own
-state and metrics every ``sample_s`` throughout (chaos/observe.py) and stops the
-drill early when an abort condition is met. The verdict (chaos/measure.py) is
+state and metrics every ``sample_s`` throughout (chaos/drills/observe.py) and stops the
+drill early when an abort condition is met. The verdict (chaos/drills/measure.py) is
 written to ``regions/<r>/readiness`` of the target region and of every region that
 took its traffic, with an audit entry; a failed drill bars them (docs/architecture.md §6).
 """
@@ -25,8 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from chaos.drill_result import Criterion, DrillResult, JournalEntry, Sample
-from chaos.measure import (
+from chaos.drills.measure import (
     Observed,
     SessionLog,
     abort_reason,
@@ -37,8 +36,9 @@ from chaos.measure import (
     probes_hold,
     regions_judged,
 )
-from chaos.observe import Observer, audit_since, step_done
-from chaos.scenario import (
+from chaos.drills.observe import Observer, audit_since, step_done
+from chaos.drills.result import Criterion, DrillResult, JournalEntry, Sample
+from chaos.drills.scenario import (
     Condition,
     Fault,
     FaultKind,
@@ -47,7 +47,7 @@ from chaos.scenario import (
     describe_condition,
     describe_fault,
 )
-from chaos.traffic import Traffic
+from chaos.drills.traffic import Traffic
 from controlplane.audit import AuditLog
 from controlplane.codec import encode
 from controlplane.config import ConfigError, Topology
@@ -58,7 +58,7 @@ from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
 from controlplane.ladder_file import load_ladder
 from controlplane.store.port import Put, Store
 
-log = logging.getLogger("chaos.runner")
+log = logging.getLogger("chaos.drills.runner")
 ACTOR = "drill-runner"
 
 
@@ -493,7 +493,7 @@ class DrillRunner:
     def _write_report(self, result: DrillResult, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            from chaos.report import write_history, write_report
+            from chaos.drills.report import write_history, write_report
         except ImportError:  # the report module is optional for a bare runner
             (directory / "result.json").write_text(result.model_dump_json(indent=2))
             return

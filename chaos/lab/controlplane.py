@@ -1,6 +1,6 @@
 """A control-plane replica for the lab whose pre-warm step only waits.
 
-    python -m chaos.lab_controlplane --prewarm-hold-s 2 --topology T --id cp-1 --listen ...
+    python -m chaos.lab.controlplane --prewarm-hold-s 2 --topology T --id cp-1 --listen ...
 
 Every flag but ``--prewarm-hold-s`` is ``python -m controlplane``'s. Each failover then
 stays in its pre-warm step for that long (or its budget, if shorter), so that a drill or

@@ -6,7 +6,7 @@ home region, about every ``interval_s``, with its id in ``x-session-id``; groups
 sessions share a system prompt, so prompt prefixes repeat (what prefix-aware hashing
 and the replicas' prefix caches are for). Each answer's ``x-tectonic-region`` header
 says which region served it, and each session keeps a log of (time, region) per
-request: the drills judge stickiness from it (chaos/measure.py).
+request: the drills judge stickiness from it (chaos/drills/measure.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import aiohttp
 
 SESSION_HEADER = "x-session-id"
 REGION_HEADER = "x-tectonic-region"
-MODEL = "tiny"  # what chaos.procs.start_simulator serves
+MODEL = "tiny"  # what chaos.lab.procs.start_simulator serves
 TOPICS = (
     "billing questions for a cloud storage product",
     "a travel agency planning trips across Europe",

@@ -2,7 +2,8 @@
 (entries, windows, blocked dates), its loading, and its binding to the scenarios.
 
 The fields' reference is the comments in chaos/schedule.yaml, the rules an occurrence
-must pass to run are in chaos/schedule.py; the planning is in chaos/schedule_planning.py.
+must pass to run are in chaos/drills/schedule.py; the planning is in
+chaos/drills/schedule_planning.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chaos.scenario import NAME, SCENARIO_DIR, load_all
+from chaos.drills.scenario import NAME, SCENARIO_DIR, load_all
 from controlplane.config import ConfigError, describe_errors, read_yaml
 
-SCHEDULE_FILE = Path(__file__).with_name("schedule.yaml")
+SCHEDULE_FILE = Path(__file__).resolve().parents[1] / "schedule.yaml"
 DEFAULT_CRON = "0 3 * * 2"  # weekly: Tuesdays 03:00
 DEFAULT_MAX_DURATION_S = 300.0  # a scenario's abort.max_duration_s when it sets none
 

@@ -8,13 +8,13 @@ see ``docs/vllm-cpu.md`` for the measured facts behind every flag below.
 - :func:`vllm_available` tells whether that venv is in place (cheap: no import).
 - :func:`build_tiny_model` builds a tokenizer + random Llama into a directory. The build
   needs ``tokenizers``/``transformers``/``torch``, which only the vLLM venv has, so it runs
-  there as ``python -m chaos.vllm_cpu build-model DIR``; this module imports nothing
+  there as ``python -m chaos.lab.vllm_cpu build-model DIR``; this module imports nothing
   outside the standard library at import time.
 - :func:`start_vllm` launches ``python -m vllm.entrypoints.openai.api_server`` in the
-  vLLM venv, waits for ``/health`` and returns a :class:`chaos.procs.Proc` with ``.url``.
+  vLLM venv, waits for ``/health`` and returns a :class:`chaos.lab.procs.Proc` with ``.url``.
   It costs ~20 s and ~2.3 GB RSS: start one per test session, not per test.
 
-From a shell: ``.venv/bin/python -m chaos.vllm_cpu serve`` prints ``READY <url>`` and
+From a shell: ``.venv/bin/python -m chaos.lab.vllm_cpu serve`` prints ``READY <url>`` and
 serves until Ctrl-C.
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chaos.procs import REPO, Proc
+from chaos.lab.procs import REPO, Proc
 from regions.pool.launchers import cpu_server_env
 from regions.pool.processes import free_port, wait_healthy
 
@@ -183,7 +183,7 @@ def build_tiny_model(
     args = [
         str(VLLM_PYTHON),
         "-m",
-        "chaos.vllm_cpu",
+        "chaos.lab.vllm_cpu",
         "build-model",
         str(out),
         "--hidden",
@@ -342,7 +342,7 @@ def start_vllm(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m chaos.vllm_cpu",
+        prog="python -m chaos.lab.vllm_cpu",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
