@@ -22,7 +22,7 @@ import yaml
 
 from chaos.lab.local_etcd import etcd_available
 from chaos.lab.procs import Proc
-from controlplane.config import parse_topology
+from controlplane.kernel.config import parse_topology
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -45,9 +45,9 @@ from bench.failover_deploy import (
 )
 from bench.failover_rounds import Bench, FailoverRound, LeaderRound, Watcher
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.config import ConfigError, EtcdConfig
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.config import ConfigError, EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 
 
 @dataclass(frozen=True)

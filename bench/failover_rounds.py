@@ -17,12 +17,12 @@ from pydantic import BaseModel
 
 from bench._common import BenchError
 from bench.failover_deploy import CLUSTER, PROBE_INTERVAL_S, REGIONS, Deployment
-from controlplane.codec import CorruptValue, decode
-from controlplane.core.model import Health, HealthReport, RegionHealth, RegionRecord, RegionState
-from controlplane.core.model import Routing as RoutingValue
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import EventType, StoreUnavailable
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health, HealthReport, RegionHealth, RegionRecord, RegionState
+from controlplane.kernel.model import Routing as RoutingValue
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import EventType, StoreUnavailable
 
 M = TypeVar("M", bound=BaseModel)
 

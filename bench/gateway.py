@@ -62,11 +62,11 @@ from bench._common import (
 )
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_simulator
-from controlplane.codec import encode
-from controlplane.config import EtcdConfig
-from controlplane.core.model import Routing
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.upstream import UpstreamError, UpstreamPool
 from regions.pool.processes import read_ready
 

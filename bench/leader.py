@@ -42,11 +42,11 @@ from bench._common import BenchError, Reporter, goals_and_met, main
 from bench.failover_rounds import Seen, Watcher
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import running_lab
-from controlplane.codec import CorruptValue, decode
-from controlplane.config import EtcdConfig
-from controlplane.core.model import AuditEntry, FailoverStep, RegionRecord, RegionState
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import EventType
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.model import AuditEntry, FailoverStep, RegionRecord, RegionState
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import EventType
 
 HOLD_S = 2.0  # the pre-warm step's minimum length, so that "during" can be hit
 

@@ -52,7 +52,7 @@ from bench._common import (
 )
 from bench._stream import streamed_completion
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.core.prefixes import (
+from controlplane.kernel.prefixes import (
     Candidate,
     PrewarmLimits,
     PromptKind,
@@ -60,11 +60,12 @@ from controlplane.core.prefixes import (
     Residency,
     select_prewarm,
 )
-from regions.agent_service import PrewarmServiceConfig
-from regions.gateway.replicas import ReplicaBalancer, prefix_key
-from regions.prewarm_executor import cache_counters, execute_prewarm
-from regions.prewarm_plan import assign, routing_text
-from regions.probe_vllm import parse_gauges
+from controlplane.kernel.ring import prefix_key
+from controlplane.kernel.vllm_metrics import parse_gauges
+from regions.agent.prewarm_executor import cache_counters, execute_prewarm
+from regions.agent.prewarm_plan import assign, routing_text
+from regions.agent.service import PrewarmServiceConfig
+from regions.gateway.replicas import ReplicaBalancer
 
 MODEL = "tiny"
 AGENT_PER_REPLICA = PrewarmServiceConfig().per_replica_concurrency  # the agent's default

@@ -41,17 +41,17 @@ from bench.recovery_load import HOME, TARGET, Load, Options, system_prompt, touc
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
-from controlplane.clock import SystemClock
-from controlplane.codec import decode, encode
-from controlplane.config import EtcdConfig, Topology, parse_topology
 from controlplane.core.failover import routing_recovery_step
-from controlplane.core.model import Routing
-from controlplane.core.prefix_catalog import PrefixCatalog
-from controlplane.keys import Keys
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import EtcdConfig, Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.vllm_metrics import parse_gauges
 from controlplane.prefix_aggregator import PrefixAggregator
-from controlplane.store.etcd import EtcdStore
 from regions.pool.processes import free_port, read_ready
-from regions.probe_vllm import parse_gauges
 
 CLUSTER = "bench-recovery"
 _BUSY = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})

@@ -54,10 +54,12 @@ from dataclasses import asdict, dataclass
 
 from bench._common import at_least, terminate_as_interrupt
 from chaos.lab.local_etcd import EtcdServer, etcd_available
-from controlplane.clock import SystemClock
-from controlplane.codec import encode
-from controlplane.config import EtcdConfig, Topology, parse_topology
-from controlplane.core.model import (
+from controlplane.core.steps import failover_step_write
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import EtcdConfig, Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     FailoverPlan,
     FailoverProgress,
     FailoverStep,
@@ -65,15 +67,13 @@ from controlplane.core.model import (
     RegionState,
     Routing,
 )
-from controlplane.core.sessions import SessionPin
-from controlplane.core.steps import failover_step_write
-from controlplane.keys import Keys
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import MAX_TXN_OPS, Compare, Op, Put, StoreError
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData
-from controlplane.session_store import SessionStore
-from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import MAX_TXN_OPS, Compare, Op, Put, StoreError
 
 REGIONS = ("us-east", "us-west", "us-central")
 SOURCE = "us-east"

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane.config import ConfigError, Topology, load_topology, parse_topology
-from controlplane.core.ladder import Ladder
-from controlplane.ladder_file import load_ladder
+from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
+from controlplane.kernel.ladder import Ladder
+from controlplane.kernel.ladder_file import load_ladder
 from controlplane.prewarm import Prewarmer
 
 EXAMPLES = """examples:
@@ -78,8 +78,8 @@ async def _run(
     ladder: Ladder | None,
     prewarmer: Prewarmer | None,
 ) -> None:
+    from controlplane.kernel.store.etcd import EtcdStore
     from controlplane.server import ControlPlaneReplica
-    from controlplane.store.etcd import EtcdStore
 
     store = EtcdStore(t.etcd)
     await store.connect()

@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
-from controlplane.store.port import (
+from controlplane.kernel.store.port import (
     Compare,
     EventType,
     KeyValue,

@@ -15,22 +15,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.audit import AuditLog
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import Topology
-from controlplane.core.degradation import DegradationRecord
-from controlplane.core.details import json_list
-from controlplane.core.ladder import Ladder, with_headroom
 from controlplane.core.ladder_executor import (
     LadderAction,
     LadderMode,
     mode_for,
     next_ladder_action,
 )
-from controlplane.core.model import AuditEntry, RegionState
-from controlplane.core.snapshot import Snapshot
-from controlplane.keys import Keys
-from controlplane.store.port import Compare, Put, Store
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.details import json_list
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder import Ladder, with_headroom
+from controlplane.kernel.model import AuditEntry, RegionState
+from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.ladder")
 Fence = Callable[[], Sequence[Compare]]  # raises NotLeader when not leading

@@ -13,20 +13,20 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode
-from controlplane.config import Topology
 from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide
-from controlplane.core.model import HealthReport
-from controlplane.core.snapshot import Snapshot
 from controlplane.election import NotLeader
-from controlplane.keys import Keys
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import HealthReport
+from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.port import Compare, Store, StoreError, StoreUnavailable, WatchEvent
 from controlplane.ladder_runner import LadderRunner
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
-from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.port import Compare, Store, StoreError, StoreUnavailable, WatchEvent
 
 log = logging.getLogger("tectonic.loop")
 

@@ -29,14 +29,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.core.actions import TickResult
 from controlplane.core.machine import TRANSITIONS
-from controlplane.core.model import (
+from controlplane.kernel.model import (
     Decision,
     FailoverProgress,
     FailoverStep,
     Health,
     RegionState,
 )
-from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
 log = logging.getLogger("tectonic.metrics")
 

@@ -19,13 +19,21 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from controlplane.audit import AuditLog
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import Topology
 from controlplane.core.actions import DropIntent, TickResult, Write, WriteHealth
 from controlplane.core.intents import IntentOutcome
-from controlplane.core.model import (
+from controlplane.core.steps import (
+    failover_step_write,
+    pending_steps,
+    recovery_pending,
+    recovery_step_write,
+)
+from controlplane.election import NotLeader
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverProgress,
@@ -34,18 +42,9 @@ from controlplane.core.model import (
     RecoveryStep,
     Routing,
 )
-from controlplane.core.steps import (
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
-)
-from controlplane.election import NotLeader
-from controlplane.keys import Keys
-from controlplane.prewarm import Prewarmer
-from controlplane.session_store import SessionStore
-from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.port import (
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
     Delete,
@@ -55,6 +54,7 @@ from controlplane.store.port import (
     Store,
     TxnResult,
 )
+from controlplane.prewarm import Prewarmer
 
 log = logging.getLogger("tectonic.orchestrator")
 

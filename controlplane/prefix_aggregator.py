@@ -36,14 +36,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import PrefixesConfig
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
 from controlplane.election import NotLeader
-from controlplane.keys import Keys
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.store.port import Compare, Put, Store, StoreError
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.config import PrefixesConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.store.port import Compare, Put, Store, StoreError
 
 log = logging.getLogger("tectonic.prefixes")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from controlplane.core.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan
 
 
 class Prewarmer(Protocol):

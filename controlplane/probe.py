@@ -8,13 +8,13 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controlplane.clock import Clock
-from controlplane.config import Topology
-from controlplane.core.model import Health, HealthReport, ObserverKind
-from controlplane.keys import Keys
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health, HealthReport, ObserverKind
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.tls import aio_channel
 from controlplane.reports import PROBE_OBSERVER, store_report
-from controlplane.store.port import Store
-from controlplane.tls import aio_channel
 
 log = logging.getLogger("tectonic.probe")
 AGENT_SERVICE = "tectonic.v1.RegionAgent"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import re
 
-from controlplane.codec import encode
-from controlplane.config import Topology
-from controlplane.core.model import Health, HealthReport, ObserverKind
-from controlplane.keys import Keys
-from controlplane.store.port import Store
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health, HealthReport, ObserverKind
+from controlplane.kernel.store.port import Store
 
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
 MAX_SIGNALS = 64

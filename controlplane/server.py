@@ -24,17 +24,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 
 from controlplane.agent_prewarm import AgentPrewarmer
-from controlplane.api.auth import AuthInterceptor
-from controlplane.api.decode_guard import DecodeGuard
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
-from controlplane.clock import Clock, SystemClock
-from controlplane.config import Topology
-from controlplane.core.ladder import Ladder
 from controlplane.election import LeaderElection
-from controlplane.keys import Keys
-from controlplane.ladder_file import recovery_config
+from controlplane.kernel.auth import AuthInterceptor
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.config import Topology
+from controlplane.kernel.decode_guard import DecodeGuard
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder import Ladder
+from controlplane.kernel.ladder_file import recovery_config
+from controlplane.kernel.reflection import enable_reflection
+from controlplane.kernel.security import SecurityConfig
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.tls import server_credentials
 from controlplane.ladder_runner import LadderRunner
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
@@ -42,11 +47,6 @@ from controlplane.orchestrator import Orchestrator
 from controlplane.prefix_aggregator import PrefixAggregator
 from controlplane.prewarm import Prewarmer
 from controlplane.probe import AgentProber
-from controlplane.reflection import enable_reflection
-from controlplane.security import SecurityConfig
-from controlplane.session_store import SessionStore
-from controlplane.store.port import Store
-from controlplane.tls import server_credentials
 
 log = logging.getLogger("tectonic.server")
 

@@ -20,11 +20,12 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.procs import start_agent, start_simulator, start_simulators, until
-from controlplane.core.model import Health
-from regions.agent import SERVICE, AgentConfig, AgentHandle, serve_agent
+from controlplane.kernel.model import Health
+from controlplane.kernel.vllm_metrics import parse_gauges
+from regions.agent.probe_vllm import ReplicaProbe
+from regions.agent.region_view import fold_region_view
+from regions.agent.server import SERVICE, AgentConfig, AgentHandle, serve_agent
 from regions.pool.processes import free_port
-from regions.probe_vllm import ReplicaProbe, parse_gauges
-from regions.region_view import fold_region_view
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.config import ConfigError
-from controlplane.core.ladder import Ladder, with_headroom
 from controlplane.core.ladder_executor import ActionKind, LadderMode, Tick, mode_for, replay
-from controlplane.core.model import RegionState
-from controlplane.ladder_file import load_ladder
+from controlplane.kernel.config import ConfigError
+from controlplane.kernel.ladder import Ladder, with_headroom
+from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.model import RegionState
 
 RUNBOOK = Path(__file__).resolve().parent.parent / "runbooks" / "degradation.yaml"
 

@@ -20,10 +20,10 @@ from chaos.drills.scenario import find_scenario
 from chaos.lab.deployment import DeploymentSpec
 from chaos.lab.procs import until
 from chaos.lab.run import drill_on, running_lab
-from controlplane.codec import decode
-from controlplane.config import EtcdConfig
-from controlplane.core.model import Readiness, RegionRecord
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.model import Readiness, RegionRecord
+from controlplane.kernel.store.etcd import EtcdStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(420)]
 

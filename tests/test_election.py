@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from chaos.lab.local_etcd import EtcdCluster
-from controlplane.config import EtcdConfig
 from controlplane.election import LeaderElection, NotLeader
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.memory import ManualClock, MemoryStore
-from controlplane.store.port import Put
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.memory import ManualClock, MemoryStore
+from controlplane.kernel.store.port import Put
 
 LIVENESS_S = 10.0
 TTL = 2

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import pytest
 
 from chaos.lab.local_etcd import EtcdCluster, EtcdServer
-from controlplane.config import EtcdConfig
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.memory import ManualClock, MemoryStore
-from controlplane.store.port import (
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.memory import ManualClock, MemoryStore
+from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
     CompareOp,

@@ -22,10 +22,10 @@ from chaos.drills.lock import DrillBusy
 from chaos.drills.scenario import SCENARIO_DIR, load_all
 from chaos.drills.schedule import SCHEDULE_FILE, load_schedule
 from chaos.drills.service import MANUAL, DrillService, RunDrill, history
-from controlplane.clock import SystemClock
-from controlplane.config import ConfigError, EtcdConfig, load_topology
-from controlplane.keys import Keys
-from controlplane.store.port import StoreError
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.port import StoreError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,7 +60,7 @@ async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -
         config = config.model_copy(
             update={"endpoints": tuple(e.strip() for e in args.etcd.split(","))}
         )
-    from controlplane.store.etcd import EtcdStore  # the adapter, only for the process
+    from controlplane.kernel.store.etcd import EtcdStore  # the adapter, only for the process
 
     async with EtcdStore(config) as store:
         if args.history is not None:

@@ -21,13 +21,13 @@ from typing import NoReturn
 from pydantic import BaseModel, ConfigDict
 
 from chaos.drills.result import DrillSummary
-from controlplane.audit import AuditLog
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.core.details import json_list
-from controlplane.core.model import AuditEntry
-from controlplane.keys import Keys
-from controlplane.store.port import (
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.details import json_list
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.store.port import (
     Compare,
     Delete,
     KeyValue,
@@ -37,7 +37,7 @@ from controlplane.store.port import (
     StoreError,
     StoreUnavailable,
 )
-from controlplane.store.retry import retry_call
+from controlplane.kernel.store.retry import retry_call
 
 log = logging.getLogger("tectonic.drills")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
 from chaos.drills.scenario import Fault, Measurements, Scenario, SteadyState
-from controlplane.core.model import AuditEntry
+from controlplane.kernel.model import AuditEntry
 
 
 @dataclass(frozen=True)

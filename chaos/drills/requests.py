@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from chaos.drills.scenario import Scenario
 from chaos.drills.schedule import Schedule, next_runs
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.core.drills import DrillCatalog, DrillRequest, ScenarioInfo, UpcomingDrill
-from controlplane.keys import Keys
-from controlplane.store.port import Store, StoreError
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.drills import DrillCatalog, DrillRequest, ScenarioInfo, UpcomingDrill
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.port import Store, StoreError
 
 log = logging.getLogger("tectonic.drills")
 

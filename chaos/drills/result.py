@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.core.drills import DrillSummary
+from controlplane.kernel.drills import DrillSummary
 
 __all__ = ["DrillResult", "DrillSummary", "summarize"]
 

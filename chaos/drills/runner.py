@@ -48,15 +48,15 @@ from chaos.drills.scenario import (
     describe_fault,
 )
 from chaos.drills.traffic import Traffic
-from controlplane.audit import AuditLog
-from controlplane.codec import encode
-from controlplane.config import ConfigError, Topology
-from controlplane.core.details import json_list
-from controlplane.core.model import AuditEntry, Readiness
-from controlplane.keys import Keys
-from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
-from controlplane.ladder_file import load_ladder
-from controlplane.store.port import Put, Store
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import ConfigError, Topology
+from controlplane.kernel.details import json_list
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
+from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.model import AuditEntry, Readiness
+from controlplane.kernel.store.port import Put, Store
 
 log = logging.getLogger("chaos.drills.runner")
 ACTOR = "drill-runner"

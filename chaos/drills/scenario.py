@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controlplane.config import ConfigError, describe_errors, read_yaml
+from controlplane.kernel.config import ConfigError, describe_errors, read_yaml
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"

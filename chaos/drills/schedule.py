@@ -50,7 +50,7 @@ from chaos.drills.schedule_planning import (
     due,
     next_runs,
 )
-from controlplane.config import ConfigError
+from controlplane.kernel.config import ConfigError
 
 __all__ = [
     "DAYS",

@@ -18,7 +18,7 @@ from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chaos.drills.scenario import NAME, SCENARIO_DIR, load_all
-from controlplane.config import ConfigError, describe_errors, read_yaml
+from controlplane.kernel.config import ConfigError, describe_errors, read_yaml
 
 SCHEDULE_FILE = Path(__file__).resolve().parents[1] / "schedule.yaml"
 DEFAULT_CRON = "0 3 * * 2"  # weekly: Tuesdays 03:00

@@ -43,11 +43,11 @@ from chaos.drills import requests as requests
 from chaos.drills.lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
 from chaos.drills.result import DrillResult, DrillSummary, summarize
 from chaos.drills.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode
-from controlplane.core.drills import DrillRequest, ScenarioInfo
-from controlplane.keys import Keys
-from controlplane.store.port import Store, StoreError
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.drills import DrillRequest, ScenarioInfo
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.port import Store, StoreError
 
 # DrillBusy, DrillLock and LockLost moved to chaos/drills/lock.py: importable from here too.
 __all__ = [

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from controlplane.__main__ import main as controlplane_main
-from controlplane.core.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan
 
 
 class HoldPrewarmer:

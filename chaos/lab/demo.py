@@ -32,7 +32,7 @@ from chaos.lab.demo_live import LiveView
 from chaos.lab.deployment import DeploymentSpec
 from chaos.lab.run import REPORTS, run_in_lab
 from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
-from controlplane.config import ConfigError
+from controlplane.kernel.config import ConfigError
 
 VLLM_AGENT_ARGS = ("--max-error-rate", "0.05", "--max-ttft-p99", "5")
 

@@ -36,8 +36,8 @@ from chaos.lab.procs import (
     wait_ready,
 )
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
-from controlplane.keys import Keys
-from controlplane.ladder_file import DEFAULT_PATH as LADDER_PATH
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
 from regions.pool.processes import free_port
 
 log = logging.getLogger("chaos.lab.deployment")

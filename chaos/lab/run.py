@@ -27,10 +27,10 @@ from chaos.drills.runner import DrillRunner, dump
 from chaos.drills.scenario import Scenario, find_scenario
 from chaos.drills.traffic import Traffic
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
-from controlplane.codec import decode
-from controlplane.config import ConfigError, EtcdConfig, load_topology
-from controlplane.core.prefix_catalog import PrefixCatalog
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
+from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.store.etcd import EtcdStore
 
 REPORTS = Path("drill-reports")
 

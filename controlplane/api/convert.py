@@ -5,7 +5,7 @@ from __future__ import annotations
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.core.intents import IntentOutcome, IntentStatus
-from controlplane.core.model import (
+from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverPlan,
@@ -13,7 +13,7 @@ from controlplane.core.model import (
     ObserverKind,
     RegionState,
 )
-from controlplane.core.snapshot import RegionView
+from controlplane.kernel.snapshot import RegionView
 
 _HEALTH_TO_PB = {
     Health.HEALTHY: pb.HEALTHY,

@@ -21,16 +21,16 @@ from controlplane.api.rpc_checks import (
     reason_and_actor,
     store_errors,
 )
-from controlplane.audit import AuditLog
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import Topology
-from controlplane.core.details import flag
-from controlplane.core.drills import SCENARIO_NAME, DrillCatalog, DrillRequest, DrillSummary
-from controlplane.core.model import AuditEntry, Readiness
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.keys import Keys
-from controlplane.store.port import Compare, Put, Store, StoreUnavailable
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.details import flag
+from controlplane.kernel.drills import SCENARIO_NAME, DrillCatalog, DrillRequest, DrillSummary
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry, Readiness
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.store.port import Compare, Put, Store, StoreUnavailable
 
 DEFAULT_PREFIXES, MAX_PREFIXES = 20, 256
 DEFAULT_DRILLS, MAX_DRILLS = 20, 500

@@ -42,26 +42,26 @@ from controlplane.api.rpc_checks import (
     session_id,
     store_errors,
 )
-from controlplane.audit import AuditLog
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode, encode
-from controlplane.config import Topology
-from controlplane.core.details import flag, json_list
 from controlplane.core.failover import PlanRefused, plan_failover
 from controlplane.core.intents import IntentOutcome, IntentStatus, outcome_details, pending
-from controlplane.core.model import (
+from controlplane.kernel.audit import AuditLog
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.details import flag, json_list
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     AuditEntry,
     ControlFlags,
     Intent,
     IntentKind,
     RegionState,
 )
-from controlplane.core.sessions import SessionPin
-from controlplane.core.snapshot import Snapshot
-from controlplane.keys import Keys
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.store.port import Compare, Put, Store
 from controlplane.reports import BadReport, store_report, validate_report
-from controlplane.session_store import SessionStore
-from controlplane.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.api")
 

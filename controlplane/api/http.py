@@ -35,8 +35,8 @@ from controlplane.api.reads import (
     Reads,
     StatusView,
 )
+from controlplane.kernel.store.port import StoreUnavailable
 from controlplane.metrics import CONTENT_TYPE
-from controlplane.store.port import StoreUnavailable
 
 HEARTBEAT_S = 15.0
 RETRY_MS = 2000  # how long an EventSource waits before it reconnects

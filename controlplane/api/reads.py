@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from controlplane.clock import Clock
-from controlplane.codec import CorruptValue, decode
-from controlplane.config import Topology
-from controlplane.core.model import (
+from controlplane.kernel.clock import Clock
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverStep,
@@ -29,10 +30,9 @@ from controlplane.core.model import (
     Readiness,
     RegionState,
 )
-from controlplane.core.snapshot import RegionView, Snapshot
-from controlplane.keys import Keys
-from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.port import EventType, KeyValue, Store
+from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.port import EventType, KeyValue, Store
 
 DEFAULT_HISTORY = 50
 MAX_HISTORY = 1000

@@ -12,10 +12,10 @@ from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 
-from controlplane.api.auth import current_principal
-from controlplane.config import Topology
-from controlplane.session_store import validate_session_id
-from controlplane.store.port import StoreUnavailable
+from controlplane.kernel.auth import current_principal
+from controlplane.kernel.config import Topology
+from controlplane.kernel.session_store import validate_session_id
+from controlplane.kernel.store.port import StoreUnavailable
 
 MAX_REASON = 1024
 MAX_ACTOR = 128

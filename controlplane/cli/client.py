@@ -27,8 +27,8 @@ from typing import TypeVar
 import grpc
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from controlplane.config import ConfigError
-from controlplane.tls import sync_channel
+from controlplane.kernel.config import ConfigError
+from controlplane.kernel.tls import sync_channel
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_ABORTED = 0, 1, 2, 3, 4
 EXIT_UNAUTHENTICATED = 5
@@ -73,7 +73,7 @@ def _message(code: grpc.StatusCode, detail: str) -> str:
     if code is grpc.StatusCode.UNAUTHENTICATED:
         return (
             f"not authenticated: {detail}. Pass --token (or set TECTONIC_TOKEN) with a "
-            "token from your Tectonic admin (python -m controlplane.security hash-token)."
+            "token from your Tectonic admin (python -m controlplane.kernel.security hash-token)."
         )
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return f"permission denied: {detail}. Ask your Tectonic admin for a token with that role."

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from controlplane.core.intents import IntentOutcome
-from controlplane.core.model import (
+from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverStep,

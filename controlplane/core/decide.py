@@ -12,7 +12,6 @@ are decided in ``controlplane.core.recovery``.
 
 from __future__ import annotations
 
-from controlplane.config import Topology
 from controlplane.core.actions import (
     DropIntent,
     RunFailover,
@@ -21,12 +20,15 @@ from controlplane.core.actions import (
     Write,
     WriteHealth,
 )
-from controlplane.core.details import routing_text
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.machine import fire
-from controlplane.core.model import (
+from controlplane.core.recovery import MoveKind, next_recovery_move
+from controlplane.core.steps import pending_steps, recovery_pending
+from controlplane.kernel.config import Topology
+from controlplane.kernel.details import routing_text
+from controlplane.kernel.model import (
     AuditEntry,
     FailoverPlan,
     FailoverProgress,
@@ -38,9 +40,7 @@ from controlplane.core.model import (
     RegionState,
     Routing,
 )
-from controlplane.core.recovery import MoveKind, next_recovery_move
-from controlplane.core.snapshot import RegionView, Snapshot
-from controlplane.core.steps import pending_steps, recovery_pending
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
 
 def _transition(

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.config import Topology
-from controlplane.core.model import FailoverPlan, Health, RegionState, Routing
-from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.kernel.config import Topology
+from controlplane.kernel.ladder import LOAD_SIGNAL
+from controlplane.kernel.model import FailoverPlan, Health, RegionState, Routing
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
-LOAD_SIGNAL = "load_rps"  # requests per second the region serves now, from its agent
 _ROUND = 6
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from controlplane.core.model import Decision, Frozen, Intent, IntentKind
+from controlplane.kernel.model import Decision, Frozen, Intent, IntentKind
 
 
 class IntentStatus(StrEnum):

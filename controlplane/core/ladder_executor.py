@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from controlplane.core.degradation import DegradationRecord
-from controlplane.core.ladder import Ladder, flags_for
-from controlplane.core.model import Frozen, RegionState
+from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.ladder import Ladder, flags_for
+from controlplane.kernel.model import Frozen, RegionState
 
 
 class LadderMode(StrEnum):

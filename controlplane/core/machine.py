@@ -10,7 +10,7 @@ from typing import Any
 
 from transitions import Machine, MachineError
 
-from controlplane.core.model import Decision, RegionRecord, RegionState, Signals
+from controlplane.kernel.model import Decision, RegionRecord, RegionState, Signals
 
 S = RegionState
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
-from controlplane.config import RecoveryConfig
-from controlplane.core.ladder import (
+from controlplane.kernel.config import RecoveryConfig
+from controlplane.kernel.ladder import (
     AUTH_ERROR_SIGNAL,
     ERROR_SIGNAL,
     HEADROOM_SIGNAL,
@@ -42,7 +42,7 @@ from controlplane.core.ladder import (
     TTFT_SIGNAL,
     with_headroom,
 )
-from controlplane.core.model import Frozen, Health, RecoveryProgress, RecoveryStep
+from controlplane.kernel.model import Frozen, Health, RecoveryProgress, RecoveryStep
 
 PREWARM_GRACE_S = 15.0  # past the pre-warm budget: the agent's grace and the writes
 

@@ -11,17 +11,17 @@ first step not recorded.
 from __future__ import annotations
 
 from controlplane.core.actions import Write
-from controlplane.core.details import routing_details
 from controlplane.core.failover import routing_after_switch
-from controlplane.core.model import (
+from controlplane.core.recovery import pending_recovery_steps
+from controlplane.kernel.details import routing_details
+from controlplane.kernel.model import (
     AuditEntry,
     FailoverStep,
     RecoveryStep,
     RegionRecord,
     RegionState,
 )
-from controlplane.core.recovery import pending_recovery_steps
-from controlplane.core.snapshot import Snapshot
+from controlplane.kernel.snapshot import Snapshot
 
 
 def pending_steps(record: RegionRecord) -> tuple[FailoverStep, ...]:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import uvloop
 from pydantic import ValidationError
 
-from controlplane.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
+from controlplane.kernel.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
 from regions.gateway.app import AppConfig
 from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig

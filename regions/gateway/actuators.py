@@ -36,8 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.core.degradation import FeatureFlags
-from regions.gateway.requests import BadRequest, Endpoint, ProxyRequest, chat_messages
+from controlplane.kernel.degradation import FeatureFlags
+from controlplane.kernel.prompts import BadRequest, chat_messages
+from regions.gateway.requests import Endpoint, ProxyRequest
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 KEPT_ROLES = frozenset({"system", "developer"})  # never dropped by truncation

@@ -28,17 +28,17 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from controlplane.core.degradation import FeatureFlags
-from controlplane.core.sessions import NoRegionServing, serving, spill_region
-from controlplane.session_store import InvalidSessionId, validate_session_id
+from controlplane.kernel.degradation import FeatureFlags
+from controlplane.kernel.prompts import BadRequest
+from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, prefix_key
+from controlplane.kernel.session_store import InvalidSessionId, validate_session_id
+from controlplane.kernel.sessions import NoRegionServing, serving, spill_region
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
 from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
-from regions.gateway.replicas import DEFAULT_PREFIX_CHARS, prefix_key
 from regions.gateway.requests import (
     TOKENIZER_PATHS,
-    BadRequest,
     Endpoint,
     ProxyRequest,
     error_type,

@@ -3,7 +3,7 @@
 The gateway's actuators (``actuators.py``: context cap, ``parallel_tool_calls`` off,
 priority shedding) read the flags of the region a request is served by, on every
 request, so the flags are a local copy like routing's
-(:class:`regions.gateway.watched.WatchedPrefix`: one read, then one watch; fail-static
+(:class:`controlplane.kernel.watched.WatchedPrefix`: one read, then one watch; fail-static
 when etcd is lost). No record means nothing is degraded, so start-up need not wait for
 the first read: until it lands, every region runs with all features on.
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.keys import Keys
-from controlplane.store.port import Store
-from regions.gateway.watched import WatchedPrefix
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.watched import WatchedPrefix
 
 log = logging.getLogger("tectonic.gateway.degradation")
 NOT_DEGRADED = FeatureFlags()

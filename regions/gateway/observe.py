@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from controlplane.core.prefixes import PromptRequest
-from controlplane.prefix_tracker import PrefixTracker
+from controlplane.kernel.prefix_tracker import PrefixTracker
+from controlplane.kernel.prefixes import PromptRequest
 
 
 class PrefixObserver(Protocol):

@@ -3,7 +3,7 @@
 A region agent that runs a warm pool publishes the pool's ACTIVE replicas there
 (``PoolMembers``); WARM replicas sleep and would hang requests, so a gateway must route
 to those and no others. A local copy like routing's
-(:class:`regions.gateway.watched.WatchedPrefix`).
+(:class:`controlplane.kernel.watched.WatchedPrefix`).
 
 ``on_change(region, members)`` is called once per region whose value changed (None:
 the key is gone, the region routes to the topology's static replicas again).
@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from controlplane.core.pool_members import PoolMembers
-from controlplane.keys import Keys
-from controlplane.store.port import Store
-from regions.gateway.watched import WatchedPrefix
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.watched import WatchedPrefix
 
 log = logging.getLogger("tectonic.gateway.pools")
 OnChange = Callable[[str, PoolMembers | None], None]

@@ -33,12 +33,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.codec import CorruptValue, decode
-from controlplane.config import PrefixesConfig
-from controlplane.core.prefix_catalog import PrefixWanted
-from controlplane.keys import Keys
-from controlplane.prefix_tracker import PrefixTracker, RegionExport, TrackerConfig, TrackerExport
-from controlplane.store.port import LeaseNotFound, Store, StoreError
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import PrefixesConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_catalog import PrefixWanted
+from controlplane.kernel.prefix_tracker import (
+    PrefixTracker,
+    RegionExport,
+    TrackerConfig,
+    TrackerExport,
+)
+from controlplane.kernel.store.port import LeaseNotFound, Store, StoreError
 
 log = logging.getLogger("tectonic.gateway.prefixes")
 

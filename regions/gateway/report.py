@@ -24,9 +24,9 @@ import grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from controlplane.core.model import Health
-from controlplane.security import SecurityConfig
-from controlplane.tls import aio_channel
+from controlplane.kernel.model import Health
+from controlplane.kernel.security import SecurityConfig
+from controlplane.kernel.tls import aio_channel
 
 log = logging.getLogger("tectonic.gateway.report")
 _TO_PB = {

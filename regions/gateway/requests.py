@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
 
-from controlplane.core.prefixes import PromptRequest
+from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.prompts import (
+    BadRequest,
+    chat_messages,
+    chat_prefix,
+    chat_text,
+    completion_prefix,
+    first_prompt,
+)
 
 Json = dict[str, object]
 
@@ -30,16 +38,6 @@ class Endpoint(StrEnum):
 
 # vLLM's tokenizer endpoints: forwarded as they are (``tokenizer_prefix`` keys them).
 TOKENIZER_PATHS = ("/tokenize", "/detokenize")
-
-
-class BadRequest(Exception):
-    """A request the gateway refuses before forwarding (4xx)."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +86,10 @@ def parse(endpoint: Endpoint, body: bytes, prefix_chars: int) -> ProxyRequest:
     prompt: PromptRequest
     if endpoint is Endpoint.CHAT:
         messages = chat_messages(data.get("messages"))
-        prefix = _chat_text(messages, prefix_chars)
+        prefix = chat_text(messages, prefix_chars)
         prompt = PromptRequest(model, messages=messages, cache_salt=salt)
     else:
-        raw = _first_prompt(data.get("prompt"))
+        raw = first_prompt(data.get("prompt"))
         prefix = completion_prefix(raw, prefix_chars)  # also validates it
         if isinstance(raw, str):
             prompt = PromptRequest(model, prompt=raw, cache_salt=salt)
@@ -156,80 +154,3 @@ def _unicode(data: object) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _first_prompt(prompt: object) -> object:
-    """A batch is routed (and counted) by its first prompt."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
-        return prompt[0]
-    return prompt
-
-
-def completion_prefix(prompt: object, chars: int) -> str:
-    """The first ``chars`` characters of a completion prompt (text, token ids, or a
-    batch of either: its first prompt)."""
-    if prompt is None:
-        raise BadRequest("'prompt' is required", param="prompt")
-    prompt = _first_prompt(prompt)
-    if isinstance(prompt, str):
-        return prompt[:chars]
-    if isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        # Token ids: their decimal text is a faithful, cheap prefix identity.
-        out: list[str] = []
-        size = 0
-        for t in prompt:
-            if size >= chars:
-                break
-            s = str(t)
-            out.append(s)
-            size += len(s) + 1
-        return " ".join(out)[:chars]
-    raise BadRequest(
-        "'prompt' must be a string, a list of token ids, or a list of either", param="prompt"
-    )
-
-
-def chat_prefix(messages: object, chars: int) -> str:
-    """The first ``chars`` characters of the conversation as ``role\\ncontent\\n`` lines."""
-    return _chat_text(chat_messages(messages), chars)
-
-
-def chat_messages(messages: object) -> tuple[tuple[str, str], ...]:
-    """Validated ``(role, text content)`` pairs of a chat request."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' is required and must be a non-empty list", param="messages")
-    out: list[tuple[str, str]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(role := m.get("role"), str):
-            raise BadRequest(
-                f"messages[{i}] must be an object with a string 'role'", param="messages"
-            )
-        out.append((role, _content_text(m.get("content"))))
-    return tuple(out)
-
-
-def _chat_text(messages: tuple[tuple[str, str], ...], chars: int) -> str:
-    parts: list[str] = []
-    size = 0
-    for role, content in messages:
-        if size >= chars:
-            break
-        parts.append(f"{role}\n{content}\n")
-        size += len(parts[-1])
-    return "".join(parts)[:chars]
-
-
-def _content_text(content: object) -> str:
-    """A message's text: the content, or its text parts (images and other parts left
-    out) joined by newlines, as vLLM joins them for a string-content chat template."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text", ""))
-            for p in content
-            if isinstance(p, dict) and p.get("type", "text") == "text"
-        )
-    return ""

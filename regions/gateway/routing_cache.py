@@ -1,7 +1,7 @@
 """The gateway's view of ``routing/<r>``: where each home region's traffic goes.
 
 A gateway resolves every request against routing, so routing is a local copy
-(:class:`regions.gateway.watched.WatchedPrefix`: one read, then one watch; fail-static
+(:class:`controlplane.kernel.watched.WatchedPrefix`: one read, then one watch; fail-static
 when etcd is lost; a full re-read every ``resync_s``).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from controlplane.core.model import Routing
-from controlplane.keys import Keys
-from controlplane.store.port import Store
-from regions.gateway.watched import WatchedPrefix
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.watched import WatchedPrefix
 
 log = logging.getLogger("tectonic.gateway.routing")
 

@@ -31,14 +31,14 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from controlplane.clock import SystemClock
-from controlplane.config import EtcdConfig, Topology
-from controlplane.core.pool_members import PoolMembers
-from controlplane.keys import Keys
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
-from controlplane.session_store import SessionStore
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import Store
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import Store
 from regions.gateway.app import AppConfig, GatewayApp
 from regions.gateway.degradation_cache import DegradationCache
 from regions.gateway.metrics import GatewayMetrics

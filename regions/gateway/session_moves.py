@@ -24,11 +24,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from controlplane.codec import encode
-from controlplane.core.sessions import SessionMoves
-from controlplane.keys import Keys
-from controlplane.store.port import Store, StoreError
-from regions.gateway.watched import WatchedPrefix
+from controlplane.kernel.codec import encode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.sessions import SessionMoves
+from controlplane.kernel.store.port import Store, StoreError
+from controlplane.kernel.watched import WatchedPrefix
 
 log = logging.getLogger("tectonic.gateway.session_moves")
 DEFAULT_FLUSH_S = 0.2

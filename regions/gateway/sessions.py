@@ -39,10 +39,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from controlplane.clock import Clock, SystemClock
-from controlplane.codec import CorruptValue
-from controlplane.core.model import Routing
-from controlplane.core.sessions import (
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.codec import CorruptValue
+from controlplane.kernel.model import Routing
+from controlplane.kernel.session_store import SessionContention
+from controlplane.kernel.sessions import (
     PinAction,
     Resolution,
     SessionPin,
@@ -52,8 +53,7 @@ from controlplane.core.sessions import (
     resolve,
     serving,
 )
-from controlplane.session_store import SessionContention
-from controlplane.store.port import StoreError, StoreUnavailable
+from controlplane.kernel.store.port import StoreError, StoreUnavailable
 from regions.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("tectonic.gateway.sessions")
@@ -61,7 +61,7 @@ PROBE_SESSION = "_gateway_probe"  # read (never written) to learn that etcd is b
 
 
 class SessionStoreLike(Protocol):
-    """The part of ``controlplane.session_store.SessionStore`` the gateway uses."""
+    """The part of ``controlplane.kernel.session_store.SessionStore`` the gateway uses."""
 
     async def get(self, session_id: str) -> tuple[SessionPin, int] | None: ...
 
@@ -133,7 +133,7 @@ class SessionResolver:
 
     async def region_for(self, session_id: str, warm: WarmCheck | None = None) -> str:
         """The region that serves ``session_id`` now; raises NoRegionServing. ``warm``
-        places a new session warm first (``controlplane.core.sessions.warm_first``);
+        places a new session warm first (``controlplane.kernel.sessions.warm_first``);
         concurrent requests of one session share the first one's resolution."""
         routings = self._routing.routings
         entry = self._pins.get(session_id)

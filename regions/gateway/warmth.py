@@ -12,7 +12,7 @@ those. Two things, both in the gateway, which saw every prompt it sent:
 * **warm-first placement**: while ``routing/<home>`` splits new sessions (graduated
   recovery), a new session whose weighted pick is home but whose prompt home has not
   answered since it came back (``RegionWarmth``) goes to the other targets, which
-  carried home's traffic during the failover (``controlplane.core.sessions.
+  carried home's traffic during the failover (``controlplane.kernel.sessions.
   warm_first``), and the gateway replays that prompt at home; its next new sessions
   follow the weights. A prompt the gateway never had answered is not steered: it is
   cold everywhere.
@@ -33,8 +33,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 
 from prometheus_client import Counter
 
-from controlplane.core.model import Routing
-from controlplane.core.sessions import serving
+from controlplane.kernel.model import Routing
+from controlplane.kernel.sessions import serving
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.replicas import ReplicaBalancer

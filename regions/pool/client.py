@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from regions.probe_vllm import describe_error
+from regions.http_errors import describe_error
 
 
 class ReplicaError(RuntimeError):

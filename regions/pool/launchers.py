@@ -20,7 +20,7 @@ Variants: a simulator or vLLM launcher given a ``speculative_config`` (vLLM's
 "prompt_lookup_max": 4}``) launches two kinds of replica, :data:`SPEC_DECODE` (with the
 flag, the default) and :data:`NO_SPEC_DECODE` (without): ``launch(variant)``. The
 degradation ladder's first step rolls a pool from one to the other
-(``regions.spec_decode``).
+(``regions.pool.spec_decode``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from regions.pool.processes import (
     wait_healthy,
     wait_ready,
 )
-from regions.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
+from regions.pool.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 
 
 class LaunchRefused(RuntimeError):

@@ -24,7 +24,7 @@ ok or failed) and resume (``"resume"``) of a replica, for metrics.
 ``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
 snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
 A replica is COLD after ``dead_after`` failed probes in a row.
-``WarmPool`` fits ``regions.agent_service.ReplicaSet``.
+``WarmPool`` fits ``regions.agent.service.ReplicaSet``.
 
 Variants: a launcher that knows several (``Launcher.variants``, e.g. with and without
 ``--speculative-config``) launches the target's; ``set_variant`` changes it and each
@@ -44,7 +44,7 @@ from typing import Literal
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
-from controlplane.clock import Clock, SystemClock
+from controlplane.kernel.clock import Clock, SystemClock
 from regions.pool.client import ReplicaClient, ReplicaError
 from regions.pool.launchers import Launcher, StaticEndpoints
 from regions.pool.sizing import BurstProfile, PoolSizeReport, check_pool

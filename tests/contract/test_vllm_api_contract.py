@@ -30,8 +30,8 @@ import aiohttp
 import pytest
 
 from chaos.lab.procs import until
-from regions.probe_vllm import probe_replica
-from regions.replica_signals import replica_window
+from controlplane.kernel.replica_signals import replica_window
+from regions.agent.probe_vllm import probe_replica
 from tests.contract.conftest import MAX_MODEL_LEN, Backend
 
 JsonObj = dict[str, Any]  # decoded JSON, checked by the asserts

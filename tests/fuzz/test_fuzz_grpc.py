@@ -51,11 +51,12 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulator
-from controlplane.codec import decode, encode
-from controlplane.config import Topology
-from controlplane.core.drills import DrillCatalog, DrillRequest, ScenarioInfo
 from controlplane.core.intents import IntentOutcome
-from controlplane.core.model import (
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.drills import DrillCatalog, DrillRequest, ScenarioInfo
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     AuditEntry,
     ControlFlags,
     HealthReport,
@@ -64,12 +65,11 @@ from controlplane.core.model import (
     RegionRecord,
     RegionState,
 )
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.core.prefixes import PromptKind, ReplayPayload
-from controlplane.core.sessions import SessionPin
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefixes import PromptKind, ReplayPayload
+from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.store.etcd import EtcdStore
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from tests.integration.cp_harness import REGIONS, fast_topology, running_replica
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

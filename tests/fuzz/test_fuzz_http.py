@@ -35,11 +35,11 @@ from hypothesis import strategies as st
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulator, until
-from controlplane.codec import encode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayServer
 from tests.fuzz.mutations import keys_of, mutated, paths

@@ -12,17 +12,17 @@ import aiohttp
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.codec import decode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.model import FailoverStep, RegionRecord
-from controlplane.core.prefix_catalog import PrefixCatalog
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import FailoverStep, RegionRecord
+from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.store.etcd import EtcdStore
+from regions.agent.prewarm_executor import cache_counters
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from regions.pool.processes import free_port
-from regions.prewarm_executor import cache_counters
 from tests.integration.cp_harness import Running, fast_topology, running_replica
 
 REGIONS = ("a", "b")

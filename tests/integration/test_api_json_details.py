@@ -16,9 +16,9 @@ import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from controlplane.config import Topology
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.cp_harness import REGIONS, fast_topology, region, running_replica, until
 
 pytestmark = pytest.mark.etcd

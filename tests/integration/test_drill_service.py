@@ -15,12 +15,12 @@ from chaos.drills.result import DrillResult
 from chaos.drills.schedule import Schedule, parse_schedule
 from chaos.drills.service import DrillBusy, DrillLock, DrillService, LockLost, history
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.clock import FakeClock
-from controlplane.codec import decode
-from controlplane.config import EtcdConfig
-from controlplane.core.model import AuditEntry
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.store.etcd import EtcdStore
 
 pytestmark = pytest.mark.etcd
 

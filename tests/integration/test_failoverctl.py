@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.config import Topology
+from controlplane.kernel.config import Topology
 from regions.pool.processes import free_port
 from tests.integration.cp_harness import (
     Running,

@@ -18,15 +18,15 @@ from chaos.drills.scenario import find_scenario, load_all
 from chaos.drills.schedule import load_schedule
 from chaos.drills.service import DrillService
 from chaos.lab.run import run_in_lab
-from controlplane.clock import SystemClock
-from controlplane.codec import encode
-from controlplane.config import Topology
-from controlplane.core.drills import DrillSummary
-from controlplane.core.model import Readiness
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.core.prefixes import ChatMessage, FingerprintParams, PromptKind, ReplayPayload
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.drills import DrillSummary
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Readiness
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefixes import ChatMessage, FingerprintParams, PromptKind, ReplayPayload
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.cp_harness import fast_topology, running_replica
 from tests.integration.test_failoverctl import ctl
 

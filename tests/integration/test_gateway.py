@@ -38,13 +38,13 @@ from chaos.lab.procs import (
     until,
     wait_ready,
 )
-from controlplane.codec import decode, encode
-from controlplane.config import EtcdConfig
-from controlplane.core.model import Routing
-from controlplane.core.sessions import SessionPin
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.port import Store
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import Store
 from regions.pool.processes import free_port, read_ready
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

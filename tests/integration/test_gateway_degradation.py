@@ -26,11 +26,11 @@ from aiohttp import web
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.codec import encode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.server import GatewayServer
 from tests.integration.cp_harness import fast_topology, running_gateway
 

@@ -18,7 +18,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
-from controlplane.config import parse_topology
+from controlplane.kernel.config import parse_topology
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from tests.integration.cp_harness import fast_topology

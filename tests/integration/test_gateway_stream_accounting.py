@@ -27,7 +27,7 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.config import Topology, parse_topology
+from controlplane.kernel.config import Topology, parse_topology
 from regions.gateway.server import GatewayServer
 from tests.integration.cp_harness import fast_topology, running_gateway
 

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.test_gateway import (
     HALF,
     REGIONS,

@@ -21,12 +21,12 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.codec import decode, encode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.model import Routing
-from controlplane.core.sessions import SessionPin, placement
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.sessions import SessionPin, placement
+from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from tests.integration.cp_harness import fast_topology

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.config import Topology
+from controlplane.kernel.config import Topology
 from tests.integration.cp_harness import fast_topology, region, running_replica, until
 
 pytestmark = pytest.mark.etcd

@@ -26,8 +26,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from chaos.lab.procs import until as poll
 from controlplane.api.http import sse_stream
 from controlplane.api.reads import AuditRecord
-from controlplane.config import Topology
-from controlplane.core.model import (
+from controlplane.kernel.config import Topology
+from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverPlan,
@@ -37,10 +37,10 @@ from controlplane.core.model import (
     RegionRecord,
     RegionState,
 )
-from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.store.memory import MemoryStore
 from controlplane.metrics import ControlPlaneMetrics, prewarm_fraction
 from controlplane.server import ControlPlaneReplica
-from controlplane.store.memory import MemoryStore
 from tests.integration.cp_harness import (
     fast_topology,
     region,

@@ -19,11 +19,11 @@ import grpc
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.codec import decode, encode
-from controlplane.config import Topology
-from controlplane.core.model import Health, Intent, RegionHealth
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health, Intent, RegionHealth
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.cp_harness import REGIONS, Running, fast_topology, reporting, running_replica
 from tests.integration.test_failoverctl import ctl
 

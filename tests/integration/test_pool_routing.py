@@ -16,16 +16,16 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
-from controlplane.codec import decode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.pool_members import PoolMembers
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
-from regions.agent_pool import AgentPool, AgentPoolConfig
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.vllm_metrics import parse_gauges
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.warm_pool import AgentPool, AgentPoolConfig
 from regions.gateway.server import GatewayServer
 from regions.pool.states import ReplicaState
-from regions.probe_vllm import parse_gauges
 from tests.integration.cp_harness import fast_topology, running_gateway
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

@@ -13,12 +13,12 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.codec import decode
-from controlplane.config import PrefixesConfig, Topology, parse_topology
-from controlplane.core.prefix_catalog import PrefixCatalog
-from controlplane.core.prefixes import PromptKind, PromptRequest, levels
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import PrefixesConfig, Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.prefixes import PromptKind, PromptRequest, levels
+from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from tests.integration.cp_harness import fast_topology, running_replica

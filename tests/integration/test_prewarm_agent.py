@@ -18,19 +18,20 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
 from chaos.lab.procs import Proc, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
-from controlplane.clock import SystemClock
-from controlplane.codec import encode
-from controlplane.config import Topology
-from controlplane.core.model import FailoverPlan
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.core.prefixes import PromptKind, ReplayPayload
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
-from regions.agent_service import PrewarmServiceConfig
-from regions.gateway.replicas import ReplicaBalancer, prefix_key
-from regions.prewarm_executor import HITS, cache_counters
-from regions.prewarm_plan import assign, routing_text
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefixes import PromptKind, ReplayPayload
+from controlplane.kernel.ring import prefix_key
+from controlplane.kernel.store.memory import MemoryStore
+from regions.agent.prewarm_executor import HITS, cache_counters
+from regions.agent.prewarm_plan import assign, routing_text
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.service import PrewarmServiceConfig
+from regions.gateway.replicas import ReplicaBalancer
 
 BLOCK = 16
 N_REPLICAS = 4

@@ -22,9 +22,9 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.vllm_cpu import SETUP_HINT, VllmProc, launch_vllm, vllm_available, wait_vllm
-from controlplane.core.model import RegionState
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import RegionState
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (
     first_hits,
     send,

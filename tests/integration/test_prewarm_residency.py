@@ -16,16 +16,16 @@ import pytest
 
 from chaos.lab.procs import Proc, start_simulators
 from controlplane.agent_prewarm import AgentPrewarmer
-from controlplane.clock import FakeClock
-from controlplane.codec import encode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.model import FailoverPlan
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.core.prefixes import FingerprintParams, PromptKind, ReplayPayload
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
-from regions.prewarm_executor import cache_counters
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefixes import FingerprintParams, PromptKind, ReplayPayload
+from controlplane.kernel.store.memory import MemoryStore
+from regions.agent.prewarm_executor import cache_counters
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 
 BLOCK = 16
 K = 3

@@ -18,8 +18,8 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (
     first_hits,
     queries_of,

@@ -18,10 +18,10 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, until
-from controlplane.codec import decode
-from controlplane.core.model import AuditEntry
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
+from controlplane.kernel.codec import decode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.prewarm_harness import (
     first_hits,
     hits_across,

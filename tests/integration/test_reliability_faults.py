@@ -50,14 +50,14 @@ from chaos.drills.traffic import Session, Traffic
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.procs import Proc, until
 from chaos.lab.run import running_lab
-from controlplane.codec import CorruptValue, decode
-from controlplane.config import EtcdConfig, Topology, load_topology
-from controlplane.core.model import AuditEntry
-from controlplane.core.sessions import SessionPin
-from controlplane.core.snapshot import Snapshot
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import EtcdConfig, Topology, load_topology
+from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.reports import PROBE_OBSERVER
-from controlplane.snapshot_reader import read_snapshot
-from controlplane.store.etcd import EtcdStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(330)]
 

@@ -25,9 +25,9 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.local_etcd import ETCD_BINARY, FAST_FLAGS
-from controlplane.api.auth import RETRY_AFTER_KEY
-from controlplane.config import EtcdConfig, Topology
-from controlplane.security import (
+from controlplane.kernel.auth import RETRY_AFTER_KEY
+from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.security import (
     LimitsConfig,
     Role,
     SecurityConfig,
@@ -36,11 +36,11 @@ from controlplane.security import (
     hash_token,
     new_token,
 )
-from controlplane.store.etcd import EtcdStore
-from controlplane.store.memory import MemoryStore
-from controlplane.store.port import StoreError
-from controlplane.tls import aio_channel, channel_credentials
-from regions.agent import AgentConfig, serve_agent
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.tls import aio_channel, channel_credentials
+from regions.agent.server import AgentConfig, serve_agent
 from regions.pool.processes import free_port
 from tests.integration.certs import CertAuthority, Leaf, make_ca
 from tests.integration.cp_harness import Running, fast_topology, region, running_replica, until

@@ -10,8 +10,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chaos.lab.procs import until
+from controlplane.kernel.store.memory import MemoryStore
 from controlplane.server import ControlPlaneReplica
-from controlplane.store.memory import MemoryStore
 from tests.integration.cp_harness import fast_topology
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.clock import SystemClock
-from controlplane.codec import decode, encode
-from controlplane.config import EtcdConfig, Topology
-from controlplane.core.model import AuditEntry, Routing
-from controlplane.core.sessions import PinAction, SessionPin, resolve
-from controlplane.keys import Keys
-from controlplane.session_store import SessionStore
-from controlplane.store.etcd import EtcdStore, _txn_request
-from controlplane.store.port import (
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry, Routing
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions import PinAction, SessionPin, resolve
+from controlplane.kernel.store.etcd import EtcdStore, _txn_request
+from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
     CompareOp,

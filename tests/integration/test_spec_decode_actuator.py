@@ -19,17 +19,17 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
-from controlplane.codec import decode, encode
-from controlplane.config import Topology, parse_topology
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.core.pool_members import PoolMembers
-from controlplane.keys import Keys
-from controlplane.store.etcd import EtcdStore
-from regions.agent import AgentConfig, AgentHandle, serve_agent
-from regions.agent_pool import AgentPool, parse_pool_config
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.vllm_metrics import parse_gauges
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.warm_pool import AgentPool, parse_pool_config
 from regions.gateway.server import GatewayServer
-from regions.probe_vllm import parse_gauges
-from regions.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
+from regions.pool.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 from tests.integration.cp_harness import fast_topology, running_gateway
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

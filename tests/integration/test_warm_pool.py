@@ -15,12 +15,12 @@ from aiohttp import web
 
 from chaos.lab.procs import start_simulators
 from chaos.lab.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_PYTHON, vllm_available
-from controlplane.clock import FakeClock
-from regions.agent_service import ReplicaSet
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.vllm_metrics import parse_gauges
+from regions.agent.service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec
 from regions.pool.manager import PoolSnapshot, WarmPool
 from regions.pool.states import PoolConfig, ReplicaState
-from regions.probe_vllm import parse_gauges
 
 pytestmark = pytest.mark.slow
 COLD, WARM, ACTIVE, IDLE = (ReplicaState.COLD, ReplicaState.WARM, ReplicaState.ACTIVE,

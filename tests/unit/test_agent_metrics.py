@@ -1,4 +1,4 @@
-"""The region agent's Prometheus metrics (regions/agent_metrics.py), read back from
+"""The region agent's Prometheus metrics (regions/agent/metrics.py), read back from
 the exposition text: series known in advance exist at 0 from the start, probe rounds
 set up/down and drop replicas no longer probed, pool snapshots count states, pre-warm
 outcomes are classified and counted."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.core.model import Health
-from regions.agent_metrics import AgentMetrics, prewarm_result
+from controlplane.kernel.model import Health
+from regions.agent.metrics import AgentMetrics, prewarm_result
+from regions.agent.prewarm_executor import PrewarmOutcome
+from regions.agent.probe_vllm import ReplicaProbe
 from regions.pool.manager import PoolSnapshot
 from regions.pool.states import PoolTarget, Replica, ReplicaState
-from regions.prewarm_executor import PrewarmOutcome
-from regions.probe_vllm import ReplicaProbe
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

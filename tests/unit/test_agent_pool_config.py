@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from controlplane.config import ConfigError
-from regions.agent import AgentConfig, parse_args
-from regions.agent_pool import (
+from controlplane.kernel.config import ConfigError
+from regions.agent.server import AgentConfig, parse_args
+from regions.agent.warm_pool import (
     AgentPool,
     AgentPoolConfig,
     SimulatorLauncherConfig,
@@ -174,7 +174,7 @@ def test_the_security_files_etcd_settings_reach_the_pools_etcd_client(tmp_path: 
 
 
 def test_a_file_without_an_etcd_section_keeps_plain_etcd(tmp_path: Path) -> None:
-    from controlplane.config import load_etcd
+    from controlplane.kernel.config import load_etcd
 
     path = tmp_path / "sec.yaml"
     path.write_text("security: {}\n")

@@ -32,7 +32,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from controlplane.cli.failoverctl import app as failoverctl_app
-from controlplane.core.model import (
+from controlplane.kernel.model import (
     ControlFlags,
     Decision,
     FailoverPlan,
@@ -45,7 +45,7 @@ from controlplane.core.model import (
     RegionState,
     Routing,
 )
-from controlplane.core.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.proxy import STREAM_BROKEN_STATUS

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import math
 
-from controlplane.codec import decode, encode
-from controlplane.core.model import AuditEntry, Decision, RegionState
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.model import AuditEntry, Decision, RegionState
 
 
 def test_an_audit_entry_with_infinite_and_nan_signals_round_trips() -> None:

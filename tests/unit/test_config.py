@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from controlplane.__main__ import main as controlplane_main
-from controlplane.config import ConfigError, load_topology, parse_topology
+from controlplane.kernel.config import ConfigError, load_topology, parse_topology
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = yaml.safe_load((REPO / "examples/topology.yaml").read_text())
@@ -73,7 +73,7 @@ def test_cli_check_exits_2_with_the_message(
 def test_routing_chars_default_is_the_gateways_default() -> None:
     # A topology without prefixes.routing_chars must route and pre-warm as a gateway or
     # an agent does when told nothing (an old leader's request carries 0: the default).
-    from controlplane.config import PrefixesConfig
-    from regions.gateway.replicas import DEFAULT_PREFIX_CHARS
+    from controlplane.kernel.config import PrefixesConfig
+    from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS
 
     assert PrefixesConfig().routing_chars == DEFAULT_PREFIX_CHARS

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane.core.model import (
+from controlplane.core.steps import pending_steps
+from controlplane.kernel.model import (
     ControlFlags,
     FailoverStep,
     Health,
@@ -11,7 +12,6 @@ from controlplane.core.model import (
     Readiness,
     RegionState,
 )
-from controlplane.core.steps import pending_steps
 from tests.unit.world import World
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

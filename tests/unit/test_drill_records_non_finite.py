@@ -14,7 +14,7 @@ import yaml
 
 from chaos.drills.result import DrillResult, Sample
 from chaos.drills.scenario import SCENARIO_DIR, load_scenario
-from controlplane.config import ConfigError
+from controlplane.kernel.config import ConfigError
 
 
 def test_a_result_with_infinite_and_nan_figures_reads_back() -> None:

@@ -24,7 +24,7 @@ from chaos.drills.schedule import (
     next_runs,
     parse_schedule,
 )
-from controlplane.config import ConfigError
+from controlplane.kernel.config import ConfigError
 
 SHIPPED_NAMES = [
     "region-blackout",

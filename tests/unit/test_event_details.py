@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from controlplane.core.details import flag, json_list, json_text
-from controlplane.core.model import AuditEntry, Health
+from controlplane.kernel.details import flag, json_list, json_text
+from controlplane.kernel.model import AuditEntry, Health
 from tests.unit.world import World
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

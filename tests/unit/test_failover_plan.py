@@ -10,7 +10,7 @@ from controlplane.core.failover import (
     routing_after_switch,
     routing_recovery_step,
 )
-from controlplane.core.model import Health, Readiness, RegionHealth, Routing
+from controlplane.kernel.model import Health, Readiness, RegionHealth, Routing
 from tests.unit.world import World
 
 

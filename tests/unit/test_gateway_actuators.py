@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from controlplane.codec import encode
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
+from controlplane.kernel.codec import encode
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.actuators import (
     Action,
     Actuated,

@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from controlplane.codec import decode
-from controlplane.core.sessions import SessionMoves
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
+from controlplane.kernel.codec import decode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.sessions import SessionMoves
+from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.session_moves import SessionMovesBoard
 
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from controlplane.clock import FakeClock
-from controlplane.codec import encode
-from controlplane.core.model import Routing
-from controlplane.core.sessions import pick_region
-from controlplane.keys import Keys
-from controlplane.session_store import SessionStore
-from controlplane.store.memory import MemoryStore
-from controlplane.store.port import KeyValue
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions import pick_region
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import KeyValue
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.sessions import SessionResolver

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from controlplane.core.model import Routing
+from controlplane.kernel.model import Routing
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.warmth import RegionWarmth, warmup_body
 

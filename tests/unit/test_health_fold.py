@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controlplane.core.health import fold_health, quorum_verdict
-from controlplane.core.model import Health, HealthReport, ObserverKind, RegionHealth
+from controlplane.kernel.model import Health, HealthReport, ObserverKind, RegionHealth
 from tests.unit.world import topology
 
 T = topology().timing

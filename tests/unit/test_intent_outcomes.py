@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controlplane.core.intents import IntentStatus
-from controlplane.core.model import Health, Intent, IntentKind
+from controlplane.kernel.model import Health, Intent, IntentKind
 from tests.unit.world import World
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from controlplane.core.machine import ALLOWED_EDGES
-from controlplane.core.model import (
+from controlplane.kernel.model import (
     ControlFlags,
     Health,
     Intent,

@@ -9,9 +9,6 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.config import ConfigError, parse_topology
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.core.ladder import Ladder, flags_for, with_headroom
 from controlplane.core.ladder_executor import (
     ActionKind,
     LadderAction,
@@ -19,10 +16,19 @@ from controlplane.core.ladder_executor import (
     mode_for,
     next_ladder_action,
 )
-from controlplane.core.model import RegionState
-from controlplane.ladder_file import load_ladder, main, parse_ladder, recovery_config, schema_text
+from controlplane.kernel.config import ConfigError, parse_topology
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.ladder import Ladder, flags_for, with_headroom
+from controlplane.kernel.ladder_file import (
+    load_ladder,
+    main,
+    parse_ladder,
+    recovery_config,
+    schema_text,
+)
+from controlplane.kernel.model import RegionState
+from controlplane.kernel.store.memory import MemoryStore
 from controlplane.server import ControlPlaneReplica
-from controlplane.store.memory import MemoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 DEG, REC = LadderMode.DEGRADING, LadderMode.RECOVERING
@@ -133,7 +139,7 @@ def test_committed_file_loads_and_schema_is_fresh() -> None:
     ]
     committed = (REPO / "runbooks" / "degradation.schema.json").read_text()
     assert committed == schema_text(), (
-        "stale schema: run python -m controlplane.ladder_file schema "
+        "stale schema: run python -m controlplane.kernel.ladder_file schema "
         "> runbooks/degradation.schema.json and commit it"
     )
     assert recovery_config(ladder).steps == ladder.recovery.steps == 10

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.core.model import ControlFlags, Health, RegionHealth, RegionRecord, RegionState
-from controlplane.core.snapshot import RegionView, Snapshot
-from controlplane.keys import Keys
-from controlplane.ladder_file import load_ladder
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.model import ControlFlags, Health, RegionHealth, RegionRecord, RegionState
+from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.store.memory import MemoryStore
 from controlplane.ladder_runner import LadderRunner
-from controlplane.store.memory import MemoryStore
 from tests.unit.world import topology
 
 RUNBOOK = Path(__file__).resolve().parents[2] / "runbooks" / "degradation.yaml"

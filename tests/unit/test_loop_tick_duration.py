@@ -15,14 +15,14 @@ import logging
 
 import pytest
 
-from controlplane.clock import FakeClock
-from controlplane.keys import Keys
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.memory import ManualClock, MemoryStore
+from controlplane.kernel.store.port import Compare, Page
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData
-from controlplane.store.memory import ManualClock, MemoryStore
-from controlplane.store.port import Compare, Page
 from tests.unit.world import topology
 
 PERIOD = 1.0

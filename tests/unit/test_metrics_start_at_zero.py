@@ -16,7 +16,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controlplane.core.machine import ALLOWED_EDGES, TRANSITIONS
-from controlplane.core.model import Decision, RegionState
+from controlplane.kernel.model import Decision, RegionState
 from controlplane.metrics import ControlPlaneMetrics
 from regions.gateway import app, proxy
 from regions.gateway.actuators import Action

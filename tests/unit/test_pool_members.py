@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 
 from chaos.lab.procs import until
-from controlplane.codec import decode, encode
-from controlplane.core.pool_members import PoolMembers
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
-from regions.agent_pool import AgentPool, AgentPoolConfig
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.store.memory import MemoryStore
+from regions.agent.warm_pool import AgentPool, AgentPoolConfig
 from regions.gateway.pool_cache import PoolCache
 from regions.pool.processes import free_port
 

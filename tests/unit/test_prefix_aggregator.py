@@ -9,17 +9,17 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from controlplane.clock import FakeClock
-from controlplane.codec import decode, encode
-from controlplane.config import ConfigError, PrefixesConfig, parse_topology
-from controlplane.core.prefix_catalog import PrefixCatalog, PrefixWanted
-from controlplane.core.prefixes import PromptRequest, Residency, levels, may_leave
 from controlplane.election import NotLeader
-from controlplane.keys import Keys
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import ConfigError, PrefixesConfig, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_catalog import PrefixCatalog, PrefixWanted
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.prefixes import PromptRequest, Residency, levels, may_leave
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import Compare
 from controlplane.prefix_aggregator import REWRITE_EVERY, PrefixAggregator, fit_catalog
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.store.memory import MemoryStore
-from controlplane.store.port import Compare
 
 CFG = PrefixesConfig(block_size=16, level_tokens=16, min_sessions=3, max_entries=64)
 KEYS = Keys("t")

@@ -4,16 +4,16 @@ counted under the targets): what the recovery pre-warm replays survives the fail
 
 from __future__ import annotations
 
-from controlplane.clock import FakeClock
-from controlplane.codec import decode, encode
-from controlplane.config import PrefixesConfig
-from controlplane.core.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.core.prefixes import PromptRequest
-from controlplane.keys import Keys
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import PrefixesConfig
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import Compare
 from controlplane.prefix_aggregator import PrefixAggregator, carry_payloads
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.store.memory import MemoryStore
-from controlplane.store.port import Compare
 
 CFG = PrefixesConfig(block_size=16, level_tokens=16, min_sessions=3, max_entries=64)
 KEYS = Keys("t")

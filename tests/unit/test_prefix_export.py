@@ -10,11 +10,11 @@ import logging
 import aiohttp
 import pytest
 
-from controlplane.config import PrefixesConfig, parse_topology
-from controlplane.core.prefixes import PromptRequest
-from controlplane.keys import Keys
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.store.memory import ManualClock, MemoryStore
+from controlplane.kernel.config import PrefixesConfig, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from regions.gateway.__main__ import _parser, parse_args
 from regions.gateway.app import AppConfig
 from regions.gateway.observe import TrackerObserver

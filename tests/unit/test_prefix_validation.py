@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from controlplane.core.prefixes import (
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
+from controlplane.kernel.prefixes import (
     FingerprintParams,
     PrewarmLimits,
     PromptRequest,
@@ -28,7 +29,6 @@ from controlplane.core.prefixes import (
     levels,
     shared_blocks,
 )
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig
 from regions.simulator.engine import EngineConfig
 from regions.simulator.server import SimConfig, serve
 from regions.simulator.tokenizer import Tokenizer, render_chat

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.prefixes import (
+from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.prefixes import (
     Candidate,
     FingerprintParams,
     PrewarmLimits,
@@ -30,7 +31,6 @@ from controlplane.core.prefixes import (
     shared_blocks,
     top_n,
 )
-from controlplane.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
 
 B = 16
 PARAMS = FingerprintParams(block_size=B, chars_per_token=4.0, level_tokens=B)  # every block
@@ -395,7 +395,7 @@ def test_unique_prompts_stay_out_of_the_sketch_and_the_payload_map() -> None:
 
 
 def test_memoised_chain_roots_and_the_short_prompt_exit_change_no_key() -> None:
-    from controlplane.core import prefixes
+    from controlplane.kernel import prefixes
 
     text = "x" * 64 * 40
 

@@ -7,8 +7,6 @@ p99 over 1.5 x a 0.5 s baseline (0.75 s), or an error rate over 2 %.
 
 from __future__ import annotations
 
-from controlplane.config import RecoveryConfig
-from controlplane.core.model import Health, RecoveryProgress, RecoveryStep
 from controlplane.core.recovery import (
     PREWARM_GRACE_S,
     MoveKind,
@@ -16,7 +14,9 @@ from controlplane.core.recovery import (
     next_recovery_move,
 )
 from controlplane.core.steps import recovery_pending
-from controlplane.ladder_file import load_ladder, recovery_config
+from controlplane.kernel.config import RecoveryConfig
+from controlplane.kernel.ladder_file import load_ladder, recovery_config
+from controlplane.kernel.model import Health, RecoveryProgress, RecoveryStep
 from tests.unit.world import World, topology
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

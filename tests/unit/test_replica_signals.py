@@ -10,10 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.core.model import Health
-from regions.probe_vllm import ReplicaProbe, parse_gauges, parse_metrics
-from regions.region_view import fold_region_view
-from regions.replica_signals import (
+from controlplane.kernel.model import Health
+from controlplane.kernel.replica_signals import (
     Histogram,
     RegionSignals,
     ReplicaMetrics,
@@ -23,6 +21,9 @@ from regions.replica_signals import (
     merge_histograms,
     replica_window,
 )
+from controlplane.kernel.vllm_metrics import parse_gauges, parse_metrics
+from regions.agent.probe_vllm import ReplicaProbe
+from regions.agent.region_view import fold_region_view
 
 INF = math.inf
 BOUNDS = (0.1, 0.5, 1.0, INF)

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from tectonic_api.v1 import agent_pb2, controlplane_pb2
 
-from controlplane.api.auth import _bearer
 from controlplane.cli.client import EXIT_BAD_INPUT, EXIT_REFUSED, _exit_code, _message
-from controlplane.config import ConfigError, EtcdConfig, load_topology, parse_topology
-from controlplane.security import (
+from controlplane.kernel.auth import _bearer
+from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology, parse_topology
+from controlplane.kernel.security import (
     METHOD_PERMISSIONS,
     RATE_LIMITED,
     ROLE_PERMISSIONS,

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.clock import FakeClock
-from controlplane.codec import decode, encode
-from controlplane.core.model import (
+from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
     AuditEntry,
     FailoverPlan,
     FailoverProgress,
@@ -21,13 +22,12 @@ from controlplane.core.model import (
     RegionState,
     Routing,
 )
-from controlplane.core.sessions import NoRegionServing, PinAction, SessionPin, resolve
-from controlplane.keys import Keys
+from controlplane.kernel.session_store import InvalidSessionId, SessionStore, _Repin
+from controlplane.kernel.sessions import NoRegionServing, PinAction, SessionPin, resolve
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import Compare, KeyValue, Op, TxnResult
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData
-from controlplane.session_store import InvalidSessionId, SessionStore, _Repin
-from controlplane.store.memory import MemoryStore
-from controlplane.store.port import Compare, KeyValue, Op, TxnResult
 from tests.unit.world import topology
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")

@@ -12,14 +12,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.codec import encode
-from controlplane.config import ConfigError
-from controlplane.core.degradation import DegradationRecord, FeatureFlags
-from controlplane.keys import Keys
-from controlplane.store.memory import MemoryStore
-from regions.agent_pool import AgentPool, parse_pool_config
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import ConfigError
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.memory import MemoryStore
+from regions.agent.warm_pool import AgentPool, parse_pool_config
 from regions.pool.launchers import SimulatorLauncher, VllmSpec, vllm_command
 from regions.pool.manager import WarmPool
+from regions.pool.spec_decode import (
+    NO_SPEC_DECODE,
+    SPEC_DECODE,
+    active_with_spec_decode,
+    progress_line,
+    roll_progress,
+    switch_line,
+    wanted_variant,
+)
 from regions.pool.states import (
     DwellPolicy,
     Plan,
@@ -34,15 +43,6 @@ from regions.pool.states import (
 )
 from regions.simulator.metrics import EngineStats, SpecDecodeStats
 from regions.simulator.server import SimConfig, Simulator, spec_decode_stats
-from regions.spec_decode import (
-    NO_SPEC_DECODE,
-    SPEC_DECODE,
-    active_with_spec_decode,
-    progress_line,
-    roll_progress,
-    switch_line,
-    wanted_variant,
-)
 
 COLD, WARM, ACTIVE, IDLE = (
     ReplicaState.COLD,

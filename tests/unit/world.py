@@ -14,12 +14,18 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from controlplane.codec import decode, encode
-from controlplane.config import Topology, parse_topology
 from controlplane.core.actions import TickResult, Write
 from controlplane.core.decide import decide
 from controlplane.core.intents import IntentOutcome
-from controlplane.core.model import (
+from controlplane.core.steps import (
+    failover_step_write,
+    pending_steps,
+    recovery_pending,
+    recovery_step_write,
+)
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.model import (
     AuditEntry,
     ControlFlags,
     Health,
@@ -31,13 +37,7 @@ from controlplane.core.model import (
     RegionRecord,
     Routing,
 )
-from controlplane.core.snapshot import RegionView, Snapshot
-from controlplane.core.steps import (
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
-)
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
 M = TypeVar("M", bound=BaseModel)
 

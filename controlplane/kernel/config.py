@@ -1,0 +1,316 @@
+"""Topology and timing configuration, validated at load (docs/architecture.md §7.5).
+
+A bad file fails at start with one message per problem, each naming the field
+(``regions[1].zone``) and what to do about it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from pathlib import Path
+from typing import Annotated, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controlplane.kernel.prefixes import FingerprintParams
+from controlplane.kernel.security import SecurityConfig
+
+REGION_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names each bad field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RegionConfig(_Strict):
+    name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
+    zone: Annotated[
+        str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
+    ]
+    agent: Annotated[
+        str, Field(pattern=HOST_PORT, description="host:port of the region agent's gRPC server")
+    ]
+    capacity_rps: Annotated[
+        float,
+        Field(gt=0, description="Safe throughput under SLO, after the factor of safety"),
+    ]
+    failover_to: Annotated[
+        tuple[str, ...],
+        Field(description="Preferred targets; empty means every region of the same zone"),
+    ] = ()
+    replicas: Annotated[
+        tuple[str, ...],
+        Field(
+            description="Base URLs of the region's vLLM servers (or its regional load "
+            "balancer) that gateways forward to"
+        ),
+    ] = ()
+
+    @model_validator(mode="after")
+    def _replica_urls(self) -> Self:
+        bad = [u for u in self.replicas if not re.match(r"^https?://[^/\s]+$", u)]
+        if bad:
+            raise ValueError(f"replicas must be base URLs like http://host:8000, got {bad}")
+        return self
+
+
+class TimingConfig(_Strict):
+    probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    failure_threshold: Annotated[int, Field(ge=1, description="bad evaluations to go down")] = 3
+    success_threshold: Annotated[int, Field(ge=1, description="good evaluations to come up")] = 3
+    report_stale_s: Annotated[float, Field(gt=0)] = 5.0
+    quorum: Annotated[int, Field(ge=1, le=16, description="observers that must agree")] = 2
+    degraded_dwell_s: Annotated[float, Field(ge=0)] = 30.0
+    recovery_dwell_s: Annotated[float, Field(ge=0)] = 30.0
+    failover_cooldown_s: Annotated[float, Field(ge=0)] = 300.0
+    loop_period_s: Annotated[float, Field(gt=0)] = 1.0
+    retry_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    lease_ttl_s: Annotated[int, Field(ge=2, description="leader lease TTL, whole seconds")] = 10
+
+    @model_validator(mode="after")
+    def _invariants(self) -> Self:
+        budget = self.loop_period_s + 2 * self.retry_timeout_s
+        if budget > self.lease_ttl_s:
+            raise ValueError(
+                f"loop_period_s + 2 x retry_timeout_s = {budget:g}s exceeds lease_ttl_s = "
+                f"{self.lease_ttl_s}s: a leader could act after its lease expired; raise "
+                "lease_ttl_s or lower loop_period_s / retry_timeout_s"
+            )
+        if self.report_stale_s < 2 * self.probe_interval_s:
+            raise ValueError(
+                f"report_stale_s ({self.report_stale_s:g}) must be at least 2 x "
+                f"probe_interval_s ({self.probe_interval_s:g}) or every report looks stale"
+            )
+        return self
+
+
+class RecoveryConfig(_Strict):
+    """Graduated recovery (docs/architecture.md §3). With a degradation ladder file, its
+    ``recovery`` section and ``baseline`` set the pace and the guard
+    (``ladder_file.recovery_config``)."""
+
+    step_percent: Annotated[float, Field(gt=0, le=100)] = 10.0
+    step_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    # Traffic guard: during RECOVERED, a breach of any threshold below steps the home
+    # weight back one increment and pauses until the signals are calm for one interval.
+    # None: that signal is not guarded; the first-token guard needs a baseline (without a
+    # ladder file: none, so only the error rate is guarded by default).
+    guard_ttft_p99_over_baseline: Annotated[float | None, Field(gt=1, le=100)] = 1.5
+    guard_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = 0.02
+    guard_auth_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = None
+    guard_headroom_under: Annotated[float | None, Field(gt=0, lt=1)] = None
+    guard_queue_depth_over: Annotated[float | None, Field(gt=0)] = None
+    baseline_ttft_p99_s: Annotated[float | None, Field(gt=0, le=60)] = None
+    baseline_per_region: dict[str, Annotated[float, Field(gt=0, le=60)]] = Field(
+        default_factory=dict
+    )
+    # Before the first step, replay the region's own catalog (prefixes/<r>) on it, within
+    # prewarm.budget_s: this share of its shared prefixes (1.0: as many as the budget and
+    # its KV capacity allow; its replicas are idle then).
+    prewarm: bool = True
+    prewarm_top_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+    @property
+    def steps(self) -> int:
+        return max(1, round(100 / self.step_percent))
+
+    def baseline_for(self, region: str) -> float | None:
+        return self.baseline_per_region.get(region, self.baseline_ttft_p99_s)
+
+
+class PrewarmConfig(_Strict):
+    budget_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+    top_fraction: Annotated[
+        float, Field(gt=0, lt=1, description="share of shared prefixes to replay (top 1 %)")
+    ] = 0.01
+    verify: Annotated[
+        int, Field(ge=0, le=256, description="warmed prefixes re-sent to read vLLM's hits")
+    ] = 8
+
+
+class PrefixesConfig(_Strict):
+    """Prefix counting and the leader's per-region catalog (docs/architecture.md §4). Gateways and
+    the leader read this one section, so their fingerprints and K agree: the leader
+    skips an export counted with other values."""
+
+    block_size: Annotated[
+        int, Field(ge=1, le=4096, description="vLLM's KV block size: 16 on GPU, 128 on CPU")
+    ] = 16
+    chars_per_token: Annotated[
+        float, Field(gt=0.5, le=64, description="the character proxy's ratio (calibrated)")
+    ] = 4.0
+    level_tokens: Annotated[int, Field(ge=1, description="count a prompt every N tokens")] = 256
+    min_sessions: Annotated[
+        int, Field(ge=1, le=64, description="K: distinct sessions before a prefix may leave")
+    ] = 3
+    export_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # etcd refuses requests over 1.5 MiB; leave room for the key and the txn around it.
+    export_max_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 512 * 1024
+    aggregate_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    max_entries: Annotated[int, Field(ge=1, le=4096, description="catalog size per region")] = 256
+    # Which replica of a region serves a prompt is a hash of its first routing_chars
+    # characters; gateways route by it and agents pre-warm by it, so all use this value.
+    routing_chars: Annotated[
+        int, Field(ge=1, le=65536, description="prompt characters that pick the replica")
+    ] = 256
+    max_catalog_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 1024 * 1024
+
+    @model_validator(mode="after")
+    def _levels(self) -> Self:
+        if self.level_tokens % self.block_size:
+            raise ValueError(
+                f"level_tokens ({self.level_tokens}) must be a multiple of block_size "
+                f"({self.block_size}): a prefix is counted at whole blocks"
+            )
+        return self
+
+    @property
+    def params(self) -> FingerprintParams:
+        return FingerprintParams(
+            block_size=self.block_size,
+            chars_per_token=self.chars_per_token,
+            level_tokens=self.level_tokens,
+        )
+
+
+class EtcdConfig(_Strict):
+    endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
+    request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
+    # server_name: the name etcd's certificates carry, when endpoints are addresses.
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    # etcd's own users (etcdctl auth enable); the password is read from a file so that
+    # the topology file, often in git, holds no secret.
+    user: str | None = None
+    password_file: str | None = None
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> Self:
+        bad = [e for e in self.endpoints if not re.match(HOST_PORT, e)]
+        if bad:
+            raise ValueError(f"endpoints must be host:port, got {bad}")
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together (etcd's client certificate)")
+        if self.cert is not None and self.ca is None:
+            raise ValueError("a client certificate needs ca (TLS to etcd)")
+        if (self.user is None) != (self.password_file is None):
+            raise ValueError("user and password_file go together (etcd authentication)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
+
+
+class Topology(_Strict):
+    cluster: Annotated[str, Field(pattern=REGION_NAME)] = "default"
+    etcd: EtcdConfig = EtcdConfig()
+    regions: Annotated[tuple[RegionConfig, ...], Field(min_length=1)]
+    timing: TimingConfig = TimingConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    prewarm: PrewarmConfig = PrewarmConfig()
+    # The degradation ladder file (runbooks/degradation.yaml), relative to the topology
+    # file; None: no ladder, degraded regions keep every feature.
+    degradation_ladder: str | None = None
+    prefixes: PrefixesConfig = PrefixesConfig()
+    # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
+    security: SecurityConfig | None = None
+
+    @model_validator(mode="after")
+    def _references(self) -> Self:
+        names = [r.name for r in self.regions]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"region names must be unique; repeated: {dupes}")
+        for r in self.regions:
+            unknown = [t for t in r.failover_to if t not in names]
+            if unknown:
+                raise ValueError(
+                    f"region {r.name!r}: failover_to names unknown regions {unknown}; "
+                    f"known regions are {names}"
+                )
+            if r.name in r.failover_to:
+                raise ValueError(f"region {r.name!r}: failover_to must not list itself")
+        return self
+
+    def region(self, name: str) -> RegionConfig:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.regions)
+
+
+def describe_errors(err: ValidationError, tags: Collection[str] = ()) -> str:
+    """One line per problem, naming the field as the file spells it (``regions[2].zone``).
+    ``tags``: the tags of discriminated unions, which pydantic adds to the path."""
+    lines = []
+    for e in err.errors():
+        loc = ""
+        for part in e["loc"]:
+            if part in tags:
+                continue
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_topology(data: object, source: str = "<topology>") -> Topology:
+    try:
+        return Topology.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source} is invalid:\n{describe_errors(e)}") from None
+
+
+def read_yaml(path: str | Path, what: str) -> object:
+    """A YAML file's data; ConfigError saying which ``what`` file could not be read or
+    parsed, and why."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {e.start}): is it a {what}?") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p} is not valid YAML: nested too deeply") from None
+    except (ValueError, TypeError, AttributeError, IndexError) as e:
+        # PyYAML's constructors let these out for values it cannot build, e.g. the date
+        # 2026-02-30 or an empty ``!!int``: a mistake in the file all the same.
+        raise ConfigError(
+            f"{p} is not valid YAML: a value cannot be read ({e}); quote it if it is text"
+        ) from None
+
+
+def load_etcd(path: str | Path) -> EtcdConfig | None:
+    """The ``etcd:`` section of a YAML file (a topology file works): endpoints, TLS and
+    users, for processes that reach etcd without the whole topology; None without one."""
+    data = read_yaml(path, "etcd settings file")
+    if not isinstance(data, dict) or data.get("etcd") is None:
+        return None
+    try:
+        return EtcdConfig.model_validate(data["etcd"])
+    except ValidationError as e:
+        raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None
+
+
+def load_topology(path: str | Path) -> Topology:
+    return parse_topology(read_yaml(path, "topology file"), str(path))

@@ -1,0 +1,59 @@
+"""The full picture one reconcile tick decides on: read at once, decided on purely."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from controlplane.kernel.model import (
+    ControlFlags,
+    Frozen,
+    Health,
+    HealthReport,
+    Intent,
+    Readiness,
+    RegionHealth,
+    RegionRecord,
+    RegionState,
+    Routing,
+)
+
+
+class RegionView(Frozen):
+    name: str
+    record: RegionRecord
+    record_rev: int = 0  # mod_revision of regions/<r>/state; 0 = not yet written
+    health: RegionHealth
+    readiness: Readiness | None = None
+    routing: Routing | None = None
+    routing_rev: int = 0
+    degradation: tuple[str, ...] = ()  # ladder steps applied now, in order (degradation/<r>)
+
+    @property
+    def barred(self) -> bool:
+        """A failed last drill bars the region, unless an operator overrode it."""
+        r = self.readiness
+        return r is not None and not r.passed and not r.override_reason
+
+    @property
+    def serving(self) -> bool:
+        """Takes traffic: not failed over and not confirmed down."""
+        return (
+            self.record.state is not RegionState.FAILING_OVER
+            and self.health.verdict is not Health.UNHEALTHY
+        )
+
+    def effective_routing(self) -> Routing:
+        return self.routing or Routing(targets={self.name: 1.0}, epoch=0)
+
+
+class Snapshot(Frozen):
+    now: float
+    revision: int = 0
+    regions: dict[str, RegionView]
+    reports: tuple[HealthReport, ...] = ()
+    intents: tuple[Intent, ...] = ()
+    control: ControlFlags = Field(default_factory=ControlFlags)
+    leader: str = ""
+
+    def routings(self) -> dict[str, Routing]:
+        return {n: v.effective_routing() for n, v in self.regions.items()}

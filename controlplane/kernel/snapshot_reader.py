@@ -1,0 +1,79 @@
+"""Reads the full snapshot a tick decides on from the store (prefix reads, no sessions)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from controlplane.kernel.codec import CorruptValue, decode
+from controlplane.kernel.config import Topology
+from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import (
+    ControlFlags,
+    HealthReport,
+    Intent,
+    Readiness,
+    RegionHealth,
+    RegionRecord,
+    Routing,
+)
+from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.store.port import KeyValue, Store
+
+log = logging.getLogger("tectonic.snapshot")
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float) -> Snapshot:
+    """Everything but sessions and audit. A value that fails to parse is logged and
+    treated as absent, so one bad key cannot stall every region."""
+    regions_kv = {kv.key: kv for kv in (await store.get_prefix(keys.regions_prefix())).kvs}
+    routing_kv = {kv.key: kv for kv in (await store.get_prefix(keys.routing_prefix())).kvs}
+    ladder_kv = {kv.key: kv for kv in (await store.get_prefix(keys.degradation_prefix())).kvs}
+    reports_page = await store.get_prefix(keys.reports_prefix())
+    intents_page = await store.get_prefix(keys.intents_prefix())
+    control_kv = await store.get(keys.control())
+    leader_kv = await store.get(keys.leader())
+
+    views: dict[str, RegionView] = {}
+    for name in topology.names:
+        rec_kv = regions_kv.get(keys.region_state(name))
+        health_kv = regions_kv.get(keys.region_health(name))
+        ready_kv = regions_kv.get(keys.readiness(name))
+        route_kv = routing_kv.get(keys.routing(name))
+        ladder = _parse(DegradationRecord, ladder_kv.get(keys.degradation(name)))
+        record = _parse(RegionRecord, rec_kv) or RegionRecord(region=name, since=now)
+        views[name] = RegionView(
+            name=name,
+            record=record,
+            record_rev=rec_kv.mod_revision if rec_kv else 0,
+            health=_parse(RegionHealth, health_kv) or RegionHealth(region=name, since=now),
+            readiness=_parse(Readiness, ready_kv),
+            routing=_parse(Routing, route_kv),
+            routing_rev=route_kv.mod_revision if route_kv else 0,
+            degradation=ladder.applied if ladder else (),
+        )
+    reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
+    intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))
+    return Snapshot(
+        now=now,
+        revision=reports_page.revision,
+        regions=views,
+        reports=reports,
+        intents=intents,
+        control=_parse(ControlFlags, control_kv) or ControlFlags(),
+        leader=leader_kv.value.decode() if leader_kv else "",
+    )
+
+
+def _parse(cls: type[M], kv: KeyValue | None) -> M | None:
+    if kv is None:
+        return None
+    try:
+        return decode(cls, kv.value, kv.key)
+    except CorruptValue as e:
+        log.error("ignoring corrupt value: %s", e)
+        return None

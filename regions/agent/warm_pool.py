@@ -1,0 +1,429 @@
+"""The region agent's warm pool: its config file, and publishing it to ``pools/<region>``.
+
+``tectonic-agent --pool-config pool.yaml --etcd HOST:PORT --cluster NAME`` (instead of
+``--replica``) makes the agent run a :class:`~regions.pool.manager.WarmPool`: it starts
+the pool before serving, probes the pool's ACTIVE replicas each tick, reconciles the
+pool in a loop of its own (a launch takes minutes and must never hold up probing),
+serves it as the ``ReplicaSet`` that ``RegionAgent.Prewarm`` wakes, and publishes
+:class:`~controlplane.kernel.pool_members.PoolMembers` to ``pools/<region>`` so that
+gateways route only to ACTIVE replicas (a WARM one sleeps and would hang requests).
+
+The file (every field but ``launcher`` is optional; see regions/pool/README.md)::
+
+    launcher: {kind: simulator, model: tiny, block_size: 16}   # | vllm | static
+    # launcher.speculative_config: vLLM's --speculative-config (simulator, vllm); with it
+    # the agent follows degradation/<region>'s speculative_decoding flag by rolling the
+    # pool between replicas with and without it (regions/agent/spec_decode_actuator.py)
+    active: 1            # replicas awake and routed
+    warm: 1              # replicas asleep, ready to wake
+    size: 3              # managed slots (default active + warm); extras stay COLD
+    dwell: {warm_min_s: 300, idle_min_s: 1800, active_min_s: 120}
+    burst: {burst_rps: 100, replica_rps: 30, cold_start_s: 120, activation_s: 8,
+            budget_s: 30}  # only for the sizing report logged at start
+
+Publication is a plain put (no lease: the replicas outlive the agent), at start and
+whenever the ACTIVE set or the WARM count changes, from a background task that retries
+with backoff while etcd is unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import (
+    HOST_PORT,
+    REGION_NAME,
+    ConfigError,
+    EtcdConfig,
+    describe_errors,
+    read_yaml,
+)
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import Store, StoreError
+from regions.agent.spec_decode_actuator import SpecDecodeActuator
+from regions.pool.client import ReplicaError
+from regions.pool.launchers import (
+    Launcher,
+    SimulatorLauncher,
+    StaticEndpoints,
+    VllmLauncher,
+    VllmSpec,
+    check_speculative_config,
+)
+from regions.pool.manager import OnActivation, PoolSnapshot, WarmPool
+from regions.pool.sizing import BurstProfile
+from regions.pool.states import DwellPolicy, PoolConfig
+
+log = logging.getLogger("tectonic.agent.pool")
+_URL = re.compile(r"^https?://[^/\s]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SimulatorLauncherConfig(_Strict):
+    """``python -m regions.simulator`` processes (tests, demo)."""
+
+    kind: Literal["simulator"]
+    model: str = "tiny"
+    block_size: int = Field(16, ge=1)
+    extra_args: tuple[str, ...] = ()
+    ready_timeout_s: float = Field(20.0, gt=0)
+    speculative_config: dict[str, JsonValue] | None = None  # as vLLM's, see VllmSpec
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative(cls, config: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        return check_speculative_config(config)
+
+    def build(self) -> Launcher:
+        return SimulatorLauncher(
+            model=self.model,
+            block_size=self.block_size,
+            extra_args=self.extra_args,
+            ready_timeout_s=self.ready_timeout_s,
+            speculative_config=self.speculative_config,
+        )
+
+
+class VllmLauncherConfig(VllmSpec):
+    """Real vLLM servers: every :class:`VllmSpec` field, plus ``kind``."""
+
+    kind: Literal["vllm"]
+
+    def build(self) -> Launcher:
+        return VllmLauncher(VllmSpec.model_validate(self.model_dump(exclude={"kind"})))
+
+
+class StaticLauncherConfig(_Strict):
+    """Replicas someone else runs: woken, slept and routed, never started or stopped."""
+
+    kind: Literal["static"]
+    urls: tuple[str, ...] = Field((), validate_default=True)  # so that none says why
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        if not urls:
+            raise ValueError(
+                "a static pool needs urls: the base URLs of the replicas "
+                "it wakes and sleeps, e.g. [http://10.0.0.5:8000]"
+            )
+        bad = [u for u in urls if not _URL.match(u.rstrip("/"))]
+        if bad:
+            raise ValueError(f"urls must be base URLs like http://host:8000, got {bad}")
+        if len({u.rstrip("/") for u in urls}) != len(urls):
+            raise ValueError(f"urls must be distinct, got {list(urls)}")
+        return urls
+
+    def build(self) -> Launcher:
+        return StaticEndpoints(self.urls)
+
+
+LauncherConfig = Annotated[
+    SimulatorLauncherConfig | VllmLauncherConfig | StaticLauncherConfig,
+    Field(discriminator="kind"),
+]
+
+
+class AgentPoolConfig(_Strict):
+    """The ``--pool-config`` file. Field order matters: validators read earlier fields."""
+
+    active: int = Field(1, ge=0)
+    warm: int = Field(1, ge=0)
+    size: int | None = Field(None, ge=0)
+    launcher: LauncherConfig
+    dwell: DwellPolicy = DwellPolicy()
+    burst: BurstProfile | None = None  # for the sizing report logged at start
+    reconcile_interval_s: float | None = Field(None, gt=0)  # None: the agent's interval
+    dead_after: int = Field(2, ge=1)  # failed probes in a row before a replica is COLD
+    probe_timeout_s: float = Field(2.0, gt=0)
+    request_timeout_s: float = Field(30.0, gt=0)  # sleep / wake: a GPU wake reloads weights
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, size: int | None, info: ValidationInfo) -> int | None:
+        active, warm = info.data.get("active"), info.data.get("warm")
+        if size is not None and active is not None and warm is not None and size < active + warm:
+            raise ValueError(
+                f"size {size} < active {active} + warm {warm}: the pool cannot hold its own targets"
+            )
+        return size
+
+    @field_validator("launcher")
+    @classmethod
+    def _static_fits(cls, launcher: LauncherConfig, info: ValidationInfo) -> LauncherConfig:
+        if not isinstance(launcher, StaticLauncherConfig):
+            return launcher
+        n, size = len(launcher.urls), info.data.get("size")
+        active, warm = info.data.get("active", 0), info.data.get("warm", 0)
+        if n < active + warm:
+            raise ValueError(f"{n} static url(s) cannot hold active {active} + warm {warm}")
+        if size is not None and size != n:
+            raise ValueError(
+                f"size {size} != {n} static urls: a static pool's size is its "
+                "url count (leave size out)"
+            )
+        return launcher
+
+    @field_validator("launcher")
+    @classmethod
+    def _slot_to_roll(cls, launcher: LauncherConfig, info: ValidationInfo) -> LauncherConfig:
+        """Switching speculative decoding replaces replicas one at a time, each
+        replacement up and ACTIVE before an old one leaves: that needs a slot beyond
+        the ACTIVE target."""
+        if isinstance(launcher, StaticLauncherConfig) or not launcher.speculative_config:
+            return launcher
+        active, warm, size = (info.data.get(k) for k in ("active", "warm", "size"))
+        if active is None or warm is None:
+            return launcher  # reported on its own field
+        slots = active + warm if size is None else size
+        if slots < active + 1:
+            raise ValueError(
+                f"with speculative_config the pool needs a slot beyond its {active} ACTIVE "
+                f"to roll replicas between the variants (has {slots}): give warm >= 1 or "
+                f"size >= {active + 1}"
+            )
+        return launcher
+
+    def pool_config(self) -> PoolConfig:
+        return PoolConfig(active=self.active, warm=self.warm, size=self.size, dwell=self.dwell)
+
+
+def parse_pool_config(data: object, source: str = "<pool config>") -> AgentPoolConfig:
+    try:
+        return AgentPoolConfig.model_validate(data)
+    except ValidationError as e:
+        launchers = ("simulator", "vllm", "static")  # the union's tags (launcher.static.urls)
+        raise ConfigError(f"{source} is invalid:\n{describe_errors(e, launchers)}") from None
+
+
+def load_pool_config(path: str | Path) -> AgentPoolConfig:
+    return parse_pool_config(read_yaml(path, "pool config"), str(path))
+
+
+def check_replica_source(
+    replicas: Sequence[str], pool: AgentPoolConfig | None, etcd: Sequence[str], cluster: str | None
+) -> None:
+    """The agent's replicas come from exactly one place; a pool must be publishable."""
+    if replicas and pool is not None:
+        raise ValueError(
+            "give either static replicas (--replica) or a pool (--pool-config), not both"
+        )
+    if not replicas and pool is None:
+        raise ValueError("no replicas: give --replica URL (repeatable) or --pool-config FILE")
+    if pool is None:
+        if etcd or cluster:
+            raise ValueError(
+                "--etcd/--cluster only serve to publish a pool: give "
+                "--pool-config, or leave them out"
+            )
+        return
+    if not etcd or not cluster:
+        raise ValueError(
+            "a pool needs --etcd and --cluster: gateways learn its ACTIVE "
+            "replicas from pools/<region> in etcd, and route to sleeping "
+            "replicas without it"
+        )
+    if bad := [e for e in etcd if not re.match(HOST_PORT, e)]:
+        raise ValueError(f"etcd endpoints must be host:port, got {bad}")
+    if not re.match(REGION_NAME, cluster):
+        raise ValueError(f"cluster {cluster!r} is not a valid name (the topology's cluster)")
+
+
+class AgentPool:
+    """One agent's warm pool and its publication. ``start`` before serving, ``run`` as a
+    supervised task, ``stop`` last."""
+
+    def __init__(
+        self,
+        region: str,
+        config: AgentPoolConfig,
+        *,
+        etcd: Sequence[str],
+        cluster: str,
+        interval_s: float,
+        store: Store | None = None,
+        etcd_timeout_s: float = 2.0,
+        etcd_settings: EtcdConfig | None = None,
+        retry_s: float = 0.2,
+        max_retry_s: float = 5.0,
+        wall_clock: Callable[[], float] = time.time,
+        on_activation: OnActivation | None = None,  # the agent's metrics
+    ) -> None:
+        self.region, self.config = region, config
+        self.launcher = config.launcher.build()
+        self.pool = WarmPool(
+            self.launcher,
+            config.pool_config(),
+            burst=config.burst,
+            on_change=self._changed,
+            on_activation=on_activation,
+            dead_after=config.dead_after,
+            probe_timeout_s=config.probe_timeout_s,
+            request_timeout_s=config.request_timeout_s,
+        )
+        # TLS / users from etcd_settings; the endpoints are the agent's --etcd
+        settings = (etcd_settings or EtcdConfig()).model_copy(
+            update={"endpoints": tuple(etcd), "request_timeout_s": etcd_timeout_s}
+        )
+        self.store: Store = store or EtcdStore(settings)
+        self._own_store = store is None
+        keys = Keys(cluster)
+        self.key = keys.pool(region)
+        self.agent_id = f"agent:{region}"
+        self.published: PoolMembers | None = None  # the last value etcd took
+        self.interval_s = config.reconcile_interval_s or interval_s
+        self._retry = (retry_s, max_retry_s)
+        self._wall_clock = wall_clock
+        self._dirty = asyncio.Event()  # something to publish; the publisher waits on it
+        self._kick = asyncio.Event()  # reconcile now (a new variant to roll to)
+        # Degradation step 1 acts here, with a launcher that has a speculative_config.
+        self.spec_decode: SpecDecodeActuator | None = None
+        if self.launcher.variants:
+            self.spec_decode = SpecDecodeActuator(
+                region, self.pool, self.store, keys, interval_s=self.interval_s,
+                on_switch=self._kick.set, retry_s=retry_s,
+            )  # fmt: skip
+
+    # -- what the agent calls ----------------------------------------------------------
+    async def start(self, agent_id: str) -> None:
+        """Launch / adopt the replicas and wake ``active`` of them (before serving)."""
+        self.agent_id = agent_id
+        size = self.pool.snapshot().size
+        if size is not None and not size.too_small and size.feasible:
+            log.info("warm pool of %s sized for its burst: %s", self.region, size.reason)
+        # (a pool too small for its burst is logged as a warning by WarmPool.start)
+        if self.spec_decode is not None:  # launch what the ladder wants, not roll to it
+            await self.spec_decode.prime()
+        await self.pool.start()
+        self._dirty.set()  # publish at start, whether or not the ACTIVE set changed
+        snap = self.pool.snapshot()
+        log.info(
+            "warm pool of %s started: ACTIVE %s, %d WARM%s; publishing to %s",
+            self.region,
+            ", ".join(self.pool.active()) or "(none)",
+            self.pool.warm_count(),
+            "".join(f"; {n}" for n in snap.notes),
+            self.key,
+        )
+
+    def active(self) -> list[str]:
+        return self.pool.active()
+
+    def signals(self) -> dict[str, float]:
+        """``replicas_warm``: activatable without a launch; ``pool_shortfall``: ACTIVE
+        replicas the pool wants and cannot reach yet."""
+        signals = {
+            "replicas_warm": float(self.pool.warm_count()),
+            "pool_shortfall": float(self.pool.snapshot().shortfall),
+        }
+        if self.spec_decode is not None:
+            signals |= self.spec_decode.signals()
+        return signals
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._reconcile_loop(), name=f"pool:{self.region}")
+            tg.create_task(self._publish_loop(), name=f"pool-publish:{self.region}")
+            if self.spec_decode is not None:
+                tg.create_task(self.spec_decode.run(), name=f"spec-decode:{self.region}")
+
+    async def stop(self, publish_timeout_s: float = 2.0) -> None:
+        """Stop the pool; managed replicas are gone after it, so publish that (bounded:
+        a dead etcd must not hold up shutdown). Static ones keep their entry."""
+        await self.pool.stop()
+        if self.launcher.managed and self.published is not None:
+            try:
+                async with asyncio.timeout(publish_timeout_s):
+                    await self._publish()
+            except (StoreError, TimeoutError) as e:
+                log.warning("could not publish the stopped pool to %s: %s", self.key, e)
+        if self._own_store:
+            await self.store.close()
+
+    # -- loops -------------------------------------------------------------------------
+    def _changed(self, snapshot: PoolSnapshot) -> None:
+        self._dirty.set()  # called inside the pool: only flag it, the publisher writes
+
+    def members(self) -> PoolMembers:
+        return PoolMembers(
+            region=self.region,
+            active=tuple(self.pool.active()),
+            warm=self.pool.warm_count(),
+            at=self._wall_clock(),
+            agent=self.agent_id,
+        )
+
+    async def _publish(self) -> None:
+        members = self.members()  # the pool as it is now, not as it was when flagged
+        await self.store.put(self.key, encode(members))
+        if self.published is None or self.published.active != members.active:
+            log.info(
+                "published %s: ACTIVE %s, %d WARM",
+                self.key,
+                ", ".join(members.active) or "(none)",
+                members.warm,
+            )
+        self.published = members
+
+    async def _publish_loop(self) -> None:
+        first, most = self._retry
+        delay, failing = first, False
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self._publish()
+            except StoreError as e:  # temporary or not, the next try may work: keep going
+                if not failing:
+                    log.warning(
+                        "cannot publish %s (%s); retrying in the background, "
+                        "gateways keep the last published members",
+                        self.key,
+                        e,
+                    )
+                failing = True
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, most)
+                continue
+            if failing:
+                log.info("publishing %s works again", self.key)
+            delay, failing = first, False
+
+    async def _reconcile_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            self._kick.clear()  # a kick during this reconcile calls for the next one now
+            try:
+                await self.pool.reconcile()
+            except ReplicaError as e:  # the pool is being stopped under us
+                log.warning("warm pool reconcile of %s failed: %s", self.region, e)
+            if self.published is not None and self.pool.warm_count() != self.published.warm:
+                self._dirty.set()  # launches and stops change WARM without an ACTIVE change
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, started + self.interval_s - loop.time())):
+                    await self._kick.wait()
