@@ -44,9 +44,15 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import running_lab
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import EtcdConfig
-from controlplane.kernel.model import AuditEntry, FailoverStep, RegionRecord, RegionState
+from controlplane.kernel.model import (
+    AuditAction,
+    AuditEntry,
+    FailoverStep,
+    RegionRecord,
+    RegionState,
+)
 from controlplane.kernel.store.etcd import EtcdStore
-from controlplane.kernel.store.port import EventType
+from controlplane.kernel.store.port import EventType, KeyValue
 
 HOLD_S = 2.0  # the pre-warm step's minimum length, so that "during" can be hit
 
@@ -72,6 +78,14 @@ def _record(s: Seen) -> RegionRecord | None:
         return None
     try:
         return decode(RegionRecord, s.value, s.key)
+    except CorruptValue:
+        return None
+
+
+def _entry(kv: KeyValue) -> AuditEntry | None:
+    """An audit entry, or None for one that does not decode (another version's action)."""
+    try:
+        return decode(AuditEntry, kv.value, kv.key)
     except CorruptValue:
         return None
 
@@ -153,21 +167,29 @@ class LeaderBench:
     async def repeated(self, region: str, since_at: float) -> int:
         """Completed steps done twice for ``region`` since ``since_at`` (Unix time)."""
         page = await self.store.get_prefix(self.keys.audit_prefix())
-        entries = [decode(AuditEntry, kv.value, kv.key) for kv in page.kvs]
+        entries = [e for kv in page.kvs if (e := _entry(kv)) is not None]
         mine = [e for e in entries if e.region == region and e.at >= since_at]
         twice = 0
-        for action in ("routing_switch", "prewarm"):
-            twice += max(0, sum(1 for e in mine if e.action == action) - 1)
-        steps = [e.reason.split(":")[0] for e in mine if e.action == "recovery_step"]
+        for action in (AuditAction.ROUTING_SWITCH, AuditAction.PREWARM):
+            twice += max(0, sum(1 for e in mine if e.action is action) - 1)
+        steps = [e.recovery_step for e in mine if e.action is AuditAction.RECOVERY_STEP]
         twice += len(steps) - len(set(steps))
         return twice
 
     async def manual_round(self, phase: str, region: str) -> Round:
         await self.wait(self.steady, 90, "every region NORMAL and HEALTHY under a leader")
         since, started_at = self.watcher.mark(), time.time()
-        await self.call(lambda s: s.RequestFailover(pb.FailoverRequest(
-            region=region, reason=f"bench leader: {phase}", actor="bench", force=True,
-        ), timeout=5))  # fmt: skip
+        await self.call(
+            lambda s: s.RequestFailover(
+                pb.FailoverRequest(
+                    region=region,
+                    reason=f"bench leader: {phase}",
+                    actor="bench",
+                    force=True,
+                ),
+                timeout=5,
+            )
+        )
 
         def recorded(s: Seen) -> bool:
             rec = _record(s) if s.key == self.keys.region_state(region) else None
@@ -178,9 +200,10 @@ class LeaderBench:
             await asyncio.sleep(1.0)
         killed, new, resume, t0 = await self.kill_leader(since)
         step = await self.next_step(
-            region, lambda r: r.failover is not None and FailoverStep.PREWARM in r.failover.done,
+            region,
+            lambda r: r.failover is not None and FailoverStep.PREWARM in r.failover.done,
             t0,
-        )  # fmt: skip
+        )
         await self.wait(self._switched(region), 30, f"{region} switched")
         await asyncio.to_thread(self.dep.start_controlplanes)
         repeated = await self.repeated(region, started_at)
@@ -191,10 +214,14 @@ class LeaderBench:
     def _switched(self, region: str) -> Callable[[], object]:
         async def done() -> bool:
             rec = await self.record(region)
-            return rec is not None and rec.failover is not None and (
-                FailoverStep.SWITCH in rec.failover.done
-                and FailoverStep.PREWARM in rec.failover.done
-            )  # fmt: skip
+            return (
+                rec is not None
+                and rec.failover is not None
+                and (
+                    FailoverStep.SWITCH in rec.failover.done
+                    and FailoverStep.PREWARM in rec.failover.done
+                )
+            )
 
         return done
 
@@ -206,20 +233,32 @@ class LeaderBench:
 
         def switched(s: Seen) -> bool:
             rec = _record(s) if s.key == self.keys.region_state(region) else None
-            return rec is not None and rec.failover is not None and (
-                FailoverStep.SWITCH in rec.failover.done
-                and FailoverStep.PREWARM not in rec.failover.done
-            )  # fmt: skip
+            return (
+                rec is not None
+                and rec.failover is not None
+                and (
+                    FailoverStep.SWITCH in rec.failover.done
+                    and FailoverStep.PREWARM not in rec.failover.done
+                )
+            )
 
         await self.watcher.first(switched, since, 40, f"{region} switched (pre-warm pending)")
         killed, new, resume, t0 = await self.kill_leader(since)
         step = await self.next_step(
-            region, lambda r: r.failover is not None and FailoverStep.PREWARM in r.failover.done,
+            region,
+            lambda r: r.failover is not None and FailoverStep.PREWARM in r.failover.done,
             t0,
-        )  # fmt: skip
+        )
         await asyncio.to_thread(self.dep.start_controlplanes)
-        first = Round("after_switch", region, killed, new, resume, step,
-                      await self.repeated(region, started_at))  # fmt: skip
+        first = Round(
+            "after_switch",
+            region,
+            killed,
+            new,
+            resume,
+            step,
+            await self.repeated(region, started_at),
+        )
 
         since = self.watcher.mark()
         await asyncio.to_thread(self.dep.start_servers, region)
@@ -242,8 +281,15 @@ class LeaderBench:
         )
         await asyncio.to_thread(self.dep.start_controlplanes)
         await self.wait(self.steady, 90, f"{region} NORMAL again")
-        second = Round("during_recovery", region, killed, new, resume, step,
-                       await self.repeated(region, started_at))  # fmt: skip
+        second = Round(
+            "during_recovery",
+            region,
+            killed,
+            new,
+            resume,
+            step,
+            await self.repeated(region, started_at),
+        )
         return [first, second]
 
 

@@ -142,11 +142,16 @@ async def build_payloads(http: aiohttp.ClientSession, url: str, o: Options) -> l
         blocks = max(1, count // o.block_size)
         out.append(
             ReplayPayload(
-                key=f"bench-{i:05d}", kind=PromptKind.TEXT, model=MODEL, prompt=text,
-                blocks=blocks, block_size=o.block_size, tokens=blocks * o.block_size,
+                key=f"bench-{i:05d}",
+                kind=PromptKind.TEXT,
+                model=MODEL,
+                prompt=text,
+                blocks=blocks,
+                block_size=o.block_size,
+                tokens=blocks * o.block_size,
                 tokens_exact=True,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -157,9 +162,11 @@ def planned(payloads: Sequence[ReplayPayload], o: Options, budget_s: float) -> i
         Candidate(key=p.key, count=n - i, sessions=3, payload=p) for i, p in enumerate(payloads)
     ]
     limits = PrewarmLimits(
-        budget_s=budget_s, prefill_tokens_per_s=o.capacity,
-        kv_capacity_blocks=o.replicas * o.kv_blocks, block_size=o.block_size,
-    )  # fmt: skip
+        budget_s=budget_s,
+        prefill_tokens_per_s=o.capacity,
+        kv_capacity_blocks=o.replicas * o.kv_blocks,
+        block_size=o.block_size,
+    )
     residency = Residency(min_sessions=1, source_zone="z", target_zone="z")
     return len(select_prewarm(cands, n, limits, residency).replay)
 
@@ -215,9 +222,14 @@ def _trace(sends: list[float]) -> aiohttp.TraceConfig:
 
 
 async def warm_run(
-    urls: Sequence[str], payloads: Sequence[ReplayPayload], o: Options, *,
-    per_replica: int, budget_s: float, say: Reporter,
-) -> dict[str, object]:  # fmt: skip
+    urls: Sequence[str],
+    payloads: Sequence[ReplayPayload],
+    o: Options,
+    *,
+    per_replica: int,
+    budget_s: float,
+    say: Reporter,
+) -> dict[str, object]:
     """One pre-warm from cold caches; its figures."""
     sends: list[float] = []
     async with aiohttp.ClientSession(trace_configs=[_trace(sends)]) as http:
@@ -271,9 +283,12 @@ async def warm_run(
 async def first_request(http: aiohttp.ClientSession, url: str, prompt: str) -> tuple[float, int]:
     """Time to the first content chunk of a streaming completion; its prompt tokens."""
     body = {
-        "model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True,
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 2,
+        "stream": True,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
     got = await streamed_completion(http, url, body)
     return got.ttft_s, got.prompt_tokens
 
@@ -365,10 +380,14 @@ def _num(x: object) -> float | None:
 
 
 def headline(
-    o: Options, payloads: Sequence[ReplayPayload], cut_plan: int,
-    cuts: Sequence[dict[str, object]], runs: dict[int, dict[str, object]],
-    warm: dict[str, float | int | None], cold: dict[str, float | int | None],
-) -> dict[str, object]:  # fmt: skip
+    o: Options,
+    payloads: Sequence[ReplayPayload],
+    cut_plan: int,
+    cuts: Sequence[dict[str, object]],
+    runs: dict[int, dict[str, object]],
+    warm: dict[str, float | int | None],
+    cold: dict[str, float | int | None],
+) -> dict[str, object]:
     k = AGENT_PER_REPLICA if AGENT_PER_REPLICA in runs else o.per_replica[0]
     main_run = runs[k]
     w50, c50 = warm["ttft_p50_s"], cold["ttft_p50_s"]
@@ -439,10 +458,17 @@ def run_bench(o: Options, say: Reporter) -> dict[str, object]:
         f"max {o.engine_seqs} running each)"
     )
     extra = [
-        "--prefill-tokens-per-s", str(o.prefill_rate), "--max-num-seqs", str(o.engine_seqs),
-        "--num-gpu-blocks-override", str(o.kv_blocks),
-        "--max-model-len", str(max(4096, 2 * o.prefix_tokens + 256)), "--log-level", "WARNING",
-    ]  # fmt: skip
+        "--prefill-tokens-per-s",
+        str(o.prefill_rate),
+        "--max-num-seqs",
+        str(o.engine_seqs),
+        "--num-gpu-blocks-override",
+        str(o.kv_blocks),
+        "--max-model-len",
+        str(max(4096, 2 * o.prefix_tokens + 256)),
+        "--log-level",
+        "WARNING",
+    ]
     procs: list[Proc] = []
     try:
         procs = start_simulators(o.replicas, block_size=o.block_size, extra_args=extra, timeout=60)
@@ -483,18 +509,30 @@ _ARGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--prefix-tokens", at_least(32, "count"), "about how many tokens each prefix has"),
     ("--block-size", _COUNT, "the replicas' KV block size, 16 like GPU vLLM"),
     ("--prefill-rate", _seconds, "prefill tokens/s of one running sequence"),
-    ("--engine-seqs", _COUNT, "the simulators' --max-num-seqs: sequences prefilled at once, "
-     "each at --prefill-rate; 1 makes a replica compute-bound at that rate"),
+    (
+        "--engine-seqs",
+        _COUNT,
+        "the simulators' --max-num-seqs: sequences prefilled at once, "
+        "each at --prefill-rate; 1 makes a replica compute-bound at that rate",
+    ),
     ("--kv-blocks", _COUNT, "KV blocks per replica, enough for every prefix"),
-    ("--per-replica", _counts, "replays in flight per replica, one run each; the headline "
-     f"is the agent's default ({AGENT_PER_REPLICA}) if listed, else the first"),
+    (
+        "--per-replica",
+        _counts,
+        "replays in flight per replica, one run each; the headline "
+        f"is the agent's default ({AGENT_PER_REPLICA}) if listed, else the first",
+    ),
     ("--budget", _seconds, "pre-warm budget of the sweep's runs, seconds"),
-    ("--rounds", _COUNT, "rounds of (a budget cut, then one run per --per-replica value, "
-     "in alternating order); the sweep reports each setting's median run"),
+    (
+        "--rounds",
+        _COUNT,
+        "rounds of (a budget cut, then one run per --per-replica value, "
+        "in alternating order); the sweep reports each setting's median run",
+    ),
     ("--short-budget", _seconds, "budget of the budget-cut runs, seconds"),
     ("--sample", _COUNT, "prefixes whose first user request is timed, warm and cold"),
     ("--seed", int, "seed of the prefixes' text"),
-)  # fmt: skip
+)
 
 
 def _shown(value: object) -> str:
@@ -510,8 +548,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, kind, text in _ARGS:
         default = getattr(d, flag[2:].replace("-", "_"))
         metavar = "N[,N...]" if kind is _counts else None
-        p.add_argument(flag, type=kind, default=default, metavar=metavar,
-                       help=f"{text} (default {_shown(default)})")  # fmt: skip
+        p.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            metavar=metavar,
+            help=f"{text} (default {_shown(default)})",
+        )
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
 

@@ -72,11 +72,20 @@ class Deployed:
 def deployment(o: Options, tmp: Path) -> Iterator[Deployed]:
     """etcd, the simulators, a gateway and home's region agent."""
     sim_args = [
-        "--prefill-tokens-per-s", str(o.prefill_rate), "--decode-tokens-per-s",
-        str(o.decode_rate), "--max-num-seqs", str(o.engine_seqs),
-        "--num-gpu-blocks-override", str(o.kv_blocks), "--enable-prompt-tokens-details",
-        "--max-model-len", str(max(4096, o.prompt_tokens + 512)), "--log-level", "WARNING",
-    ]  # fmt: skip
+        "--prefill-tokens-per-s",
+        str(o.prefill_rate),
+        "--decode-tokens-per-s",
+        str(o.decode_rate),
+        "--max-num-seqs",
+        str(o.engine_seqs),
+        "--num-gpu-blocks-override",
+        str(o.kv_blocks),
+        "--enable-prompt-tokens-details",
+        "--max-model-len",
+        str(max(4096, o.prompt_tokens + 512)),
+        "--log-level",
+        "WARNING",
+    ]
     procs: list[Proc] = []
     with EtcdServer() as etcd:
         try:
@@ -88,32 +97,66 @@ def deployment(o: Options, tmp: Path) -> Iterator[Deployed]:
             # Home's agent: probes home's replicas and replays the recovery pre-warm. It
             # reports to no control plane (the bench is the leader).
             agent = spawn(
-                ["-m", "regions.agent", "--region", HOME, "--listen", agent_at,
-                 "--control-plane", "127.0.0.1:9", "--interval", "1", "--timeout", "0.5",
-                 "--prefill-tokens-per-s", str(o.prefill_rate), "--log-level", "ERROR",
-                 *(a for u in home for a in ("--replica", u))],
-                "bench-recovery-agent", stdout_pipe=True,
-            )  # fmt: skip
+                [
+                    "-m",
+                    "regions.agent",
+                    "--region",
+                    HOME,
+                    "--listen",
+                    agent_at,
+                    "--control-plane",
+                    "127.0.0.1:9",
+                    "--interval",
+                    "1",
+                    "--timeout",
+                    "0.5",
+                    "--prefill-tokens-per-s",
+                    str(o.prefill_rate),
+                    "--log-level",
+                    "ERROR",
+                    *(a for u in home for a in ("--replica", u)),
+                ],
+                "bench-recovery-agent",
+                stdout_pipe=True,
+            )
             procs.append(agent)
             regions = [
-                {"name": name, "zone": "z", "agent": agent_at, "capacity_rps": 1000,
-                 "replicas": urls}
+                {
+                    "name": name,
+                    "zone": "z",
+                    "agent": agent_at,
+                    "capacity_rps": 1000,
+                    "replicas": urls,
+                }
                 for name, urls in ((HOME, home), (TARGET, target))
-            ]  # fmt: skip
+            ]
             topo: dict[str, object] = {
-                "cluster": CLUSTER, "etcd": {"endpoints": [etcd.endpoint]}, "regions": regions,
+                "cluster": CLUSTER,
+                "etcd": {"endpoints": [etcd.endpoint]},
+                "regions": regions,
                 # the gateway's prefix counts reach etcd every 2 s (10 s in production)
                 "prefixes": {"export_interval_s": 2},
-            }  # fmt: skip
+            }
             path = write_topology(tmp / "topology.yaml", topo)
             read_ready(agent, time.monotonic() + 30)
             asyncio.run(_initial_routing(etcd.endpoint))
             gw = spawn(
-                ["-m", "regions.gateway", "--topology", str(path), "--region", HOME,
-                 "--listen", "127.0.0.1:0", "--log-level", "WARNING",
-                 *(() if o.warm_first else ("--no-warm-first",))],
-                "bench-recovery-gateway", stdout_pipe=True,
-            )  # fmt: skip
+                [
+                    "-m",
+                    "regions.gateway",
+                    "--topology",
+                    str(path),
+                    "--region",
+                    HOME,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--log-level",
+                    "WARNING",
+                    *(() if o.warm_first else ("--no-warm-first",)),
+                ],
+                "bench-recovery-gateway",
+                stdout_pipe=True,
+            )
             procs.append(gw)
             gw.url = read_ready(gw, time.monotonic() + 30)
             yield Deployed(parse_topology(topo), gw.url, home, target)
@@ -187,9 +230,15 @@ async def recovery(router: Router, o: Options, graduated: bool) -> tuple[float, 
 
 
 _PREWARM_FIGURES = frozenset(
-    {"prefixes_total", "prefixes_warmed", "prefixes_failed", "attained_fraction",
-     "verified_hit_rate", "targets_unreachable"}
-)  # fmt: skip
+    {
+        "prefixes_total",
+        "prefixes_warmed",
+        "prefixes_failed",
+        "attained_fraction",
+        "verified_hit_rate",
+        "targets_unreachable",
+    }
+)
 
 
 @dataclass
@@ -206,11 +255,17 @@ class HomeWarmer:
 
     def __post_init__(self) -> None:
         keys, clock, t = Keys(CLUSTER), SystemClock(), self.topology
-        self.aggregator = PrefixAggregator(self.store, keys, t.prefixes, clock, lambda: [],
-                                           regions=t.names)  # fmt: skip
-        self.prewarmer = AgentPrewarmer(t, self.store, keys, clock,
-                                        min_sessions=t.prefixes.min_sessions,
-                                        verify=t.prewarm.verify)  # fmt: skip
+        self.aggregator = PrefixAggregator(
+            self.store, keys, t.prefixes, clock, lambda: [], regions=t.names
+        )
+        self.prewarmer = AgentPrewarmer(
+            t,
+            self.store,
+            keys,
+            clock,
+            min_sessions=t.prefixes.min_sessions,
+            verify=t.prewarm.verify,
+        )
 
     async def merge(self) -> None:
         await self.aggregator.run_once()
@@ -232,7 +287,7 @@ class HomeWarmer:
             "catalog_entries": len(entries),
             "catalog_payloads": len(prompts),
             "tenants": len(tenants),
-            **{k: round(v, 3) for k, v in sorted(figs.items()) if k in _PREWARM_FIGURES},
+            **{k: round(v, 3) for k, v in sorted(figs.flat().items()) if k in _PREWARM_FIGURES},
         }
         return out, tenants
 
@@ -298,8 +353,9 @@ async def measure(d: Deployed, o: Options, say: Reporter) -> dict[str, object]:
                         t0 = time.monotonic()
                         await touch(http, home, prompts, o)
                         pre: dict[str, object] = {
-                            "seconds": round(time.monotonic() - t0, 2), "tenants": len(prompts),
-                        }  # fmt: skip
+                            "seconds": round(time.monotonic() - t0, 2),
+                            "tenants": len(prompts),
+                        }
                         warmed = (pre, frozenset(range(len(prompts))))
                     say.progress(f"  recovery {name}, {o.window_s:g} s window")
                     span[name] = await recovery(router, o, name != "all_at_once")
@@ -395,12 +451,15 @@ _ARGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--decode-rate", _positive, "decode tokens/s of one running sequence"),
     ("--kv-blocks", _COUNT, "KV blocks per replica"),
     ("--step-percent", _percent, "graduated recovery: weight moved home per step"),
-    ("--step-interval", _positive, "graduated recovery: seconds between steps (default: "
-     "the control plane's, 10)"),
+    (
+        "--step-interval",
+        _positive,
+        "graduated recovery: seconds between steps (default: the control plane's, 10)",
+    ),
     ("--steady-s", _positive, "length of the steady-state window, seconds"),
     ("--failover-s", _positive, "seconds at the target after home is reset"),
     ("--seed", int, "seed of the prompts and the arrivals"),
-)  # fmt: skip
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

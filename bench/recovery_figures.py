@@ -88,9 +88,13 @@ def _each(rounds: Sequence[dict[str, object]], phase: str, name: str) -> list[ob
 def headline(
     o: Options, rounds: Sequence[dict[str, object]], requests: int, errors: int
 ) -> dict[str, object]:
-    names = ("p99_ratio_recovery", "p99_ratio_all_at_once", "p99_warm_ratio_recovery",
-             "p99_warm_ratio_all_at_once",
-             *(("p99_ratio_recovery_cold",) if o.cold_arm else ()))  # fmt: skip
+    names = (
+        "p99_ratio_recovery",
+        "p99_ratio_all_at_once",
+        "p99_warm_ratio_recovery",
+        "p99_warm_ratio_all_at_once",
+        *(("p99_ratio_recovery_cold",) if o.cold_arm else ()),
+    )
     med = {n: _median(rounds, n) for n in names}
     pre = [r["prewarm"] for r in rounds]
     return {

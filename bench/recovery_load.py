@@ -83,9 +83,12 @@ def system_prompt(i: int, words: int, seed: int) -> str:
 
 def body_for(prompt: str, o: Options) -> dict[str, object]:
     return {
-        "model": MODEL, "prompt": prompt, "max_tokens": o.max_tokens, "stream": True,
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": o.max_tokens,
+        "stream": True,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
 
 
 async def completion(

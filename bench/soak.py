@@ -61,19 +61,25 @@ class Tally:
     lost_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
-async def one(http: aiohttp.ClientSession, url: str, sid: str, system: str, n: int,
-              tally: Tally) -> None:  # fmt: skip
+async def one(
+    http: aiohttp.ClientSession, url: str, sid: str, system: str, n: int, tally: Tally
+) -> None:
     """One streamed chat turn; counted as ok, lost (nothing reached us) or cut."""
     body = {
-        "model": MODEL, "stream": True, "max_tokens": 8,
-        "messages": [{"role": "system", "content": system},
-                     {"role": "user", "content": f"turn {n} of {sid}"}],
-    }  # fmt: skip
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"turn {n} of {sid}"},
+        ],
+    }
     tally.requests += 1
     got_bytes = False
     try:
-        async with http.post(url + "/v1/chat/completions", json=body,
-                             headers={SESSION_HEADER: sid}) as r:  # fmt: skip
+        async with http.post(
+            url + "/v1/chat/completions", json=body, headers={SESSION_HEADER: sid}
+        ) as r:
             region = r.headers.get(REGION_HEADER, "")
             if r.status != 200:
                 tally.lost += 1
@@ -99,9 +105,16 @@ async def one(http: aiohttp.ClientSession, url: str, sid: str, system: str, n: i
     tally.logs[sid].append((time.monotonic(), region))
 
 
-async def session_loop(http: aiohttp.ClientSession, url: str, sid: str, system: str,
-                       interval_s: float, until: float, tally: Tally,
-                       rng: random.Random) -> None:  # fmt: skip
+async def session_loop(
+    http: aiohttp.ClientSession,
+    url: str,
+    sid: str,
+    system: str,
+    interval_s: float,
+    until: float,
+    tally: Tally,
+    rng: random.Random,
+) -> None:
     await asyncio.sleep(rng.uniform(0, interval_s))
     n = 0
     while time.monotonic() < until:
@@ -162,8 +175,10 @@ async def drive(dep: LocalDeployment, args: argparse.Namespace, out: Reporter) -
         out.progress(f"t+{time.monotonic() - start:.0f}s: {VICTIM}'s servers are back")
         while time.monotonic() < until:
             await asyncio.sleep(min(10.0, until - time.monotonic()))
-            out.progress(f"t+{time.monotonic() - start:.0f}s: {tally.requests} requests, "
-                         f"{tally.lost} lost, {tally.cut} cut")  # fmt: skip
+            out.progress(
+                f"t+{time.monotonic() - start:.0f}s: {tally.requests} requests, "
+                f"{tally.lost} lost, {tally.cut} cut"
+            )
         await asyncio.gather(*tasks)
         rss1 = {r: rss_kib(p) for r, p in gw_pids.items()}
         cp1 = {r: rss_kib(p) for r, p in cp_pids.items() if dep.cps[r] is not None}
@@ -176,8 +191,7 @@ async def drive(dep: LocalDeployment, args: argparse.Namespace, out: Reporter) -
     violations = consistency_violations(logs, {VICTIM}) + int(gw_violations)
     growth = max(rss1[r] / rss0[r] for r in rss0)
     cp_growth = max((cp1[r] / cp0[r] for r in cp1 if r in cp0), default=1.0)
-    figures = {"lost": tally.lost, "consistency_violations": violations,
-               "rss_growth_ratio": growth}  # fmt: skip
+    figures = {"lost": tally.lost, "consistency_violations": violations, "rss_growth_ratio": growth}
     return {
         "bench": "soak",
         "minutes": args.minutes,

@@ -110,9 +110,7 @@ async def _run(
         await store.close()
 
 
-def main(
-    argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | None = None
-) -> int:
+def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | None = None) -> int:
     """``prewarmer``: a seam for the test lab (chaos/lab/controlplane.py), which makes
     the pre-warmer a replica runs; None: the real one."""
     args = _parser().parse_args(argv)

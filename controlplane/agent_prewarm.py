@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 from tectonic_api.v1 import agent_pb2 as apb
@@ -43,7 +43,7 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan, PrewarmFigures
 from controlplane.kernel.prefix_catalog import PrefixCatalog, catalog_selection
 from controlplane.kernel.prefixes import PrewarmLimits, Residency, SkipReason
 from controlplane.kernel.store.port import Store
@@ -73,35 +73,42 @@ class AgentPrewarmer:
 
     async def prewarm(
         self, plan: FailoverPlan, budget_s: float, failover_id: str
-    ) -> dict[str, float]:
-        return await self._run(plan.source, sorted(plan.targets), budget_s, failover_id,
-                               self.fraction)  # fmt: skip
+    ) -> PrewarmFigures:
+        return await self._run(
+            plan.source, sorted(plan.targets), budget_s, failover_id, self.fraction
+        )
 
     async def prewarm_home(
         self, region: str, budget_s: float, recovery_id: str, fraction: float
-    ) -> dict[str, float]:
+    ) -> PrewarmFigures:
         """Recovery: ``region``'s own catalog replayed on ``region`` (see the module doc);
         ``fraction`` of its shared prefixes, 1.0 meaning every catalog entry."""
         return await self._run(region, [region], budget_s, recovery_id, fraction)
 
     async def _run(
-        self, source: str, targets: Sequence[str], budget_s: float, run_id: str,
+        self,
+        source: str,
+        targets: Sequence[str],
+        budget_s: float,
+        run_id: str,
         fraction: float,
-    ) -> dict[str, float]:  # fmt: skip
+    ) -> PrewarmFigures:
         catalog = await self._catalog(source)
         if catalog is None or not catalog.entries:
             log.warning("%s: no prefix catalog yet; nothing to pre-warm", source)
-            return {"prefixes_total": 0.0, "catalog_entries": 0.0, "budget_s": budget_s}
+            return PrewarmFigures(prefixes_total=0.0, catalog_entries=0.0, budget_s=budget_s)
         # 1.0: a count, every entry (top_n takes an int as a count, a float as a share)
         share: float = len(catalog.entries) if fraction >= 1.0 else fraction
         results = await asyncio.gather(
             *(self._target(source, t, catalog, budget_s, run_id, share) for t in targets)
         )
-        out = _combine(results)
-        out["budget_s"] = budget_s
-        out["catalog_entries"] = float(len(catalog.entries))
-        out["catalog_age_s"] = max(0.0, self.clock.now() - catalog.at)
-        return out
+        return _combine(results).model_copy(
+            update={
+                "budget_s": budget_s,
+                "catalog_entries": float(len(catalog.entries)),
+                "catalog_age_s": max(0.0, self.clock.now() - catalog.at),
+            }
+        )
 
     async def _catalog(self, region: str) -> PrefixCatalog | None:
         kv = await self.store.get(self.keys.prefixes(region))
@@ -114,11 +121,16 @@ class AgentPrewarmer:
             return None
 
     async def _target(
-        self, source: str, target: str, catalog: PrefixCatalog, budget_s: float,
-        failover_id: str, fraction: float,
-    ) -> dict[str, float]:  # fmt: skip
+        self,
+        source: str,
+        target: str,
+        catalog: PrefixCatalog,
+        budget_s: float,
+        failover_id: str,
+        fraction: float,
+    ) -> PrewarmFigures:
         src, dst = self.topology.region(source), self.topology.region(target)
-        res: dict[str, float] = {"targets": 1.0}
+        res: dict[str, object] = {"targets": 1.0}
         # With security: TLS with our certificate, and our own token (role operator).
         async with aio_channel(dst.agent, self.topology.security, options=_CHANNEL_OPTIONS) as ch:
             stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
@@ -134,27 +146,31 @@ class AgentPrewarmer:
                 desc = None
             limits = PrewarmLimits(
                 budget_s=budget_s,
-                prefill_tokens_per_s=(desc.prefill_tokens_per_s if desc and
-                                      desc.prefill_tokens_per_s > 0
-                                      else FALLBACK_PREFILL_TOKENS_PER_S),
+                prefill_tokens_per_s=(
+                    desc.prefill_tokens_per_s
+                    if desc and desc.prefill_tokens_per_s > 0
+                    else FALLBACK_PREFILL_TOKENS_PER_S
+                ),
                 # unknown capacity: let the budget alone bound the choice
-                kv_capacity_blocks=(desc.kv_capacity_blocks if desc and
-                                    desc.kv_capacity_blocks else sys.maxsize),
-                block_size=(desc.block_size if desc and desc.block_size
-                            else catalog.params.block_size),
-            )  # fmt: skip
+                kv_capacity_blocks=(
+                    desc.kv_capacity_blocks if desc and desc.kv_capacity_blocks else sys.maxsize
+                ),
+                block_size=(
+                    desc.block_size if desc and desc.block_size else catalog.params.block_size
+                ),
+            )
             residency = Residency(
                 min_sessions=min(self.min_sessions, catalog.min_sessions),
-                source_zone=src.zone, target_zone=dst.zone,
-            )  # fmt: skip
+                source_zone=src.zone,
+                target_zone=dst.zone,
+            )
             sel = catalog_selection(catalog, limits, residency, fraction)
-            for reason in SkipReason:
-                res[f"skipped_{reason.value}"] = float(sel.skipped.get(reason, 0))
+            res["skipped"] = {r.value: float(sel.skipped.get(r, 0)) for r in SkipReason}
             res["prefixes_total"] = float(len(sel.replay))
             res["planned_prefill_s"] = sel.prefill_s
             if desc is None:
                 res["targets_unreachable"] = 1.0
-                return res
+                return PrewarmFigures.model_validate(res)
             if not sel.replay:
                 log.info(
                     "%s -> %s: no prefix may be pre-warmed (%s)",
@@ -162,7 +178,7 @@ class AgentPrewarmer:
                     target,
                     {k.value: v for k, v in sel.skipped.items()} or "none shared",
                 )
-                return res
+                return PrewarmFigures.model_validate(res)
             log.warning(
                 "%s -> %s: pre-warming %d prefixes (%d tokens, ~%.1fs of prefill)",
                 source,
@@ -172,30 +188,39 @@ class AgentPrewarmer:
                 sel.prefill_s,
             )
             req = apb.PrewarmRequest(
-                failover_id=failover_id, source=source, budget_s=budget_s,
+                failover_id=failover_id,
+                source=source,
+                budget_s=budget_s,
                 payloads=[p.model_dump_json().encode() for p in sel.replay],
-                activate=desc.replicas_active + desc.replicas_warm, verify=self.verify,
+                activate=desc.replicas_active + desc.replicas_warm,
+                verify=self.verify,
                 routing_chars=self.topology.prefixes.routing_chars,
-            )  # fmt: skip
+            )
             last = await self._stream(stub, req, target, budget_s)
         if last is None or not last.done:
             res["targets_unreachable"] = 1.0
             if last is not None:
                 res["prefixes_warmed"] = float(last.warmed)
-            return res
+            return PrewarmFigures.model_validate(res)
         res.update(
-            prefixes_warmed=float(last.warmed), prefixes_failed=float(last.failed),
-            elapsed_s=last.elapsed_s, verified=float(last.verified),
-            verified_hits=last.verified_hit_rate * last.verified,
-            prompt_tokens=float(last.prompt_tokens), replicas_active=float(last.replicas_active),
-        )  # fmt: skip
-        res[f"target.{target}.attained_fraction"] = last.attainment
-        return res
+            prefixes_warmed=float(last.warmed),
+            prefixes_failed=float(last.failed),
+            elapsed_s=last.elapsed_s,
+            verified=float(last.verified),
+            verified_hit_rate=last.verified_hit_rate,
+            prompt_tokens=float(last.prompt_tokens),
+            replicas_active=float(last.replicas_active),
+            target_attained={target: last.attainment},
+        )
+        return PrewarmFigures.model_validate(res)
 
     async def _stream(
-        self, stub: apb_grpc.RegionAgentStub, req: apb.PrewarmRequest, target: str,
+        self,
+        stub: apb_grpc.RegionAgentStub,
+        req: apb.PrewarmRequest,
+        target: str,
         budget_s: float,
-    ) -> apb.PrewarmProgress | None:  # fmt: skip
+    ) -> apb.PrewarmProgress | None:
         last: apb.PrewarmProgress | None = None
         logged = -1.0
         try:
@@ -217,22 +242,41 @@ class AgentPrewarmer:
         return last
 
 
-def _combine(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Sum the per-target figures; the verified hit rate is weighted by samples and the
-    attainment is warmed / total over all targets."""
-    out: dict[str, float] = {}
+def _sum(values: Iterable[float | None]) -> float | None:
+    """The sum of the figures reported; None when no target reported one."""
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+_SUMMED = (
+    "targets",
+    "targets_unreachable",
+    "prefixes_total",
+    "prefixes_warmed",
+    "prefixes_failed",
+    "planned_prefill_s",
+    "verified",
+    "prompt_tokens",
+    "replicas_active",
+)
+
+
+def _combine(results: Sequence[PrewarmFigures]) -> PrewarmFigures:
+    """Sum the per-target figures; the elapsed time is the slowest target's, the verified
+    hit rate is weighted by samples and the attainment is warmed / total over all targets."""
+    out: dict[str, object] = {k: _sum(getattr(r, k) for r in results) for k in _SUMMED}
+    out["elapsed_s"] = max((r.elapsed_s for r in results if r.elapsed_s is not None), default=None)
+    skipped: dict[str, float] = {}
     for r in results:
-        for k, v in r.items():
-            if k.startswith("target."):
-                out[k] = v
-            elif k == "elapsed_s":
-                out[k] = max(out.get(k, 0.0), v)
-            else:
-                out[k] = out.get(k, 0.0) + v
-    total = out.get("prefixes_total", 0.0)
+        for k, v in r.skipped.items():
+            skipped[k] = skipped.get(k, 0.0) + v
+    out["skipped"] = skipped
+    out["target_attained"] = {t: f for r in results for t, f in r.target_attained.items()}
+    total = _sum(r.prefixes_total for r in results) or 0.0
     if total > 0:
-        out["attained_fraction"] = out.get("prefixes_warmed", 0.0) / total
-    hits = out.pop("verified_hits", 0.0)
-    if out.get("verified", 0.0) > 0:
-        out["verified_hit_rate"] = hits / out["verified"]
-    return out
+        out["attained_fraction"] = (_sum(r.prefixes_warmed for r in results) or 0.0) / total
+    verified = _sum(r.verified for r in results) or 0.0
+    if verified > 0:
+        hits = sum((r.verified_hit_rate or 0.0) * (r.verified or 0.0) for r in results)
+        out["verified_hit_rate"] = hits / verified
+    return PrewarmFigures.model_validate(out)

@@ -10,6 +10,7 @@ lease). Safety rests on two things:
   absorbs clock-rate drift and scheduling delays. ``is_leader`` compares against
   that deadline on every read, so it turns False before the server can expire the
   lease even if the event loop stalls, and even if nobody noticed a failed refresh.
+  The lease's ``LeaseKeeper`` (controlplane/kernel/leases.py) keeps that deadline.
 * **Fencing.** ``fence()`` returns compares (holder value and create_revision of the
   leader key) to put in every leader write, so a write from a deposed leader fails
   in etcd whatever its local clock believes.
@@ -28,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
+from controlplane.kernel.leases import LeaseKeeper, LeaseLost
 from controlplane.kernel.store.port import (
     Compare,
     EventType,
@@ -94,16 +96,13 @@ class LeaderElection:
         self._holder_b = holder.encode()
         self._ttl = ttl_s
         self._clock = clock
-        self._margin = ttl_s / 5
-        self._refresh_every = ttl_s / 3
+        # The lease and its local deadline (module doc); resign() wakes its waits.
+        self._lease = LeaseKeeper(store, ttl_s, clock=clock, sleep=self._nap, log=log)
         self._poll_every = ttl_s / 4
-        self._retry_every = max(ttl_s / 10, 0.1)
+        self._retry_every = self._lease.retry_every
 
         self._running = False
-        self._lease = 0
-        self._lease_sent = -math.inf  # when the last grant/refresh that succeeded was sent
         self._leading = False
-        self._deadline = -math.inf
         self._create_revision = 0
         self._key_mod_revision = 0
         self._seen_leader: str | None = None
@@ -129,12 +128,12 @@ class LeaderElection:
     @property
     def is_leader(self) -> bool:
         """True only while leading and before the local deadline (see module doc)."""
-        return self._leading and self._clock() < self._deadline
+        return self._leading and self._lease.valid
 
     @property
     def valid_for_s(self) -> float:
         """How long this leadership is certainly valid without another keep-alive."""
-        return max(0.0, self._deadline - self._clock()) if self._leading else 0.0
+        return self._lease.valid_for_s if self._leading else 0.0
 
     @property
     def leader_create_revision(self) -> int:
@@ -143,7 +142,7 @@ class LeaderElection:
 
     @property
     def lease_id(self) -> int:
-        return self._lease
+        return self._lease.id
 
     def fence(self) -> list[Compare]:
         """Compares to add to every leader write: the key still holds our id and was
@@ -198,17 +197,7 @@ class LeaderElection:
         self._hold_until = self._clock() + (self._ttl if hold_off_s is None else hold_off_s)
         self._step_down(_RESIGNED)
         self._wake()
-        lease, self._lease = self._lease, 0
-        if lease:
-            try:
-                await self._store.revoke_lease(lease)
-            except StoreUnavailable as e:
-                log.warning(
-                    "resign: could not revoke lease %#x (it expires in %ds): %s",
-                    lease,
-                    self._ttl,
-                    e,
-                )
+        await self._lease.revoke()  # StoreUnavailable logged: the lease expires in ttl
 
     async def _campaign(self) -> None:
         """Return once leading."""
@@ -222,7 +211,7 @@ class LeaderElection:
                     return
                 await self._wait_vacancy(holder_kv)
             except LeaseNotFound:
-                self._lease = 0  # expired or revoked under us: take a new one
+                self._lease.forget()  # expired or revoked under us: take a new one
             except StoreUnavailable as e:
                 log.warning("campaign for %s: store unavailable: %s", self._key, e)
                 await self._nap(self._retry_every)
@@ -230,43 +219,28 @@ class LeaderElection:
     async def _try_acquire(self) -> KeyValue | None:
         """Compare-and-set create of the key; None when we lead, else the holder's kv."""
         resigns = self._resigns
-        await self._fresh_lease()
+        await self._lease.ensure()  # refreshed or granted: the deadline starts anew
+        lease = self._lease.id
         result = await self._store.txn(
-            [Compare.absent(self._key)], [Put(self._key, self._holder_b, self._lease)]
+            [Compare.absent(self._key)], [Put(self._key, self._holder_b, lease)]
         )
         kv: KeyValue | None
         if result.succeeded:
-            kv = KeyValue(
-                self._key, self._holder_b, result.revision, result.revision, 1, self._lease
-            )
+            kv = KeyValue(self._key, self._holder_b, result.revision, result.revision, 1, lease)
         else:
             kv = await self._store.get(self._key)
             if kv is None:
                 return await self._try_acquire()  # vacated in between: try again now
-        if kv.value != self._holder_b or kv.lease != self._lease:
+        if kv.value != self._holder_b or kv.lease != lease:
             self._note_leader(kv)
             return kv
         # Ours: just created, or created by an earlier attempt whose answer was lost.
         if resigns != self._resigns:
-            await self._store.revoke_lease(self._lease)  # resign() raced the campaign
-            self._lease = 0
+            await self._store.revoke_lease(lease)  # resign() raced the campaign
+            self._lease.forget()
             return kv
         self._become_leader(kv)
         return None
-
-    async def _fresh_lease(self) -> None:
-        """Refresh our lease, or grant one, and note when the request left."""
-        if self._lease:
-            sent = self._clock()
-            try:
-                await self._store.refresh_lease(self._lease)
-                self._lease_sent = sent
-                return
-            except LeaseNotFound:
-                self._lease = 0
-        sent = self._clock()
-        self._lease = await self._store.grant_lease(self._ttl)
-        self._lease_sent = sent
 
     async def _wait_vacancy(self, holder_kv: KeyValue) -> None:
         """Until the key is deleted (watch) or ttl/4 passes (poll), whichever first."""
@@ -286,35 +260,17 @@ class LeaderElection:
 
     async def _keep_alive(self) -> NoReturn:
         """Refresh every ttl/3; raise _Lost when the deadline passes or the lease is gone."""
-        next_refresh = self._lease_sent + self._refresh_every
-        while True:
-            await self._nap(min(next_refresh, self._deadline) - self._clock())
-            self._check_still_leading()
-            sent = self._clock()
-            try:
-                async with asyncio.timeout(max(self._deadline - sent, 0.0)):
-                    ttl = await self._store.refresh_lease(self._lease)
-            except LeaseNotFound as e:
-                raise _Lost(f"lease {self._lease:#x} expired or was revoked") from e
-            except (StoreUnavailable, TimeoutError) as e:
-                log.warning(
-                    "keep-alive of lease %#x failed (%.1fs since the last one): %s",
-                    self._lease,
-                    self._clock() - self._lease_sent,
-                    str(e) or type(e).__name__,
-                )
-                next_refresh = self._clock() + self._retry_every
-                continue
-            self._check_still_leading()
-            self._lease_sent = sent
-            self._deadline = sent + min(ttl, self._ttl) - self._margin
-            next_refresh = sent + self._refresh_every
+        try:
+            await self._lease.keep_alive(self._check_still_leading)
+        except LeaseLost as e:
+            raise _Lost(str(e)) from e
 
     def _check_still_leading(self) -> None:
+        """After every wait and every refresh, before the deadline moves: a refresh
+        that came back too late does not revive a leadership that had lapsed."""
         if not self._leading:
             raise _Lost(_RESIGNED)
-        if self._clock() >= self._deadline:
-            raise _Lost(f"keepalive failed for {self._clock() - self._lease_sent:.1f}s")
+        self._lease.check_deadline()
 
     async def _watch_key(self) -> NoReturn:
         """Raise _Lost when the key is deleted or overwritten by someone else."""
@@ -348,12 +304,11 @@ class LeaderElection:
         self._leading = True
         self._create_revision = kv.create_revision
         self._key_mod_revision = kv.mod_revision
-        self._deadline = self._lease_sent + self._ttl - self._margin
         self._seen_leader = self._holder
         log.info(
             "became leader of %s (lease %#x, ttl %ds, create_revision %d)",
             self._key,
-            self._lease,
+            self._lease.id,
             self._ttl,
             kv.create_revision,
         )
@@ -363,7 +318,6 @@ class LeaderElection:
         if not self._leading:
             return
         self._leading = False
-        self._deadline = -math.inf
         self._seen_leader = None
         level = logging.INFO if reason in _VOLUNTARY else logging.WARNING
         log.log(level, "lost leadership of %s: %s", self._key, reason)

@@ -28,7 +28,7 @@ from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder import Ladder, with_headroom
-from controlplane.kernel.model import AuditEntry, RegionState
+from controlplane.kernel.model import AuditAction, AuditEntry, RegionState
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.store.port import Compare, Put, Store
 
@@ -38,9 +38,14 @@ Fence = Callable[[], Sequence[Compare]]  # raises NotLeader when not leading
 
 class LadderRunner:
     def __init__(
-        self, store: Store, keys: Keys, topology: Topology, ladder: Ladder, fence: Fence,
+        self,
+        store: Store,
+        keys: Keys,
+        topology: Topology,
+        ladder: Ladder,
+        fence: Fence,
         actor: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store, self.keys, self.topology, self.ladder = store, keys, topology, ladder
         self.fence, self.actor = fence, actor
         self.audit = AuditLog(keys, actor)
@@ -86,10 +91,13 @@ class LadderRunner:
     async def _write(self, region: str, action: LadderAction, rev: int, now: float) -> bool:
         key = self.keys.degradation(region)
         entry = AuditEntry(
-            at=now, actor=self.actor, action=f"ladder_{action.kind.value}", region=region,
+            at=now,
+            actor=self.actor,
+            action=AuditAction.of_ladder(action.kind.value),
+            region=region,
             reason=action.reason,
             details={"step": action.step or "", "applied": json_list(action.record.applied)},
-        )  # fmt: skip
+        )
         cas = Compare.mod_revision(key, rev) if rev else Compare.absent(key)
         ok = (
             await self.store.txn(
@@ -97,8 +105,9 @@ class LadderRunner:
             )
         ).succeeded
         if ok:
-            log.warning("%s: ladder %s %s (%s)", region, action.kind.value, action.step,
-                        action.reason)  # fmt: skip
+            log.warning(
+                "%s: ladder %s %s (%s)", region, action.kind.value, action.step, action.reason
+            )
         else:
             log.info("%s: ladder change not written (leadership or record changed)", region)
         return ok

@@ -34,6 +34,7 @@ from controlplane.kernel.model import (
     FailoverProgress,
     FailoverStep,
     Health,
+    PrewarmFigures,
     RegionState,
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
@@ -49,16 +50,16 @@ FAILOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0,
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
-def prewarm_fraction(result: dict[str, float]) -> float | None:
+def prewarm_fraction(result: PrewarmFigures) -> float | None:
     """Budget attainment from a failover record's ``prewarm_result``: the pre-warmer's
     own ``attained_fraction`` if it reports one, else warmed / total prefixes; None when
     there was nothing to warm (no data is not 0 % and not 100 %)."""
-    if "attained_fraction" in result:
-        return max(0.0, min(1.0, result["attained_fraction"]))
-    total = result.get("prefixes_total", 0.0)
+    if result.attained_fraction is not None:
+        return max(0.0, min(1.0, result.attained_fraction))
+    total = result.prefixes_total or 0.0
     if total <= 0:
         return None
-    return max(0.0, min(1.0, result.get("prefixes_warmed", 0.0) / total))
+    return max(0.0, min(1.0, (result.prefixes_warmed or 0.0) / total))
 
 
 class ControlPlaneMetrics:
@@ -223,7 +224,7 @@ class ControlPlaneMetrics:
         for v in Health:
             self.region_health.labels(region, v.value).set(1 if v is verdict else 0)
 
-    def _set_prewarm(self, region: str, result: dict[str, float]) -> None:
+    def _set_prewarm(self, region: str, result: PrewarmFigures) -> None:
         fraction = prewarm_fraction(result)
         if fraction is not None:
             self.prewarm_attained.labels(region).set(fraction)

@@ -34,11 +34,13 @@ from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
+    AuditAction,
     AuditEntry,
     Decision,
     FailoverProgress,
     FailoverStep,
     Intent,
+    PrewarmFigures,
     RecoveryStep,
     Routing,
 )
@@ -80,7 +82,7 @@ class WriteObserver(Protocol):
 class RecoveryPrewarmer(Protocol):
     async def prewarm_home(
         self, region: str, budget_s: float, recovery_id: str, fraction: float
-    ) -> dict[str, float]:
+    ) -> PrewarmFigures:
         """Replay ``region``'s own top prefixes on it within ``budget_s``; figures for
         the record. A repeat with the same ``recovery_id`` must not warm twice."""
         ...
@@ -212,7 +214,7 @@ class Orchestrator:
                 if not steps:
                     return
                 step = steps[0]
-                result: dict[str, float] | None = None
+                result: PrewarmFigures | None = None
                 fo = snap.regions[region].record.failover
                 if step is FailoverStep.PREWARM and fo is not None:
                     log.info(
@@ -282,26 +284,27 @@ class Orchestrator:
         except Exception:
             log.exception("%s: recovery step failed; will retry next tick", region)
 
-    async def _recovery_step(
-        self, region: str, step: RecoveryStep, since: float
-    ) -> dict[str, float]:
+    async def _recovery_step(self, region: str, step: RecoveryStep, since: float) -> PrewarmFigures:
         """Carry out ``step`` (the pre-warm); its figures, or why it did nothing."""
         pre = self.prewarmer
         if not isinstance(pre, RecoveryPrewarmer):
-            return {"unsupported": 1.0}
+            return PrewarmFigures(unsupported=True)
         budget = self.topology.prewarm.budget_s
-        log.info("%s: pre-warming its own top prefixes before recovery (budget %.0fs)",
-                 region, budget)  # fmt: skip
+        log.info(
+            "%s: pre-warming its own top prefixes before recovery (budget %.0fs)", region, budget
+        )
         try:
             return await pre.prewarm_home(
-                region, budget, f"{region}@recovery@{since:.3f}",
+                region,
+                budget,
+                f"{region}@recovery@{since:.3f}",
                 self.topology.recovery.prewarm_top_fraction,
-            )  # fmt: skip
+            )
         except asyncio.CancelledError:
             raise
         except Exception:  # recorded, and recovery goes on without it
             log.exception("%s: recovery pre-warm failed", region)
-            return {"failed": 1.0}
+            return PrewarmFigures(failed=True)
 
     # ---- background session re-pin -------------------------------------------------------
     def _start_repin(self, region: str, routings: dict[str, Routing]) -> None:
@@ -325,7 +328,7 @@ class Orchestrator:
             entry = AuditEntry(
                 at=self.clock.now(),
                 actor=self.actor,
-                action="sessions_repinned",
+                action=AuditAction.SESSIONS_REPINNED,
                 region=region,
                 reason=f"background re-pin after the routing switch of {region}",
                 details=report.details(),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan, PrewarmFigures
 
 
 class Prewarmer(Protocol):
     async def prewarm(
         self, plan: FailoverPlan, budget_s: float, failover_id: str
-    ) -> dict[str, float]:
+    ) -> PrewarmFigures:
         """Warm the plan's targets within ``budget_s``; return figures for the record.
         ``failover_id`` names the failover: a repeat (a new leader) must not warm twice."""
         ...
@@ -26,6 +26,5 @@ class Prewarmer(Protocol):
 class NoPrefixData:
     async def prewarm(
         self, plan: FailoverPlan, budget_s: float, failover_id: str
-    ) -> dict[str, float]:
-        return {"prefixes_total": 0.0, "prefixes_warmed": 0.0, "budget_s": budget_s}
-
+    ) -> PrewarmFigures:
+        return PrewarmFigures(prefixes_total=0.0, prefixes_warmed=0.0, budget_s=budget_s)

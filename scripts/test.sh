@@ -10,7 +10,7 @@ scripts/setup.sh
 if [ "${TECTONIC_NO_VLLM:-0}" != "1" ] || [ -n "${CI:-}" ]; then
   scripts/setup_vllm_cpu.sh
 fi
-echo "==> ruff";  .venv/bin/ruff check .
+echo "==> ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "==> mypy";  .venv/bin/mypy
 echo "==> import layering"; .venv/bin/lint-imports
 echo "==> pytest"

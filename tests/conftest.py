@@ -21,8 +21,9 @@ async def etcd() -> AsyncIterator[EtcdServer]:
     """One real single-member etcd for the whole session (tests isolate by key prefix)."""
     if not etcd_available():
         # Fail, never skip: a skipped etcd suite would read as green.
-        pytest.fail("the etcd binary is not installed: run scripts/setup.sh "
-                    "(apt-get install etcd-server)")
+        pytest.fail(
+            "the etcd binary is not installed: run scripts/setup.sh (apt-get install etcd-server)"
+        )
     server = EtcdServer()
     await asyncio.to_thread(server.start)
     try:

@@ -29,8 +29,7 @@ def test_leader_killed_at_each_step_and_no_step_repeated() -> None:
     lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
     rounds, head = lines[:-1], lines[-1]
     assert head["bench"] == "leader" and head["lease_ttl_s"] == 3
-    assert head["phases"] == ["before_prewarm", "during_prewarm", "after_switch",
-                              "during_recovery"]  # fmt: skip
+    assert head["phases"] == ["before_prewarm", "during_prewarm", "after_switch", "during_recovery"]
     assert head["repeated_steps"] == 0
     for r in rounds:
         assert r["killed"] != r["new_leader"]  # the other replica took over ...

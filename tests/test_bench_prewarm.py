@@ -20,9 +20,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_tiny_run_prints_one_headline_with_sane_figures() -> None:
     args = [
-        "--replicas", "2", "--prefixes", "12", "--prefix-tokens", "160",
-        "--per-replica", "1,2", "--rounds", "1", "--sample", "4", "--quiet",
-    ]  # fmt: skip
+        "--replicas",
+        "2",
+        "--prefixes",
+        "12",
+        "--prefix-tokens",
+        "160",
+        "--per-replica",
+        "1,2",
+        "--rounds",
+        "1",
+        "--sample",
+        "4",
+        "--quiet",
+    ]
     out = subprocess.run(
         [sys.executable, "-m", "bench", "prewarm", *args],
         cwd=REPO,

@@ -27,10 +27,25 @@ def test_tiny_run_prints_one_headline_with_sane_figures() -> None:
             pytest.fail("CI must run the recovery bench test: etcd is not installed")
         pytest.skip("etcd binary not installed (scripts/setup.sh installs etcd-server)")
     args = [
-        "--rounds", "1", "--tenants", "6", "--prompt-tokens", "200", "--sessions-per-s", "8",
-        "--steady-s", "2", "--failover-s", "0.5", "--step-percent", "25",
-        "--step-interval", "0.5", "--no-warm-first", "--quiet",
-    ]  # fmt: skip
+        "--rounds",
+        "1",
+        "--tenants",
+        "6",
+        "--prompt-tokens",
+        "200",
+        "--sessions-per-s",
+        "8",
+        "--steady-s",
+        "2",
+        "--failover-s",
+        "0.5",
+        "--step-percent",
+        "25",
+        "--step-interval",
+        "0.5",
+        "--no-warm-first",
+        "--quiet",
+    ]
     # Without warm first: its recall can warm all six tenants at home before the first
     # request of the one-step recovery lands, and this checks the cold accounting
     # (warm first has tests/integration/test_gateway_warm_first.py).

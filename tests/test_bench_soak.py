@@ -21,8 +21,12 @@ def test_short_soak_loses_nothing_and_keeps_sessions_consistent() -> None:
     args = ["--minutes", "1", "--sessions", "30", "--down-s", "15", "--quiet"]
     out = subprocess.run(
         [sys.executable, "-m", "bench", "soak", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     head = json.loads(out.stdout.strip().splitlines()[-1])
     assert head["bench"] == "soak" and head["requests"] > 500

@@ -48,8 +48,15 @@ async def test_blackout_drill_passes_on_a_healthy_system_and_a_dry_run_touches_n
             scenario = find_scenario("region-blackout")
             pids = [p.pid for p in dep.sims["us-east"] if p is not None]
 
-            dry = await drill_on(dep, store, scenario, dry_run=True, reports=tmp_path,
-                                 sessions=12, say=lambda m: None)  # fmt: skip
+            dry = await drill_on(
+                dep,
+                store,
+                scenario,
+                dry_run=True,
+                reports=tmp_path,
+                sessions=12,
+                say=lambda m: None,
+            )
             assert dry.dry_run and dry.passed, dry.criteria
             assert all(p is not None and p.alive() for p in dep.sims["us-east"])
             assert [p.pid for p in dep.sims["us-east"] if p is not None] == pids
@@ -58,8 +65,9 @@ async def test_blackout_drill_passes_on_a_healthy_system_and_a_dry_run_touches_n
             assert all("would" in e.detail for e in journal(dry.journal_path) if e.kind == "fault")
             assert await readiness(store, dep.keys, "us-east") is None  # ... and nothing else
 
-            result = await drill_on(dep, store, scenario, reports=tmp_path, sessions=24,
-                                    say=lambda m: None)  # fmt: skip
+            result = await drill_on(
+                dep, store, scenario, reports=tmp_path, sessions=24, say=lambda m: None
+            )
             failed = [c for c in result.criteria if not c.passed]
             assert result.passed, failed
             names = {c.name for c in result.criteria}
@@ -106,8 +114,14 @@ async def test_a_misbehaving_ladder_fails_the_auth_storm_drill_and_bars_the_regi
         store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
         await store.connect()
         try:
-            result = await drill_on(dep, store, find_scenario("auth-503-storm"),
-                                    reports=tmp_path, sessions=24, say=lambda m: None)  # fmt: skip
+            result = await drill_on(
+                dep,
+                store,
+                find_scenario("auth-503-storm"),
+                reports=tmp_path,
+                sessions=24,
+                say=lambda m: None,
+            )
             assert not result.passed
             order = next(c for c in result.criteria if c.name == "degradation_order")
             assert not order.passed

@@ -41,8 +41,27 @@ NOT_RUN = {
     "a drill service; tests/test_drills.py, tests/test_demo.py and "
     "tests/integration/test_failoverctl_drills.py run these entry points",
 }
-PORTS = (2379, 2380, 8000, 8001, 8002, 8003, 8080, 8081, 8082, 50051, 50052,
-         50061, 50062, 50063, 50064, 9101, 9102, 9103, 9104)  # fmt: skip
+PORTS = (
+    2379,
+    2380,
+    8000,
+    8001,
+    8002,
+    8003,
+    8080,
+    8081,
+    8082,
+    50051,
+    50052,
+    50061,
+    50062,
+    50063,
+    50064,
+    9101,
+    9102,
+    9103,
+    9104,
+)
 RETRY_S = 45.0
 RETRY_CODES = (1, 3)
 FOLLOW_S = 3.0
@@ -141,8 +160,7 @@ def test_running_it_yourself() -> None:
     ran: list[Result] = []
     try:
         if shutil.which("grpcurl", path=_env()["PATH"]) is None:
-            term.run("grpcurl() { .venv/bin/python -m tests.grpcurl_reflection \"$@\"; }",
-                     timeout=10)  # fmt: skip
+            term.run('grpcurl() { .venv/bin/python -m tests.grpcurl_reflection "$@"; }', timeout=10)
         for section, block in bash_blocks():
             if section != RUN_SECTION:
                 continue

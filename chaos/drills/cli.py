@@ -37,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
     p.add_argument(
-        "--topology", type=Path, help="the deployment's topology file: its cluster name and "
+        "--topology",
+        type=Path,
+        help="the deployment's topology file: its cluster name and "
         "etcd settings (endpoints, TLS, users); --etcd and --cluster override them",
-    )  # fmt: skip
+    )
     p.add_argument("--etcd", help="host:port[,host:port...] (default 127.0.0.1:2379)")
     p.add_argument("--cluster", help="deployment name in etcd keys (default: default)")
     p.add_argument("--scenarios", type=Path, help="scenario directory (default chaos/scenarios)")
@@ -72,11 +74,17 @@ async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -
         durations = {s.name: s.abort.max_duration_s for s in scenarios}
         schedule = load_schedule(args.schedule, durations or None)
         service = DrillService(
-            store, keys, schedule, load_runner(), SystemClock(),
-            holder=args.holder, tick_s=args.tick_s, lock_ttl_s=args.lock_ttl_s,
+            store,
+            keys,
+            schedule,
+            load_runner(),
+            SystemClock(),
+            holder=args.holder,
+            tick_s=args.tick_s,
+            lock_ttl_s=args.lock_ttl_s,
             default_regions={s.name: s.region for s in scenarios},
             scenarios=requests.scenario_infos(scenarios),
-        )  # fmt: skip
+        )
         task = asyncio.current_task()
         if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)

@@ -26,12 +26,12 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.leases import LeaseKeeper, LeaseLost
+from controlplane.kernel.model import AuditAction, AuditEntry
 from controlplane.kernel.store.port import (
     Compare,
     Delete,
     KeyValue,
-    LeaseNotFound,
     Put,
     Store,
     StoreError,
@@ -79,9 +79,12 @@ class LockLost(Exception):
 
 @dataclass(frozen=True)
 class HeldLock:
-    lease: int
+    keeper: LeaseKeeper  # the lock's lease, its deadline on the event loop's clock
     create_revision: int
-    granted_at: float  # event-loop time the lease grant was sent
+
+    @property
+    def lease(self) -> int:
+        return self.keeper.id
 
 
 class DrillLocker:
@@ -106,13 +109,18 @@ class DrillLocker:
         try:
             yield held
         finally:
-            await self._revoke(held.lease)  # frees the lock (if record did not)
+            await held.keeper.revoke(ignore=(StoreError,))  # frees the lock (if record did not)
 
     async def _acquire(self, name: str, region: str, trigger: str) -> HeldLock:
         """Create the lock on a fresh lease, or raise DrillBusy (the lease revoked)."""
-        loop = asyncio.get_running_loop()
-        granted_at = loop.time()
-        lease = await retry_call(self._deadline, self._store.grant_lease, self._ttl)
+        keeper = LeaseKeeper(
+            self._store,
+            self._ttl,
+            clock=asyncio.get_running_loop().time,
+            name="the drill lock's lease",
+            log=log,
+        )
+        lease = await retry_call(self._deadline, keeper.grant)
         lock = DrillLock(
             holder=self.holder,
             scenario=name,
@@ -126,13 +134,13 @@ class DrillLocker:
             for _ in range(3):  # the holder may finish between our txn and our read
                 revision = await self._try_create(key, lock)
                 if revision:
-                    return HeldLock(lease, revision, granted_at)
+                    return HeldLock(keeper, revision)
                 kv = await retry_call(self._deadline, self._store.get, key)
                 if kv is not None:
                     raise _busy(kv)
             raise DrillBusy(None)
         except BaseException:
-            await self._revoke(lease)
+            await keeper.revoke(ignore=(StoreError,))
             raise
 
     async def _try_create(self, key: str, lock: DrillLock) -> int:
@@ -147,42 +155,18 @@ class DrillLocker:
             kv = await retry_call(self._deadline, self._store.get, key)
             return kv.create_revision if kv is not None and kv.lease == lock.lease else 0
 
-    async def _revoke(self, lease: int) -> None:
-        try:
-            await self._store.revoke_lease(lease)
-        except StoreError as e:
-            log.warning(
-                "could not revoke lease %#x (%s): the drill lock frees itself within %d s",
-                lease,
-                e,
-                self._ttl,
-            )
-
     async def keep_alive(self, held: HeldLock) -> NoReturn:
         """Refresh the lease every ttl/3; raise LockLost when it is gone or when no
         refresh succeeded for ttl - ttl/5 (the server may expire it any moment)."""
-        loop = asyncio.get_running_loop()
-        margin, every, retry = self._ttl / 5, self._ttl / 3, self._ttl / 10
-        valid_until = held.granted_at + self._ttl - margin
-        wait = every
-        while True:
-            await asyncio.sleep(max(0.0, min(wait, valid_until - loop.time())))
-            sent = loop.time()
-            if sent >= valid_until:
-                raise LockLost(f"no keep-alive of the drill lock for {self._ttl - margin:g} s")
-            try:
-                async with asyncio.timeout(valid_until - sent):
-                    ttl = await self._store.refresh_lease(held.lease)
-            except LeaseNotFound as e:
-                raise LockLost(f"the drill lock's lease {held.lease:#x} is gone") from e
-            except (StoreUnavailable, TimeoutError) as e:
-                log.warning("keep-alive of the drill lock failed: %s", str(e) or "timeout")
-                wait = retry
-                continue
-            except StoreError as e:
-                raise LockLost(f"cannot keep the drill lock: {e}") from e
-            valid_until = sent + min(ttl, self._ttl) - margin
-            wait = every
+        try:
+            await held.keeper.keep_alive()
+        except LeaseLost as e:
+            if e.gone:
+                raise LockLost(f"the drill lock's lease {e.lease:#x} is gone") from e
+            lapse = self._ttl - held.keeper.margin
+            raise LockLost(f"no keep-alive of the drill lock for {lapse:g} s") from e
+        except StoreError as e:
+            raise LockLost(f"cannot keep the drill lock: {e}") from e
 
     async def record(self, held: HeldLock, summary: DrillSummary) -> None:
         """History row + audit entry, one sortable id, and the lock deleted if still
@@ -190,7 +174,7 @@ class DrillLocker:
         entry = AuditEntry(
             at=summary.ended_at,
             actor=self.holder,
-            action="drill_run",
+            action=AuditAction.DRILL_RUN,
             region=summary.region,
             reason=f"{summary.trigger} drill {summary.scenario}",
             result="passed" if summary.passed else "failed",

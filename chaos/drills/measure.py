@@ -9,13 +9,12 @@ judged.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
 from chaos.drills.scenario import Fault, Measurements, Scenario, SteadyState
-from controlplane.kernel.model import AuditEntry
+from controlplane.kernel.model import AuditAction, AuditEntry, PrewarmFigures
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Observed:
     transitions: Sequence[Transition]
     ladder: Sequence[LadderEvent]
     sessions: Sequence[SessionLog]
-    prewarm: Mapping[str, float] | None = None  # the failover record's prewarm_result
+    prewarm: PrewarmFigures | None = None  # the failover's, from its ``prewarm`` audit entry
     gateway_violations: float = 0.0  # the gateways' own counter, over the drill
     reference_ladder: Sequence[str] = ()  # step names in runbooks/degradation.yaml order
     steady_before: tuple[bool, str] = (True, "")
@@ -252,27 +251,27 @@ def _expect_states(expected: Sequence[str], path: Sequence[str]) -> Criterion:
     )
 
 
-def _prewarm(m: Measurements, pre: Mapping[str, float] | None) -> Criterion:
+def _prewarm(m: Measurements, pre: PrewarmFigures | None) -> Criterion:
     required = f"≥ {m.prewarm_attainment:.0%} of the chosen prefixes within {m.prewarm_within_s:g}s"
-    if not pre or not pre.get("prefixes_total"):
+    if pre is None or not pre.prefixes_total:
         return Criterion(
             name="prewarm_attainment",
             passed=False,
-            measured="no pre-warm recorded" if not pre else "nothing to warm",
+            measured="no pre-warm recorded" if pre is None or not pre.flat() else "nothing to warm",
             required=required,
             detail="the failover record holds no pre-warm result with prefixes",
         )
-    frac = float(pre.get("attained_fraction", 0.0))
-    elapsed = float(pre.get("elapsed_s", 0.0))
+    frac = pre.attained_fraction or 0.0
+    elapsed = pre.elapsed_s or 0.0
     assert m.prewarm_attainment is not None
     return Criterion(
         name="prewarm_attainment",
         passed=frac >= m.prewarm_attainment and elapsed <= m.prewarm_within_s,
         measured=f"{frac:.0%} in {elapsed:.2f}s "
-        f"({pre.get('prefixes_warmed', 0):g} of {pre['prefixes_total']:g} prefixes)",
+        f"({pre.prefixes_warmed or 0:g} of {pre.prefixes_total:g} prefixes)",
         required=required,
-        detail=f"hit rate of a second send: {pre['verified_hit_rate']:.0%}"
-        if pre.get("verified")
+        detail=f"hit rate of a second send: {pre.verified_hit_rate or 0.0:.0%}"
+        if pre.verified
         else "",
     )
 
@@ -318,15 +317,9 @@ def abort_reason(s: Scenario, samples: Sequence[Sample], t: float) -> str:
     return ""
 
 
-def last_prewarm(entries: Sequence[AuditEntry], region: str) -> dict[str, float] | None:
-    found = [e for e in entries if e.action == "prewarm" and e.region == region]
-    if not found:
-        return None
-    out = {}
-    for k, v in found[-1].details.items():
-        with contextlib.suppress(ValueError):
-            out[k] = float(v)
-    return out
+def last_prewarm(entries: Sequence[AuditEntry], region: str) -> PrewarmFigures | None:
+    found = [e for e in entries if e.action is AuditAction.PREWARM and e.region == region]
+    return PrewarmFigures.from_details(found[-1].details) if found else None
 
 
 def regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
@@ -342,7 +335,7 @@ def regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
 
 
 def figures(
-    o: Observed, sessions: Sequence[SessionLog], prewarm: dict[str, float] | None
+    o: Observed, sessions: Sequence[SessionLog], prewarm: PrewarmFigures | None
 ) -> dict[str, float]:
     requests = sum(len(x.answers) for x in sessions)
     failed = sum(1 for x in sessions for _, r in x.answers if not r)
@@ -360,12 +353,18 @@ def figures(
         figures["first_token_p99_max_s"] = round(max(p99), 4)
     if hits:
         figures["prefix_hit_rate_min"] = round(min(hits), 4)
-    if prewarm:
-        for k in ("attained_fraction", "elapsed_s", "prefixes_warmed", "verified_hit_rate"):
-            if k in prewarm:
-                figures[f"prewarm_{k}"] = prewarm[k]
-    down = next((t.t for t in o.transitions if t.region == o.region
-                 and t.to_state == "FAILING_OVER"), None)  # fmt: skip
+    if prewarm is not None:
+        for k, v in (
+            ("attained_fraction", prewarm.attained_fraction),
+            ("elapsed_s", prewarm.elapsed_s),
+            ("prefixes_warmed", prewarm.prefixes_warmed),
+            ("verified_hit_rate", prewarm.verified_hit_rate),
+        ):
+            if v is not None:
+                figures[f"prewarm_{k}"] = v
+    down = next(
+        (t.t for t in o.transitions if t.region == o.region and t.to_state == "FAILING_OVER"), None
+    )
     if down is not None and o.fault_t is not None:
         figures["failover_after_fault_s"] = round(down - o.fault_t, 3)
     return figures

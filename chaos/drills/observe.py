@@ -26,7 +26,7 @@ from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import AuditEntry, FailoverStep, RegionRecord
+from controlplane.kernel.model import AuditAction, AuditEntry, FailoverStep, RegionRecord
 from controlplane.kernel.replica_signals import (
     Histogram,
     ReplicaMetrics,
@@ -232,16 +232,16 @@ async def audit_since(
             reason=e.decision.reason,
         )
         for e in entries
-        if e.action == "transition" and e.decision is not None
+        if e.action is AuditAction.TRANSITION and e.decision is not None
     ]
     ladder = [
         LadderEvent(
             t=round(e.at - started_at, 3),
             region=e.region,
-            action=e.action.removeprefix("ladder_"),
+            action=change,
             step=e.details.get("step", ""),
         )
         for e in entries
-        if e.action.startswith("ladder_")
+        if (change := e.action.ladder_change) is not None
     ]
     return transitions, ladder, entries

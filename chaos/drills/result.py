@@ -7,20 +7,15 @@ Times are seconds since the drill started (``t``) unless named ``*_at`` (Unix ti
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controlplane.kernel.drills import DrillSummary
+from controlplane.kernel.model import Frozen
 
 __all__ = ["DrillResult", "DrillSummary", "summarize"]
 
 
-class _Frozen(BaseModel):
-    # inf/NaN (a p99 in the histogram's +Inf bucket) as "Infinity"/"NaN" strings, which
-    # read back as floats: JSON's default null would make result.json unreadable.
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
-
-
-class JournalEntry(_Frozen):
+class JournalEntry(Frozen):
     """One line of the append-only journal: every action the runner took, and when."""
 
     at: float  # Unix time
@@ -32,14 +27,14 @@ class JournalEntry(_Frozen):
     ok: bool = True
 
 
-class RegionSample(_Frozen):
+class RegionSample(Frozen):
     state: str
     health: str
     routing: dict[str, float] = Field(default_factory=dict)
     ladder_steps: tuple[str, ...] = ()  # degradation steps applied now, in order
 
 
-class Sample(_Frozen):
+class Sample(Frozen):
     """What the system's own metrics and etcd said at ``t``. Rates are over the window
     since the previous sample; ``None`` when nothing was measured in it."""
 
@@ -53,7 +48,7 @@ class Sample(_Frozen):
     prefix_hit_rate: float | None = None  # vLLM prefix_cache hits / queries, all replicas
 
 
-class Transition(_Frozen):
+class Transition(Frozen):
     """A state change of a region, from the leader's audit log."""
 
     t: float
@@ -63,7 +58,7 @@ class Transition(_Frozen):
     reason: str = ""
 
 
-class LadderEvent(_Frozen):
+class LadderEvent(Frozen):
     """A degradation step applied, restored or re-applied, from the audit log."""
 
     t: float
@@ -72,7 +67,7 @@ class LadderEvent(_Frozen):
     step: str
 
 
-class Criterion(_Frozen):
+class Criterion(Frozen):
     """One line of the verdict: what was measured against what was required."""
 
     name: str
@@ -82,7 +77,7 @@ class Criterion(_Frozen):
     detail: str = ""
 
 
-class DrillResult(_Frozen):
+class DrillResult(Frozen):
     id: str
     scenario: str
     title: str

@@ -55,7 +55,7 @@ from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
 from controlplane.kernel.ladder_file import load_ladder
-from controlplane.kernel.model import AuditEntry, Readiness
+from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
 from controlplane.kernel.store.port import Put, Store
 
 log = logging.getLogger("chaos.drills.runner")
@@ -146,9 +146,12 @@ class DrillRunner:
         journal = Journal(directory / "journal.jsonl", started, mono0)
         self._samples, self._abort = [], ""
         observer = Observer(
-            self.store, self.target.keys, self.topology, self.target.gateway_urls,
+            self.store,
+            self.target.keys,
+            self.topology,
+            self.target.gateway_urls,
             {r: self.target.replica_urls(r) for r in self.topology.names},
-        )  # fmt: skip
+        )
         journal.write("phase", "start", scenario=s.name, region=s.region, dry_run=dry_run)
         self.say(f"DRILL {s.name} on {s.region}{' (dry run)' if dry_run else ''}: {s.title}")
         sampler = asyncio.create_task(self._sample(observer, s, journal, mono0))
@@ -190,9 +193,20 @@ class DrillRunner:
 
         journal.phase = "verdict"
         result = await self._verdict(
-            s, drill_id, directory, journal, started, mono0, fault_t, before, after, extra,
-            sessions0, dry_run, observer.gateway_violations,
-        )  # fmt: skip
+            s,
+            drill_id,
+            directory,
+            journal,
+            started,
+            mono0,
+            fault_t,
+            before,
+            after,
+            extra,
+            sessions0,
+            dry_run,
+            observer.gateway_violations,
+        )
         journal.close()
         return result
 
@@ -464,8 +478,12 @@ class DrillRunner:
         if self.write_readiness and regions:
             await self._record_readiness(result, regions)
             journal.write("verdict", "readiness", passed=passed, regions=",".join(regions))
-        journal.write("verdict", "PASS" if passed else "FAIL", ok=passed,
-                      failed=",".join(result.failed_criteria()))  # fmt: skip
+        journal.write(
+            "verdict",
+            "PASS" if passed else "FAIL",
+            ok=passed,
+            failed=",".join(result.failed_criteria()),
+        )
         self.say(
             f"VERDICT {s.name} on {s.region}: {'PASS' if passed else 'FAIL'}"
             + ("" if passed else f" ({', '.join(result.failed_criteria())})")
@@ -477,17 +495,27 @@ class DrillRunner:
         keys = self.target.keys
         readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
         ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
-        entry_base = {"drill": result.id, "scenario": result.scenario,
-                      "failed": json_list(result.failed_criteria())}  # fmt: skip
+        entry_base = {
+            "drill": result.id,
+            "scenario": result.scenario,
+            "failed": json_list(result.failed_criteria()),
+        }
         log = AuditLog(keys, ACTOR)
         audit = [
-            log.op(AuditEntry(
-                at=result.ended_at, actor=ACTOR, action="drill_verdict", region=r,
-                reason="passed" if result.passed else "failed: barred until a "
-                "passing drill or an operator override", details=entry_base,
-            ))
+            log.op(
+                AuditEntry(
+                    at=result.ended_at,
+                    actor=ACTOR,
+                    action=AuditAction.DRILL_VERDICT,
+                    region=r,
+                    reason="passed"
+                    if result.passed
+                    else "failed: barred until a passing drill or an operator override",
+                    details=entry_base,
+                )
+            )
             for r in regions
-        ]  # fmt: skip
+        ]
         await self.store.txn([], [*ops, *audit])
 
     def _write_report(self, result: DrillResult, directory: Path) -> None:

@@ -18,16 +18,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from controlplane.kernel.config import ConfigError, describe_errors, read_yaml
+from controlplane.kernel.model import Frozen
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class FaultKind(StrEnum):
@@ -47,7 +44,7 @@ class FaultKind(StrEnum):
     FLAP_REGION = "flap_region"  # stop and start the region's servers every `period_s`
 
 
-class SimFault(_Strict):
+class SimFault(Frozen):
     """The simulator's ``/_sim/fault`` body (regions/simulator/faults.py)."""
 
     error_rate: float = Field(0.0, ge=0.0, le=1.0)
@@ -57,7 +54,7 @@ class SimFault(_Strict):
     health_down: bool = False
 
 
-class Condition(_Strict):
+class Condition(Frozen):
     """Wait until a region is in ``state`` (and, with ``step``, that failover step is
     recorded done): how a fault is timed to land mid-failover."""
 
@@ -67,7 +64,7 @@ class Condition(_Strict):
     within_s: float = Field(60.0, gt=0, le=600)
 
 
-class Fault(_Strict):
+class Fault(Frozen):
     action: FaultKind
     region: str = "{region}"
     at_s: float = Field(0.0, ge=0, le=3600, description="seconds after the faults phase starts")
@@ -88,13 +85,17 @@ class Fault(_Strict):
         return self
 
 
-class Probe(_Strict):
+class Probe(Frozen):
     """One clause of the steady-state hypothesis."""
 
     probe: Literal[
-        "leader", "regions_healthy", "region_state", "ladder_clear", "error_rate",
+        "leader",
+        "regions_healthy",
+        "region_state",
+        "ladder_clear",
+        "error_rate",
         "first_token_p99_s",
-    ]  # fmt: skip
+    ]
     region: str = "{region}"
     state: Literal["NORMAL", "DEGRADED", "FAILING_OVER", "RECOVERED"] = "NORMAL"
     max: float = Field(
@@ -108,7 +109,7 @@ class Probe(_Strict):
         return self
 
 
-class SteadyState(_Strict):
+class SteadyState(Frozen):
     """Holds when every probe holds at once, checked every sample, within ``within_s``."""
 
     probes: tuple[Probe, ...] = Field(min_length=1)
@@ -116,7 +117,7 @@ class SteadyState(_Strict):
     hold_s: float = Field(2.0, ge=0, le=120, description="must hold this long in a row")
 
 
-class Measurements(_Strict):
+class Measurements(Frozen):
     """The verdict's criteria; a criterion left out is not judged."""
 
     prewarm_attainment: Annotated[float, Field(ge=0, le=1)] | None = Field(
@@ -141,7 +142,7 @@ class Measurements(_Strict):
     )
 
 
-class Abort(_Strict):
+class Abort(Frozen):
     """Stop early (rollbacks still run) when the drill hurts more than it may."""
 
     max_duration_s: float = Field(300.0, gt=0, le=3600)
@@ -149,7 +150,7 @@ class Abort(_Strict):
     window_s: float = Field(10.0, gt=0, le=600)
 
 
-class Scenario(_Strict):
+class Scenario(Frozen):
     name: Annotated[str, Field(pattern=NAME)]
     title: str = Field(min_length=1, max_length=120)
     description: str = ""

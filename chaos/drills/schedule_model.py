@@ -15,10 +15,11 @@ from typing import Annotated, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaos.drills.scenario import NAME, SCENARIO_DIR, load_all
 from controlplane.kernel.config import ConfigError, describe_errors, read_yaml
+from controlplane.kernel.model import Frozen
 
 SCHEDULE_FILE = Path(__file__).resolve().parents[1] / "schedule.yaml"
 DEFAULT_CRON = "0 3 * * 2"  # weekly: Tuesdays 03:00
@@ -26,10 +27,6 @@ DEFAULT_MAX_DURATION_S = 300.0  # a scenario's abort.max_duration_s when it sets
 
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 DAYS: tuple[Day, ...] = get_args(Day)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def _zone(name: str) -> ZoneInfo:
@@ -61,7 +58,7 @@ def _expand_days(value: object) -> object:
     return out
 
 
-class Window(_Strict):
+class Window(Frozen):
     """Days of the week and a local start/end time a drill may start in (and must end
     by). A window cannot cross midnight: split it into two."""
 
@@ -92,7 +89,7 @@ class Window(_Strict):
         return f"{','.join(self.days)} {self.start:%H:%M}-{self.end:%H:%M}"
 
 
-class Blocked(_Strict):
+class Blocked(Frozen):
     """Dates (inclusive, in the entry's time zone) no drill may run on: a holiday, a
     change freeze. In YAML: ``2026-12-25``, ``"2026-12-20..2027-01-04"`` or a mapping
     ``{start, end, reason}``."""
@@ -127,7 +124,7 @@ class Blocked(_Strict):
         return f"{span} ({self.reason})" if self.reason else span
 
 
-class ScheduleEntry(_Strict):
+class ScheduleEntry(Frozen):
     """One scheduled drill. ``timezone`` and ``windows`` default to the top level's;
     ``blocked`` adds to it."""
 
@@ -173,7 +170,7 @@ class ScheduleEntry(_Strict):
         return f"{self.scenario}@{self.region}" if self.region else self.scenario
 
 
-class Schedule(_Strict):
+class Schedule(Frozen):
     timezone: str = "UTC"
     windows: tuple[Window, ...] = ()
     blocked: tuple[Blocked, ...] = ()

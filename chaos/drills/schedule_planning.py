@@ -22,15 +22,15 @@ from chaos.drills.schedule_model import (
     Schedule,
     ScheduleEntry,
     Window,
-    _Strict,
     _zone,
 )
+from controlplane.kernel.model import Frozen
 
 MAX_SCAN = 5000  # cron occurrences looked at per entry, so that `next` always ends
 HORIZON = timedelta(days=400)  # and how far ahead: a year plus a freeze or two
 
 
-class PlannedRun(_Strict):
+class PlannedRun(Frozen):
     entry: ScheduleEntry
     at: datetime  # aware, in the entry's time zone
 
@@ -39,19 +39,19 @@ class PlannedRun(_Strict):
         return self.at.astimezone(UTC)
 
 
-class Skipped(_Strict):
+class Skipped(Frozen):
     entry: ScheduleEntry
     at: datetime  # the cron occurrence that will not run, in the entry's time zone
     reason: str
 
 
-class Upcoming(_Strict):
+class Upcoming(Frozen):
     runs: tuple[PlannedRun, ...] = ()
     skipped: tuple[Skipped, ...] = ()  # occurrences before the last run listed, and why
     disabled: tuple[str, ...] = ()  # keys of entries with enabled: false
 
 
-class DueReport(_Strict):
+class DueReport(Frozen):
     runs: tuple[PlannedRun, ...] = ()  # due now, oldest occurrence first
     skipped: tuple[Skipped, ...] = ()  # latest occurrences that will not run, and why
 

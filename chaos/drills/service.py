@@ -37,8 +37,6 @@ from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from chaos.drills import requests as requests
 from chaos.drills.lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
 from chaos.drills.result import DrillResult, DrillSummary, summarize
@@ -47,6 +45,7 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.drills import DrillRequest, ScenarioInfo
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Frozen
 from controlplane.kernel.store.port import Store, StoreError
 
 # DrillBusy, DrillLock and LockLost moved to chaos/drills/lock.py: importable from here too.
@@ -79,10 +78,8 @@ MANUAL = "manual"
 REQUEST = "request"
 
 
-class TickReport(BaseModel):
+class TickReport(Frozen):
     """What one tick of ``serve()`` decided, for the log and the tests."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     at: float
     due: tuple[str, ...] = ()  # entry keys due at ``at``, oldest occurrence first
@@ -254,9 +251,13 @@ class DrillService:
         oldest due scheduled drill; at most one drill per tick."""
         now = self._now()
         await requests.publish_catalog(
-            self._store, self._keys, self.holder, self._scenarios, self._schedule,
+            self._store,
+            self._keys,
+            self.holder,
+            self._scenarios,
+            self._schedule,
             now.timestamp(),
-        )  # fmt: skip
+        )
         asked = await requests.pending(self._store, self._keys)
         if asked:
             outcome = await self._run_requested(asked[0])
@@ -281,9 +282,12 @@ class DrillService:
         log.info("running drill %s requested by %s: %s", req.scenario, req.actor, req.reason)
         try:
             summary = await self.run_once(
-                req.scenario, req.region or None, REQUEST, dry_run=req.dry_run,
+                req.scenario,
+                req.region or None,
+                REQUEST,
+                dry_run=req.dry_run,
                 request_id=req.id,
-            )  # fmt: skip
+            )
         except DrillBusy:
             return "busy"  # kept: the next tick tries again
         except Exception as e:  # recorded as a failed run by _run_locked
@@ -396,4 +400,3 @@ async def history(store: Store, keys: Keys, limit: int | None = 20) -> list[Dril
         except CorruptValue as e:
             log.warning("drill history: %s", e)
     return out
-

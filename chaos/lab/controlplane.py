@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from controlplane.__main__ import main as controlplane_main
-from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan, PrewarmFigures
 
 
 class HoldPrewarmer:
@@ -28,9 +28,9 @@ class HoldPrewarmer:
 
     async def prewarm(
         self, plan: FailoverPlan, budget_s: float, failover_id: str
-    ) -> dict[str, float]:
+    ) -> PrewarmFigures:
         await asyncio.sleep(min(self.hold_s, budget_s))
-        return {"prefixes_total": 0.0, "prefixes_warmed": 0.0, "held_s": self.hold_s}
+        return PrewarmFigures(prefixes_total=0.0, prefixes_warmed=0.0, held_s=self.hold_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,8 +41,10 @@ def print_verdict(result: DrillResult, live: LiveView) -> None:
     print("\n== story")
     for t, msg in live.timeline:
         print(f"  t+{t:5.1f}s  {msg}")
-    print(f"\n== verdict of {result.scenario} on {result.region}: "
-          f"{'PASS' if result.passed else 'FAIL'}")  # fmt: skip
+    print(
+        f"\n== verdict of {result.scenario} on {result.region}: "
+        f"{'PASS' if result.passed else 'FAIL'}"
+    )
     for c in result.criteria:
         print(f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<22} {c.measured}")
         print(f"        {'':<22} required: {c.required}")
@@ -60,13 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--vllm", action="store_true",
-                   help="real vLLM servers (one per region) instead of simulators")  # fmt: skip
-    p.add_argument("--scenario", default="region-blackout",
-                   help="drill to run (a name in chaos/scenarios/)")  # fmt: skip
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="real vLLM servers (one per region) instead of simulators",
+    )
+    p.add_argument(
+        "--scenario", default="region-blackout", help="drill to run (a name in chaos/scenarios/)"
+    )
     p.add_argument("--sessions", type=int, default=30, help="chat sessions (default 30)")
-    p.add_argument("--reports", type=Path, default=REPORTS,
-                   help=f"where drill reports go (default {REPORTS}/)")  # fmt: skip
+    p.add_argument(
+        "--reports", type=Path, default=REPORTS, help=f"where drill reports go (default {REPORTS}/)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
     args = p.parse_args(argv)
     if args.sessions < 3:
@@ -86,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         scenario = find_scenario(args.scenario)
         result = asyncio.run(
             run_in_lab(
-                scenario, spec=spec, reports=args.reports, sessions=args.sessions,
-                say=live.say, on_sample=live.show,
+                scenario,
+                spec=spec,
+                reports=args.reports,
+                sessions=args.sessions,
+                say=live.say,
+                on_sample=live.show,
             )
-        )  # fmt: skip
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -103,9 +103,16 @@ async def run_in_lab(
         await store.connect()
         try:
             return await drill_on(
-                dep, store, scenario, region, dry_run=dry_run, reports=reports,
-                sessions=sessions, say=say, on_sample=on_sample,
-            )  # fmt: skip
+                dep,
+                store,
+                scenario,
+                region,
+                dry_run=dry_run,
+                reports=reports,
+                sessions=sessions,
+                say=say,
+                on_sample=on_sample,
+            )
         finally:
             await store.close()
 
@@ -171,10 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         scenario = find_scenario(args.scenario)
         result = asyncio.run(
             run_in_lab(
-                scenario, args.region, dry_run=args.dry_run, reports=args.reports,
+                scenario,
+                args.region,
+                dry_run=args.dry_run,
+                reports=args.reports,
                 sessions=args.sessions,
             )
-        )  # fmt: skip
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,23 +5,17 @@ from __future__ import annotations
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.core.intents import IntentOutcome, IntentStatus
+from controlplane.kernel.health_report import health_from_pb as health_from_pb
+from controlplane.kernel.health_report import health_to_pb
 from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverPlan,
-    Health,
     ObserverKind,
     RegionState,
 )
 from controlplane.kernel.snapshot import RegionView
 
-_HEALTH_TO_PB = {
-    Health.HEALTHY: pb.HEALTHY,
-    Health.DEGRADED: pb.HEALTH_DEGRADED,
-    Health.UNHEALTHY: pb.UNHEALTHY,
-    Health.UNKNOWN: pb.UNKNOWN,
-}
-_HEALTH_FROM_PB: dict[int, Health] = {v: k for k, v in _HEALTH_TO_PB.items()}
 _INTENT_STATE = {
     IntentStatus.PENDING: pb.INTENT_PENDING,
     IntentStatus.DONE: pb.INTENT_DONE,
@@ -32,14 +26,6 @@ _KIND_FROM_PB: dict[int, ObserverKind] = {
     pb.PROBE: ObserverKind.PROBE,
     pb.GATEWAY: ObserverKind.GATEWAY,
 }
-
-
-def health_to_pb(h: Health) -> int:
-    return _HEALTH_TO_PB[h]
-
-
-def health_from_pb(v: int) -> Health | None:
-    return _HEALTH_FROM_PB.get(v)
 
 
 def kind_from_pb(v: int) -> ObserverKind | None:
@@ -56,7 +42,7 @@ def region_status(view: RegionView, zone: str) -> pb.RegionStatus:
         name=view.name,
         zone=zone,
         state=state_to_pb(rec.state),  # type: ignore[arg-type]
-        health=health_to_pb(view.health.verdict),  # type: ignore[arg-type]
+        health=health_to_pb(view.health.verdict),
         epoch=rec.epoch,
         reason=rec.reason,
         since=rec.since,
@@ -89,7 +75,7 @@ def event_to_pb(key_id: str, a: AuditEntry) -> pb.Event:
     ev = pb.Event(
         id=key_id,
         at=a.at,
-        action=a.action,
+        action=a.action.value,
         region=a.region,
         actor=a.actor,
         reason=a.reason,

@@ -28,7 +28,7 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag
 from controlplane.kernel.drills import SCENARIO_NAME, DrillCatalog, DrillRequest, DrillSummary
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import AuditEntry, Readiness
+from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
 from controlplane.kernel.store.port import Compare, Put, Store, StoreUnavailable
 
@@ -42,10 +42,16 @@ def readiness_pb(region: str, r: Readiness | None) -> pb.RegionReadiness:
     if r is None:
         return pb.RegionReadiness(region=region, has_verdict=False)
     return pb.RegionReadiness(
-        region=region, has_verdict=True, passed=r.passed, drill=r.drill, at=r.at,
-        override_reason=r.override_reason, override_actor=r.override_actor,
-        override_at=r.override_at, barred=not r.passed and not r.override_reason,
-    )  # fmt: skip
+        region=region,
+        has_verdict=True,
+        passed=r.passed,
+        drill=r.drill,
+        at=r.at,
+        override_reason=r.override_reason,
+        override_actor=r.override_actor,
+        override_at=r.override_at,
+        barred=not r.passed and not r.override_reason,
+    )
 
 
 def _preview(e: CatalogEntry) -> str:
@@ -64,11 +70,19 @@ def _preview(e: CatalogEntry) -> str:
 
 def summary_pb(s: DrillSummary) -> pb.DrillRun:
     return pb.DrillRun(
-        id=s.id, scenario=s.scenario, region=s.region, started_at=s.started_at,
-        ended_at=s.ended_at, passed=s.passed, dry_run=s.dry_run, aborted=s.aborted,
-        failed=list(s.failed), trigger=s.trigger, report_path=s.report_path,
+        id=s.id,
+        scenario=s.scenario,
+        region=s.region,
+        started_at=s.started_at,
+        ended_at=s.ended_at,
+        passed=s.passed,
+        dry_run=s.dry_run,
+        aborted=s.aborted,
+        failed=list(s.failed),
+        trigger=s.trigger,
+        report_path=s.report_path,
         request_id=s.request_id,
-    )  # fmt: skip
+    )
 
 
 class DrillMethods:
@@ -109,20 +123,29 @@ class DrillMethods:
         current, rev = await self._readiness(region)
         if current is None or current.passed or current.override_reason:
             state = (
-                "has no drill verdict" if current is None
-                else "passed its last drill" if current.passed
+                "has no drill verdict"
+                if current is None
+                else "passed its last drill"
+                if current.passed
                 else f"is already overridden by {current.override_actor or '?'}"
-            )  # fmt: skip
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                        f"{region} {state}: nothing to override")  # fmt: skip
+            )
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{region} {state}: nothing to override",
+            )
         now = self.clock.now()
         new = current.model_copy(
             update={"override_reason": reason, "override_actor": actor, "override_at": now}
         )
         entry = AuditEntry(
-            at=now, actor=actor, action="readiness_override", region=region, reason=reason,
+            at=now,
+            actor=actor,
+            action=AuditAction.READINESS_OVERRIDE,
+            region=region,
+            reason=reason,
             details={"drill": current.drill},
-        )  # fmt: skip
+        )
         key = self.keys.readiness(region)
         ok = (
             await self.store.txn(
@@ -130,9 +153,12 @@ class DrillMethods:
             )
         ).succeeded
         if not ok:
-            await abort(context, grpc.StatusCode.ABORTED,
-                        f"{region}'s readiness changed meanwhile (a drill ended?); look again "
-                        "with failoverctl readiness, then retry")  # fmt: skip
+            await abort(
+                context,
+                grpc.StatusCode.ABORTED,
+                f"{region}'s readiness changed meanwhile (a drill ended?); look again "
+                "with failoverctl readiness, then retry",
+            )
         return readiness_pb(region, new)
 
     @store_errors
@@ -151,16 +177,23 @@ class DrillMethods:
         except CorruptValue as e:
             await abort(context, grpc.StatusCode.DATA_LOSS, str(e))
         return pb.TopPrefixesResponse(
-            region=region, found=True, generated_at=cat.at, gateways=cat.gateways,
+            region=region,
+            found=True,
+            generated_at=cat.at,
+            gateways=cat.gateways,
             min_sessions=cat.min_sessions,
             entries=[
                 pb.PrefixEntry(
-                    key=e.key, tokens=e.payload.tokens if e.payload else 0, count=e.count,
-                    sessions=e.sessions, may_leave=e.payload is not None, preview=_preview(e),
+                    key=e.key,
+                    tokens=e.payload.tokens if e.payload else 0,
+                    count=e.count,
+                    sessions=e.sessions,
+                    may_leave=e.payload is not None,
+                    preview=_preview(e),
                 )
                 for e in cat.entries[:limit]
             ],
-        )  # fmt: skip
+        )
 
     @store_errors
     async def ListDrills(
@@ -197,10 +230,15 @@ class DrillMethods:
         for req in await self._pending():
             resp.pending.append(
                 pb.PendingDrill(
-                    id=req.id, scenario=req.scenario, region=req.region, dry_run=req.dry_run,
-                    actor=req.actor, reason=req.reason, requested_at=req.requested_at,
+                    id=req.id,
+                    scenario=req.scenario,
+                    region=req.region,
+                    dry_run=req.dry_run,
+                    actor=req.actor,
+                    reason=req.reason,
+                    requested_at=req.requested_at,
                 )
-            )  # fmt: skip
+            )
         lock = await self.store.get(self.keys.drill_lock())
         if lock is not None:
             resp.running = lock.value.decode(errors="replace")
@@ -238,26 +276,44 @@ class DrillMethods:
         reason, actor = await reason_and_actor(context, request.reason, request.actor)
         catalog = await self._catalog()
         if catalog is None:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                        "no drill service has published its scenarios: start one "
-                        "(python -m chaos) and retry")  # fmt: skip
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "no drill service has published its scenarios: start one "
+                "(python -m chaos) and retry",
+            )
         names = {s.name for s in catalog.scenarios}
         if request.scenario not in names:
             known = ", ".join(sorted(names))
-            await bad_request(context, f"unknown scenario {request.scenario!r}; the drill "
-                              f"service {catalog.service} has: {known}")  # fmt: skip
+            await bad_request(
+                context,
+                f"unknown scenario {request.scenario!r}; the drill "
+                f"service {catalog.service} has: {known}",
+            )
         if len(await self._pending()) >= MAX_PENDING:
-            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"{MAX_PENDING} drills are queued already; wait for them")  # fmt: skip
+            await abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_PENDING} drills are queued already; wait for them",
+            )
         now = self.clock.now()
         req = DrillRequest(
-            id=uuid.uuid4().hex[:12], scenario=request.scenario, region=region,
-            dry_run=request.dry_run, reason=reason, actor=actor, requested_at=now,
-        )  # fmt: skip
+            id=uuid.uuid4().hex[:12],
+            scenario=request.scenario,
+            region=region,
+            dry_run=request.dry_run,
+            reason=reason,
+            actor=actor,
+            requested_at=now,
+        )
         entry = AuditEntry(
-            at=now, actor=actor, action="drill_requested", region=region, reason=reason,
+            at=now,
+            actor=actor,
+            action=AuditAction.DRILL_REQUESTED,
+            region=region,
+            reason=reason,
             details={"request": req.id, "scenario": req.scenario, "dry_run": flag(req.dry_run)},
-        )  # fmt: skip
+        )
         key = self.keys.drill_request(req.id)
         ok = (
             await self.store.txn(

@@ -51,6 +51,7 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag, json_list
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
+    AuditAction,
     AuditEntry,
     ControlFlags,
     Intent,
@@ -178,7 +179,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         audit = AuditEntry(
             at=intent.created_at,
             actor=intent.actor,
-            action=f"intent_{intent.kind.value}",
+            action=AuditAction.of_intent(intent.kind),
             region=intent.region,
             reason=intent.reason,
             result="accepted",
@@ -363,7 +364,10 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                 Put(self.keys.control(), encode(flags)),
                 self.audit.op(
                     AuditEntry(
-                        at=now, actor=actor, action="pause" if paused else "resume", reason=reason
+                        at=now,
+                        actor=actor,
+                        action=AuditAction.PAUSE if paused else AuditAction.RESUME,
+                        reason=reason,
                     )
                 ),
             ],

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from importlib import resources
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -84,9 +84,17 @@ def create_http_app(
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /docs is served from here
         redoc_url=None,
     )
-    static = resources.files("controlplane.api") / "static"
-    dashboard, docs = (static / "dashboard.html").read_text(), (static / "docs.html").read_text()
-    open_streams = 0
+    _handle_errors(app)
+    app.include_router(_pages())
+    app.include_router(_probes(reads, not_ready, metrics))
+    app.include_router(_reads(reads))
+    app.include_router(_events(reads, stopping, heartbeat_s, max_streams))
+    app.add_middleware(_RequestLimits)
+    return app
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """Bad input is a 400 and an unreachable etcd a 503, each as a Problem."""
 
     @app.exception_handler(BadRead)
     async def _bad_read(request: Request, exc: Exception) -> Response:
@@ -108,6 +116,13 @@ def create_http_app(
             status_code=503,
         )
 
+
+def _pages() -> APIRouter:
+    """The live dashboard and the API reference, served from the package."""
+    static = resources.files("controlplane.api") / "static"
+    dashboard, docs = (static / "dashboard.html").read_text(), (static / "docs.html").read_text()
+    app = APIRouter()
+
     @app.get("/", include_in_schema=False)
     async def page() -> HTMLResponse:
         return HTMLResponse(dashboard)
@@ -116,13 +131,20 @@ def create_http_app(
     async def reference() -> HTMLResponse:
         return HTMLResponse(docs)
 
-    @app.get("/healthz", tags=["probes"], summary="The process is alive")
+    return app
+
+
+def _probes(
+    reads: Reads, not_ready: Callable[[], str | None], metrics: Callable[[], bytes]
+) -> APIRouter:
+    app = APIRouter(tags=["probes"])
+
+    @app.get("/healthz", summary="The process is alive")
     async def healthz() -> Liveness:
         return Liveness(replica=reads.replica_id)
 
     @app.get(
         "/readyz",
-        tags=["probes"],
         summary="200 while the reconcile loop makes progress, else 503 and why",
         responses={503: {"model": ReadyView, "description": "not ready, and why"}},
     )
@@ -133,7 +155,6 @@ def create_http_app(
 
     @app.get(
         "/metrics",
-        tags=["probes"],
         summary="Prometheus metrics of this replica",
         response_class=Response,
         responses={200: {"content": {CONTENT_TYPE: {}}}},
@@ -141,20 +162,35 @@ def create_http_app(
     async def prometheus() -> Response:
         return Response(metrics(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/status", tags=["reads"], summary="Every region's state, health and routing")
+    return app
+
+
+def _reads(reads: Reads) -> APIRouter:
+    app = APIRouter(tags=["reads"])
+
+    @app.get("/v1/status", summary="Every region's state, health and routing")
     async def status() -> StatusView:
         return await reads.status()
 
-    @app.get("/v1/history", tags=["reads"], summary="Recent audit events, oldest first")
+    @app.get("/v1/history", summary="Recent audit events, oldest first")
     async def history(
         region: Annotated[str, Query(max_length=64, description="one region; all if empty")] = "",
         limit: Annotated[int, Query(ge=1, le=MAX_HISTORY)] = DEFAULT_HISTORY,
     ) -> HistoryView:
         return HistoryView(events=[EventView.of(r) for r in await reads.history(region, limit)])
 
+    return app
+
+
+def _events(
+    reads: Reads, stopping: asyncio.Event, heartbeat_s: float, max_streams: int
+) -> APIRouter:
+    """Live audit events as server-sent events, at most ``max_streams`` open at once."""
+    app = APIRouter(tags=["reads"])
+    open_streams = 0
+
     @app.get(
         "/v1/events",
-        tags=["reads"],
         summary="Live audit events (server-sent events, one JSON EventView per message)",
         response_class=StreamingResponse,
         responses={
@@ -207,7 +243,6 @@ def create_http_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    app.add_middleware(_RequestLimits)
     return app
 
 

@@ -27,6 +27,7 @@ from controlplane.kernel.model import (
     Decision,
     FailoverStep,
     Health,
+    PrewarmFigures,
     Readiness,
     RegionState,
 )
@@ -61,7 +62,7 @@ class FailoverView(BaseModel):
     warm_first: bool
     manual: bool
     forced: bool
-    prewarm_result: dict[str, float] = Field(default_factory=dict)
+    prewarm_result: PrewarmFigures = Field(default_factory=PrewarmFigures)
 
 
 class RecoveryView(BaseModel):
@@ -123,7 +124,7 @@ class EventView(BaseModel):
             id=rec.id,
             revision=rec.revision,
             at=a.at,
-            action=a.action,
+            action=a.action.value,
             region=a.region,
             actor=a.actor,
             reason=a.reason,

@@ -39,10 +39,12 @@ readiness_app = typer.Typer(
     "failover target, its traffic moved away) until a passing drill or an override.",
     invoke_without_command=True,
 )
-prefixes_app = typer.Typer(help="The leader's prefix catalogs (what pre-warm replays).",
-                           no_args_is_help=True)  # fmt: skip
-drill_app = typer.Typer(help="Chaos drills: history, schedule, and running one now.",
-                        no_args_is_help=True)  # fmt: skip
+prefixes_app = typer.Typer(
+    help="The leader's prefix catalogs (what pre-warm replays).", no_args_is_help=True
+)
+drill_app = typer.Typer(
+    help="Chaos drills: history, schedule, and running one now.", no_args_is_help=True
+)
 
 
 def _when(ts: float) -> str:
@@ -61,10 +63,12 @@ def readiness_table(resp: pb.ReadinessResponse) -> Table:
             verdict = "[bold red]FAILED: barred[/]"
         else:
             verdict = "[green]passed[/]" if r.passed else "[yellow]failed, overridden[/]"
-        override = (f"{r.override_actor}: {r.override_reason} ({render.ago(r.override_at)})"
-                    if r.override_reason else "")  # fmt: skip
-        t.add_row(r.region, verdict, r.drill or "-",
-                  render.ago(r.at) if r.at else "-", override)  # fmt: skip
+        override = (
+            f"{r.override_actor}: {r.override_reason} ({render.ago(r.override_at)})"
+            if r.override_reason
+            else ""
+        )
+        t.add_row(r.region, verdict, r.drill or "-", render.ago(r.at) if r.at else "-", override)
     return t
 
 
@@ -131,14 +135,22 @@ def prefixes_top(
         if not resp.found:
             out.print(f"{region}: no prefix catalog yet (no traffic counted by the gateways)")
             return
-        t = Table(title=f"{region}: top prefixes (merged from {resp.gateways} gateways, "
-                  f"{render.ago(resp.generated_at)}; may leave after {resp.min_sessions} "
-                  "sessions)")  # fmt: skip
+        t = Table(
+            title=f"{region}: top prefixes (merged from {resp.gateways} gateways, "
+            f"{render.ago(resp.generated_at)}; may leave after {resp.min_sessions} "
+            "sessions)"
+        )
         for col in ("#", "count", "sessions", "tokens", "may leave", "prefix"):
             t.add_column(col)
         for i, e in enumerate(resp.entries, 1):
-            t.add_row(str(i), f"{e.count:g}", str(e.sessions), str(e.tokens or "-"),
-                      "yes" if e.may_leave else "no", e.preview or e.key[:16])  # fmt: skip
+            t.add_row(
+                str(i),
+                f"{e.count:g}",
+                str(e.sessions),
+                str(e.tokens or "-"),
+                "yes" if e.may_leave else "no",
+                e.preview or e.key[:16],
+            )
         out.print(t)
 
     _show(c, resp, text)
@@ -157,8 +169,11 @@ def runs_table(runs: list[pb.DrillRun], title: str) -> Table:
     for col in ("when", "scenario", "region", "verdict", "trigger", "id"):
         t.add_column(col)
     for r in runs:
-        verdict = ("[green]PASS[/]" if r.passed else
-                   f"[bold red]FAIL[/] {', '.join(r.failed) or r.aborted}")  # fmt: skip
+        verdict = (
+            "[green]PASS[/]"
+            if r.passed
+            else f"[bold red]FAIL[/] {', '.join(r.failed) or r.aborted}"
+        )
         if r.dry_run:
             verdict += " (dry run)"
         t.add_row(_when(r.started_at), r.scenario, r.region, verdict, r.trigger, r.id)
@@ -191,8 +206,10 @@ def drill_list(
         if resp.running:
             out.print(f"running now: {resp.running}")
         for p in resp.pending:
-            out.print(f"queued: {p.scenario} on {p.region or 'its default region'} "
-                      f"(request {p.id} by {p.actor}: {p.reason})")  # fmt: skip
+            out.print(
+                f"queued: {p.scenario} on {p.region or 'its default region'} "
+                f"(request {p.id} by {p.actor}: {p.reason})"
+            )
         out.print(runs_table(list(resp.runs), "Last drills"))
 
     _show(c, resp, text)
@@ -216,8 +233,10 @@ def drill_show(
 
     def text() -> None:
         verdict = "PASS" if run.passed else "FAIL"
-        out.print(f"{run.id}: {run.scenario} on {run.region}: {verdict}"
-                  + (" (dry run)" if run.dry_run else ""))  # fmt: skip
+        out.print(
+            f"{run.id}: {run.scenario} on {run.region}: {verdict}"
+            + (" (dry run)" if run.dry_run else "")
+        )
         asked = f", request {run.request_id}" if run.request_id else ""
         took = run.ended_at - run.started_at
         out.print(f"  ran {_when(run.started_at)} for {took:.0f}s ({run.trigger}{asked})")
@@ -245,8 +264,10 @@ def drill_schedule(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         if not resp.service:
             err.print("[yellow]no drill service has published a schedule yet[/]")
             return
-        t = Table(title=f"Upcoming drills (service {resp.service}, "
-                  f"published {render.ago(resp.published_at)})")  # fmt: skip
+        t = Table(
+            title=f"Upcoming drills (service {resp.service}, "
+            f"published {render.ago(resp.published_at)})"
+        )
         for col in ("when", "scenario", "region"):
             t.add_column(col)
         for u in resp.upcoming:
@@ -277,8 +298,9 @@ def drill_run(
     c = _ctx(ctx, json_out)
     if not dry_run:
         _confirm(f"Run drill {scenario} now? It injects real faults.", yes)
-    req = pb.DrillRequest(scenario=scenario, region=region, dry_run=dry_run, reason=reason,
-                          actor=c.actor)  # fmt: skip
+    req = pb.DrillRequest(
+        scenario=scenario, region=region, dry_run=dry_run, reason=reason, actor=c.actor
+    )
     resp = _call(c, lambda s: s.RequestDrill, req)
     if not wait:
         _show(c, resp, lambda: err.print(f"queued: request {resp.intent_id}"))
@@ -305,5 +327,10 @@ def _wait_for_run(c: Ctx, request_id: str, wait_s: float) -> pb.DrillRun:
             err.print(now)
             said = now
         time.sleep(1.0)
-    raise _fail(CliError(f"no verdict for request {request_id} within {wait_s:g}s; "
-                         "follow it with failoverctl drill list", EXIT_REFUSED))  # fmt: skip
+    raise _fail(
+        CliError(
+            f"no verdict for request {request_id} within {wait_s:g}s; "
+            "follow it with failoverctl drill list",
+            EXIT_REFUSED,
+        )
+    )

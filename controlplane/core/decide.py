@@ -29,6 +29,8 @@ from controlplane.core.steps import pending_steps, recovery_pending
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
 from controlplane.kernel.model import (
+    RECOVERY_STEP_DETAIL,
+    AuditAction,
     AuditEntry,
     FailoverPlan,
     FailoverProgress,
@@ -92,7 +94,7 @@ def _transition(
             AuditEntry(
                 at=now,
                 actor=actor,
-                action="transition",
+                action=AuditAction.TRANSITION,
                 region=view.name,
                 reason=reason,
                 decision=decision,
@@ -165,14 +167,16 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
         details[b.signal] = f"{b.value:.4g}"
         details[f"{b.signal}_threshold"] = f"{b.threshold:.4g}"
     action = {
-        MoveKind.ABANDON: "recovery_prewarm",
-        MoveKind.HOLD: "recovery_hold",
-        MoveKind.GUARD: "recovery_guard",
-        MoveKind.SPIKE: "recovery_guard",
-        MoveKind.CALM: "recovery_calm",
-    }.get(move.kind, "recovery_step")
+        MoveKind.ABANDON: AuditAction.of_recovery(RecoveryStep.PREWARM),
+        MoveKind.HOLD: AuditAction.RECOVERY_HOLD,
+        MoveKind.GUARD: AuditAction.RECOVERY_GUARD,
+        MoveKind.SPIKE: AuditAction.RECOVERY_GUARD,
+        MoveKind.CALM: AuditAction.RECOVERY_CALM,
+    }.get(move.kind, AuditAction.RECOVERY_STEP)
     if move.kind is MoveKind.ABANDON:
-        details.update({k: f"{v:g}" for k, v in sorted(move.progress.prewarm_result.items())})
+        details.update(move.progress.prewarm_result.details())
+    if action is AuditAction.RECOVERY_STEP:  # readers learn the step without the reason
+        details[RECOVERY_STEP_DETAIL] = str(move.progress.step)
     result = "abandoned" if move.kind is MoveKind.ABANDON else "ok"
     return Write(
         region=view.name,
@@ -319,7 +323,7 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent, actor: str) -> W
             audit=AuditEntry(
                 at=now,
                 actor=intent.actor,
-                action=f"intent_{intent.kind.value}",
+                action=AuditAction.of_intent(intent.kind),
                 region=intent.region,
                 reason=intent.reason,
                 result=f"refused: {why}",

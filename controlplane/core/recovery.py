@@ -147,11 +147,9 @@ def next_recovery_move(
         done = p.model_copy(
             update={
                 "done": (*p.done, *pending),
-                "prewarm_result": {
-                    **p.prewarm_result,
-                    "abandoned": 1.0,
-                    "waited_s": round(waited, 3),
-                },
+                "prewarm_result": p.prewarm_result.model_copy(
+                    update={"abandoned": True, "waited_s": round(waited, 3)}
+                ),
             }
         )
         return RecoveryMove(

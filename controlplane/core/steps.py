@@ -15,8 +15,10 @@ from controlplane.core.failover import routing_after_switch
 from controlplane.core.recovery import pending_recovery_steps
 from controlplane.kernel.details import routing_details
 from controlplane.kernel.model import (
+    AuditAction,
     AuditEntry,
     FailoverStep,
+    PrewarmFigures,
     RecoveryStep,
     RegionRecord,
     RegionState,
@@ -49,7 +51,7 @@ def failover_step_write(
     region: str,
     step: FailoverStep,
     actor: str,
-    prewarm_result: dict[str, float] | None = None,
+    prewarm_result: PrewarmFigures | None = None,
 ) -> Write:
     """The write that records ``step`` of ``region``'s failover as done (with the routing
     switch itself, for SWITCH). Raises ValueError if the step is not pending."""
@@ -60,7 +62,7 @@ def failover_step_write(
     fo = rec.failover
     now = snap.now
     if step is FailoverStep.PREWARM:
-        result = dict(prewarm_result or {})
+        result = prewarm_result or PrewarmFigures()
         new = rec.model_copy(
             update={
                 "failover": fo.model_copy(
@@ -76,10 +78,10 @@ def failover_step_write(
                 AuditEntry(
                     at=now,
                     actor=actor,
-                    action="prewarm",
+                    action=AuditAction.PREWARM,
                     region=region,
                     reason=fo.plan.reason,
-                    details={k: f"{v:g}" for k, v in sorted(result.items())},
+                    details=result.details(),
                 ),
             ),
         )
@@ -112,7 +114,7 @@ def failover_step_write(
             AuditEntry(
                 at=now,
                 actor=actor,
-                action="routing_switch",
+                action=AuditAction.ROUTING_SWITCH,
                 region=region,
                 reason=plan.reason,
                 details=routing_details(routes),  # {region: JSON {target: weight}}
@@ -126,7 +128,7 @@ def recovery_step_write(
     region: str,
     step: RecoveryStep,
     actor: str,
-    result: dict[str, float] | None = None,
+    result: PrewarmFigures | None = None,
 ) -> Write:
     """The write that records ``step`` of ``region``'s recovery as done, with its result
     (a failed pre-warm too: recovery goes on). Raises ValueError if it is not pending."""
@@ -135,7 +137,7 @@ def recovery_step_write(
     prog = rec.recovery
     if step not in recovery_pending(rec) or prog is None:
         raise ValueError(f"{region}: recovery step {step.value} is not pending")
-    figures = dict(result or {})
+    figures = result or PrewarmFigures()
     new = rec.model_copy(
         update={
             "recovery": prog.model_copy(
@@ -143,7 +145,7 @@ def recovery_step_write(
             )
         }
     )
-    failed = figures.get("failed", 0.0) > 0 or figures.get("targets_unreachable", 0.0) > 0
+    failed = figures.failed or (figures.targets_unreachable or 0.0) > 0
     return Write(
         region=region,
         expected_rev=view.record_rev,
@@ -152,11 +154,11 @@ def recovery_step_write(
             AuditEntry(
                 at=snap.now,
                 actor=actor,
-                action=f"recovery_{step.value}",
+                action=AuditAction.of_recovery(step),
                 region=region,
                 reason=f"{region}'s own top prefixes replayed on it before its first step",
                 result="failed; recovery goes on" if failed else "ok",
-                details={k: f"{v:g}" for k, v in sorted(figures.items())},
+                details=figures.details(),
             ),
         ),
     )

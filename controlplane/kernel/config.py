@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Annotated, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from controlplane.kernel.model import Frozen
 from controlplane.kernel.prefixes import FingerprintParams
 from controlplane.kernel.security import SecurityConfig
 
@@ -25,11 +26,7 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names each bad field and the fix."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RegionConfig(_Strict):
+class RegionConfig(Frozen):
     name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
     zone: Annotated[
         str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
@@ -61,7 +58,7 @@ class RegionConfig(_Strict):
         return self
 
 
-class TimingConfig(_Strict):
+class TimingConfig(Frozen):
     probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
     failure_threshold: Annotated[int, Field(ge=1, description="bad evaluations to go down")] = 3
     success_threshold: Annotated[int, Field(ge=1, description="good evaluations to come up")] = 3
@@ -91,7 +88,7 @@ class TimingConfig(_Strict):
         return self
 
 
-class RecoveryConfig(_Strict):
+class RecoveryConfig(Frozen):
     """Graduated recovery (docs/architecture.md §3). With a degradation ladder file, its
     ``recovery`` section and ``baseline`` set the pace and the guard
     (``ladder_file.recovery_config``)."""
@@ -125,7 +122,7 @@ class RecoveryConfig(_Strict):
         return self.baseline_per_region.get(region, self.baseline_ttft_p99_s)
 
 
-class PrewarmConfig(_Strict):
+class PrewarmConfig(Frozen):
     budget_s: Annotated[float, Field(gt=0, le=600)] = 30.0
     top_fraction: Annotated[
         float, Field(gt=0, lt=1, description="share of shared prefixes to replay (top 1 %)")
@@ -135,7 +132,7 @@ class PrewarmConfig(_Strict):
     ] = 8
 
 
-class PrefixesConfig(_Strict):
+class PrefixesConfig(Frozen):
     """Prefix counting and the leader's per-region catalog (docs/architecture.md §4). Gateways and
     the leader read this one section, so their fingerprints and K agree: the leader
     skips an export counted with other values."""
@@ -180,7 +177,7 @@ class PrefixesConfig(_Strict):
         )
 
 
-class EtcdConfig(_Strict):
+class EtcdConfig(Frozen):
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
     request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
     # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
@@ -212,7 +209,7 @@ class EtcdConfig(_Strict):
         return self.ca is not None
 
 
-class Topology(_Strict):
+class Topology(Frozen):
     cluster: Annotated[str, Field(pattern=REGION_NAME)] = "default"
     etcd: EtcdConfig = EtcdConfig()
     regions: Annotated[tuple[RegionConfig, ...], Field(min_length=1)]

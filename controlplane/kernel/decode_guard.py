@@ -64,9 +64,10 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 return await inner_unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary, request_deserializer=parse,
+                unary,
+                request_deserializer=parse,
                 response_serializer=handler.response_serializer,
-            )  # fmt: skip
+            )
         inner_stream = handler.unary_stream
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:

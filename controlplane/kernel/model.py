@@ -9,8 +9,9 @@ agent clock cannot make a stale report look fresh.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class Frozen(BaseModel):
@@ -100,13 +101,107 @@ class FailoverStep(StrEnum):
     SWITCH = "switch"
 
 
+class PrewarmFigures(Frozen):
+    """What one pre-warm did (a failover's on its targets, a recovery's on its home).
+
+    Every figure is optional: each pre-warmer reports what it knows (none at all when
+    nothing ran). Counts are floats, as they have always been stored. In etcd and the
+    HTTP API it is one flat ``{name: number}`` object with the keys used before it was
+    typed: ``skipped`` as ``skipped_<reason>`` and ``target_attained`` as
+    ``target.<region>.attained_fraction``; a key this model does not know is kept in
+    ``other`` so that a record written by another version still reads back.
+    """
+
+    budget_s: float | None = None
+    targets: float | None = None  # targets asked to warm
+    targets_unreachable: float | None = None  # of those, no agent or no final report
+    catalog_entries: float | None = None
+    catalog_age_s: float | None = None
+    prefixes_total: float | None = None  # chosen to replay, over every target
+    prefixes_warmed: float | None = None
+    prefixes_failed: float | None = None
+    planned_prefill_s: float | None = None
+    elapsed_s: float | None = None  # the slowest target's
+    attained_fraction: float | None = None  # warmed / total over every target
+    verified: float | None = None  # replays sent a second time to check the cache
+    verified_hit_rate: float | None = None
+    prompt_tokens: float | None = None
+    replicas_active: float | None = None
+    held_s: float | None = None  # the test lab's HoldPrewarmer: how long it held
+    waited_s: float | None = None  # with ``abandoned``: how long recovery waited
+    # Why nothing (or not all) was warmed; stored as 1 when set, absent when not.
+    unsupported: bool = False  # the pre-warmer cannot warm a recovering region
+    failed: bool = False  # the pre-warmer raised
+    abandoned: bool = False  # no result in time; recovery went on without
+    skipped: dict[str, float] = Field(default_factory=dict)  # SkipReason value -> prefixes
+    target_attained: dict[str, float] = Field(default_factory=dict)  # region -> fraction
+    other: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unflatten(cls, data: Any) -> Any:
+        """The stored flat mapping (or keyword arguments) into the fields."""
+        if not isinstance(data, dict):
+            return data
+        out: dict[str, Any] = {}
+        skipped, attained, other = {}, {}, {}
+        for k, v in data.items():
+            if k in cls.model_fields:
+                out[k] = v
+            elif k.startswith(_SKIPPED):
+                skipped[k.removeprefix(_SKIPPED)] = v
+            elif k.startswith(_TARGET) and k.endswith(_ATTAINED):
+                attained[k[len(_TARGET) : -len(_ATTAINED)]] = v
+            else:
+                other[k] = v
+        for name, part in (("skipped", skipped), ("target_attained", attained), ("other", other)):
+            if part:
+                out[name] = {**out.get(name, {}), **part}
+        return out
+
+    @model_serializer(mode="plain")
+    def flat(self) -> dict[str, float]:
+        """The stored form: one ``{key: number}`` mapping (see the class doc)."""
+        out: dict[str, float] = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if isinstance(v, bool):
+                if v:
+                    out[name] = 1.0
+            elif isinstance(v, float | int):
+                out[name] = float(v)
+        out.update({f"{_SKIPPED}{k}": v for k, v in self.skipped.items()})
+        out.update({f"{_TARGET}{k}{_ATTAINED}": v for k, v in self.target_attained.items()})
+        out.update(self.other)
+        return out
+
+    def details(self) -> dict[str, str]:
+        """The figures as audit ``details``: sorted keys, numbers in ``%g``."""
+        return {k: f"{v:g}" for k, v in sorted(self.flat().items())}
+
+    @classmethod
+    def from_details(cls, details: dict[str, str]) -> PrewarmFigures:
+        """Read back :meth:`details`; a value that is not a number is left out."""
+        out: dict[str, float] = {}
+        for k, v in details.items():
+            try:
+                out[k] = float(v)
+            except ValueError:
+                continue
+        return cls.model_validate(out)
+
+
+_SKIPPED = "skipped_"
+_TARGET, _ATTAINED = "target.", ".attained_fraction"
+
+
 class FailoverProgress(Frozen):
     """How far a failover got; a new leader resumes from the first missing step."""
 
     plan: FailoverPlan
     started_at: float
     done: tuple[FailoverStep, ...] = ()
-    prewarm_result: dict[str, float] = Field(default_factory=dict)
+    prewarm_result: PrewarmFigures = Field(default_factory=PrewarmFigures)
 
 
 class RecoveryStep(StrEnum):
@@ -123,7 +218,7 @@ class RecoveryProgress(Frozen):
     # Steps before the first traffic step (chosen when recovery began) and those done.
     planned: tuple[RecoveryStep, ...] = ()
     done: tuple[RecoveryStep, ...] = ()
-    prewarm_result: dict[str, float] = Field(default_factory=dict)
+    prewarm_result: PrewarmFigures = Field(default_factory=PrewarmFigures)
     # The signal guard: when it last stepped the weight back (None: not engaged), and
     # since when the signals have been calm again (None: still breaching).
     guard_at: float | None = None
@@ -182,15 +277,81 @@ class Intent(Frozen):
     created_at: float
 
 
+class AuditAction(StrEnum):
+    """What an audit entry records; the value is what etcd and the APIs show.
+
+    Some carry a kind in their name (``ladder_<change>``, ``intent_<kind>``,
+    ``recovery_<step>``): build those with the ``of_*`` helpers and read the kind back
+    with ``ladder_change`` / ``intent_kind`` rather than matching prefixes.
+    """
+
+    TRANSITION = "transition"  # a state change, with its decision
+    PREWARM = "prewarm"  # a failover's pre-warm step done, its figures in details
+    ROUTING_SWITCH = "routing_switch"  # a failover's switch
+    SESSIONS_REPINNED = "sessions_repinned"  # the background re-pin after a switch
+    SESSION_PIN = "session_pin"
+    RECOVERY_PREWARM = "recovery_prewarm"  # recovery's pre-warm done (or given up)
+    RECOVERY_STEP = "recovery_step"  # one increment more home; ``recovery_step`` detail
+    RECOVERY_HOLD = "recovery_hold"
+    RECOVERY_GUARD = "recovery_guard"
+    RECOVERY_CALM = "recovery_calm"
+    INTENT_FAILOVER = "intent_failover"
+    INTENT_RECOVER = "intent_recover"
+    LADDER_APPLY = "ladder_apply"
+    LADDER_REAPPLY = "ladder_reapply"
+    LADDER_RESTORE = "ladder_restore"
+    PAUSE = "pause"
+    RESUME = "resume"
+    READINESS_OVERRIDE = "readiness_override"
+    DRILL_REQUESTED = "drill_requested"
+    DRILL_RUN = "drill_run"
+    DRILL_VERDICT = "drill_verdict"
+
+    @classmethod
+    def of_intent(cls, kind: IntentKind) -> AuditAction:
+        return cls(f"{_INTENT}{kind.value}")
+
+    @classmethod
+    def of_recovery(cls, step: RecoveryStep) -> AuditAction:
+        return cls(f"{_RECOVERY}{step.value}")
+
+    @classmethod
+    def of_ladder(cls, change: str) -> AuditAction:
+        """``change``: the ladder action's kind, ``apply``, ``reapply`` or ``restore``."""
+        return cls(f"{_LADDER}{change}")
+
+    @property
+    def ladder_change(self) -> str | None:
+        """``apply``, ``reapply`` or ``restore`` for a ladder entry, else None."""
+        return self.value.removeprefix(_LADDER) if self.value.startswith(_LADDER) else None
+
+    @property
+    def intent_kind(self) -> IntentKind | None:
+        return (
+            IntentKind(self.value.removeprefix(_INTENT)) if self.value.startswith(_INTENT) else None
+        )
+
+
+_INTENT, _RECOVERY, _LADDER = "intent_", "recovery_", "ladder_"
+# Audit detail: the recovery step (``RecoveryProgress.step``) a ``recovery_step`` made.
+RECOVERY_STEP_DETAIL = "recovery_step"
+
+
 class AuditEntry(Frozen):
     at: float
     actor: str
-    action: str
+    action: AuditAction
     region: str = ""
     reason: str = ""
     result: str = "ok"
     decision: Decision | None = None
     details: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def recovery_step(self) -> int | None:
+        """The step a ``recovery_step`` entry made (its detail), else None."""
+        text = self.details.get(RECOVERY_STEP_DETAIL)
+        return int(text) if text is not None and text.isdigit() else None
 
 
 class ControlFlags(Frozen):

@@ -268,14 +268,27 @@ def levels(
     model, lora, salt, most = request.model, request.lora, request.cache_salt, params.max_blocks
     if ids is not None:
         return block_chain_tokens(
-            ids, params.block_size, model=model, lora=lora, cache_salt=salt, stride=step,
-            max_blocks=most, tail=tail,
-        )  # fmt: skip
+            ids,
+            params.block_size,
+            model=model,
+            lora=lora,
+            cache_salt=salt,
+            stride=step,
+            max_blocks=most,
+            tail=tail,
+        )
     cpb = params.chars_per_block
     return block_chain_text(
-        prompt_text(request, most * cpb), cpb, chat=request.messages is not None, model=model,
-        lora=lora, cache_salt=salt, stride=step, max_blocks=most, tail=tail,
-    )  # fmt: skip
+        prompt_text(request, most * cpb),
+        cpb,
+        chat=request.messages is not None,
+        model=model,
+        lora=lora,
+        cache_salt=salt,
+        stride=step,
+        max_blocks=most,
+        tail=tail,
+    )
 
 
 def fingerprint(

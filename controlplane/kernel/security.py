@@ -29,7 +29,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from controlplane.kernel.model import Frozen
 
 
 class Role(StrEnum):
@@ -157,11 +159,7 @@ def verify_token(token: str, hashed: str) -> bool:
 
 
 # ---- the ``security:`` section ------------------------------------------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class TlsConfig(_Strict):
+class TlsConfig(Frozen):
     """One identity per process, used both ways: as a server it presents ``cert`` and
     checks client certificates against ``ca``; as a client it checks the server against
     ``ca`` and presents ``cert``. Paths are read at start (relative: to the working
@@ -175,7 +173,7 @@ class TlsConfig(_Strict):
     ] = True
 
 
-class TokenEntry(_Strict):
+class TokenEntry(Frozen):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")]
     role: Role
     hash: Annotated[str, Field(description="scrypt$N$r$p$salt$digest (hash-token prints it)")]
@@ -202,7 +200,7 @@ class TokenEntry(_Strict):
         return self.hash.split("$")[4]
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Frozen):
     max_request_bytes: Annotated[
         int, Field(ge=1024, le=16 * 1024 * 1024, description="larger requests: RESOURCE_EXHAUSTED")
     ] = 64 * 1024
@@ -212,7 +210,7 @@ class LimitsConfig(_Strict):
     mutating_burst: Annotated[int, Field(ge=1, le=10_000, description="commands at once")] = 20
 
 
-class SecurityConfig(_Strict):
+class SecurityConfig(Frozen):
     tls: TlsConfig | None = None
     # The principals every server of the deployment accepts. Empty: no token checks
     # (TLS only), and no role checks either.

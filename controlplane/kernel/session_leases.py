@@ -10,14 +10,14 @@ re-attach it back and forth on every request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.leases import grant_and_put
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.store.port import Compare, Put, Store, StoreUnavailable
+from controlplane.kernel.store.port import Compare, Store, StoreUnavailable
 
 log = logging.getLogger("tectonic.sessions")
 
@@ -79,21 +79,18 @@ class BucketLeases:
             kv = await self.store.get(key)
             if kv is not None and kv.lease:
                 return kv.lease
-            lease = await self.store.grant_lease(ttl)
-            value = encode(_BucketRecord(lease=lease, bucket=bucket, ttl_s=ttl))
-            try:
-                guard = Compare.mod_revision(key, kv.mod_revision if kv else 0)
-                won = (await self.store.txn([guard], [Put(key, value, lease)])).succeeded
-            except BaseException:
-                await asyncio.shield(self._revoke(lease))
-                raise
-            if won:
+            # Never kept alive: it runs out at least ttl_s after its window ends.
+            guard = Compare.mod_revision(key, kv.mod_revision if kv else 0)
+            lease = await grant_and_put(
+                self.store,
+                ttl,
+                [guard],
+                key,
+                lambda lease_id: encode(_BucketRecord(lease=lease_id, bucket=bucket, ttl_s=ttl)),
+            )
+            if lease:
                 self.granted += 1
                 log.debug("session lease %#x for bucket %d (ttl %d s)", lease, bucket, ttl)
                 return lease
-            await self._revoke(lease)  # another process recorded its lease first: use that
+            # Another process recorded its lease first (ours was revoked): use that.
         raise LeaseContention(f"session lease of bucket {bucket} kept changing; retry")
-
-    async def _revoke(self, lease: int) -> None:
-        with contextlib.suppress(StoreUnavailable):  # an unused lease expires on its own
-            await self.store.revoke_lease(lease)

@@ -42,7 +42,7 @@ from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import AuditEntry, Routing
+from controlplane.kernel.model import AuditAction, AuditEntry, Routing
 from controlplane.kernel.session_leases import BucketLeases
 from controlplane.kernel.sessions import (
     NoRegionServing,
@@ -245,7 +245,7 @@ class SessionStore:
             entry = AuditEntry(
                 at=now,
                 actor=actor,
-                action="session_pin",
+                action=AuditAction.SESSION_PIN,
                 region=region,
                 reason=reason,
                 details={

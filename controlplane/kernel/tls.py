@@ -122,9 +122,13 @@ class _SyncBearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
     def _details(self, d: Any) -> Any:
         return _SyncDetails(
-            d.method, d.timeout, (*(d.metadata or ()), *self._md), d.credentials,
-            d.wait_for_ready, d.compression,
-        )  # fmt: skip
+            d.method,
+            d.timeout,
+            (*(d.metadata or ()), *self._md),
+            d.credentials,
+            d.wait_for_ready,
+            d.compression,
+        )
 
     def intercept_unary_unary(
         self, continuation: Callable[..., Any], client_call_details: Any, request: Any

@@ -22,8 +22,20 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_CREATED = "vllm:prefix_cache_queries_created"  # the counters' start: a restart moves it
 TTFT = "vllm:time_to_first_token_seconds"
 HTTP_REQUESTS = "http_requests_total"
-_READ = frozenset({WAITING, RUNNING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, PREFIX_CREATED,
-                   TTFT, f"{TTFT}_bucket", f"{TTFT}_sum", HTTP_REQUESTS})
+_READ = frozenset(
+    {
+        WAITING,
+        RUNNING,
+        KV_USAGE,
+        PREFIX_QUERIES,
+        PREFIX_HITS,
+        PREFIX_CREATED,
+        TTFT,
+        f"{TTFT}_bucket",
+        f"{TTFT}_sum",
+        HTTP_REQUESTS,
+    }
+)
 
 
 def _wanted_lines(text: str, names: frozenset[str]) -> str:
@@ -70,8 +82,7 @@ def _histogram(buckets: dict[float, float], total: float | None) -> Histogram | 
     if math.inf not in buckets:
         return None
     bounds = tuple(sorted(buckets))
-    return Histogram(bounds=bounds, counts=tuple(buckets[b] for b in bounds),
-                     total=total or 0.0)
+    return Histogram(bounds=bounds, counts=tuple(buckets[b] for b in bounds), total=total or 0.0)
 
 
 def _sum(samples: Iterable[Sample]) -> float | None:
@@ -105,8 +116,11 @@ def parse_metrics(text: str, at: float) -> tuple[dict[str, float], ReplicaMetric
         prefix_hits=_sum(by_name[PREFIX_HITS]),
         requests=sum(s.value for s in requests) if http_known else None,
         # "5xx" when grouped (vLLM's setting); "503" etc. if a server does not group
-        server_errors=(sum(s.value for s in requests if s.labels.get("status", "")[:1] == "5")
-                       if http_known else None),
+        server_errors=(
+            sum(s.value for s in requests if s.labels.get("status", "")[:1] == "5")
+            if http_known
+            else None
+        ),
         kv_usage=max(kv) if kv else None,
     )
     return gauges, metrics

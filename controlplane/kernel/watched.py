@@ -107,8 +107,10 @@ class WatchedPrefix(Generic[M]):
                 if self.connected:
                     self._log.warning(
                         "%s watch lost (%s); serving from the copy at revision %d",
-                        self._what, e, self.revision,
-                    )  # fmt: skip
+                        self._what,
+                        e,
+                        self.revision,
+                    )
                 self.connected = False
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._max_retry_s)

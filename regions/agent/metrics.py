@@ -225,8 +225,11 @@ class AgentMetrics:
         self.prewarm_runs.labels(region, prewarm_result(outcome, crashed)).inc()
         self.prewarm_seconds.labels(region).observe(max(0.0, outcome.elapsed_s))
         skipped = max(0, outcome.total - outcome.warmed - outcome.failed)
-        for result, n in (("warmed", outcome.warmed), ("failed", outcome.failed),
-                          ("skipped", skipped)):  # fmt: skip
+        for result, n in (
+            ("warmed", outcome.warmed),
+            ("failed", outcome.failed),
+            ("skipped", skipped),
+        ):
             self.prewarm_prefixes.labels(region, result).inc(n)
 
     def render(self) -> bytes:

@@ -203,10 +203,17 @@ async def execute_prewarm(
     if not replicas and payloads:
         detail = "no active replica to warm"
     return PrewarmOutcome(
-        total=total, warmed=warmed, failed=run.progress.failed, elapsed_s=elapsed,
-        attainment=warmed / total if total else 1.0, prompt_tokens=run.tokens,
-        verified=verified, verified_hit_rate=rate, replicas=len(queues), detail=detail[:1000],
-    )  # fmt: skip
+        total=total,
+        warmed=warmed,
+        failed=run.progress.failed,
+        elapsed_s=elapsed,
+        attainment=warmed / total if total else 1.0,
+        prompt_tokens=run.tokens,
+        verified=verified,
+        verified_hit_rate=rate,
+        replicas=len(queues),
+        detail=detail[:1000],
+    )
 
 
 async def _verify(

@@ -26,15 +26,14 @@ import time
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
+from controlplane.kernel.model import Frozen
 from controlplane.kernel.replica_signals import ReplicaMetrics
 from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
 from regions.http_errors import describe_error
 
 
-class ReplicaProbe(BaseModel):
+class ReplicaProbe(Frozen):
     """One probe of one replica."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str
     up: bool
@@ -52,8 +51,9 @@ class _Fetched(BaseModel):
     error: str = ""
 
 
-async def _fetch(session: aiohttp.ClientSession, url: str, request_timeout: float,
-                 *, read_body: bool) -> _Fetched:
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, request_timeout: float, *, read_body: bool
+) -> _Fetched:
     try:
         limit = aiohttp.ClientTimeout(total=request_timeout)
         async with session.get(url, timeout=limit) as resp:
@@ -63,8 +63,9 @@ async def _fetch(session: aiohttp.ClientSession, url: str, request_timeout: floa
         return _Fetched(error=describe_error(e, request_timeout))
 
 
-async def probe_replica(session: aiohttp.ClientSession, base_url: str,
-                        request_timeout: float) -> ReplicaProbe:
+async def probe_replica(
+    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+) -> ReplicaProbe:
     """Probe one replica: up iff ``/health`` answers 200 within ``request_timeout``."""
     base = base_url.rstrip("/")
     health, metrics = await asyncio.gather(
@@ -82,5 +83,10 @@ async def probe_replica(session: aiohttp.ClientSession, base_url: str,
         gauges, figures = parse_metrics(metrics.body, at)
     except ValueError as e:
         return ReplicaProbe(url=base_url, up=True, reason=f"metrics unparseable ({e})"[:200])
-    return ReplicaProbe(url=base_url, up=True, waiting=gauges.get(WAITING),
-                        running=gauges.get(RUNNING), metrics=figures)
+    return ReplicaProbe(
+        url=base_url,
+        up=True,
+        waiting=gauges.get(WAITING),
+        running=gauges.get(RUNNING),
+        metrics=figures,
+    )

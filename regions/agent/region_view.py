@@ -9,19 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
-
-from controlplane.kernel.model import Health
+from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.replica_signals import ReplicaWindow, fold_windows, replica_window
 from regions.agent.probe_vllm import ReplicaProbe
 
 MAX_DETAIL = 1024  # the control plane rejects longer details
 
 
-class RegionView(BaseModel):
+class RegionView(Frozen):
     """The agent's verdict on its region, with the signals behind it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     region: str
     health: Health

@@ -45,11 +45,10 @@ from collections.abc import Sequence
 import aiohttp
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
-from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.config import (
@@ -60,10 +59,11 @@ from controlplane.kernel.config import (
     read_yaml,
 )
 from controlplane.kernel.decode_guard import DecodeGuard
-from controlplane.kernel.model import Health
+from controlplane.kernel.health_report import HealthReportClient, health_to_pb
+from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.reflection import enable_reflection
 from controlplane.kernel.security import SecurityConfig
-from controlplane.kernel.tls import aio_channel, server_credentials
+from controlplane.kernel.tls import server_credentials
 from regions.agent.metrics import AgentMetrics, MetricsHttp
 from regions.agent.probe_vllm import ReplicaProbe, probe_replica
 from regions.agent.region_view import RegionView, fold_region_view
@@ -82,19 +82,10 @@ from regions.agent.warm_pool import (
 
 log = logging.getLogger("tectonic.agent")
 SERVICE = "tectonic.v1.RegionAgent"
-_HEALTH_TO_PB = {Health.HEALTHY: pb.HEALTHY, Health.DEGRADED: pb.HEALTH_DEGRADED,
-                 Health.UNHEALTHY: pb.UNHEALTHY, Health.UNKNOWN: pb.UNKNOWN}
 _RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.UNHEALTHY: 3}
-_CHANNEL_OPTIONS = [  # retry a dead endpoint within a second or two, not grpc's 20 s+
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
-class AgentConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class AgentConfig(Frozen):
     region: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
     listen: str = "127.0.0.1:0"
     metrics_listen: str | None = None  # host:port of Prometheus /metrics (port 0: any)
@@ -120,8 +111,10 @@ class AgentConfig(BaseModel):
     @model_validator(mode="after")
     def _timing(self) -> AgentConfig:
         if self.timeout > self.interval:
-            raise ValueError(f"timeout ({self.timeout}s) must not exceed interval "
-                             f"({self.interval}s): a tick must fit in its interval")
+            raise ValueError(
+                f"timeout ({self.timeout}s) must not exceed interval "
+                f"({self.interval}s): a tick must fit in its interval"
+            )
         check_replica_source(self.replicas, self.pool, self.etcd, self.cluster)
         return self
 
@@ -129,8 +122,12 @@ class AgentConfig(BaseModel):
 class AgentHandle:
     """A running agent. Build with :func:`serve_agent`; stop with :meth:`stop`."""
 
-    def __init__(self, config: AgentConfig, replica_set: ReplicaSet | None = None,
-                 prewarm: PrewarmServiceConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        replica_set: ReplicaSet | None = None,
+        prewarm: PrewarmServiceConfig | None = None,
+    ) -> None:
         self.config = config
         self.metrics = AgentMetrics(config.region, config.replicas, pool=config.pool is not None)
         self.metrics_port = 0
@@ -140,20 +137,26 @@ class AgentHandle:
             if replica_set is not None:
                 raise ValueError("an agent with a pool serves the pool as its replica set")
             assert config.cluster is not None  # checked by AgentConfig
-            self.pool = AgentPool(config.region, config.pool, etcd=config.etcd,
-                                  cluster=config.cluster, interval_s=config.interval,
-                                  etcd_settings=config.etcd_settings,
-                                  on_activation=self.metrics.activated)
-        self.replica_set: ReplicaSet = (
-            replica_set or (self.pool.pool if self.pool else StaticReplicas(config.replicas)))
+            self.pool = AgentPool(
+                config.region,
+                config.pool,
+                etcd=config.etcd,
+                cluster=config.cluster,
+                interval_s=config.interval,
+                etcd_settings=config.etcd_settings,
+                on_activation=self.metrics.activated,
+            )
+        self.replica_set: ReplicaSet = replica_set or (
+            self.pool.pool if self.pool else StaticReplicas(config.replicas)
+        )
         self.prewarm_config = prewarm or config.prewarm
         self.service: RegionAgentService | None = None
-        self.view = RegionView(region=config.region, health=Health.UNKNOWN, signals={},
-                               detail="not probed yet")
+        self.view = RegionView(
+            region=config.region, health=Health.UNKNOWN, signals={}, detail="not probed yet"
+        )
         self.port = 0
         self.reports_sent = 0
         self.ticks = 0  # completed probe rounds
-        self.report_target: str | None = None  # the control plane that took the last report
         self._health = health.aio.HealthServicer()
         sec = config.security
         # Not the control plane's request limit: a Prewarm carries up to a catalog (1 MiB).
@@ -161,13 +164,13 @@ class AgentHandle:
             interceptors=[*([AuthInterceptor(sec)] if sec else []), DecodeGuard()]
         )
         self._session: aiohttp.ClientSession | None = None
-        self._channels = [aio_channel(ep, sec, options=_CHANNEL_OPTIONS)
-                          for ep in config.control_planes]
-        self._stubs = [pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]
-                       for ch in self._channels]
-        self._next = 0  # endpoint to try first
-        self._reachable = True
-        self._last_warn = -float("inf")
+        self._reporter = HealthReportClient(
+            config.control_planes,
+            sec,
+            log=log,
+            timeout_s=config.timeout,
+            warn_every_s=config.warn_every,
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -175,35 +178,58 @@ class AgentHandle:
     async def _start(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._session = aiohttp.ClientSession()
-        self.service = RegionAgentService(self.config.region, self.replica_set, self._session,
-                                          self.prewarm_config, observer=self.metrics)
+        self.service = RegionAgentService(
+            self.config.region,
+            self.replica_set,
+            self._session,
+            self.prewarm_config,
+            observer=self.metrics,
+        )
         apb_grpc.add_RegionAgentServicer_to_server(  # type: ignore[no-untyped-call]
-            self.service, self._server)
-        names = (health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name)
+            self.service, self._server
+        )
+        names = (
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            apb.DESCRIPTOR.services_by_name["RegionAgent"].full_name,
+        )
         enable_reflection(names, self._server)
         tls = self.config.security.tls if self.config.security else None
-        self.port = (self._server.add_secure_port(self.config.listen, server_credentials(tls))
-                     if tls else self._server.add_insecure_port(self.config.listen))
+        self.port = (
+            self._server.add_secure_port(self.config.listen, server_credentials(tls))
+            if tls
+            else self._server.add_insecure_port(self.config.listen)
+        )
         if not self.port:
             raise OSError(f"cannot listen on {self.config.listen}")
         if self.config.metrics_listen:  # first: a pool's start (launches) can be watched
             await self._serve_metrics(self.config.metrics_listen)
         if self.pool is not None:  # up and ACTIVE before the first probe
-            await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:"
-                                  f"{self.port}")
+            await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:{self.port}")
         await self._tick()  # never serve an UNKNOWN view
         await self._server.start()
         self._task = asyncio.create_task(self._supervise(), name=f"agent:{self.config.region}")
-        log.info("agent for region %s serving gRPC on port %d; replicas %s; control plane %s",
-                 self.config.region, self.port, ", ".join(self._replicas()) or "(none)",
-                 ", ".join(self.config.control_planes) or "(none)")
+        log.info(
+            "agent for region %s serving gRPC on port %d; replicas %s; control plane %s",
+            self.config.region,
+            self.port,
+            ", ".join(self._replicas()) or "(none)",
+            ", ".join(self.config.control_planes) or "(none)",
+        )
+
+    @property
+    def report_target(self) -> str | None:
+        """The control plane that took the last report (None before the first)."""
+        return self._reporter.target
 
     async def _serve_metrics(self, listen: str) -> None:
         self._metrics_http = MetricsHttp(self.metrics, self._refresh_metrics)
         self.metrics_port = await self._metrics_http.start(listen)
-        log.info("agent for region %s serving Prometheus metrics on http://%s:%d/metrics",
-                 self.config.region, listen.rsplit(":", 1)[0], self.metrics_port)
+        log.info(
+            "agent for region %s serving Prometheus metrics on http://%s:%d/metrics",
+            self.config.region,
+            listen.rsplit(":", 1)[0],
+            self.metrics_port,
+        )
 
     def _refresh_metrics(self) -> None:
         """Before each scrape: the pool's states as they are now."""
@@ -214,7 +240,7 @@ class AgentHandle:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._probe_loop())
-                if self._stubs:
+                if self._reporter.endpoints:
                     tg.create_task(self._report_loop())
                 if self.pool is not None:
                     tg.create_task(self.pool.run())
@@ -233,25 +259,38 @@ class AgentHandle:
         assert self._session is not None
         c = self.config
         probes = await asyncio.gather(
-            *(probe_replica(self._session, url, c.timeout) for url in self._replicas()))
+            *(probe_replica(self._session, url, c.timeout) for url in self._replicas())
+        )
         self._log_replicas(probes)
         self.metrics.probed(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
-        view = fold_region_view(c.region, probes, c.max_queue, previous=self.view.probes,
-                                max_ttft_p99_s=c.max_ttft_p99_s,
-                                max_error_rate=c.max_error_rate)
+        view = fold_region_view(
+            c.region,
+            probes,
+            c.max_queue,
+            previous=self.view.probes,
+            max_ttft_p99_s=c.max_ttft_p99_s,
+            max_error_rate=c.max_error_rate,
+        )
         if self.pool is not None:
             view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
         old, self.view = self.view, view
         self.metrics.viewed(view.health)
         if view.health is not old.health:
             worse = _RANK[view.health] > _RANK[old.health]
-            log.log(logging.WARNING if worse else logging.INFO, "region view %s -> %s (%s)",
-                    old.health.value, view.health.value, view.detail)
-            status = (health_pb2.HealthCheckResponse.NOT_SERVING
-                      if view.health is Health.UNHEALTHY
-                      else health_pb2.HealthCheckResponse.SERVING)
+            log.log(
+                logging.WARNING if worse else logging.INFO,
+                "region view %s -> %s (%s)",
+                old.health.value,
+                view.health.value,
+                view.detail,
+            )
+            status = (
+                health_pb2.HealthCheckResponse.NOT_SERVING
+                if view.health is Health.UNHEALTHY
+                else health_pb2.HealthCheckResponse.SERVING
+            )
             for service in ("", SERVICE):
                 await self._health.set(service, status)
             self._wake.set()  # report a change at once
@@ -265,8 +304,13 @@ class AgentHandle:
         for p in probes:
             prev = before.get(p.url)
             if p.up and (prev is None or not prev.up):
-                log.info("replica %s up (waiting %s, running %s)%s", p.url, _n(p.waiting),
-                         _n(p.running), f"; {p.reason}" if p.reason else "")
+                log.info(
+                    "replica %s up (waiting %s, running %s)%s",
+                    p.url,
+                    _n(p.waiting),
+                    _n(p.running),
+                    f"; {p.reason}" if p.reason else "",
+                )
             elif not p.up and (prev is None or prev.up):
                 log.warning("replica %s down (%s)", p.url, p.reason)
 
@@ -281,32 +325,18 @@ class AgentHandle:
                 pass
 
     async def _report(self, view: RegionView) -> None:
-        req = pb.HealthReport(region=view.region, observer=f"agent:{view.region}",
-                              kind=pb.AGENT, health=_HEALTH_TO_PB[view.health],
-                              signals=view.signals, detail=view.detail)
-        eps, failures = self.config.control_planes, []
-        for i in range(len(eps)):
-            idx = (self._next + i) % len(eps)
-            try:
-                resp = await self._stubs[idx].ReportHealth(req, timeout=self.config.timeout)
-            except grpc.aio.AioRpcError as e:
-                failures.append(f"{eps[idx]}: {e.code().name} {e.details() or ''}".strip())
-                continue
-            if not resp.accepted:
-                failures.append(f"{eps[idx]}: report not accepted")
-                continue
-            if not self._reachable or self.report_target not in (None, eps[idx]):
-                log.info("reporting to control plane %s", eps[idx])
-            self._next, self._reachable, self.report_target = idx, True, eps[idx]
+        req = pb.HealthReport(
+            region=view.region,
+            observer=f"agent:{view.region}",
+            kind=pb.AGENT,
+            health=health_to_pb(view.health),
+            signals=view.signals,
+            detail=view.detail,
+        )
+        accepted = await self._reporter.send(req)
+        if accepted:
             self.reports_sent += 1
-            self.metrics.reported(True)
-            return
-        self._reachable = False
-        self.metrics.reported(False)
-        now = asyncio.get_running_loop().time()
-        if now - self._last_warn >= self.config.warn_every:
-            self._last_warn = now
-            log.warning("no control plane took the report (%s)", "; ".join(failures))
+        self.metrics.reported(accepted)
 
     async def wait(self) -> None:
         """Until the agent stops; raises if its loops failed."""
@@ -331,8 +361,7 @@ class AgentHandle:
         await self._server.stop(grace)
         if self._metrics_http is not None:
             await self._metrics_http.stop()
-        for ch in self._channels:
-            await ch.close()
+        await self._reporter.close()
         if self._session is not None:
             await self._session.close()
         log.info("agent for region %s stopped", self.config.region)
@@ -342,8 +371,11 @@ def _n(value: float | None) -> str:
     return "?" if value is None else f"{value:g}"
 
 
-async def serve_agent(config: AgentConfig, replica_set: ReplicaSet | None = None,
-                      prewarm: PrewarmServiceConfig | None = None) -> AgentHandle:
+async def serve_agent(
+    config: AgentConfig,
+    replica_set: ReplicaSet | None = None,
+    prewarm: PrewarmServiceConfig | None = None,
+) -> AgentHandle:
     """Start an agent in the running loop (first probe done, gRPC serving)."""
     handle = AgentHandle(config, replica_set, prewarm)
     try:
@@ -369,51 +401,106 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p = argparse.ArgumentParser(prog="tectonic-agent", description="Tectonic region agent")
     p.add_argument("--region", required=True)
     p.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (port 0 = any)")
-    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
-                   help="also serve Prometheus /metrics over HTTP here (port 0: any free "
-                        "port; the log says which); off by default")
-    p.add_argument("--control-plane", action="append", default=[], required=True,
-                   help="host:port[,host:port...]; repeatable; tried in turn")
-    p.add_argument("--replica", action="append", default=[],
-                   help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable; "
-                        "or --pool-config")
-    p.add_argument("--pool-config", metavar="FILE", default=None,
-                   help="warm pool YAML (regions/pool/README.md) instead of --replica: the "
-                        "agent launches or adopts the replicas, keeps some asleep (WARM), "
-                        "wakes them for pre-warm and publishes the ACTIVE ones to "
-                        "pools/<region> in etcd for gateways; needs --etcd and --cluster")
-    p.add_argument("--etcd", default="", metavar="HOST:PORT[,...]",
-                   help="etcd endpoints to publish the pool to (with --pool-config)")
-    p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="deployment name, the topology's cluster: keys live under "
-                        "/tectonic/NAME/ (with --pool-config)")
+    p.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="also serve Prometheus /metrics over HTTP here (port 0: any free "
+        "port; the log says which); off by default",
+    )
+    p.add_argument(
+        "--control-plane",
+        action="append",
+        default=[],
+        required=True,
+        help="host:port[,host:port...]; repeatable; tried in turn",
+    )
+    p.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable; or --pool-config",
+    )
+    p.add_argument(
+        "--pool-config",
+        metavar="FILE",
+        default=None,
+        help="warm pool YAML (regions/pool/README.md) instead of --replica: the "
+        "agent launches or adopts the replicas, keeps some asleep (WARM), "
+        "wakes them for pre-warm and publishes the ACTIVE ones to "
+        "pools/<region> in etcd for gateways; needs --etcd and --cluster",
+    )
+    p.add_argument(
+        "--etcd",
+        default="",
+        metavar="HOST:PORT[,...]",
+        help="etcd endpoints to publish the pool to (with --pool-config)",
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="deployment name, the topology's cluster: keys live under "
+        "/tectonic/NAME/ (with --pool-config)",
+    )
     p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
-    p.add_argument("--max-queue", type=int, default=None,
-                   help="waiting requests (region-wide) above which the region is DEGRADED")
-    p.add_argument("--max-ttft-p99", type=float, default=None, metavar="SECONDS",
-                   help="first-token latency p99 (seconds, all replicas' requests between two "
-                        "probes, from vLLM's TTFT histogram) above which the region is "
-                        "DEGRADED; not judged when unset or when no request finished prefill")
-    p.add_argument("--max-error-rate", type=float, default=None, metavar="SHARE",
-                   help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
-                        "probes, above which the region is DEGRADED; not judged when unset")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=None, metavar="RATE",
-                   help="prefill tokens/s of ONE replica, measured for your model and "
-                        "hardware (default 10,000); the leader sizes a failover's pre-warm "
-                        "with it (python -m bench prewarm measures it on the simulator)")
-    p.add_argument("--prewarm-concurrency", type=int, default=None, metavar="N",
-                   help="pre-warm replays in flight per replica (default 2): how many "
-                        "prefills a replica runs at full speed at once, plus one")
-    p.add_argument("--security", metavar="FILE", default=None,
-                   help="YAML whose security: section (the topology file works) gives TLS for "
-                        "the agent's server and its reports, the tokens it accepts, and its "
-                        "own token (token_file or TECTONIC_TOKEN; role reporter); its etcd: "
-                        "section's TLS and user settings are used for --etcd")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="waiting requests (region-wide) above which the region is DEGRADED",
+    )
+    p.add_argument(
+        "--max-ttft-p99",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="first-token latency p99 (seconds, all replicas' requests between two "
+        "probes, from vLLM's TTFT histogram) above which the region is "
+        "DEGRADED; not judged when unset or when no request finished prefill",
+    )
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
+        "probes, above which the region is DEGRADED; not judged when unset",
+    )
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="prefill tokens/s of ONE replica, measured for your model and "
+        "hardware (default 10,000); the leader sizes a failover's pre-warm "
+        "with it (python -m bench prewarm measures it on the simulator)",
+    )
+    p.add_argument(
+        "--prewarm-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pre-warm replays in flight per replica (default 2): how many "
+        "prefills a replica runs at full speed at once, plus one",
+    )
+    p.add_argument(
+        "--security",
+        metavar="FILE",
+        default=None,
+        help="YAML whose security: section (the topology file works) gives TLS for "
+        "the agent's server and its reports, the tokens it accepts, and its "
+        "own token (token_file or TECTONIC_TOKEN; role reporter); its etcd: "
+        "section's TLS and user settings are used for --etcd",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
     try:
         pool = load_pool_config(args.pool_config) if args.pool_config else None
@@ -426,20 +513,39 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     except ConfigError as e:
         p.error(str(e))
     try:
-        return AgentConfig(region=args.region, listen=args.listen, control_planes=cps,
-                           metrics_listen=args.metrics_listen or None,
-                           replicas=tuple(args.replica), pool=pool, etcd=etcd, security=security,
-                           etcd_settings=etcd_settings,
-                           cluster=args.cluster, interval=args.interval,
-                           timeout=args.timeout, max_queue=args.max_queue,
-                           max_ttft_p99_s=args.max_ttft_p99, max_error_rate=args.max_error_rate,
-                           prewarm=PrewarmServiceConfig(**{k: v for k, v in (
-                               ("prefill_tokens_per_s", args.prefill_tokens_per_s),
-                               ("per_replica_concurrency", args.prewarm_concurrency),
-                           ) if v is not None}))
+        return AgentConfig(
+            region=args.region,
+            listen=args.listen,
+            control_planes=cps,
+            metrics_listen=args.metrics_listen or None,
+            replicas=tuple(args.replica),
+            pool=pool,
+            etcd=etcd,
+            security=security,
+            etcd_settings=etcd_settings,
+            cluster=args.cluster,
+            interval=args.interval,
+            timeout=args.timeout,
+            max_queue=args.max_queue,
+            max_ttft_p99_s=args.max_ttft_p99,
+            max_error_rate=args.max_error_rate,
+            prewarm=PrewarmServiceConfig(
+                **{
+                    k: v
+                    for k, v in (
+                        ("prefill_tokens_per_s", args.prefill_tokens_per_s),
+                        ("per_replica_concurrency", args.prewarm_concurrency),
+                    )
+                    if v is not None
+                }
+            ),
+        )
     except ValidationError as e:
-        p.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
-                          for err in e.errors()))
+        p.error(
+            "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors()
+            )
+        )
 
 
 async def _run(config: AgentConfig) -> int:
@@ -466,4 +572,3 @@ async def _run(config: AgentConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``tectonic-agent`` console script."""
     sys.exit(asyncio.run(_run(parse_args(argv))))
-

@@ -105,10 +105,18 @@ def _progress_pb(p: Progress, outcome: PrewarmOutcome | None) -> apb.PrewarmProg
         )
     o = outcome
     return apb.PrewarmProgress(
-        total=o.total, warmed=o.warmed, failed=o.failed, elapsed_s=o.elapsed_s, done=True,
-        attainment=o.attainment, verified=o.verified, verified_hit_rate=o.verified_hit_rate,
-        prompt_tokens=o.prompt_tokens, replicas_active=o.replicas, detail=o.detail,
-    )  # fmt: skip
+        total=o.total,
+        warmed=o.warmed,
+        failed=o.failed,
+        elapsed_s=o.elapsed_s,
+        done=True,
+        attainment=o.attainment,
+        verified=o.verified,
+        verified_hit_rate=o.verified_hit_rate,
+        prompt_tokens=o.prompt_tokens,
+        replicas_active=o.replicas,
+        detail=o.detail,
+    )
 
 
 def cache_config(metrics_text: str) -> dict[str, str]:
@@ -154,10 +162,13 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             if info.get("num_gpu_blocks", "").isdigit():
                 blocks += int(info["num_gpu_blocks"])
         return apb.AgentDescription(
-            region=self.region, block_size=block_size, kv_capacity_blocks=blocks,
+            region=self.region,
+            block_size=block_size,
+            kv_capacity_blocks=blocks,
             prefill_tokens_per_s=self.config.prefill_tokens_per_s * len(active),
-            replicas_active=len(active), replicas_warm=self.replicas.warm_count(),
-        )  # fmt: skip
+            replicas_active=len(active),
+            replicas_warm=self.replicas.warm_count(),
+        )
 
     async def Prewarm(
         self, request: apb.PrewarmRequest, context: grpc.aio.ServicerContext

@@ -64,10 +64,17 @@ class SpecDecodeActuator:
         self.region, self.pool, self.interval_s = region, pool, interval_s
         self._on_switch = on_switch  # wakes the pool's reconcile loop: start rolling now
         self._records = WatchedPrefix(
-            store, keys, keys.degradation_prefix(), DegradationRecord, self._changed,
-            log=log, what="degradation",
-            retry_s=retry_s, max_retry_s=max_retry_s, resync_s=resync_s,
-        )  # fmt: skip
+            store,
+            keys,
+            keys.degradation_prefix(),
+            DegradationRecord,
+            self._changed,
+            log=log,
+            what="degradation",
+            retry_s=retry_s,
+            max_retry_s=max_retry_s,
+            resync_s=resync_s,
+        )
         self._wake = asyncio.Event()
         self.progress: RollProgress | None = None  # the last step's, once stepped
         self._switched_at = 0.0  # loop time of the last switch: the roll's elapsed time

@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     JsonValue,
     ValidationError,
@@ -57,6 +55,7 @@ from controlplane.kernel.config import (
     read_yaml,
 )
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Frozen
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
@@ -78,11 +77,7 @@ log = logging.getLogger("tectonic.agent.pool")
 _URL = re.compile(r"^https?://[^/\s]+$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SimulatorLauncherConfig(_Strict):
+class SimulatorLauncherConfig(Frozen):
     """``python -m regions.simulator`` processes (tests, demo)."""
 
     kind: Literal["simulator"]
@@ -116,7 +111,7 @@ class VllmLauncherConfig(VllmSpec):
         return VllmLauncher(VllmSpec.model_validate(self.model_dump(exclude={"kind"})))
 
 
-class StaticLauncherConfig(_Strict):
+class StaticLauncherConfig(Frozen):
     """Replicas someone else runs: woken, slept and routed, never started or stopped."""
 
     kind: Literal["static"]
@@ -147,7 +142,7 @@ LauncherConfig = Annotated[
 ]
 
 
-class AgentPoolConfig(_Strict):
+class AgentPoolConfig(Frozen):
     """The ``--pool-config`` file. Field order matters: validators read earlier fields."""
 
     active: int = Field(1, ge=0)
@@ -303,9 +298,14 @@ class AgentPool:
         self.spec_decode: SpecDecodeActuator | None = None
         if self.launcher.variants:
             self.spec_decode = SpecDecodeActuator(
-                region, self.pool, self.store, keys, interval_s=self.interval_s,
-                on_switch=self._kick.set, retry_s=retry_s,
-            )  # fmt: skip
+                region,
+                self.pool,
+                self.store,
+                keys,
+                interval_s=self.interval_s,
+                on_switch=self._kick.set,
+                retry_s=retry_s,
+            )
 
     # -- what the agent calls ----------------------------------------------------------
     async def start(self, agent_id: str) -> None:

@@ -66,6 +66,33 @@ def _parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="larger request bodies get 413 (default 1 MiB)",
     )
+    _add_timeout_flags(p)
+    p.add_argument(
+        "--prefix-chars",
+        type=int,
+        default=None,
+        help="the topology's prefixes.routing_chars (prompt characters that pick the "
+        "replica); given, it must equal that value, which the agents' pre-warm uses too",
+    )
+    p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
+    _add_report_flags(p)
+    p.add_argument(
+        "--no-warm-first",
+        dest="warm_first",
+        action="store_false",
+        help="while routing splits the home region's traffic (graduated recovery), place "
+        "new sessions by weight only, even where home is still cold for their prompt; "
+        "and do not replay, when a region serves again, the prompts it answered before "
+        "(default: both on; see regions/gateway/warmth.py)",
+    )
+    _add_prefix_flags(p)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _add_timeout_flags(p: argparse.ArgumentParser) -> None:
+    """etcd and the replicas: how long the gateway waits, and when it stops retrying."""
     p.add_argument("--etcd", default="", help="host:port[,host:port...]; default: topology's")
     p.add_argument(
         "--etcd-timeout",
@@ -91,15 +118,10 @@ def _parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds a replica may stay silent (headers or between chunks)",
     )
-    p.add_argument(
-        "--prefix-chars",
-        type=int,
-        default=None,
-        help="the topology's prefixes.routing_chars (prompt characters that pick the "
-        "replica); given, it must equal that value, which the agents' pre-warm uses too",
-    )
-    p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
+
+
+def _add_report_flags(p: argparse.ArgumentParser) -> None:
+    """Health reports to the control plane: what this gateway's requests saw."""
     p.add_argument(
         "--control-plane",
         action="append",
@@ -115,15 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between health reports"
     )
-    p.add_argument(
-        "--no-warm-first",
-        dest="warm_first",
-        action="store_false",
-        help="while routing splits the home region's traffic (graduated recovery), place "
-        "new sessions by weight only, even where home is still cold for their prompt; "
-        "and do not replay, when a region serves again, the prompts it answered before "
-        "(default: both on; see regions/gateway/warmth.py)",
-    )
+
+
+def _add_prefix_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "prefix tracking (pre-warm)",
         "Defaults come from the topology's prefixes section; every gateway and the "
@@ -181,8 +197,6 @@ def _parser() -> argparse.ArgumentParser:
         help="exports are cut to this size, lowest-ranked prefixes first; default: "
         "prefixes.export_max_bytes (512 KiB)",
     )
-    p.add_argument("--log-level", default="INFO")
-    return p
 
 
 def _prefix_options(

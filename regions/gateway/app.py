@@ -235,8 +235,7 @@ class GatewayApp:
         """Nothing reached the client and no replica of ``region`` answered: rather than
         lose the request while the control plane confirms the region down, send it to a
         serving region of the same zone and move its session there (once, for good)."""
-        other = spill_region(self.routing.routings, self.config.zones, region,
-                             session or str(key))  # fmt: skip
+        other = spill_region(self.routing.routings, self.config.zones, region, session or str(key))
         if other is None:
             return self._unavailable(region, "no_replica", str(failed))
         if session:

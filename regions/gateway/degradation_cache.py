@@ -38,10 +38,17 @@ class DegradationCache(WatchedPrefix[DegradationRecord]):
         resync_s: float = 30.0,
     ) -> None:
         super().__init__(
-            store, keys, keys.degradation_prefix(), DegradationRecord, self._changed,
-            log=log, what="degradation",
-            retry_s=retry_s, max_retry_s=max_retry_s, resync_s=resync_s,
-        )  # fmt: skip
+            store,
+            keys,
+            keys.degradation_prefix(),
+            DegradationRecord,
+            self._changed,
+            log=log,
+            what="degradation",
+            retry_s=retry_s,
+            max_retry_s=max_retry_s,
+            resync_s=resync_s,
+        )
 
     @property
     def records(self) -> Mapping[str, DegradationRecord]:

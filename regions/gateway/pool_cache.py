@@ -37,9 +37,17 @@ class PoolCache(WatchedPrefix[PoolMembers]):
         resync_s: float = 30.0,
     ) -> None:
         super().__init__(
-            store, keys, keys.pools_prefix(), PoolMembers, on_change, log=log, what="pools",
-            retry_s=retry_s, max_retry_s=max_retry_s, resync_s=resync_s,
-        )  # fmt: skip
+            store,
+            keys,
+            keys.pools_prefix(),
+            PoolMembers,
+            on_change,
+            log=log,
+            what="pools",
+            retry_s=retry_s,
+            max_retry_s=max_retry_s,
+            resync_s=resync_s,
+        )
 
     @property
     def members(self) -> Mapping[str, PoolMembers]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.leases import LeaseKeeper
 from controlplane.kernel.prefix_catalog import PrefixWanted
 from controlplane.kernel.prefix_tracker import (
     PrefixTracker,
@@ -157,7 +158,7 @@ class PrefixExporter:
         self.options = options or ExportOptions()
         self.gateway_id = gateway_id  # the server sets it once it knows its port
         self._clock = clock
-        self._lease = 0
+        self._lease = LeaseKeeper(store, self.options.lease_ttl_s, clock=clock, log=log)
         self._written: bytes | None = None  # what the key holds, as far as we know
         self._unchanged = 0
         self._failures = 0  # since the last logged one
@@ -204,30 +205,27 @@ class PrefixExporter:
             self._unchanged += 1
             return False
         try:
-            await self.store.put(self.key, blob, lease=self._lease)
+            await self.store.put(self.key, blob, lease=self._lease.id)
         except LeaseNotFound:  # expired between the refresh and the put
-            self._lease = 0
+            self._lease.forget()
             await self._keep_lease()
-            await self.store.put(self.key, blob, lease=self._lease)
+            await self.store.put(self.key, blob, lease=self._lease.id)
         self._written, self._unchanged = blob, 0
         self.exports += 1
         self.last_bytes = len(blob)
         return True
 
     async def _keep_lease(self) -> None:
-        if self._lease:
-            try:
-                await self.store.refresh_lease(self._lease)
-                return
-            except LeaseNotFound:
-                log.warning(
-                    "prefix export lease %#x expired (etcd unreachable for %ds?); taking a new one",
-                    self._lease,
-                    self.options.lease_ttl_s,
-                )
-                self._lease = 0
-        self._lease = await self.store.grant_lease(self.options.lease_ttl_s)
-        self._written = None  # the key went with the old lease
+        """Refresh the lease (once a round, no keep-alive task), or take a new one."""
+        if await self._lease.ensure(self._lease_gone):
+            self._written = None  # the key went with the old lease
+
+    def _lease_gone(self, lease: int) -> None:
+        log.warning(
+            "prefix export lease %#x expired (etcd unreachable for %ds?); taking a new one",
+            lease,
+            self.options.lease_ttl_s,
+        )
 
     async def _wanted(self) -> dict[str, tuple[str, ...]]:
         """Region -> keys the leader asks payloads for (``prefix-wanted/``)."""

@@ -4,8 +4,9 @@ What a gateway's own requests saw is a vantage point the region's agent and the
 control plane's probe lack (a network path that broke between users and a region,
 say). Every ``interval_s`` the gateway folds the attempts of the last interval into
 one verdict per region and sends it with ``ReportHealth``, trying the listed
-control-plane endpoints in turn. A region that got no traffic gets no report: the
-gateway has no opinion, and a stale report ages out of the quorum on its own.
+control-plane endpoints in turn (the kernel's ``HealthReportClient``, which the region
+agent uses too). A region that got no traffic gets no report: the gateway has no
+opinion, and a stale report ages out of the quorum on its own.
 
 Besides the verdict, each report carries the interval's ``error_rate`` (failed
 attempts) and ``auth_error_rate``: the share of attempts the region answered 401 or
@@ -20,25 +21,13 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
-from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
+from controlplane.kernel.health_report import HealthReportClient, health_to_pb
 from controlplane.kernel.model import Health
 from controlplane.kernel.security import SecurityConfig
-from controlplane.kernel.tls import aio_channel
 
 log = logging.getLogger("tectonic.gateway.report")
-_TO_PB = {
-    Health.HEALTHY: pb.HEALTHY,
-    Health.DEGRADED: pb.HEALTH_DEGRADED,
-    Health.UNHEALTHY: pb.UNHEALTHY,
-}
-_CHANNEL_OPTIONS = [  # retry a dead endpoint within a second or two, not grpc's 20 s+
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 UNHEALTHY_AT = 0.5  # share of failed attempts
 DEGRADED_AT = 0.05
 AUTH_STATUSES = frozenset({401, 403})
@@ -70,19 +59,16 @@ class HealthReporter:
         self.observer = observer
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._endpoints = list(control_planes)
         # TLS and the gateway's token (role reporter) when the topology has security:.
-        self._channels = [
-            aio_channel(ep, security, options=_CHANNEL_OPTIONS) for ep in self._endpoints
-        ]
-        self._stubs = [
-            pb_grpc.ControlPlaneStub(ch)  # type: ignore[no-untyped-call]
-            for ch in self._channels
-        ]
-        self._next = 0
+        self._client = HealthReportClient(
+            control_planes,
+            security,
+            log=log,
+            timeout_s=timeout_s,
+            warn_every_s=warn_every_s,
+            what="gateway's report",
+        )
         self._counts: dict[str, list[int]] = {}  # region -> [ok, failed, auth errors]
-        self._warn_every_s = warn_every_s
-        self._last_warn = -warn_every_s
         self.sent = 0
 
     def record(self, region: str, ok: bool, status: int = 0) -> None:
@@ -112,7 +98,7 @@ class HealthReporter:
                 region=region,
                 observer=self.observer,
                 kind=pb.GATEWAY,
-                health=_TO_PB[health],
+                health=health_to_pb(health),
                 signals={
                     "attempts": float(total),
                     "failed": float(failed),
@@ -121,30 +107,10 @@ class HealthReporter:
                 },
                 detail=f"{failed}/{total} attempts failed in the last {self.interval_s:g} s",
             )
-            if await self._send(report):
+            if await self._client.send(report):
                 sent += 1
         self.sent += sent
         return sent
 
-    async def _send(self, report: pb.HealthReport) -> bool:
-        failures: list[str] = []
-        for i in range(len(self._stubs)):
-            idx = (self._next + i) % len(self._stubs)
-            try:
-                resp = await self._stubs[idx].ReportHealth(report, timeout=self.timeout_s)
-            except grpc.aio.AioRpcError as e:
-                failures.append(f"{self._endpoints[idx]}: {e.code().name}")
-                continue
-            if resp.accepted:
-                self._next = idx
-                return True
-            failures.append(f"{self._endpoints[idx]}: not accepted")
-        now = asyncio.get_running_loop().time()
-        if now - self._last_warn >= self._warn_every_s:
-            self._last_warn = now
-            log.warning("no control plane took the gateway's report (%s)", "; ".join(failures))
-        return False
-
     async def close(self) -> None:
-        for ch in self._channels:
-            await ch.close()
+        await self._client.close()

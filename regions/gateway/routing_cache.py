@@ -32,9 +32,17 @@ class RoutingCache(WatchedPrefix[Routing]):
         resync_s: float = 30.0,
     ) -> None:
         super().__init__(
-            store, keys, keys.routing_prefix(), Routing, self._changed, log=log, what="routing",
-            retry_s=retry_s, max_retry_s=max_retry_s, resync_s=resync_s,
-        )  # fmt: skip
+            store,
+            keys,
+            keys.routing_prefix(),
+            Routing,
+            self._changed,
+            log=log,
+            what="routing",
+            retry_s=retry_s,
+            max_retry_s=max_retry_s,
+            resync_s=resync_s,
+        )
         self.listeners: list[Callable[[Mapping[str, Routing]], None]] = []
 
     @property
@@ -45,7 +53,12 @@ class RoutingCache(WatchedPrefix[Routing]):
         if routing is None:
             log.info("routing/%s deleted: %s serves itself", region, region)
         else:
-            log.info("routing/%s at revision %d: %s (epoch %d)", region, self.revision,
-                     dict(routing.targets), routing.epoch)  # fmt: skip
+            log.info(
+                "routing/%s at revision %d: %s (epoch %d)",
+                region,
+                self.revision,
+                dict(routing.targets),
+                routing.epoch,
+            )
         for listener in self.listeners:
             listener(self.routings)

@@ -91,6 +91,30 @@ class GatewayOptions:
         return self.prefix_export or ExportOptions.from_topology(self.topology.prefixes)
 
 
+def _app_config(options: GatewayOptions) -> AppConfig:
+    """The app's settings, completed from the topology: its prefix length (which must
+    agree), its zones and the context cap's characters per token."""
+    topo = options.topology
+    app_config = options.app
+    chars = topo.prefixes.routing_chars
+    if app_config.prefix_chars not in (None, chars):
+        # The agents' pre-warm replays each prefix where this value sends it.
+        raise ValueError(
+            f"prefix_chars {app_config.prefix_chars} disagrees with the topology's "
+            f"prefixes.routing_chars ({chars}), which every gateway and the agents' "
+            "pre-warm use"
+        )
+    app_config = replace(app_config, prefix_chars=chars)
+    if not app_config.zones:  # the topology's zones bound where requests may spill
+        app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
+    if app_config.actuators.chars_per_token is None:
+        # The context cap estimates tokens with the prefix proxy's calibrated ratio.
+        ratio = topo.prefixes.chars_per_token
+        actuators = replace(app_config.actuators, chars_per_token=ratio)
+        app_config = replace(app_config, actuators=actuators)
+    return app_config
+
+
 class GatewayServer:
     def __init__(
         self,
@@ -162,41 +186,8 @@ class GatewayServer:
         self.tracker: PrefixTracker | None = None
         self.exporter: PrefixExporter | None = None
         if observer is None and options.prefix_tracking:
-            self.tracker = PrefixTracker(options.tracker_config())
-            shared = topo.prefixes
-            if (self.tracker.params, self.tracker.config.min_sessions) != (
-                shared.params,
-                shared.min_sessions,
-            ):
-                log.warning(
-                    "prefix tracking with %s, K=%d, but the topology says %s, K=%d: the "
-                    "leader will skip this gateway's exports",
-                    self.tracker.params,
-                    self.tracker.config.min_sessions,
-                    shared.params,
-                    shared.min_sessions,
-                )
-            observer = TrackerObserver(self.tracker)
-            self.exporter = PrefixExporter(
-                self.store, self.keys, self.tracker, options.export_options()
-            )
-        app_config = options.app
-        chars = topo.prefixes.routing_chars
-        if app_config.prefix_chars not in (None, chars):
-            # The agents' pre-warm replays each prefix where this value sends it.
-            raise ValueError(
-                f"prefix_chars {app_config.prefix_chars} disagrees with the topology's "
-                f"prefixes.routing_chars ({chars}), which every gateway and the agents' "
-                "pre-warm use"
-            )
-        app_config = replace(app_config, prefix_chars=chars)
-        if not app_config.zones:  # the topology's zones bound where requests may spill
-            app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
-        if app_config.actuators.chars_per_token is None:
-            # The context cap estimates tokens with the prefix proxy's calibrated ratio.
-            ratio = topo.prefixes.chars_per_token
-            actuators = replace(app_config.actuators, chars_per_token=ratio)
-            app_config = replace(app_config, actuators=actuators)
+            observer = self._track_prefixes()
+        app_config = _app_config(options)
         self.warm_ups: WarmUps | None = None
         if app_config.warm_first:
             warmth = RegionWarmth()
@@ -217,6 +208,28 @@ class GatewayServer:
         self.port = 0
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+
+    def _track_prefixes(self) -> PrefixObserver:
+        """Count prompt prefixes for pre-warm and export them to etcd on a lease."""
+        options, topo = self.options, self.options.topology
+        self.tracker = PrefixTracker(options.tracker_config())
+        shared = topo.prefixes
+        if (self.tracker.params, self.tracker.config.min_sessions) != (
+            shared.params,
+            shared.min_sessions,
+        ):
+            log.warning(
+                "prefix tracking with %s, K=%d, but the topology says %s, K=%d: the "
+                "leader will skip this gateway's exports",
+                self.tracker.params,
+                self.tracker.config.min_sessions,
+                shared.params,
+                shared.min_sessions,
+            )
+        self.exporter = PrefixExporter(
+            self.store, self.keys, self.tracker, options.export_options()
+        )
+        return TrackerObserver(self.tracker)
 
     @property
     def url(self) -> str:

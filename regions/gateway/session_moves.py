@@ -54,9 +54,14 @@ class SessionMovesBoard:
         self._dirty: set[str] = set()  # regions whose notice is not written yet
         self._wake = asyncio.Event()
         self.watch = WatchedPrefix(
-            store, keys, keys.session_moves_prefix(), SessionMoves, self._changed,
-            log=log, what="session moves",
-        )  # fmt: skip
+            store,
+            keys,
+            keys.session_moves_prefix(),
+            SessionMoves,
+            self._changed,
+            log=log,
+            what="session moves",
+        )
 
     def moved(self, region: str) -> None:
         """This gateway moved a session off ``region``: tell the others (soon)."""
@@ -71,8 +76,11 @@ class SessionMovesBoard:
             return  # the first read: older than anything this gateway has cached
         log.info(
             "gateway %s moved sessions off %s (%d so far): re-reading cached pins of %s",
-            notice.by, region, notice.moved, region,
-        )  # fmt: skip
+            notice.by,
+            region,
+            notice.moved,
+            region,
+        )
         self._on_notice(region)
 
     async def run(self) -> None:

@@ -199,8 +199,13 @@ class SessionResolver:
                     self._on_moved(failed)
                 self._pending.pop(session_id, None)
                 self._remember(session_id, _Entry(pin, self._monotonic()))
-                log.warning("session %s moved %s -> %s: %s answered nothing",
-                            session_id, failed, pin.region, failed)  # fmt: skip
+                log.warning(
+                    "session %s moved %s -> %s: %s answered nothing",
+                    session_id,
+                    failed,
+                    pin.region,
+                    failed,
+                )
                 return pin.region
         now = self._clock.now()
         pin = (

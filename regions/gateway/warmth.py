@@ -233,8 +233,9 @@ class WarmUps:
 
     async def _recall(self, region: str, generation: int) -> None:
         chosen = self.memory.ranked(region, self._recall_limit)
-        log.info("region %s serves again: replaying the %d prompts it answered most",
-                 region, len(chosen))  # fmt: skip
+        log.info(
+            "region %s serves again: replaying the %d prompts it answered most", region, len(chosen)
+        )
         done = 0
         gate = self._gate(region)
         pending: set[asyncio.Task[None]] = set()

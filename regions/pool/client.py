@@ -37,19 +37,33 @@ class ReplicaClient:
     """Admin calls to replicas over one aiohttp session. ``probe_timeout_s`` bounds the
     cheap GETs; ``request_timeout_s`` the sleep/wake calls (a GPU wake reloads weights)."""
 
-    def __init__(self, session: aiohttp.ClientSession, *, probe_timeout_s: float = 2.0,
-                 request_timeout_s: float = 30.0, reset_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        probe_timeout_s: float = 2.0,
+        request_timeout_s: float = 30.0,
+        reset_timeout_s: float = 5.0,
+    ) -> None:
         self.session = session
         self.probe_timeout_s = probe_timeout_s
         self.request_timeout_s = request_timeout_s
         self.reset_timeout_s = reset_timeout_s
 
-    async def _call(self, method: str, url: str, path: str, *, limit_s: float,
-                    params: Iterable[tuple[str, str]] = ()) -> str:
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        *,
+        limit_s: float,
+        params: Iterable[tuple[str, str]] = (),
+    ) -> str:
         limit = aiohttp.ClientTimeout(total=limit_s)
         try:
-            async with self.session.request(method, url + path, params=list(params),
-                                            timeout=limit) as resp:
+            async with self.session.request(
+                method, url + path, params=list(params), timeout=limit
+            ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise ReplicaError(f"{method} {url}{path}: HTTP {resp.status} {text[:200]}")
@@ -81,8 +95,9 @@ class ReplicaClient:
             return None
 
     async def sleep(self, url: str) -> None:
-        await self._call("POST", url, "/sleep", params=[("level", "1")],
-                         limit_s=self.request_timeout_s)
+        await self._call(
+            "POST", url, "/sleep", params=[("level", "1")], limit_s=self.request_timeout_s
+        )
         if not await self.is_sleeping(url):
             raise ReplicaError(f"{url} answered /sleep but is not sleeping")
 
@@ -91,17 +106,21 @@ class ReplicaClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.reset_timeout_s
         while True:
-            text = await self._call("POST", url, "/reset_prefix_cache",
-                                    limit_s=self.request_timeout_s)
+            text = await self._call(
+                "POST", url, "/reset_prefix_cache", limit_s=self.request_timeout_s
+            )
             try:
                 if not text.strip() or _Reset.model_validate_json(text).success:
                     break
             except ValidationError as e:
-                raise ReplicaError(f"{url}/reset_prefix_cache: unexpected answer "
-                                   f"{text[:200]!r}") from e
+                raise ReplicaError(
+                    f"{url}/reset_prefix_cache: unexpected answer {text[:200]!r}"
+                ) from e
             if loop.time() > deadline:
-                raise ReplicaError(f"{url}/reset_prefix_cache kept failing for "
-                                   f"{self.reset_timeout_s:g} s (requests holding blocks)")
+                raise ReplicaError(
+                    f"{url}/reset_prefix_cache kept failing for "
+                    f"{self.reset_timeout_s:g} s (requests holding blocks)"
+                )
             await asyncio.sleep(0.1)
         if await self.is_sleeping(url):
             raise ReplicaError(f"{url} answered /wake_up but still sleeps")

@@ -36,8 +36,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import Field, JsonValue, field_validator
 
+from controlplane.kernel.model import Frozen
 from regions.pool.processes import (
     ServerProcess,
     free_port,
@@ -150,9 +151,20 @@ class SimulatorLauncher:
         self._procs: dict[str, ServerProcess] = {}
 
     def _spawn(self, args: Sequence[str]) -> ServerProcess:
-        argv = [sys.executable, "-m", "regions.simulator", "--host", "127.0.0.1",
-                "--port", "0", "--model", self.model, "--block-size", str(self.block_size),
-                *args]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "regions.simulator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--model",
+            self.model,
+            "--block-size",
+            str(self.block_size),
+            *args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = start_process(argv, f"{self._name}{next(self._seq)}", env=env, stdout_pipe=True)
         return wait_ready(proc, self.ready_timeout_s)
@@ -176,10 +188,8 @@ class SimulatorLauncher:
 Flavour = Literal["gpu", "cpu"]
 
 
-class VllmSpec(BaseModel):
+class VllmSpec(Frozen):
     """What to serve and how. ``devices``: CUDA devices, one per replica (gpu)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     flavour: Flavour = "gpu"
     model: str = Field(min_length=1)  # a local path or a model id vLLM can load
@@ -214,9 +224,7 @@ def check_speculative_config(
     return config
 
 
-class VllmCommand(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class VllmCommand(Frozen):
     argv: tuple[str, ...]
     env: dict[str, str]
 
@@ -306,8 +314,9 @@ class VllmLauncher:
         tmp = Path(tempfile.mkdtemp(prefix="tectonic-pool-vllm-"))
         cmd = vllm_command(self.spec, port, tmp, device, variant)
         # A group of its own: stop() kills vLLM's children too.
-        proc = start_process(cmd.argv, f"vllm{next(self._seq)}", env=cmd.env, cwd=tmp,
-                             group=True, tmp=tmp)  # fmt: skip
+        proc = start_process(
+            cmd.argv, f"vllm{next(self._seq)}", env=cmd.env, cwd=tmp, group=True, tmp=tmp
+        )
         proc.port, proc.url = port, f"http://{self.spec.host}:{port}"
         return wait_healthy(proc, self.spec.ready_timeout_s, "vLLM")
 

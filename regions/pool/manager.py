@@ -42,9 +42,9 @@ from collections.abc import Callable
 from typing import Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict
 
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.model import Frozen
 from regions.pool.client import ReplicaClient, ReplicaError
 from regions.pool.launchers import Launcher, StaticEndpoints
 from regions.pool.sizing import BurstProfile, PoolSizeReport, check_pool
@@ -66,11 +66,7 @@ ActivationKind = Literal["wake", "resume"]
 OnActivation = Callable[[ActivationKind, bool, float], None]  # kind, ok, seconds
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PoolSnapshot(_Frozen):
+class PoolSnapshot(Frozen):
     """The pool as the agent publishes it (and ``--json`` prints it)."""
 
     replicas: tuple[Replica, ...]

@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from controlplane.kernel.model import Frozen
 
 _EPS = 1e-9  # so that 90 / 30 is 3 replicas, not 4, after float rounding
 
 
-class BurstProfile(BaseModel):
+class BurstProfile(Frozen):
     """The burst a region's pool must absorb, and how fast replicas come up."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     burst_rps: float = Field(ge=0)
     replica_rps: float = Field(gt=0)
@@ -52,11 +52,9 @@ class BurstProfile(BaseModel):
     activation_rate: float | None = Field(None, gt=0)
 
 
-class PoolSizeReport(BaseModel):
+class PoolSizeReport(Frozen):
     """Whether a configured pool absorbs the burst within budget, by how much it falls
     short and why (``reason`` is for an operator)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     needed_replicas: int  # N
     needed_warm: int  # W
@@ -97,8 +95,9 @@ def warm_needed(p: BurstProfile, cold_slots: int | None = None) -> int:
     return 0 if cold_slots is None else max(0, n - cold_slots)
 
 
-def check_pool(p: BurstProfile, configured_warm: int,
-               cold_slots: int | None = None) -> PoolSizeReport:
+def check_pool(
+    p: BurstProfile, configured_warm: int, cold_slots: int | None = None
+) -> PoolSizeReport:
     """Compare a pool's WARM count (plus ``cold_slots`` launchable) with the burst."""
     n = replicas_for_burst(p)
     w = warm_needed(p, cold_slots)
@@ -112,21 +111,35 @@ def check_pool(p: BurstProfile, configured_warm: int,
         in_time = min(in_time, k)
     absorbed = min(p.burst_rps, in_time * p.replica_rps)
     shortfall = max(0, w - configured_warm)
-    path = (f"Tc {p.cold_start_s:g} s + Ta {p.activation_s:g} s "
-            f"{'<=' if cold_fits(p) else '>'} budget {p.budget_s:g} s")
-    why = [f"burst {p.burst_rps:g} req/s at {p.replica_rps:g} req/s per replica needs "
-           f"{n} replica(s) serving within {p.budget_s:g} s",
-           f"{path}: {'cold starts may cover' if cold_fits(p) else 'all must be WARM'}"]
+    path = (
+        f"Tc {p.cold_start_s:g} s + Ta {p.activation_s:g} s "
+        f"{'<=' if cold_fits(p) else '>'} budget {p.budget_s:g} s"
+    )
+    why = [
+        f"burst {p.burst_rps:g} req/s at {p.replica_rps:g} req/s per replica needs "
+        f"{n} replica(s) serving within {p.budget_s:g} s",
+        f"{path}: {'cold starts may cover' if cold_fits(p) else 'all must be WARM'}",
+    ]
     if not feasible:
-        why.append(f"only {k} wake(s) finish within the budget at "
-                   f"{p.activation_rate:g} replicas/s: no WARM pool meets it")
+        why.append(
+            f"only {k} wake(s) finish within the budget at "
+            f"{p.activation_rate:g} replicas/s: no WARM pool meets it"
+        )
     if shortfall:
-        why.append(f"{configured_warm} WARM configured, {w} needed: {shortfall} short, "
-                   f"{p.burst_rps - absorbed:g} req/s unabsorbed")
+        why.append(
+            f"{configured_warm} WARM configured, {w} needed: {shortfall} short, "
+            f"{p.burst_rps - absorbed:g} req/s unabsorbed"
+        )
     else:
         why.append(f"{configured_warm} WARM configured, {w} needed")
     return PoolSizeReport(
-        needed_replicas=n, needed_warm=w, configured_warm=configured_warm,
-        shortfall=shortfall, too_small=shortfall > 0, feasible=feasible,
-        absorbed_rps=absorbed, unabsorbed_rps=p.burst_rps - absorbed, reason="; ".join(why),
+        needed_replicas=n,
+        needed_warm=w,
+        configured_warm=configured_warm,
+        shortfall=shortfall,
+        too_small=shortfall > 0,
+        feasible=feasible,
+        absorbed_rps=absorbed,
+        unabsorbed_rps=p.burst_rps - absorbed,
+        reason="; ".join(why),
     )

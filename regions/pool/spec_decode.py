@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict
-
 from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.model import Frozen
 from regions.pool.states import PoolTarget, Replica, ReplicaState, is_stale
 
 SPEC_DECODE: Final = "spec-decode"  # launched with --speculative-config
@@ -38,11 +37,9 @@ def wanted_variant(record: DegradationRecord | None) -> str:
     return NO_SPEC_DECODE
 
 
-class RollProgress(BaseModel):
+class RollProgress(Frozen):
     """How far the pool is from running only the wanted variant, read from its
     replicas. ``done`` once no replica of another variant is up."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     wanted: str
     target: int  # ACTIVE replicas the pool keeps

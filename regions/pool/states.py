@@ -36,7 +36,9 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from controlplane.kernel.model import Frozen
 
 
 class ReplicaState(StrEnum):
@@ -60,11 +62,7 @@ EDGES: dict[tuple[ReplicaState, ReplicaState], ActionKind] = {
 }
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DwellPolicy(_Frozen):
+class DwellPolicy(Frozen):
     """Minimum time in a state before the planner moves a replica on (seconds)."""
 
     warm_min_s: float = Field(300.0, ge=0)  # WARM before stop: launches are expensive
@@ -75,7 +73,7 @@ class DwellPolicy(_Frozen):
     drain_s: float = Field(10.0, ge=0)
 
 
-class PoolTarget(_Frozen):
+class PoolTarget(Frozen):
     """How many replicas should be ACTIVE, and how many kept in standby (WARM);
     ``variant``: the one replicas should run (None: any, the launcher has one kind)."""
 
@@ -84,7 +82,7 @@ class PoolTarget(_Frozen):
     variant: str | None = None
 
 
-class PoolConfig(_Frozen):
+class PoolConfig(Frozen):
     """Sizes and dwell times of one region's pool. ``size`` is the number of managed
     replica slots (default ``active + warm``); slots beyond that stay COLD until a
     burst needs them."""
@@ -112,7 +110,7 @@ class PoolConfig(_Frozen):
         return PoolTarget(active=self.active, warm=self.warm)
 
 
-class Replica(_Frozen):
+class Replica(Frozen):
     """One replica slot. ``since`` is when it entered ``state``; ``url`` is None while a
     managed slot has no process; ``busy`` while an action on it is in flight (the
     planner leaves it alone and counts a busy COLD slot as becoming WARM); ``variant``
@@ -206,7 +204,7 @@ def died(r: Replica, now: float) -> Replica:
     )
 
 
-class Action(_Frozen):
+class Action(Frozen):
     kind: ActionKind
     replica: str
     to: ReplicaState
@@ -214,7 +212,7 @@ class Action(_Frozen):
     retire: bool = False  # a stale replica leaving: see ``refusal(retiring=True)``
 
 
-class Plan(_Frozen):
+class Plan(Frozen):
     """What to do now. ``deferred`` says which wanted moves a dwell holds back and why;
     ``shortfall`` is how many ACTIVE replicas the target wants beyond what this plan
     reaches (launched slots are woken by a later plan)."""

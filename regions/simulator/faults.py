@@ -14,12 +14,12 @@ import asyncio
 import random
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from controlplane.kernel.model import Frozen
 
 
-class FaultSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class FaultSpec(Frozen):
     error_rate: float = Field(0.0, ge=0.0, le=1.0)  # share of requests answered 500
     unavailable_rate: float = Field(0.0, ge=0.0, le=1.0)  # share answered 503
     added_latency_s: float = Field(0.0, ge=0.0, le=600.0)  # before the first token

@@ -51,9 +51,12 @@ def _start(kind: str) -> Proc:
         pytest.skip(message)
     # ~20 s on an idle 2-core machine, 45-75 s measured while other suites ran.
     return start_vllm(
-        served_name=SERVED_NAME, max_model_len=MAX_MODEL_LEN, timeout=240, name="contract-vllm",
+        served_name=SERVED_NAME,
+        max_model_len=MAX_MODEL_LEN,
+        timeout=240,
+        name="contract-vllm",
         extra_args=DETAILS,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(

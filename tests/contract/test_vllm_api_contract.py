@@ -471,8 +471,11 @@ async def test_detokenize_inverts_tokenize(http: aiohttp.ClientSession, server: 
     bos = full["token_strs"][0]
     assert isinstance(bos, str) and bos and bos not in text, full
     assert await detokenize(http, server, full["tokens"]) == bos + text
-    error = (await post_json(http, server.url + "/detokenize", {"model": "nope", "tokens": [5]},
-                             status=404))["error"]  # fmt: skip
+    error = (
+        await post_json(
+            http, server.url + "/detokenize", {"model": "nope", "tokens": [5]}, status=404
+        )
+    )["error"]
     assert (error["type"], error["param"], error["code"]) == ("NotFoundError", "model", 404)
 
 

@@ -130,20 +130,60 @@ FAILING_OVER = "west"  # RequestRecovery has something to recover
 
 def replay_payload(i: int = 0, model: str = "tiny") -> ReplayPayload:
     return ReplayPayload(
-        key=f"k{i:03d}", kind=PromptKind.TEXT, model=model, prompt=f"tenant {i} " + "rule " * 40,
-        blocks=2, block_size=16, tokens=32, tokens_exact=False,
-    )  # fmt: skip
+        key=f"k{i:03d}",
+        kind=PromptKind.TEXT,
+        model=model,
+        prompt=f"tenant {i} " + "rule " * 40,
+        blocks=2,
+        block_size=16,
+        tokens=32,
+        tokens_exact=False,
+    )
 
 
 WORDS = st.sampled_from(
     [
-        *REGIONS, *SCENARIOS, "", " ", "\t", "mars", "EAST", " east", "east\n", "east/..",
-        "agent:east", "gateway:g1", "probe:controlplane", "fuzz", "alice", "operator",
-        "s-1", "sess-42", "a/b", "../x", "%2F", "x" * 64, "x" * 65, "x" * 128, "x" * 129,
-        "x" * 256, "x" * 257, "x" * 1024, "x" * 1025, "\x00", "\x7f", "\x1b[2J", "\u202e",
-        "🦀", "Zürich", "'; DROP", "{region}", "nan", "-1",
+        *REGIONS,
+        *SCENARIOS,
+        "",
+        " ",
+        "\t",
+        "mars",
+        "EAST",
+        " east",
+        "east\n",
+        "east/..",
+        "agent:east",
+        "gateway:g1",
+        "probe:controlplane",
+        "fuzz",
+        "alice",
+        "operator",
+        "s-1",
+        "sess-42",
+        "a/b",
+        "../x",
+        "%2F",
+        "x" * 64,
+        "x" * 65,
+        "x" * 128,
+        "x" * 129,
+        "x" * 256,
+        "x" * 257,
+        "x" * 1024,
+        "x" * 1025,
+        "\x00",
+        "\x7f",
+        "\x1b[2J",
+        "\u202e",
+        "🦀",
+        "Zürich",
+        "'; DROP",
+        "{region}",
+        "nan",
+        "-1",
     ]
-)  # fmt: skip
+)
 TEXT = st.one_of(
     WORDS,
     WORDS,  # twice as likely: most of the fuzzing should get past the first check
@@ -193,16 +233,22 @@ REGION_NAMES = st.sampled_from(REGIONS)
 # Values that pass a field's first check, by field name: three times as likely as TEXT,
 # so that most calls reach the checks after it.
 HINTS: dict[str, st.SearchStrategy[str]] = {
-    "region": REGION_NAMES, "source": REGION_NAMES, "home": REGION_NAMES, "to": REGION_NAMES,
+    "region": REGION_NAMES,
+    "source": REGION_NAMES,
+    "home": REGION_NAMES,
+    "to": REGION_NAMES,
     "reason": st.sampled_from(["drill", "maintenance window", "fuzz"]),
     "actor": st.sampled_from(["alice", "fuzz", ""]),
-    "session_id": st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E,
-                                        exclude_characters="/"), min_size=1, max_size=40),
+    "session_id": st.text(
+        st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters="/"),
+        min_size=1,
+        max_size=40,
+    ),
     "observer": st.sampled_from(["agent:east", "gateway:g1", "probe:controlplane", "x@y"]),
     "scenario": st.sampled_from(SCENARIOS),
     "failover_id": st.text("abcdef0123456789-", min_size=1, max_size=40),
     "intent_id": st.text("abcdef0123456789", min_size=12, max_size=12),
-}  # fmt: skip
+}
 
 
 def _scalar(f: FieldDescriptor, tame: bool) -> st.SearchStrategy[Any]:
@@ -389,10 +435,14 @@ def _model_of(keys: Keys, key: str) -> type[BaseModel] | None:
     """The model the readers of ``key`` decode it with (None: not checked here)."""
     rel = key.removeprefix(keys.root)
     by_prefix: dict[str, type[BaseModel]] = {
-        "reports/": HealthReport, "intents/": Intent, "sessions/": SessionPin,
-        "audit/": AuditEntry, "drills/requests/": DrillRequest, "intent-claims/": Intent,
+        "reports/": HealthReport,
+        "intents/": Intent,
+        "sessions/": SessionPin,
+        "audit/": AuditEntry,
+        "drills/requests/": DrillRequest,
+        "intent-claims/": Intent,
         "intent-outcomes/": IntentOutcome,
-    }  # fmt: skip
+    }
     for prefix, model in by_prefix.items():
         if rel.startswith(prefix):
             return model
@@ -413,16 +463,23 @@ async def _seed(store: EtcdStore, keys: Keys) -> None:
     record = RegionRecord(region=FAILING_OVER, state=RegionState.FAILING_OVER, epoch=1)
     await store.put(keys.region_state(FAILING_OVER), encode(record))
     catalog = DrillCatalog(
-        service="fuzz-drills", published_at=1.0,
+        service="fuzz-drills",
+        published_at=1.0,
         scenarios=tuple(ScenarioInfo(name=s, title=s, region="east") for s in SCENARIOS),
-    )  # fmt: skip
+    )
     await store.put(keys.drill_catalog(), encode(catalog))
     prefixes = PrefixCatalog(
-        region="east", at=1.0, params=fast_topology(("h:1",), "x").prefixes.params,
-        min_sessions=3, shared_prefixes=2, gateways=1,
-        entries=(CatalogEntry(key="k000", count=9, sessions=3, payload=payload),
-                 CatalogEntry(key="k001", count=5, sessions=1)),
-    )  # fmt: skip
+        region="east",
+        at=1.0,
+        params=fast_topology(("h:1",), "x").prefixes.params,
+        min_sessions=3,
+        shared_prefixes=2,
+        gateways=1,
+        entries=(
+            CatalogEntry(key="k000", count=9, sessions=3, payload=payload),
+            CatalogEntry(key="k001", count=5, sessions=1),
+        ),
+    )
     await store.put(keys.prefixes("east"), encode(prefixes))
 
 
@@ -577,13 +634,16 @@ PINNED = [
     pytest.param(  # accepted, stored as null: the leader dropped the report as corrupt
         "ReportHealth",
         pb.HealthReport(
-            region="east", observer="agent:east", kind=pb.AGENT, health=pb.HEALTHY,
+            region="east",
+            observer="agent:east",
+            kind=pb.AGENT,
+            health=pb.HEALTHY,
             signals={"load_rps": math.nan, "queue": math.inf},
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
         id="nan-signal",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "request_", "code"), PINNED)

@@ -56,11 +56,13 @@ PARSER_LINE_LIMIT = 8190
 GATEWAYS = ("east", "west", "central")
 FLAGS = {
     "west": FeatureFlags(
-        max_context_tokens=64, context_cap_mode="truncate", parallel_tool_calls=False,
+        max_context_tokens=64,
+        context_cap_mode="truncate",
+        parallel_tool_calls=False,
         shed_priority_below=-5,
     ),
     "central": FeatureFlags(max_context_tokens=64, context_cap_mode="reject"),
-}  # fmt: skip
+}
 GOOD_COMPLETION = {"model": MODEL, "prompt": "Say hi", "max_tokens": 2}
 
 
@@ -174,10 +176,16 @@ class Deployment:
 def simulator() -> Iterator[Proc]:
     proc = start_simulator(
         extra_args=[
-            "--decode-tokens-per-s", "100000", "--prefill-tokens-per-s", "10000000",
-            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "64",
+            "--decode-tokens-per-s",
+            "100000",
+            "--prefill-tokens-per-s",
+            "10000000",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--max-num-seqs",
+            "64",
         ]
-    )  # fmt: skip
+    )
     try:
         yield proc
     finally:
@@ -224,11 +232,33 @@ async def deployment(etcd: EtcdServer, simulator: Proc) -> AsyncIterator[Deploym
 HUGE_INTS = st.sampled_from([2**31, 2**63, 2**64 + 1, -(2**63) - 1, 10**400])
 WEIRD_STRINGS = st.sampled_from(
     [
-        "", " ", MODEL, "TINY", "tiny ", "nope", "\x00", "\u202e", "🦀", "\ud800", "\udfff",
-        "a" * 10_000, "\\", '"', "null", "user", "system", "assistant", "tool", "text",
-        "image_url", "auto", "none", "x" * 257, "a/b",
+        "",
+        " ",
+        MODEL,
+        "TINY",
+        "tiny ",
+        "nope",
+        "\x00",
+        "\u202e",
+        "🦀",
+        "\ud800",
+        "\udfff",
+        "a" * 10_000,
+        "\\",
+        '"',
+        "null",
+        "user",
+        "system",
+        "assistant",
+        "tool",
+        "text",
+        "image_url",
+        "auto",
+        "none",
+        "x" * 257,
+        "a/b",
     ]
-)  # fmt: skip
+)
 # Text with lone UTF-16 surrogates: valid JSON ("\ud800"), but no Unicode text.
 SURROGATE_TEXT = st.lists(
     st.sampled_from(["a", " ", "é", "\ud800", "\udc00", "\udfff", "🦀"]), min_size=1, max_size=8
@@ -252,17 +282,34 @@ JSON_VALUES = st.recursive(
 SEED_BODIES: list[dict[str, object]] = [
     GOOD_COMPLETION,
     {"model": MODEL, "prompt": ["a b c", "d e"], "max_tokens": 3, "n": 2, "user": "sess-1"},
-    {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1, "stream": True,
-     "stream_options": {"include_usage": True}, "cache_salt": "s1"},
-    {"model": MODEL, "messages": [{"role": "system", "content": "Be terse."},
-                                  {"role": "user", "content": "hi " * 100},
-                                  {"role": "assistant", "content": "ok"},
-                                  {"role": "user", "content": [{"type": "text", "text": "and?"}]}],
-     "max_tokens": 3, "stream": False},
-    {"model": MODEL, "messages": [{"role": "user", "content": "weather?"}], "stream": True,
-     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-     "parallel_tool_calls": True, "max_completion_tokens": 2},
-]  # fmt: skip
+    {
+        "model": MODEL,
+        "prompt": [1, 2, 3, 4],
+        "max_tokens": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": "s1",
+    },
+    {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": "hi " * 100},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": "and?"}]},
+        ],
+        "max_tokens": 3,
+        "stream": False,
+    },
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "stream": True,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "parallel_tool_calls": True,
+        "max_completion_tokens": 2,
+    },
+]
 BODY_KEYS = sorted({k for b in SEED_BODIES for k in keys_of(b)} | {"tool_choice", "temperature"})
 
 
@@ -319,13 +366,16 @@ def json_body(draw: st.DrawFn, path: str = "") -> bytes:
 
 
 SESSION_IDS = st.one_of(
-    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="/"),
-            min_size=1, max_size=40),
+    st.text(
+        st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="/"),
+        min_size=1,
+        max_size=40,
+    ),
     st.sampled_from(["a/b", "x" * 257, " ", "sess 1", "é", "\x7f", "_gateway_probe"]),
-    st.binary(min_size=1, max_size=20).map(
-        lambda b: bytes(c for c in b if c >= 0x20 and c != 0x7F) or b"z"
-    ).map(lambda b: b.decode("latin-1")),
-)  # fmt: skip
+    st.binary(min_size=1, max_size=20)
+    .map(lambda b: bytes(c for c in b if c >= 0x20 and c != 0x7F) or b"z")
+    .map(lambda b: b.decode("latin-1")),
+)
 PRIORITIES = st.one_of(
     st.integers(-(10**6), 10**6).map(str),
     st.sampled_from(["", " 3 ", "-6", "1e3", "0x10", "٣", "9" * 5000, "NaN", "high", "-"]),
@@ -358,18 +408,40 @@ PRINTABLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
 QUERY_VALUES = st.one_of(
     st.text(max_size=20),
     st.integers(-(10**20), 10**20).map(str),
-    st.sampled_from(["", "east", "west", "mars", "0", "1", "1000", "1001", "-1", "abc",
-                     "1e3", "x" * 3000, "%ff", "%", "%zz", "true", "false", "\x00"]),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            "",
+            "east",
+            "west",
+            "mars",
+            "0",
+            "1",
+            "1000",
+            "1001",
+            "-1",
+            "abc",
+            "1e3",
+            "x" * 3000,
+            "%ff",
+            "%",
+            "%zz",
+            "true",
+            "false",
+            "\x00",
+        ]
+    ),
+)
 
 
 @st.composite
 def query_string(draw: st.DrawFn, names: Sequence[str]) -> str:
     """``?...``: known and unknown names, repeated, encoded or raw (invalid escapes)."""
     pairs = draw(
-        st.lists(st.tuples(st.sampled_from(names) | st.text(PRINTABLE, max_size=8), QUERY_VALUES),
-                 max_size=4)
-    )  # fmt: skip
+        st.lists(
+            st.tuples(st.sampled_from(names) | st.text(PRINTABLE, max_size=8), QUERY_VALUES),
+            max_size=4,
+        )
+    )
     if not pairs:
         return ""
     if draw(st.booleans()):
@@ -450,14 +522,19 @@ async def test_gateway_refuses_bad_bodies_and_headers_cleanly(
 
 # Requests that once got a 500, pinned (a run of the fuzzing may not draw them).
 PINNED = [
-    pytest.param(b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", (),
-                 id="deep-nesting"),
-    pytest.param(b'{"model": "tiny", "prompt": "\\ud800 hi", "max_tokens": 1}', (),
-                 id="lone-surrogate"),
+    pytest.param(
+        b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        (),
+        id="deep-nesting",
+    ),
+    pytest.param(
+        b'{"model": "tiny", "prompt": "\\ud800 hi", "max_tokens": 1}', (), id="lone-surrogate"
+    ),
     pytest.param(b'{"model": "tiny", "prompt": "\xff\xfe"}', (), id="invalid-utf8"),
-    pytest.param(_dumps(GOOD_COMPLETION), (("Content-Encoding", b"gzip"),),
-                 id="content-encoding-lie"),
-]  # fmt: skip
+    pytest.param(
+        _dumps(GOOD_COMPLETION), (("Content-Encoding", b"gzip"),), id="content-encoding-lie"
+    ),
+]
 
 
 @pytest.mark.parametrize(("body", "headers"), PINNED)
@@ -476,12 +553,26 @@ async def test_pinned_requests_get_400(
 @given(
     home=st.sampled_from(GATEWAYS),
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
-    path=st.sampled_from(["/v1/models", "/health", "/metrics", "/v1/completions",
-                          "/v1/chat/completions", "/", "/v1", "/v1/models/tiny", "/admin",
-                          "/v1/completions/", "/%2e%2e/etc/passwd", "/v1/%ff",
-                          "/tokenize", "/detokenize"]),
+    path=st.sampled_from(
+        [
+            "/v1/models",
+            "/health",
+            "/metrics",
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/",
+            "/v1",
+            "/v1/models/tiny",
+            "/admin",
+            "/v1/completions/",
+            "/%2e%2e/etc/passwd",
+            "/v1/%ff",
+            "/tokenize",
+            "/detokenize",
+        ]
+    ),
     query=query_string(["model", "stream", "user"]),
-)  # fmt: skip
+)
 async def test_gateway_answers_any_method_and_path(
     deployment: Deployment, home: str, method: str, path: str, query: str
 ) -> None:
@@ -522,11 +613,20 @@ async def test_gateway_refuses_oversized_bodies_with_413(deployment: Deployment,
 @settings(FUZZ, max_examples=40)
 @given(
     home=st.sampled_from(GATEWAYS),
-    header=st.sampled_from(["x-session-id", "x-priority", "Content-Type", "Content-Encoding",
-                            "Expect", "Accept-Encoding", "X-Weird"]),
+    header=st.sampled_from(
+        [
+            "x-session-id",
+            "x-priority",
+            "Content-Type",
+            "Content-Encoding",
+            "Expect",
+            "Accept-Encoding",
+            "X-Weird",
+        ]
+    ),
     value=st.binary(max_size=60).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
     | st.sampled_from([b"gzip", b"deflate", b"br", b"100-continue", b"a" * 9000]),
-)  # fmt: skip
+)
 async def test_gateway_survives_protocol_level_garbage_in_headers(
     deployment: Deployment, home: str, header: str, value: bytes
 ) -> None:
@@ -554,9 +654,21 @@ async def test_a_non_ascii_expect_header_is_refused_with_417(
 # ---- the control plane's HTTP API -----------------------------------------------------------
 
 CP_PATHS = [
-    "/v1/status", "/v1/history", "/v1/events", "/healthz", "/readyz", "/metrics", "/", "/docs",
-    "/openapi.json", "/v1", "/v1/status/", "/v1/nope", "/%ff", "/v1/history/east",
-]  # fmt: skip
+    "/v1/status",
+    "/v1/history",
+    "/v1/events",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/",
+    "/docs",
+    "/openapi.json",
+    "/v1",
+    "/v1/status/",
+    "/v1/nope",
+    "/%ff",
+    "/v1/history/east",
+]
 
 
 @FUZZ
@@ -628,11 +740,24 @@ async def test_simulator_refuses_bad_bodies_like_vllm(
 @settings(FUZZ, max_examples=40)
 @given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
-    path=st.sampled_from(["/health", "/ping", "/version", "/v1/models", "/metrics",
-                          "/is_sleeping", "/reset_prefix_cache", "/sleep", "/wake_up", "/nope",
-                          "/v1/completions", "/_sim/fault"]),
+    path=st.sampled_from(
+        [
+            "/health",
+            "/ping",
+            "/version",
+            "/v1/models",
+            "/metrics",
+            "/is_sleeping",
+            "/reset_prefix_cache",
+            "/sleep",
+            "/wake_up",
+            "/nope",
+            "/v1/completions",
+            "/_sim/fault",
+        ]
+    ),
     query=query_string(["level", "mode", "tags", "reset_running_requests", "reset_external"]),
-)  # fmt: skip
+)
 async def test_simulator_answers_any_route_and_query(
     deployment: Deployment, method: str, path: str, query: str
 ) -> None:

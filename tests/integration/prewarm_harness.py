@@ -40,16 +40,26 @@ def two_regions(block_size: int) -> Iterator[dict[str, list[Proc]]]:
 
 
 def prewarm_topology(
-    etcd: EtcdServer, cluster: str, agent_ports: Mapping[str, int],
-    replicas: Mapping[str, Sequence[str]], *, prefixes: dict[str, object],
-    prewarm: dict[str, object], recovery: dict[str, object] | None = None,
-) -> Topology:  # fmt: skip
+    etcd: EtcdServer,
+    cluster: str,
+    agent_ports: Mapping[str, int],
+    replicas: Mapping[str, Sequence[str]],
+    *,
+    prefixes: dict[str, object],
+    prewarm: dict[str, object],
+    recovery: dict[str, object] | None = None,
+) -> Topology:
     data = fast_topology(etcd.endpoints, cluster).model_dump(mode="json")
     data["regions"] = [
-        {"name": r, "zone": "eu", "agent": f"127.0.0.1:{agent_ports[r]}",
-         "capacity_rps": 100, "replicas": list(replicas[r])}
+        {
+            "name": r,
+            "zone": "eu",
+            "agent": f"127.0.0.1:{agent_ports[r]}",
+            "capacity_rps": 100,
+            "replicas": list(replicas[r]),
+        }
         for r in REGIONS
-    ]  # fmt: skip
+    ]
     data["timing"]["quorum"] = 1  # only the agents observe
     data["prefixes"] = {"export_interval_s": 0.3, "aggregate_interval_s": 0.3, **prefixes}
     data["prewarm"] = prewarm
@@ -68,23 +78,35 @@ class Wired:
 
 @contextlib.asynccontextmanager
 async def wired_regions(
-    etcd: EtcdServer, cluster: str, replicas: Mapping[str, Sequence[str]], *,
-    prefixes: dict[str, object], prewarm: dict[str, object],
-    recovery: dict[str, object] | None = None, warm_first: bool = True,
-) -> AsyncIterator[Wired]:  # fmt: skip
+    etcd: EtcdServer,
+    cluster: str,
+    replicas: Mapping[str, Sequence[str]],
+    *,
+    prefixes: dict[str, object],
+    prewarm: dict[str, object],
+    recovery: dict[str, object] | None = None,
+    warm_first: bool = True,
+) -> AsyncIterator[Wired]:
     ports = {r: free_port() for r in REGIONS}
-    topo = prewarm_topology(etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm,
-                            recovery=recovery)  # fmt: skip
+    topo = prewarm_topology(
+        etcd, cluster, ports, replicas, prefixes=prefixes, prewarm=prewarm, recovery=recovery
+    )
     async with running_replica(topo) as cp:
         agents: dict[str, AgentHandle] = {}
         app = AppConfig(home="a", warm_first=warm_first)
         gw = GatewayServer(GatewayOptions(topology=topo, app=app))
         try:
             for r in REGIONS:
-                agents[r] = await serve_agent(AgentConfig(
-                    region=r, replicas=tuple(replicas[r]), control_planes=(cp.target,),
-                    interval=0.25, timeout=0.25, listen=f"127.0.0.1:{ports[r]}",
-                ))  # fmt: skip
+                agents[r] = await serve_agent(
+                    AgentConfig(
+                        region=r,
+                        replicas=tuple(replicas[r]),
+                        control_planes=(cp.target,),
+                        interval=0.25,
+                        timeout=0.25,
+                        listen=f"127.0.0.1:{ports[r]}",
+                    )
+                )
             await gw.start()
             yield Wired(topo, gw, agents, cp)
         finally:
@@ -105,8 +127,9 @@ async def send_usage(
     """One completion through the gateway; the region that served it and its prompt
     tokens."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
-    async with http.post(gw.url + "/v1/completions", json=body,
-                         headers={"x-session-id": session}) as r:  # fmt: skip
+    async with http.post(
+        gw.url + "/v1/completions", json=body, headers={"x-session-id": session}
+    ) as r:
         assert r.status == 200, await r.text()
         return r.headers["x-tectonic-region"], int((await r.json())["usage"]["prompt_tokens"])
 
@@ -126,7 +149,7 @@ async def first_hits(
     """Send one request through the gateway (nothing else may run on ``replicas``); the
     region that served it and how far ``vllm:prefix_cache_hits_total`` moved on
     ``replicas``, read once the queries counter has counted the request (vLLM updates
-    its counters as it processes outputs, which may trail the answer)."""  # fmt: skip
+    its counters as it processes outputs, which may trail the answer)."""
     q0 = sum(await queries_of(http, replicas))
     h0 = await hits_across(http, replicas)
     region, n = await send_usage(http, gw, session, prompt)
@@ -147,7 +170,7 @@ async def wait_catalog(
     prompts: Sequence[str] = (),
 ) -> PrefixCatalog:
     """The region's catalog once it holds at least ``payloads`` replay payloads, and one
-    cut from each of ``prompts``."""  # fmt: skip
+    cut from each of ``prompts``."""
     found: list[PrefixCatalog] = []
 
     async def ready() -> bool:

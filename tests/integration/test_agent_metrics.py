@@ -96,8 +96,13 @@ async def test_pool_states_wakes_probes_and_prewarm_runs_are_scraped(agent: Agen
     assert get(before, "tectonic_agent_replica_up", replica=active) == 1
     assert get(before, "tectonic_agent_prewarm_runs_total", outcome="complete") == 0
 
-    req = apb.PrewarmRequest(failover_id="west@1", source="west", budget_s=30, activate=2,
-                             payloads=[payload(i) for i in range(4)])  # fmt: skip
+    req = apb.PrewarmRequest(
+        failover_id="west@1",
+        source="west",
+        budget_s=30,
+        activate=2,
+        payloads=[payload(i) for i in range(4)],
+    )
     async with grpc.aio.insecure_channel(f"127.0.0.1:{agent.port}") as ch:
         stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
         final = [m async for m in stub.Prewarm(req, timeout=60)][-1]
@@ -113,8 +118,10 @@ async def test_pool_states_wakes_probes_and_prewarm_runs_are_scraped(agent: Agen
 
     async def both_probed() -> bool:
         got = await scrape(agent)
-        return all(get(got, "tectonic_agent_replica_up", replica=u) == 1
-                   for u in agent.replica_set.active())  # fmt: skip
+        return all(
+            get(got, "tectonic_agent_replica_up", replica=u) == 1
+            for u in agent.replica_set.active()
+        )
 
     await until(both_probed, what="the woken replica probed too")
 

@@ -65,10 +65,16 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
     data["timing"]["quorum"] = 1
     topo = parse_topology(data)
     async with running_replica(topo, ladder=ladder) as cp, aiohttp.ClientSession() as http:
-        agent = await serve_agent(AgentConfig(
-            region="east", replicas=(sim.url,), control_planes=(cp.target,), interval=0.25,
-            timeout=0.25, max_ttft_p99_s=0.5,
-        ))  # fmt: skip
+        agent = await serve_agent(
+            AgentConfig(
+                region="east",
+                replicas=(sim.url,),
+                control_planes=(cp.target,),
+                interval=0.25,
+                timeout=0.25,
+                max_ttft_p99_s=0.5,
+            )
+        )
         gw = GatewayServer(GatewayOptions(topology=topo, app=AppConfig(home="east")))
         await gw.start()
         stop = asyncio.Event()
@@ -79,8 +85,11 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
 
             async def history() -> list[tuple[str, str]]:
                 h = await cp.stub.GetHistory(pb.HistoryRequest(region="east", limit=200))
-                return [(e.action, e.details["step"]) for e in h.events
-                        if e.action.startswith("ladder_")]  # fmt: skip
+                return [
+                    (e.action, e.details["step"])
+                    for e in h.events
+                    if e.action.startswith("ladder_")
+                ]
 
             async def all_applied() -> bool:
                 return [a for a, _ in await history()].count("ladder_apply") == len(ladder.names)
@@ -91,8 +100,10 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
             east = next(r for r in st.regions if r.name == "east")
             assert list(east.degradation_steps) == list(ladder.names)
             # The gateway carries the context cap out: a ~20K-token chat (80K chars) is refused.
-            long_chat = {"model": "tiny", "messages": [
-                {"role": "user", "content": "tell me everything. " * 4_000}]}  # fmt: skip
+            long_chat = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "tell me everything. " * 4_000}],
+            }
             async with http.post(gw.url + "/v1/chat/completions", json=long_chat) as r:
                 assert r.status == 400 and "degraded" in (await r.text()).lower()
 

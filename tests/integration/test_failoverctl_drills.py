@@ -81,18 +81,27 @@ async def test_prefixes_top_lists_the_leaders_catalog(topology: Topology) -> Non
         assert code == 0 and "no prefix catalog yet" in out
         system = "You are the billing assistant. Answer briefly. " * 4
         payload = ReplayPayload(
-            key="ab" * 8, kind=PromptKind.CHAT, model="tiny",
+            key="ab" * 8,
+            kind=PromptKind.CHAT,
+            model="tiny",
             messages=(ChatMessage(role="system", content=system),),
-            blocks=2, block_size=16, tokens=32, tokens_exact=False,
-        )  # fmt: skip
+            blocks=2,
+            block_size=16,
+            tokens=32,
+            tokens_exact=False,
+        )
         catalog = PrefixCatalog(
-            region="east", at=1.0, params=FingerprintParams(), min_sessions=3,
-            shared_prefixes=2, gateways=2,
+            region="east",
+            at=1.0,
+            params=FingerprintParams(),
+            min_sessions=3,
+            shared_prefixes=2,
+            gateways=2,
             entries=(
                 CatalogEntry(key="ab" * 8, count=120, sessions=3, payload=payload),
                 CatalogEntry(key="cd" * 8, count=40, sessions=1),
             ),
-        )  # fmt: skip
+        )
         await run.replica.store.put(keys.prefixes("east"), encode(catalog))
         code, out, _ = await ctl(run.target, "prefixes", "top", "east", "--json")
         data = json.loads(out)
@@ -116,17 +125,28 @@ async def test_drill_run_goes_through_the_drill_service_and_lands_in_the_history
         assert code == 1 and "no drill service" in err  # refused: nobody would run it
 
         async def dry_lab(name: str, region: str | None, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
-            return await run_in_lab(find_scenario(name), region, dry_run=dry_run,
-                                    reports=tmp_path, sessions=6, say=lambda m: None)  # fmt: skip
+            return await run_in_lab(
+                find_scenario(name),
+                region,
+                dry_run=dry_run,
+                reports=tmp_path,
+                sessions=6,
+                say=lambda m: None,
+            )
 
         scenarios = load_all()
         store = EtcdStore(topology.etcd)
         await store.connect()
         service = DrillService(
-            store, keys, load_schedule(REPO / "chaos" / "schedule.yaml"), dry_lab,
-            SystemClock(), tick_s=0.5, scenarios=scenario_infos(scenarios),
+            store,
+            keys,
+            load_schedule(REPO / "chaos" / "schedule.yaml"),
+            dry_lab,
+            SystemClock(),
+            tick_s=0.5,
+            scenarios=scenario_infos(scenarios),
             default_regions={s.name: s.region for s in scenarios},
-        )  # fmt: skip
+        )
         serving = asyncio.create_task(service.serve())
         try:
             code, out, _ = await ctl(run.target, "drill", "schedule", "--json")

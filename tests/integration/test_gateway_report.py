@@ -54,8 +54,12 @@ async def completions(request: web.Request) -> web.Response:
     await request.read()
     if request.headers.get("authorization") != "Bearer good":
         return web.json_response({"error": {"message": "bad key", "code": 401}}, status=401)
-    answer = {"id": "cmpl-1", "object": "text_completion", "model": "tiny",
-              "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}  # fmt: skip
+    answer = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "model": "tiny",
+        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+    }
     return web.json_response(answer)
 
 

@@ -219,7 +219,9 @@ async def test_reflection_answers_under_v1_as_current_clients_ask(topology: Topo
         )
         asks = [
             reflection_pb2.ServerReflectionRequest(list_services=""),
-            reflection_pb2.ServerReflectionRequest(file_containing_symbol="tectonic.v1.ControlPlane"),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="tectonic.v1.ControlPlane"
+            ),
             reflection_pb2.ServerReflectionRequest(
                 file_containing_symbol="grpc.reflection.v1.ServerReflection"
             ),
@@ -227,11 +229,16 @@ async def test_reflection_answers_under_v1_as_current_clients_ask(topology: Topo
         answers = [r async for r in v1(iter(asks), timeout=10)]
         assert len(answers) == 3 and not any(a.HasField("error_response") for a in answers)
         names = {s.name for s in answers[0].list_services_response.service}
-        assert {"tectonic.v1.ControlPlane", "grpc.health.v1.Health",
-                "grpc.reflection.v1.ServerReflection",
-                "grpc.reflection.v1alpha.ServerReflection"} <= names
-        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
-                 for b in answers[1].file_descriptor_response.file_descriptor_proto]
+        assert {
+            "tectonic.v1.ControlPlane",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        } <= names
+        files = [
+            descriptor_pb2.FileDescriptorProto.FromString(b)
+            for b in answers[1].file_descriptor_response.file_descriptor_proto
+        ]
         assert any(s.name == "ControlPlane" for f in files for s in f.service)
         refl_file = descriptor_pb2.FileDescriptorProto.FromString(
             answers[2].file_descriptor_response.file_descriptor_proto[0]

@@ -28,11 +28,13 @@ from controlplane.api.http import sse_stream
 from controlplane.api.reads import AuditRecord
 from controlplane.kernel.config import Topology
 from controlplane.kernel.model import (
+    AuditAction,
     AuditEntry,
     Decision,
     FailoverPlan,
     FailoverProgress,
     FailoverStep,
+    PrewarmFigures,
     RegionHealth,
     RegionRecord,
     RegionState,
@@ -327,7 +329,8 @@ async def test_event_stream_heartbeats_and_ends_on_stop() -> None:
     async def silent() -> AsyncGenerator[AuditRecord, None]:
         try:
             await asyncio.Event().wait()
-            yield AuditRecord("x", 1, AuditEntry(at=0, actor="a", action="b"))  # never
+            never = AuditEntry(at=0, actor="a", action=AuditAction.TRANSITION)
+            yield AuditRecord("x", 1, never)
         finally:
             closed.set()
 
@@ -371,14 +374,14 @@ def test_metrics_follow_decisions_and_prewarm() -> None:
         plan=plan,
         started_at=100.0,
         done=(FailoverStep.SWITCH,),
-        prewarm_result={"prefixes_total": 40, "prefixes_warmed": 30},
+        prewarm_result=PrewarmFigures(prefixes_total=40, prefixes_warmed=30),
     )
     m.failover_step_done("east", FailoverStep.SWITCH, progress, at=101.5)
     m.failover_step_done("east", FailoverStep.PREWARM, progress, at=120.0)
     assert get("tectonic_failover_duration_seconds_sum") == pytest.approx(1.5)
     assert get("tectonic_prewarm_attained_fraction", {"region": "east"}) == pytest.approx(0.75)
-    assert prewarm_fraction({"prefixes_total": 0, "prefixes_warmed": 0}) is None
-    assert prewarm_fraction({"attained_fraction": 1.2}) == 1.0
+    assert prewarm_fraction(PrewarmFigures(prefixes_total=0, prefixes_warmed=0)) is None
+    assert prewarm_fraction(PrewarmFigures(attained_fraction=1.2)) == 1.0
 
     m.tick_done(leader=False, snapshot=None)  # a follower exports no region gauges
     assert get("tectonic_region_state", {"region": "east", "state": "FAILING_OVER"}) is None

@@ -59,9 +59,14 @@ async def held_back(topology: Topology) -> AsyncIterator[HeldBack]:
     now = time.time()
     for r in REGIONS:
         health = RegionHealth(
-            region=r, verdict=Health.HEALTHY, raw=Health.HEALTHY, good_streak=2, since=now,
-            evaluated_at=now, signals={"load_rps": 10},
-        )  # fmt: skip
+            region=r,
+            verdict=Health.HEALTHY,
+            raw=Health.HEALTHY,
+            good_streak=2,
+            since=now,
+            evaluated_at=now,
+            signals={"load_rps": 10},
+        )
         await store.put(keys.region_health(r), encode(health))
 
     async def let_lead() -> None:

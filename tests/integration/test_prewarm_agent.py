@@ -136,8 +136,11 @@ async def test_prewarm_lands_where_the_gateway_routes_and_vllm_counts_hits(
 def chosen_differently(payloads: list[ReplayPayload], urls: list[str], chars: int) -> list[int]:
     """The payloads whose replica differs between ``chars`` and the default length: the
     routing-length tests prove something only on those."""
-    moved = [i for i, p in enumerate(payloads)
-             if assign([p], urls, prefix_chars=chars) != assign([p], urls)]  # fmt: skip
+    moved = [
+        i
+        for i, p in enumerate(payloads)
+        if assign([p], urls, prefix_chars=chars) != assign([p], urls)
+    ]
     assert len(moved) >= 3
     return moved
 
@@ -202,17 +205,23 @@ async def test_the_leaders_prewarm_sends_the_topologys_routing_chars(
     )
     keys, store = Keys("chars"), MemoryStore()
     catalog = PrefixCatalog(
-        region="a", at=0.0, params=topo.prefixes.params, min_sessions=1,
+        region="a",
+        at=0.0,
+        params=topo.prefixes.params,
+        min_sessions=1,
         shared_prefixes=N_PREFIXES,
-        entries=tuple(CatalogEntry(key=p.key, count=100 - i, sessions=3, payload=p)
-                      for i, p in enumerate(payloads)),
-    )  # fmt: skip
+        entries=tuple(
+            CatalogEntry(key=p.key, count=100 - i, sessions=3, payload=p)
+            for i, p in enumerate(payloads)
+        ),
+    )
     await store.put(keys.prefixes("a"), encode(catalog))
-    prewarmer = AgentPrewarmer(topo, store, keys, SystemClock(), min_sessions=1, fraction=1.0,
-                               verify=0)  # fmt: skip
+    prewarmer = AgentPrewarmer(
+        topo, store, keys, SystemClock(), min_sessions=1, fraction=1.0, verify=0
+    )
     plan = FailoverPlan(source="a", targets={"b": 1.0}, reason="test", actor="t")
     result = await prewarmer.prewarm(plan, 30.0, "a@leader")
-    assert result["prefixes_warmed"] == N_PREFIXES, result
+    assert result.prefixes_warmed == N_PREFIXES, result
     await warm_where_gateways_route(payloads, moved, urls, chars)
 
 

@@ -40,18 +40,24 @@ def sims() -> Iterator[dict[str, list[Proc]]]:
 
 
 async def test_a_manual_failover_prewarms_before_the_switch(
-    sims: dict[str, list[Proc]], etcd: EtcdServer, etcd_store: EtcdStore, cluster_name: str,
+    sims: dict[str, list[Proc]],
+    etcd: EtcdServer,
+    etcd_store: EtcdStore,
+    cluster_name: str,
     keys: Keys,
-) -> None:  # fmt: skip
+) -> None:
     urls = {r: [p.url for p in ps] for r, ps in sims.items()}
     async with aiohttp.ClientSession() as http:
         cpt = len(SYSTEM) / await tokens(http, urls["a"][0], SYSTEM)
         prefixes: dict[str, object] = {
-            "block_size": BLOCK, "chars_per_token": cpt, "level_tokens": 4 * BLOCK,
+            "block_size": BLOCK,
+            "chars_per_token": cpt,
+            "level_tokens": 4 * BLOCK,
             "min_sessions": K,
-        }  # fmt: skip
-        async with wired_regions(etcd, cluster_name, urls, prefixes=prefixes,
-                                 prewarm={"budget_s": 30, "verify": 2}) as w:  # fmt: skip
+        }
+        async with wired_regions(
+            etcd, cluster_name, urls, prefixes=prefixes, prewarm={"budget_s": 30, "verify": 2}
+        ) as w:
             for s in range(K + 1):
                 assert await send(http, w.gateway, f"s{s}", f"{SYSTEM}\nQ{s}?") == "a"
             await wait_catalog(etcd_store, keys, "a", payloads=1)
@@ -65,7 +71,7 @@ async def test_a_manual_failover_prewarms_before_the_switch(
             assert record.failover is not None and record.failover.plan.warm_first
             # warmed first: the switch is not done (or done after the pre-warm)
             assert record.failover.done[0] is FailoverStep.PREWARM
-            assert record.failover.prewarm_result["attained_fraction"] == 1.0
+            assert record.failover.prewarm_result.attained_fraction == 1.0
             assert await hits_across(http, urls["b"]) > b_hits  # the verification's hits
 
             async def switched() -> bool:
@@ -78,7 +84,6 @@ async def test_a_manual_failover_prewarms_before_the_switch(
             )
             assert region == "b"
             catalog = await wait_catalog(etcd_store, keys, "a", payloads=1)
-            deepest = max((e.payload for e in catalog.entries if e.payload),
-                          key=lambda p: p.blocks)  # fmt: skip
+            deepest = max((e.payload for e in catalog.entries if e.payload), key=lambda p: p.blocks)
             warm = await tokens(http, urls["b"][0], deepest.prompt or "")
             assert hits >= warm - BLOCK

@@ -74,10 +74,14 @@ async def test_failover_prewarms_the_target_and_vllm_counts_the_hits(
         system_tokens = await tokens(http, vllm_b.url, SYSTEM)
         replicas = {"a": [vllm_a.url], "b": [vllm_b.url]}
         prefixes: dict[str, object] = {
-            "block_size": BLOCK, "chars_per_token": cpt, "level_tokens": BLOCK, "min_sessions": K,
-        }  # fmt: skip
-        async with wired_regions(etcd, cluster_name, replicas, prefixes=prefixes,
-                                 prewarm={"budget_s": 30, "verify": 1}) as w:  # fmt: skip
+            "block_size": BLOCK,
+            "chars_per_token": cpt,
+            "level_tokens": BLOCK,
+            "min_sessions": K,
+        }
+        async with wired_regions(
+            etcd, cluster_name, replicas, prefixes=prefixes, prewarm={"budget_s": 30, "verify": 1}
+        ) as w:
             # 1. Traffic homed in a: sessions share SYSTEM, each with its own questions.
             for turn in range(2):
                 for s in range(SESSIONS):
@@ -93,10 +97,10 @@ async def test_failover_prewarms_the_target_and_vllm_counts_the_hits(
             assert record.state is RegionState.FAILING_OVER and record.failover is not None
             assert not record.failover.plan.warm_first  # hard down: switched first
             result = record.failover.prewarm_result
-            assert result["prefixes_total"] >= 1 and result["attained_fraction"] == 1.0
-            assert result["verified"] >= 1 and result["verified_hit_rate"] > 0.5
+            assert result.prefixes_total >= 1 and result.attained_fraction == 1.0
+            assert result.verified >= 1 and result.verified_hit_rate > 0.5
             # the replay (vLLM's usage) covered the shared prompt to its last counted level
-            replayed = int(result["prompt_tokens"])
+            replayed = int(result.prompt_tokens)
             assert replayed >= system_tokens - 2 * BLOCK, (replayed, system_tokens)
 
             # 3. The first request for the top prefix in b: vLLM counts pre-warmed hits.

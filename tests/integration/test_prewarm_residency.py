@@ -72,11 +72,15 @@ def topology(agents: dict[str, AgentHandle]) -> Topology:
     def region(name: str, zone: str, agent: str) -> dict[str, object]:
         return {"name": name, "zone": zone, "agent": agent, "capacity_rps": 100}
 
-    return parse_topology({"regions": [
-        region("eu-central", "eu", "127.0.0.1:9"),
-        region("eu-west", "eu", f"127.0.0.1:{agents['eu-west'].port}"),
-        region("us-east", "us", f"127.0.0.1:{agents['us-east'].port}"),
-    ]})  # fmt: skip
+    return parse_topology(
+        {
+            "regions": [
+                region("eu-central", "eu", "127.0.0.1:9"),
+                region("eu-west", "eu", f"127.0.0.1:{agents['eu-west'].port}"),
+                region("us-east", "us", f"127.0.0.1:{agents['us-east'].port}"),
+            ]
+        }
+    )
 
 
 async def first_hits(http: aiohttp.ClientSession, replica: str, prompt: str) -> float:
@@ -94,10 +98,13 @@ async def test_private_and_cross_zone_prefixes_never_leave(
     topo = topology(agents)
     store, keys, clock = MemoryStore(), Keys(topo.cluster), FakeClock()
     catalog = PrefixCatalog(
-        region="eu-central", at=clock.now(), params=FingerprintParams(block_size=BLOCK),
-        min_sessions=K, shared_prefixes=300,  # top 1 % = 3 entries
+        region="eu-central",
+        at=clock.now(),
+        params=FingerprintParams(block_size=BLOCK),
+        min_sessions=K,
+        shared_prefixes=300,  # top 1 % = 3 entries
         entries=(entry("private", 900, 1), entry("shared", 500, K), entry("team", 400, K + 1)),
-    )  # fmt: skip
+    )
     await store.put(keys.prefixes("eu-central"), encode(catalog))
     plan = FailoverPlan(
         source="eu-central",
@@ -111,10 +118,10 @@ async def test_private_and_cross_zone_prefixes_never_leave(
     )
     # Counted per target: eu-west may take shared + team; us-east nothing (other zone);
     # the private prefix is refused for both.
-    assert result["prefixes_total"] == 2 and result["prefixes_warmed"] == 2
-    assert result["attained_fraction"] == 1.0
-    assert result["skipped_few_sessions"] == 1  # eu-west: private
-    assert result["skipped_other_zone"] == 3  # us-east: all three
+    assert result.prefixes_total == 2 and result.prefixes_warmed == 2
+    assert result.attained_fraction == 1.0
+    assert result.skipped["few_sessions"] == 1  # eu-west: private
+    assert result.skipped["other_zone"] == 3  # us-east: all three
     eu, us = (s.url for s in sims)
     async with aiohttp.ClientSession() as http:
         assert await first_hits(http, eu, text("shared")) > 0
@@ -130,7 +137,7 @@ async def test_no_catalog_warms_nothing_and_says_so(agents: dict[str, AgentHandl
     result = await AgentPrewarmer(topo, MemoryStore(), Keys(), FakeClock()).prewarm(
         plan, 30.0, "x@1"
     )
-    assert result["prefixes_total"] == 0 and result["catalog_entries"] == 0
+    assert result.prefixes_total == 0 and result.catalog_entries == 0
 
 
 async def test_an_unreachable_agent_costs_its_prefixes_not_the_failover(
@@ -149,6 +156,6 @@ async def test_an_unreachable_agent_costs_its_prefixes_not_the_failover(
     await store.put(keys.prefixes("eu-west"), encode(catalog))
     plan = FailoverPlan(source="eu-west", targets={"eu-central": 1.0}, reason="t", actor="t")
     result = await AgentPrewarmer(topo, store, keys, clock).prewarm(plan, 5.0, "eu-west@1")
-    assert result["targets_unreachable"] == 1
-    assert result["prefixes_total"] == 1 and result.get("prefixes_warmed", 0) == 0
-    assert result["attained_fraction"] == 0
+    assert result.targets_unreachable == 1
+    assert result.prefixes_total == 1 and (result.prefixes_warmed or 0) == 0
+    assert result.attained_fraction == 0

@@ -52,19 +52,24 @@ def system(t: int) -> str:
 
 
 async def test_every_tenant_finds_its_prefix_warm_on_the_replica_it_lands_on(
-    sims: dict[str, list[Proc]], etcd: EtcdServer, etcd_store: EtcdStore, cluster_name: str,
+    sims: dict[str, list[Proc]],
+    etcd: EtcdServer,
+    etcd_store: EtcdStore,
+    cluster_name: str,
     keys: Keys,
-) -> None:  # fmt: skip
+) -> None:
     urls = {r: [p.url for p in ps] for r, ps in sims.items()}
     async with aiohttp.ClientSession() as http:
         cpt = len(system(0)) / await tokens(http, urls["a"][0], system(0))
         prefixes: dict[str, object] = {
-            "block_size": BLOCK, "chars_per_token": cpt, "level_tokens": LEVEL,
-            "min_sessions": K, "max_entries": 1024,
-        }  # fmt: skip
+            "block_size": BLOCK,
+            "chars_per_token": cpt,
+            "level_tokens": LEVEL,
+            "min_sessions": K,
+            "max_entries": 1024,
+        }
         prewarm: dict[str, object] = {"budget_s": 30, "verify": 8, "top_fraction": 0.99}
-        async with wired_regions(etcd, cluster_name, urls, prefixes=prefixes,
-                                 prewarm=prewarm) as w:  # fmt: skip
+        async with wired_regions(etcd, cluster_name, urls, prefixes=prefixes, prewarm=prewarm) as w:
             for s in range(K + 1):  # a key's sessions count from its second sighting
                 for t in range(TENANTS):
                     prompt = f"{system(t)}\nSession {s} asks: question {t}-{s}?"
@@ -73,11 +78,16 @@ async def test_every_tenant_finds_its_prefix_warm_on_the_replica_it_lands_on(
                 etcd_store, keys, "a", payloads=TENANTS, prompts=[system(t) for t in range(TENANTS)]
             )
             deepest = {  # per tenant, its deepest level: what the replay warms
-                t: max((e.payload for e in catalog.entries
-                        if e.payload and system(t).startswith(e.payload.prompt or "-")),
-                       key=lambda p: p.blocks)
+                t: max(
+                    (
+                        e.payload
+                        for e in catalog.entries
+                        if e.payload and system(t).startswith(e.payload.prompt or "-")
+                    ),
+                    key=lambda p: p.blocks,
+                )
                 for t in range(TENANTS)
-            }  # fmt: skip
+            }
             b_queries = await queries_of(http, urls["b"])
 
             for p in sims["a"]:
@@ -86,13 +96,14 @@ async def test_every_tenant_finds_its_prefix_warm_on_the_replica_it_lands_on(
             assert record.failover is not None
             result = record.failover.prewarm_result
             # one replay per tenant: a tenant's shallower levels are covered by its deepest
-            assert result["prefixes_total"] == TENANTS, result
-            assert result["attained_fraction"] == 1.0 and result["prefixes_failed"] == 0
-            assert result["skipped_covered"] > 0
-            assert result["replicas_active"] == REPLICAS
-            assert result["verified"] == 8 and result["verified_hit_rate"] > 0.8
-            spread = [q1 - q0 for q0, q1 in zip(b_queries, await queries_of(http, urls["b"]),
-                                                 strict=True)]  # fmt: skip
+            assert result.prefixes_total == TENANTS, result
+            assert result.attained_fraction == 1.0 and result.prefixes_failed == 0
+            assert result.skipped["covered"] > 0
+            assert result.replicas_active == REPLICAS
+            assert result.verified == 8 and result.verified_hit_rate > 0.8
+            spread = [
+                q1 - q0 for q0, q1 in zip(b_queries, await queries_of(http, urls["b"]), strict=True)
+            ]
             assert sum(1 for d in spread if d > 0) >= REPLICAS // 2, spread
 
             for t in range(TENANTS):

@@ -296,8 +296,11 @@ async def healthy_lab(prom: Prom, dep: LocalDeployment) -> list[str]:
 
     targets = dep.metrics_targets()
     assert {job: len(hosts) for job, hosts in targets.items()} == {
-        "controlplane": 2, "agent": 3, "gateway": 3, "vllm": 3,
-    }  # fmt: skip
+        "controlplane": 2,
+        "agent": 3,
+        "gateway": 3,
+        "vllm": 3,
+    }
     down: list[str] = []
 
     async def all_up() -> bool:

@@ -53,22 +53,36 @@ async def audit(store: EtcdStore, keys: Keys, action: str) -> list[AuditEntry]:
 
 @pytest.mark.parametrize("recovery_prewarm", [True, False], ids=["prewarm", "no-prewarm"])
 async def test_home_is_warmed_before_traffic_returns(
-    sims: dict[str, list[Proc]], etcd: EtcdServer, etcd_store: EtcdStore, cluster_name: str,
-    keys: Keys, recovery_prewarm: bool,
-) -> None:  # fmt: skip
+    sims: dict[str, list[Proc]],
+    etcd: EtcdServer,
+    etcd_store: EtcdStore,
+    cluster_name: str,
+    keys: Keys,
+    recovery_prewarm: bool,
+) -> None:
     urls = {r: [p.url for p in ps] for r, ps in sims.items()}
     async with aiohttp.ClientSession() as http:
         cpt = len(SYSTEM) / await tokens(http, urls["a"][0], SYSTEM)
         prefixes: dict[str, object] = {
-            "block_size": BLOCK, "chars_per_token": cpt, "level_tokens": 4 * BLOCK,
+            "block_size": BLOCK,
+            "chars_per_token": cpt,
+            "level_tokens": 4 * BLOCK,
             "min_sessions": K,
-        }  # fmt: skip
+        }
         recovery: dict[str, object] = {
-            "prewarm": recovery_prewarm, "step_percent": 50, "step_interval_s": 0.5,
-        }  # fmt: skip
-        async with wired_regions(etcd, cluster_name, urls, prefixes=prefixes,
-                                 prewarm={"budget_s": 20, "verify": 0},
-                                 recovery=recovery, warm_first=False) as w:  # fmt: skip
+            "prewarm": recovery_prewarm,
+            "step_percent": 50,
+            "step_interval_s": 0.5,
+        }
+        async with wired_regions(
+            etcd,
+            cluster_name,
+            urls,
+            prefixes=prefixes,
+            prewarm={"budget_s": 20, "verify": 0},
+            recovery=recovery,
+            warm_first=False,
+        ) as w:
             stub = w.control_plane.stub
             for s in range(K + 1):
                 assert await send(http, w.gateway, f"s{s}", f"{SYSTEM}\nQ{s}?") == "a"
@@ -85,8 +99,12 @@ async def test_home_is_warmed_before_traffic_returns(
                 a = next(r for r in st.regions if r.name == "a")
                 return a.state == state and dict(a.routing) == routing
 
-            await until(lambda: region_is(pb.FAILING_OVER, {"b": 1.0}), within=30, every=0.2,
-                        what="a drained to b")  # fmt: skip
+            await until(
+                lambda: region_is(pb.FAILING_OVER, {"b": 1.0}),
+                within=30,
+                every=0.2,
+                what="a drained to b",
+            )
             # a's servers come back restarted: empty prefix caches.
             for u in urls["a"]:
                 async with http.post(u + "/reset_prefix_cache") as r:
@@ -97,8 +115,12 @@ async def test_home_is_warmed_before_traffic_returns(
                 pb.RecoveryRequest(region="a", reason="test: servers back", actor="t")
             )
             assert resp.accepted, resp
-            await until(lambda: region_is(pb.NORMAL, {"a": 1.0}), within=40, every=0.2,
-                        what="a recovered to NORMAL")  # fmt: skip
+            await until(
+                lambda: region_is(pb.NORMAL, {"a": 1.0}),
+                within=40,
+                every=0.2,
+                what="a recovered to NORMAL",
+            )
 
             entries = await audit(etcd_store, keys, "recovery_prewarm")
             steps = await audit(etcd_store, keys, "recovery_step")
@@ -112,12 +134,14 @@ async def test_home_is_warmed_before_traffic_returns(
                 assert entries == [] and await hits_across(http, urls["a"]) == replayed
 
             region, hits = await first_hits(
-                http, w.gateway, "new-after-recovery", f"{SYSTEM}\nFirst question home?",
+                http,
+                w.gateway,
+                "new-after-recovery",
+                f"{SYSTEM}\nFirst question home?",
                 urls["a"],
-            )  # fmt: skip
+            )
             assert region == "a"
-            deepest = max((e.payload for e in catalog.entries if e.payload),
-                          key=lambda p: p.blocks)  # fmt: skip
+            deepest = max((e.payload for e in catalog.entries if e.payload), key=lambda p: p.blocks)
             warm = await tokens(http, urls["a"][0], deepest.prompt or "")
             if recovery_prewarm:
                 assert hits >= warm - BLOCK  # the replayed prefix, less at most one block

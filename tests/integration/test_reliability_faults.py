@@ -371,8 +371,10 @@ async def test_control_plane_cut_off_from_an_agent_fails_nothing_over(
     await until(healthy_again, within=20, every=0.1, what=f"{PARTITIONED} HEALTHY again")
     verdicts = [h for _, _, h, _ in seen]
     figure("partition_verdicts", {h: verdicts.count(h) for h in sorted(set(verdicts))})
-    figure("partition_first_unknown_s", next((round(t, 2) for t, _, h, _ in seen
-                                              if h == "UNKNOWN"), None))  # fmt: skip
+    figure(
+        "partition_first_unknown_s",
+        next((round(t, 2) for t, _, h, _ in seen if h == "UNKNOWN"), None),
+    )
     figure("partition_votes_last", seen[-1][3])
     figure("partition_healthy_again_after_s", round(time.monotonic() - t1, 2))
     ok, failed = answers(mine, t0, t1)
@@ -423,9 +425,13 @@ async def test_a_region_flapping_for_two_minutes_fails_over_at_most_once(
     traffic = Traffic(lab.dep.gateway_urls, interval_s=0.5)
     traffic.add(24, list(lab.dep.spec.regions))
     runner = DrillRunner(
-        target=lab.dep, store=lab.store, topology=lab.topology, reports_root=tmp_path,
-        traffic=traffic, say=lambda m: None,
-    )  # fmt: skip
+        target=lab.dep,
+        store=lab.store,
+        topology=lab.topology,
+        reports_root=tmp_path,
+        traffic=traffic,
+        say=lambda m: None,
+    )
     t0 = time.monotonic()
     await traffic.start()
     try:

@@ -23,8 +23,12 @@ from regions.pool.manager import PoolSnapshot, WarmPool
 from regions.pool.states import PoolConfig, ReplicaState
 
 pytestmark = pytest.mark.slow
-COLD, WARM, ACTIVE, IDLE = (ReplicaState.COLD, ReplicaState.WARM, ReplicaState.ACTIVE,
-                            ReplicaState.IDLE)
+COLD, WARM, ACTIVE, IDLE = (
+    ReplicaState.COLD,
+    ReplicaState.WARM,
+    ReplicaState.ACTIVE,
+    ReplicaState.IDLE,
+)
 HITS = "vllm:prefix_cache_hits_total"
 
 
@@ -116,8 +120,7 @@ async def test_warm_replicas_sleep_and_wake_with_a_reset_prefix_cache(
 async def test_a_killed_replica_is_cold_and_relaunched_on_reconcile() -> None:
     changes: list[PoolSnapshot] = []
     launcher = SimulatorLauncher()
-    pool = WarmPool(launcher, PoolConfig(active=1, warm=1), on_change=changes.append,
-                    dead_after=1)
+    pool = WarmPool(launcher, PoolConfig(active=1, warm=1), on_change=changes.append, dead_after=1)
     await pool.start()
     try:
         [dead] = pool.active()
@@ -142,8 +145,9 @@ async def test_scaling_down_waits_for_the_dwells_on_a_fake_clock(
 ) -> None:
     clock = FakeClock()
     changes: list[PoolSnapshot] = []
-    pool = WarmPool(SimulatorLauncher(), PoolConfig(active=1, warm=1), clock=clock,
-                    on_change=changes.append)
+    pool = WarmPool(
+        SimulatorLauncher(), PoolConfig(active=1, warm=1), clock=clock, on_change=changes.append
+    )
     replica_set: ReplicaSet = pool  # what the agent's pre-warm service takes
     await pool.start()
     try:
@@ -248,8 +252,7 @@ async def test_waking_is_wake_up_then_a_reset_retried_until_it_succeeds() -> Non
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    pool = WarmPool(StaticEndpoints([f"http://127.0.0.1:{port}"]),
-                    PoolConfig(active=0, warm=1))
+    pool = WarmPool(StaticEndpoints([f"http://127.0.0.1:{port}"]), PoolConfig(active=0, warm=1))
     try:
         await pool.start()
         assert pool.warm_count() == 1 and fake.sleeping

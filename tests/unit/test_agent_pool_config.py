@@ -159,15 +159,32 @@ def test_the_security_files_etcd_settings_reach_the_pools_etcd_client(tmp_path: 
         "etcd: {endpoints: ['etcd-a:2379'], ca: /etc/ca.pem, cert: /etc/c.pem, key: /etc/c.key,"
         " user: agent, password_file: /etc/etcd-password}\nsecurity: {}\n"
     )
-    config = parse_args([
-        "--region", "east", "--control-plane", "127.0.0.1:1", "--pool-config",
-        str(write(tmp_path, GOOD)), "--etcd", "10.0.0.5:2379", "--cluster", "prod",
-        "--security", str(sec),
-    ])  # fmt: skip
+    config = parse_args(
+        [
+            "--region",
+            "east",
+            "--control-plane",
+            "127.0.0.1:1",
+            "--pool-config",
+            str(write(tmp_path, GOOD)),
+            "--etcd",
+            "10.0.0.5:2379",
+            "--cluster",
+            "prod",
+            "--security",
+            str(sec),
+        ]
+    )
     assert config.etcd_settings is not None and config.etcd_settings.ca == "/etc/ca.pem"
     assert config.pool is not None
-    pool = AgentPool("east", config.pool, etcd=config.etcd, cluster="prod", interval_s=1.0,
-                     etcd_settings=config.etcd_settings)  # fmt: skip
+    pool = AgentPool(
+        "east",
+        config.pool,
+        etcd=config.etcd,
+        cluster="prod",
+        interval_s=1.0,
+        etcd_settings=config.etcd_settings,
+    )
     used = pool.store._config  # type: ignore[attr-defined]
     assert used.endpoints == ("10.0.0.5:2379",) and used.cert == "/etc/c.pem"
     assert used.user == "agent" and used.password_file == "/etc/etcd-password"

@@ -17,8 +17,11 @@ from tests.unit.world import World
 def world_with(health: dict[str, Health], load: dict[str, float] | None = None) -> World:
     w = World()
     for r in w.topo.names:
-        w.health[r] = RegionHealth(region=r, verdict=health.get(r, Health.HEALTHY),
-                                   signals={"load_rps": (load or {}).get(r, 0.0)})
+        w.health[r] = RegionHealth(
+            region=r,
+            verdict=health.get(r, Health.HEALTHY),
+            signals={"load_rps": (load or {}).get(r, 0.0)},
+        )
     return w
 
 
@@ -35,8 +38,9 @@ def test_targets_share_load_by_headroom_within_the_zone() -> None:
 
 
 def test_never_into_barred_unhealthy_unknown_or_full_regions() -> None:
-    w = world_with({"us-east": Health.UNHEALTHY, "us-west": Health.UNKNOWN},
-                   load={"us-central": 60})
+    w = world_with(
+        {"us-east": Health.UNHEALTHY, "us-west": Health.UNKNOWN}, load={"us-central": 60}
+    )
     with pytest.raises(PlanRefused) as e:
         plan(w, "us-east")
     assert e.value.code == "no_target" and "UNKNOWN" in str(e.value)
@@ -53,13 +57,21 @@ def test_force_overrides_rules_but_needs_a_reason() -> None:
     with pytest.raises(PlanRefused, match="zone"):
         plan(w, "us-east", requested=["eu-west"])
     with pytest.raises(PlanRefused, match="reason"):
-        plan_failover(w.snapshot(), w.topo, "us-east", reason=" ", actor="t",
-                      requested=["eu-west"], forced=True)
+        plan_failover(
+            w.snapshot(),
+            w.topo,
+            "us-east",
+            reason=" ",
+            actor="t",
+            requested=["eu-west"],
+            forced=True,
+        )
 
 
 def test_never_route_away_from_the_last_healthy_region() -> None:
-    w = world_with({"us-west": Health.UNHEALTHY, "us-central": Health.UNHEALTHY,
-                    "eu-west": Health.UNHEALTHY})
+    w = world_with(
+        {"us-west": Health.UNHEALTHY, "us-central": Health.UNHEALTHY, "eu-west": Health.UNHEALTHY}
+    )
     with pytest.raises(PlanRefused) as e:
         plan(w, "us-east", requested=["us-west"], manual=True)
     assert e.value.code == "no_target"

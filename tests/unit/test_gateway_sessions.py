@@ -308,9 +308,14 @@ async def test_without_a_notice_a_disagreement_found_later_is_a_violation(world:
 async def test_moving_a_session_off_a_region_is_announced(world: World) -> None:
     announced: list[str] = []
     r = SessionResolver(
-        world.sessions, world.routing, HOME, world.metrics, clock=world.clock,
-        monotonic=world.mono.now, on_moved=announced.append,
-    )  # fmt: skip
+        world.sessions,
+        world.routing,
+        HOME,
+        world.metrics,
+        clock=world.clock,
+        monotonic=world.mono.now,
+        on_moved=announced.append,
+    )
     assert await r.region_for("s") == HOME
     assert await r.move("s", HOME, "us-west") == "us-west"
     assert announced == [HOME]

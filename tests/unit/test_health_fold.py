@@ -10,8 +10,9 @@ T = topology().timing
 
 
 def rep(obs: str, h: Health, at: float = 100.0, region: str = "us-east") -> HealthReport:
-    return HealthReport(region=region, observer=obs, kind=ObserverKind(obs.split(":")[0]),
-                        health=h, received_at=at)
+    return HealthReport(
+        region=region, observer=obs, kind=ObserverKind(obs.split(":")[0]), health=h, received_at=at
+    )
 
 
 def test_one_observer_down_is_unknown_not_unhealthy() -> None:
@@ -20,14 +21,21 @@ def test_one_observer_down_is_unknown_not_unhealthy() -> None:
 
 
 def test_quorum_of_down_votes_is_unhealthy() -> None:
-    votes = [rep("agent:a", Health.UNHEALTHY), rep("probe:cp", Health.UNHEALTHY),
-             rep("gateway:g1", Health.HEALTHY)]
+    votes = [
+        rep("agent:a", Health.UNHEALTHY),
+        rep("probe:cp", Health.UNHEALTHY),
+        rep("gateway:g1", Health.HEALTHY),
+    ]
     assert quorum_verdict(votes, quorum=2) is Health.UNHEALTHY
 
 
 def test_down_votes_that_do_not_outnumber_up_votes_are_unknown() -> None:
-    votes = [rep("gateway:g1", Health.UNHEALTHY), rep("gateway:g2", Health.UNHEALTHY),
-             rep("agent:a", Health.HEALTHY), rep("probe:cp", Health.HEALTHY)]
+    votes = [
+        rep("gateway:g1", Health.UNHEALTHY),
+        rep("gateway:g2", Health.UNHEALTHY),
+        rep("agent:a", Health.HEALTHY),
+        rep("probe:cp", Health.HEALTHY),
+    ]
     assert quorum_verdict(votes, quorum=2) is Health.UNKNOWN
 
 
@@ -35,8 +43,11 @@ def test_no_votes_is_unknown_and_agent_alone_can_say_degraded() -> None:
     assert quorum_verdict([], quorum=2) is Health.UNKNOWN
     votes = [rep("agent:a", Health.DEGRADED), rep("probe:cp", Health.HEALTHY)]
     assert quorum_verdict(votes, quorum=2) is Health.DEGRADED
-    votes = [rep("gateway:g", Health.DEGRADED), rep("probe:cp", Health.HEALTHY),
-             rep("agent:a", Health.HEALTHY)]
+    votes = [
+        rep("gateway:g", Health.DEGRADED),
+        rep("probe:cp", Health.HEALTHY),
+        rep("agent:a", Health.HEALTHY),
+    ]
     assert quorum_verdict(votes, quorum=2) is Health.HEALTHY
 
 
@@ -54,15 +65,24 @@ def test_needs_failure_threshold_bad_evaluations_in_a_row() -> None:
     up = lambda t: [rep("agent:a", Health.HEALTHY, t), rep("probe:cp", Health.HEALTHY, t)]  # noqa: E731
     seq = [down(100), down(101), up(102), down(103), down(104), down(105)]
     verdicts = _run(seq)
-    assert verdicts == [Health.HEALTHY, Health.HEALTHY, Health.HEALTHY, Health.HEALTHY,
-                        Health.HEALTHY, Health.UNHEALTHY]
+    assert verdicts == [
+        Health.HEALTHY,
+        Health.HEALTHY,
+        Health.HEALTHY,
+        Health.HEALTHY,
+        Health.HEALTHY,
+        Health.UNHEALTHY,
+    ]
 
 
 def test_needs_success_threshold_good_evaluations_to_come_back() -> None:
     up = lambda t: [rep("agent:a", Health.HEALTHY, t), rep("probe:cp", Health.HEALTHY, t)]  # noqa: E731
     start = RegionHealth(region="us-east", verdict=Health.UNHEALTHY, bad_streak=5)
     assert _run([up(100), up(101), up(102)], start) == [
-        Health.UNHEALTHY, Health.HEALTHY, Health.HEALTHY]  # success_threshold = 2
+        Health.UNHEALTHY,
+        Health.HEALTHY,
+        Health.HEALTHY,
+    ]  # success_threshold = 2
 
 
 def test_stale_reports_do_not_vote() -> None:

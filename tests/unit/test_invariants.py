@@ -40,8 +40,11 @@ class ControlPlaneModel(RuleBasedStateMachine):
         self.checked_audit = 0
         self.n = 0
 
-    @rule(votes=st.lists(VOTE, min_size=len(REGIONS), max_size=len(REGIONS)),
-          partial=st.booleans(), advance=st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0]))
+    @rule(
+        votes=st.lists(VOTE, min_size=len(REGIONS), max_size=len(REGIONS)),
+        partial=st.booleans(),
+        advance=st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0]),
+    )
     def tick(self, votes: list[Health], partial: bool, advance: float) -> None:
         for r, h in zip(REGIONS, votes, strict=True):
             self.w.report(r, "agent:" + r, h, load_rps=30.0)
@@ -56,13 +59,23 @@ class ControlPlaneModel(RuleBasedStateMachine):
     def drill(self, region: str, passed: bool) -> None:
         self.w.readiness[region] = Readiness(passed=passed, drill="d", at=self.w.now)
 
-    @rule(region=st.sampled_from(REGIONS), to=st.lists(st.sampled_from(REGIONS), max_size=2),
-          force=st.booleans(), recover=st.booleans())
+    @rule(
+        region=st.sampled_from(REGIONS),
+        to=st.lists(st.sampled_from(REGIONS), max_size=2),
+        force=st.booleans(),
+        recover=st.booleans(),
+    )
     def intent(self, region: str, to: list[str], force: bool, recover: bool) -> None:
-        i = Intent(id=f"i{self.n}-{region}", region=region, reason="drill", actor="prop",
-                   kind=IntentKind.RECOVER if recover else IntentKind.FAILOVER,
-                   targets=() if recover else tuple(t for t in to if t != region),
-                   force=force, created_at=self.w.now)
+        i = Intent(
+            id=f"i{self.n}-{region}",
+            region=region,
+            reason="drill",
+            actor="prop",
+            kind=IntentKind.RECOVER if recover else IntentKind.FAILOVER,
+            targets=() if recover else tuple(t for t in to if t != region),
+            force=force,
+            created_at=self.w.now,
+        )
         self.w.intents[i.id] = i
 
     @rule(paused=st.booleans())
@@ -70,7 +83,7 @@ class ControlPlaneModel(RuleBasedStateMachine):
         self.w.control = ControlFlags(paused=paused, reason="prop")
 
     def _check_new_decisions(self, health_before: dict[str, object]) -> None:
-        for entry in self.w.audit[self.checked_audit:]:
+        for entry in self.w.audit[self.checked_audit :]:
             d = entry.decision
             if d is None:
                 continue
@@ -104,7 +117,9 @@ class ControlPlaneModel(RuleBasedStateMachine):
 
 
 ControlPlaneModel.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None,
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestControlPlaneInvariants = ControlPlaneModel.TestCase

@@ -295,10 +295,12 @@ def test_mode_for() -> None:
 
 
 async def test_a_replica_with_a_ladder_recovers_at_the_files_pace() -> None:
-    topo = parse_topology({
-        "regions": [{"name": "a", "zone": "z", "agent": "127.0.0.1:1", "capacity_rps": 1}],
-        "recovery": {"step_percent": 50, "step_interval_s": 1},
-    })  # fmt: skip
+    topo = parse_topology(
+        {
+            "regions": [{"name": "a", "zone": "z", "agent": "127.0.0.1:1", "capacity_rps": 1}],
+            "recovery": {"step_percent": 50, "step_interval_s": 1},
+        }
+    )
     ladder = load_ladder()
     replica = ControlPlaneReplica(topology=topo, store=MemoryStore(), replica_id="t", ladder=ladder)
     assert replica.topology.recovery == recovery_config(ladder) != topo.recovery

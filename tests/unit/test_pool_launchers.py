@@ -28,14 +28,18 @@ def flag(argv: tuple[str, ...], name: str) -> str:
 
 
 def test_gpu_command_enables_sleep_mode_and_the_admin_endpoints(tmp_path: Path) -> None:
-    spec = VllmSpec(model="/models/llama", served_model_name="llama", host="10.0.0.5",
-                    gpu_memory_utilization=0.85, extra_args=("--tensor-parallel-size", "1"))
+    spec = VllmSpec(
+        model="/models/llama",
+        served_model_name="llama",
+        host="10.0.0.5",
+        gpu_memory_utilization=0.85,
+        extra_args=("--tensor-parallel-size", "1"),
+    )
     cmd = vllm_command(spec, 8123, tmp_path, device="3")
     argv = cmd.argv
     assert argv[:3] == (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
     assert "--enable-sleep-mode" in argv and "--enable-prefix-caching" in argv
-    assert (flag(argv, "--model"), flag(argv, "--served-model-name")) == ("/models/llama",
-                                                                          "llama")
+    assert (flag(argv, "--model"), flag(argv, "--served-model-name")) == ("/models/llama", "llama")
     assert (flag(argv, "--host"), flag(argv, "--port")) == ("10.0.0.5", "8123")
     assert flag(argv, "--gpu-memory-utilization") == "0.85"
     assert "--max-model-len" not in argv  # the model's own unless asked
@@ -73,8 +77,9 @@ def test_cpu_command_follows_the_note(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 async def test_a_failed_spawn_gives_its_gpu_device_back() -> None:
-    launcher = VllmLauncher(VllmSpec(model="m", python="/nonexistent/python", devices=("7",),
-                                     ready_timeout_s=1))
+    launcher = VllmLauncher(
+        VllmSpec(model="m", python="/nonexistent/python", devices=("7",), ready_timeout_s=1)
+    )
     for _ in range(2):  # the second try would be refused if the device had leaked
         with pytest.raises(FileNotFoundError):
             await launcher.launch()
@@ -82,8 +87,7 @@ async def test_a_failed_spawn_gives_its_gpu_device_back() -> None:
 
 async def test_a_launcher_with_every_device_taken_refuses() -> None:
     # `false` as the interpreter: the "server" exits at once, holding the device till then.
-    launcher = VllmLauncher(VllmSpec(model="m", python="false", devices=("0",),
-                                     ready_timeout_s=30))
+    launcher = VllmLauncher(VllmSpec(model="m", python="false", devices=("0",), ready_timeout_s=30))
     first = asyncio.create_task(launcher.launch())
     await asyncio.sleep(0)  # the first launch has taken device 0 and is starting
     with pytest.raises(LaunchRefused, match="all 1 GPU devices are in use"):
@@ -106,8 +110,11 @@ async def test_static_endpoints_are_managed_elsewhere() -> None:
 
 
 async def test_every_launcher_fits_the_protocol() -> None:
-    launchers: list[Launcher] = [SimulatorLauncher(), VllmLauncher(VllmSpec(model="m")),
-                                 StaticEndpoints(["http://a"])]
+    launchers: list[Launcher] = [
+        SimulatorLauncher(),
+        VllmLauncher(VllmSpec(model="m")),
+        StaticEndpoints(["http://a"]),
+    ]
     assert [la.managed for la in launchers] == [True, True, False]
     await launchers[0].stop("http://never-launched")  # stopping the unknown is a no-op
 
@@ -118,7 +125,6 @@ def test_a_vllm_launcher_knows_no_lab_defaults(tmp_path: Path) -> None:
         VllmSpec()
     cmd = vllm_command(VllmSpec(flavour="cpu", model="/m"), 9000, tmp_path)
     assert cmd.argv[0] == sys.executable
-
 
 
 def _running_with(marker: str) -> list[int]:

@@ -17,8 +17,14 @@ from regions.pool.sizing import (
 )
 
 # The worked example of the docstring and the README.
-EXAMPLE = BurstProfile(burst_rps=100, replica_rps=30, cold_start_s=120, activation_s=8,
-                       budget_s=30, activation_rate=0.5)
+EXAMPLE = BurstProfile(
+    burst_rps=100,
+    replica_rps=30,
+    cold_start_s=120,
+    activation_s=8,
+    budget_s=30,
+    activation_rate=0.5,
+)
 
 
 def test_the_worked_example() -> None:
@@ -90,8 +96,9 @@ def test_inputs_are_validated() -> None:
 def test_a_pool_with_the_needed_warm_count_is_never_too_small(
     burst: float, per_replica: float, warm: int
 ) -> None:
-    p = EXAMPLE.model_copy(update={"burst_rps": burst, "replica_rps": per_replica,
-                                   "activation_rate": None})
+    p = EXAMPLE.model_copy(
+        update={"burst_rps": burst, "replica_rps": per_replica, "activation_rate": None}
+    )
     need = warm_needed(p)
     assert not check_pool(p, need).too_small
     report = check_pool(p, warm)

@@ -27,14 +27,19 @@ from regions.pool.states import (
     transition,
 )
 
-COLD, WARM, ACTIVE, IDLE = (ReplicaState.COLD, ReplicaState.WARM, ReplicaState.ACTIVE,
-                            ReplicaState.IDLE)
+COLD, WARM, ACTIVE, IDLE = (
+    ReplicaState.COLD,
+    ReplicaState.WARM,
+    ReplicaState.ACTIVE,
+    ReplicaState.IDLE,
+)
 D = DwellPolicy()  # WARM 300 s, IDLE 1800 s, ACTIVE 120 s
 T0 = 1_000_000.0
 
 
-def rep(name: str, state: ReplicaState, since: float = T0, *, managed: bool = True,
-        busy: bool = False) -> Replica:
+def rep(
+    name: str, state: ReplicaState, since: float = T0, *, managed: bool = True, busy: bool = False
+) -> Replica:
     url = None if state is COLD and managed else f"http://{name}"
     return Replica(name=name, url=url, state=state, since=since, managed=managed, busy=busy)
 
@@ -142,8 +147,12 @@ def test_a_fresh_pool_launches_to_warm_and_wakes_on_the_next_plan() -> None:
 
 
 def test_activation_prefers_idle_replicas_most_recently_drained_first() -> None:
-    pool = [rep("a", ACTIVE), rep("i_old", IDLE, T0 + 1), rep("i_new", IDLE, T0 + 50),
-            rep("w", WARM)]
+    pool = [
+        rep("a", ACTIVE),
+        rep("i_old", IDLE, T0 + 1),
+        rep("i_new", IDLE, T0 + 50),
+        rep("w", WARM),
+    ]
     p = plan(pool, PoolTarget(active=2, warm=1), T0 + 60, D)
     assert kinds(p) == [("resume", "i_new")]
     p = plan(pool, PoolTarget(active=4, warm=0), T0 + 60, D)
@@ -222,8 +231,9 @@ def test_a_burst_and_its_aftermath_on_a_fake_clock() -> None:
 
 # -- properties ----------------------------------------------------------------------------
 replica_sets = st.lists(
-    st.tuples(st.sampled_from(list(ReplicaState)), st.floats(0, 4000), st.booleans(),
-              st.booleans()),
+    st.tuples(
+        st.sampled_from(list(ReplicaState)), st.floats(0, 4000), st.booleans(), st.booleans()
+    ),
     max_size=8,
 )
 
@@ -234,21 +244,30 @@ def test_every_planned_action_is_an_allowed_edge_once_per_replica(
     specs: list[tuple[ReplicaState, float, bool, bool]], active: int, warm: int
 ) -> None:
     now = T0 + 4000
-    pool = [rep(f"r{i}", s, T0 + since, managed=m, busy=b)
-            for i, (s, since, m, b) in enumerate(specs)]
+    pool = [
+        rep(f"r{i}", s, T0 + since, managed=m, busy=b) for i, (s, since, m, b) in enumerate(specs)
+    ]
     p = plan(pool, PoolTarget(active=active, warm=warm), now, D)
     by = {r.name: r for r in pool}
     assert len({a.replica for a in p.actions}) == len(p.actions)
     for a in p.actions:
         assert refusal(by[a.replica], a.to, now, D) is None, a
     after = apply(pool, p, now)
-    reachable = sum(r.state is ACTIVE or (r.state in (IDLE, WARM) and not r.busy)
-                    for r in pool)
+    reachable = sum(r.state is ACTIVE or (r.state in (IDLE, WARM) and not r.busy) for r in pool)
     assert sum(r.state is ACTIVE for r in after) >= min(active, reachable)  # scale-up now
 
+
 def test_the_pure_modules_import_no_io() -> None:
-    allowed = {"__future__", "collections", "enum", "math", "typing", "pydantic",
-               "regions"}
+    allowed = {
+        "__future__",
+        "collections",
+        "enum",
+        "math",
+        "typing",
+        "pydantic",
+        "regions",
+        "controlplane",
+    }
     for name in ("states.py", "sizing.py"):
         tree = ast.parse((Path(__file__).parents[2] / "regions" / "pool" / name).read_text())
         for node in ast.walk(tree):
@@ -258,6 +277,8 @@ def test_the_pure_modules_import_no_io() -> None:
                 roots = {(node.module or "").split(".")[0]}
                 if node.module and node.module.startswith("regions."):
                     assert node.module in {"regions.pool.states", "regions.pool.sizing"}
+                if node.module and node.module.startswith("controlplane."):
+                    assert node.module == "controlplane.kernel.model"  # Frozen only
             else:
                 continue
             assert roots <= allowed, (name, roots)

@@ -31,10 +31,11 @@ def export(sessions: int, *, payloads: bool = True, region: str = "east") -> byt
     if payloads:
         return blob.model_dump_json().encode()
     cut = tuple(
-        r.model_copy(update={"entries": tuple(e.model_copy(update={"payload": None})
-                                              for e in r.entries)})
+        r.model_copy(
+            update={"entries": tuple(e.model_copy(update={"payload": None}) for e in r.entries)}
+        )
         for r in blob.regions
-    )  # fmt: skip
+    )
     return blob.model_copy(update={"regions": cut}).model_dump_json().encode()
 
 
@@ -87,8 +88,17 @@ def _catalog_json(sessions: int, *, payloads: bool) -> bytes:
     entries = []
     for key, estimate, _, _ in t.ranked("east"):
         payload, seen = t.entry("east", key) or (None, 0)
-        entries.append(CatalogEntry(key=key, count=estimate, sessions=seen,
-                                    payload=payload if seen >= 3 else None))  # fmt: skip
-    c = PrefixCatalog(region="east", at=0.0, params=CFG.params, min_sessions=3,
-                      shared_prefixes=1, entries=tuple(entries))  # fmt: skip
+        entries.append(
+            CatalogEntry(
+                key=key, count=estimate, sessions=seen, payload=payload if seen >= 3 else None
+            )
+        )
+    c = PrefixCatalog(
+        region="east",
+        at=0.0,
+        params=CFG.params,
+        min_sessions=3,
+        shared_prefixes=1,
+        entries=tuple(entries),
+    )
     return encode(c)

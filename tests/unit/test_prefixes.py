@@ -150,9 +150,15 @@ def test_payloads_reproduce_the_prefix_byte_for_byte() -> None:
 def test_a_payload_carries_exactly_its_own_prompt() -> None:
     with pytest.raises(ValueError, match="exactly its own prompt"):
         ReplayPayload(
-            key="k", kind=PromptKind.TEXT, model="m", token_ids=(1,), blocks=1,
-            block_size=B, tokens=B, tokens_exact=True,
-        )  # fmt: skip
+            key="k",
+            kind=PromptKind.TEXT,
+            model="m",
+            token_ids=(1,),
+            blocks=1,
+            block_size=B,
+            tokens=B,
+            tokens_exact=True,
+        )
 
 
 # ---- residency ---------------------------------------------------------------------------
@@ -301,9 +307,16 @@ def test_observe_never_raises() -> None:
 
 def _payload(key: str, blocks: int, ancestors: tuple[str, ...] = ()) -> ReplayPayload:
     return ReplayPayload(
-        key=key, kind=PromptKind.TOKENS, model="m", token_ids=tuple(range(blocks * B)),
-        blocks=blocks, block_size=B, tokens=blocks * B, tokens_exact=True, ancestors=ancestors,
-    )  # fmt: skip
+        key=key,
+        kind=PromptKind.TOKENS,
+        model="m",
+        token_ids=tuple(range(blocks * B)),
+        blocks=blocks,
+        block_size=B,
+        tokens=blocks * B,
+        tokens_exact=True,
+        ancestors=ancestors,
+    )
 
 
 def test_top_n_is_a_count_or_a_fraction_rounded_up() -> None:

@@ -16,7 +16,13 @@ from controlplane.core.recovery import (
 from controlplane.core.steps import recovery_pending
 from controlplane.kernel.config import RecoveryConfig
 from controlplane.kernel.ladder_file import load_ladder, recovery_config
-from controlplane.kernel.model import Health, RecoveryProgress, RecoveryStep
+from controlplane.kernel.model import (
+    AuditAction,
+    Health,
+    PrewarmFigures,
+    RecoveryProgress,
+    RecoveryStep,
+)
 from tests.unit.world import World, topology
 
 REGIONS = ("us-east", "us-west", "us-central", "eu-west")
@@ -158,12 +164,12 @@ def test_without_a_baseline_first_token_latency_is_not_guarded() -> None:
 
 def test_recovery_prewarm_runs_before_the_first_step_and_is_recorded() -> None:
     w = guarded_world()
-    w.recovery_result = {"prefixes_total": 12.0, "prefixes_warmed": 12.0}
+    w.recovery_result = PrewarmFigures(prefixes_total=12.0, prefixes_warmed=12.0)
     recovered(w)
     rec = w.records[HOME][0]
     assert rec.recovery is not None and rec.recovery.planned == (RecoveryStep.PREWARM,)
     assert rec.recovery.done == (RecoveryStep.PREWARM,)
-    assert rec.recovery.prewarm_result["prefixes_warmed"] == 12.0
+    assert rec.recovery.prewarm_result.prefixes_warmed == 12.0
     [entry] = [a for a in w.audit if a.action == "recovery_prewarm"]
     assert entry.result == "ok" and entry.details["prefixes_warmed"] == "12"
     assert any(r.recoveries for r in w.results)
@@ -173,7 +179,7 @@ def test_recovery_prewarm_runs_before_the_first_step_and_is_recorded() -> None:
 
 def test_a_failed_prewarm_is_recorded_and_recovery_goes_on() -> None:
     w = guarded_world()
-    w.recovery_result = {"prefixes_total": 12.0, "targets_unreachable": 1.0}
+    w.recovery_result = PrewarmFigures(prefixes_total=12.0, targets_unreachable=1.0)
     recovered(w)
     [entry] = [a for a in w.audit if a.action == "recovery_prewarm"]
     assert entry.result.startswith("failed")
@@ -213,9 +219,16 @@ def test_move_is_pure_and_headroom_is_relative_to_capacity() -> None:
     assert guard_breaches(cfg, HOME, {"load_rps": 50.0}, capacity_rps=100.0) == ()
     prog = RecoveryProgress(step=2, steps=4, last_step_at=0.0)
     move = next_recovery_move(
-        prog, cfg, region=HOME, verdict=Health.HEALTHY, signals={"load_rps": 95.0},
-        capacity_rps=100.0, now=10.0, began_at=0.0, prewarm_budget_s=30.0,
-    )  # fmt: skip
+        prog,
+        cfg,
+        region=HOME,
+        verdict=Health.HEALTHY,
+        signals={"load_rps": 95.0},
+        capacity_rps=100.0,
+        now=10.0,
+        began_at=0.0,
+        prewarm_budget_s=30.0,
+    )
     assert move.kind is MoveKind.GUARD and move.fraction_home == 0.25
     assert prog.step == 2  # the input is untouched
 
@@ -230,3 +243,12 @@ def test_the_ladder_files_guard_and_baseline_set_the_traffic_guard() -> None:
     assert cfg.guard_error_rate_over == g.error_rate_over == 0.02
     assert cfg.baseline_for("anywhere") == ladder.baseline.ttft_p99_s
     assert not cfg.prewarm and cfg.prewarm_top_fraction == 0.5  # not in the file: kept
+
+
+def test_each_recovery_step_names_its_step_in_the_details() -> None:
+    w = guarded_world()
+    recovered(w)
+    tick(w, 4, **CALM)
+    steps = [a for a in w.audit if a.action is AuditAction.RECOVERY_STEP]
+    assert [a.recovery_step for a in steps] == [1, 2]  # readers need not parse the reason
+    assert [a.reason.split(":")[0] for a in steps] == ["step 1/4", "step 2/4"]

@@ -11,15 +11,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Built from parts so that this file does not match itself.
 OUTSIDE = (
-    "../" + "shared", "/work/" + "shared", "DESIGN" + ".md", "DESIGN" + " §", "notes" + "/vllm",
-)  # fmt: skip
+    "../" + "shared",
+    "/work/" + "shared",
+    "DESIGN" + ".md",
+    "DESIGN" + " §",
+    "notes" + "/vllm",
+)
 
 
 def tracked_text_files() -> list[Path]:
     names = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [ROOT / n for n in names if (ROOT / n).is_file()]
 
 

@@ -32,6 +32,7 @@ from controlplane.kernel.model import (
     HealthReport,
     Intent,
     ObserverKind,
+    PrewarmFigures,
     Readiness,
     RegionHealth,
     RegionRecord,
@@ -49,22 +50,32 @@ def stored(value: M) -> M:
 
 def topology(**timing: float) -> Topology:
     t = {
-        "probe_interval_s": 1, "failure_threshold": 3, "success_threshold": 2,
-        "report_stale_s": 3, "quorum": 2, "degraded_dwell_s": 5, "recovery_dwell_s": 5,
-        "failover_cooldown_s": 60, "loop_period_s": 1, "retry_timeout_s": 1, "lease_ttl_s": 5,
+        "probe_interval_s": 1,
+        "failure_threshold": 3,
+        "success_threshold": 2,
+        "report_stale_s": 3,
+        "quorum": 2,
+        "degraded_dwell_s": 5,
+        "recovery_dwell_s": 5,
+        "failover_cooldown_s": 60,
+        "loop_period_s": 1,
+        "retry_timeout_s": 1,
+        "lease_ttl_s": 5,
     }
     t.update(timing)
-    return parse_topology({
-        "cluster": "test",
-        "regions": [
-            {"name": "us-east", "zone": "us", "agent": "127.0.0.1:1", "capacity_rps": 100},
-            {"name": "us-west", "zone": "us", "agent": "127.0.0.1:2", "capacity_rps": 100},
-            {"name": "us-central", "zone": "us", "agent": "127.0.0.1:3", "capacity_rps": 50},
-            {"name": "eu-west", "zone": "eu", "agent": "127.0.0.1:4", "capacity_rps": 100},
-        ],
-        "timing": t,
-        "recovery": {"step_percent": 25, "step_interval_s": 2},
-    })
+    return parse_topology(
+        {
+            "cluster": "test",
+            "regions": [
+                {"name": "us-east", "zone": "us", "agent": "127.0.0.1:1", "capacity_rps": 100},
+                {"name": "us-west", "zone": "us", "agent": "127.0.0.1:2", "capacity_rps": 100},
+                {"name": "us-central", "zone": "us", "agent": "127.0.0.1:3", "capacity_rps": 50},
+                {"name": "eu-west", "zone": "eu", "agent": "127.0.0.1:4", "capacity_rps": 100},
+            ],
+            "timing": t,
+            "recovery": {"step_percent": 25, "step_interval_s": 2},
+        }
+    )
 
 
 @dataclass
@@ -82,14 +93,19 @@ class World:
     control: ControlFlags = field(default_factory=ControlFlags)
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
-    recovery_result: dict[str, float] = field(default_factory=dict)  # of recovery pre-warms
+    recovery_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # recovery pre-warms
     run_recovery_steps: bool = True  # False: recovery pre-warms never report (stuck agent)
 
     def report(self, region: str, observer: str, health: Health, **signals: float) -> None:
         kind = ObserverKind(observer.split(":", 1)[0])
         self.reports[(region, observer)] = HealthReport(
-            region=region, observer=observer, kind=kind, health=health,
-            signals=signals, received_at=self.now)
+            region=region,
+            observer=observer,
+            kind=kind,
+            health=health,
+            signals=signals,
+            received_at=self.now,
+        )
 
     def all_report(self, region: str, health: Health, **signals: float) -> None:
         """Agent and control-plane probe agree (two vantage points: a quorum)."""
@@ -102,12 +118,21 @@ class World:
             rec, rrev = self.records.get(r, (RegionRecord(region=r, since=self.now), 0))
             route = self.routing.get(r)
             views[r] = RegionView(
-                name=r, record=rec, record_rev=rrev,
+                name=r,
+                record=rec,
+                record_rev=rrev,
                 health=self.health.get(r, RegionHealth(region=r, since=self.now)),
                 readiness=self.readiness.get(r),
-                routing=route[0] if route else None, routing_rev=route[1] if route else 0)
-        return Snapshot(now=self.now, regions=views, reports=tuple(self.reports.values()),
-                        intents=tuple(self.intents.values()), control=self.control)
+                routing=route[0] if route else None,
+                routing_rev=route[1] if route else 0,
+            )
+        return Snapshot(
+            now=self.now,
+            regions=views,
+            reports=tuple(self.reports.values()),
+            intents=tuple(self.intents.values()),
+            control=self.control,
+        )
 
     def apply(self, w: Write) -> bool:
         cur = self.records.get(w.region, (None, 0))[1]
@@ -148,7 +173,7 @@ class World:
             # the recovery pre-warm: done at once, with these figures
             while later := recovery_pending(self.records[r.region][0]):
                 w = recovery_step_write(
-                    self.snapshot(), r.region, later[0], "cp-test", dict(self.recovery_result)
+                    self.snapshot(), r.region, later[0], "cp-test", self.recovery_result
                 )
                 assert self.apply(w)
         self.results.append(res)
