@@ -16,8 +16,9 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.procs import start_simulator, until
 from controlplane.kernel.model import Health
+from regions.agent.cli import parse_args
 from regions.agent.region_view import RegionView
-from regions.agent.server import AgentConfig, AgentHandle, parse_args, serve_agent
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from tests.test_agent import control_plane
 
 INJECTED_LATENCY_S = 1.5  # TTFT bucket (1.0, 2.5]: far above the threshold below

@@ -12,6 +12,8 @@ are decided in ``controlplane.core.recovery``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from controlplane.core.actions import (
     DropIntent,
     RunFailover,
@@ -23,7 +25,7 @@ from controlplane.core.actions import (
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
-from controlplane.core.machine import fire
+from controlplane.core.machine import Trigger, fire
 from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.steps import pending_steps, recovery_pending
 from controlplane.kernel.config import Topology
@@ -47,7 +49,7 @@ from controlplane.kernel.snapshot import RegionView, Snapshot
 
 def _transition(
     view: RegionView,
-    trigger: str,
+    trigger: Trigger,
     *,
     reason: str,
     actor: str,
@@ -78,7 +80,7 @@ def _transition(
             **record_changes,
         }
     )
-    details = {"trigger": trigger}
+    details = {"trigger": trigger.value}
     if routing:
         details["routing"] = routing_text(routing)
     if intent is not None:
@@ -108,7 +110,7 @@ def _transition(
 def _start_failover(
     view: RegionView,
     plan: FailoverPlan,
-    trigger: str,
+    trigger: Trigger,
     now: float,
     intent: Intent | None = None,
     decided_by: str = "",
@@ -149,7 +151,7 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
         routing = routing_recovery_step(view.effective_routing(), view.name, 1.0)
         return _transition(
             view,
-            "complete",
+            Trigger.COMPLETE,
             reason="graduated recovery complete",
             actor=actor,
             now=now,
@@ -201,62 +203,103 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
 def _automatic(
     snap: Snapshot, topology: Topology, view: RegionView, actor: str
 ) -> tuple[Write | None, str | None]:
-    rec, h, now, timing = view.record, view.health, snap.now, topology.timing
-    state, verdict = rec.state, h.verdict
-    if state in (RegionState.NORMAL, RegionState.DEGRADED, RegionState.RECOVERED) and (
-        verdict is Health.UNHEALTHY
-    ):
-        relapse = state is RegionState.RECOVERED
-        reason = f"UNHEALTHY confirmed by {int(h.signals.get('votes_down', 0))} observers"
-        try:
-            plan = plan_failover(
-                snap,
-                topology,
-                view.name,
-                reason=reason,
-                actor=actor,
-                cooldown_s=0.0 if relapse else None,
-            )
-        except PlanRefused as e:
-            return None, f"{view.name} not failed over: {e}"
-        return _start_failover(view, plan, "relapse" if relapse else "fail_over", now), None
+    """The automatic move of one region this tick, if any, and why a wanted one was
+    refused. An UNHEALTHY verdict fails any serving region over; a failed drill drains
+    it; otherwise the planner of the region's state decides (``_PLANNERS``)."""
+    state, verdict = view.record.state, view.health.verdict
+    if state is not RegionState.FAILING_OVER and verdict is Health.UNHEALTHY:
+        return _fail_over_unhealthy(snap, topology, view, actor)
     if state is not RegionState.FAILING_OVER and view.barred:
         return _drain_barred(snap, topology, view, actor)
-    if state is RegionState.NORMAL and verdict is Health.DEGRADED:
-        return _transition(
-            view, "degrade", reason="SLO breach reported", actor=actor, now=now, record_changes={}
-        ), None
-    if (
-        state is RegionState.DEGRADED
-        and verdict is Health.HEALTHY
-        and now - h.since >= timing.degraded_dwell_s
-    ):
-        return _transition(
-            view,
-            "restore",
-            reason=f"healthy for {now - h.since:.0f}s",
+    return _PLANNERS[state](snap, topology, view, actor), None
+
+
+def _fail_over_unhealthy(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> tuple[Write | None, str | None]:
+    relapse = view.record.state is RegionState.RECOVERED
+    h = view.health
+    reason = f"UNHEALTHY confirmed by {int(h.signals.get('votes_down', 0))} observers"
+    try:
+        plan = plan_failover(
+            snap,
+            topology,
+            view.name,
+            reason=reason,
             actor=actor,
-            now=now,
-            record_changes={},
-        ), None
+            cooldown_s=0.0 if relapse else None,
+        )
+    except PlanRefused as e:
+        return None, f"{view.name} not failed over: {e}"
+    trigger = Trigger.RELAPSE if relapse else Trigger.FAIL_OVER
+    return _start_failover(view, plan, trigger, snap.now), None
+
+
+def _when_normal(snap: Snapshot, topology: Topology, view: RegionView, actor: str) -> Write | None:
+    if view.health.verdict is not Health.DEGRADED:
+        return None
+    return _transition(
+        view,
+        Trigger.DEGRADE,
+        reason="SLO breach reported",
+        actor=actor,
+        now=snap.now,
+        record_changes={},
+    )
+
+
+def _when_degraded(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> Write | None:
+    h, now = view.health, snap.now
+    if h.verdict is not Health.HEALTHY or now - h.since < topology.timing.degraded_dwell_s:
+        return None
+    return _transition(
+        view,
+        Trigger.RESTORE,
+        reason=f"healthy for {now - h.since:.0f}s",
+        actor=actor,
+        now=now,
+        record_changes={},
+    )
+
+
+def _when_failing_over(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> Write | None:
+    rec, h, now = view.record, view.health, snap.now
     if (
-        state is RegionState.FAILING_OVER
-        and not pending_steps(rec)
-        and rec.failover is not None
+        pending_steps(rec)
+        or rec.failover is None
         # An operator's failover (a drain) is undone by an operator, never by automation.
-        and not rec.failover.plan.manual
-        and verdict is Health.HEALTHY
-        # Healthy for the whole dwell *since the failover*, not merely since the verdict.
-        and now - max(h.since, rec.since) >= timing.recovery_dwell_s
+        or rec.failover.plan.manual
+        or h.verdict is not Health.HEALTHY
         # A failed drill keeps the region's traffic away until a passing drill or an
         # operator override (docs/architecture.md §6).
-        and not view.barred
+        or view.barred
     ):
-        healthy_for = now - max(h.since, rec.since)
-        return _begin_recovery(view, topology, f"healthy for {healthy_for:.0f}s", actor, now), None
-    if state is RegionState.RECOVERED:
-        return _recovery_write(view, topology, now, actor), None
-    return None, None
+        return None
+    # Healthy for the whole dwell *since the failover*, not merely since the verdict.
+    healthy_for = now - max(h.since, rec.since)
+    if healthy_for < topology.timing.recovery_dwell_s:
+        return None
+    return _begin_recovery(view, topology, f"healthy for {healthy_for:.0f}s", actor, now)
+
+
+def _when_recovered(
+    snap: Snapshot, topology: Topology, view: RegionView, actor: str
+) -> Write | None:
+    return _recovery_write(view, topology, snap.now, actor)
+
+
+_Planner = Callable[[Snapshot, Topology, RegionView, str], "Write | None"]
+# One planner per state: what automation does with a region in that state.
+_PLANNERS: Mapping[RegionState, _Planner] = {
+    RegionState.NORMAL: _when_normal,
+    RegionState.DEGRADED: _when_degraded,
+    RegionState.FAILING_OVER: _when_failing_over,
+    RegionState.RECOVERED: _when_recovered,
+}
 
 
 def _drain_barred(
@@ -279,7 +322,8 @@ def _drain_barred(
     except PlanRefused as e:
         return None, f"{view.name} is barred by drill {drill} but keeps its traffic: {e}"
     plan = plan.model_copy(update={"warm_first": True})
-    return _start_failover(view, plan, "relapse" if relapse else "fail_over", snap.now), None
+    trigger = Trigger.RELAPSE if relapse else Trigger.FAIL_OVER
+    return _start_failover(view, plan, trigger, snap.now), None
 
 
 def _begin_recovery(
@@ -293,7 +337,7 @@ def _begin_recovery(
 ) -> Write:
     return _transition(
         view,
-        "recover",
+        Trigger.RECOVER,
         reason=reason,
         actor=actor,
         now=now,
@@ -351,7 +395,7 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent, actor: str) -> W
             )
         except PlanRefused as e:
             return refuse(str(e))
-        trigger = "relapse" if state is RegionState.RECOVERED else "fail_over"
+        trigger = Trigger.RELAPSE if state is RegionState.RECOVERED else Trigger.FAIL_OVER
         return _start_failover(view, plan, trigger, now, intent, actor)
     # RECOVER
     if state is not RegionState.FAILING_OVER:

@@ -1,31 +1,50 @@
-"""The per-region state machine (docs/architecture.md §3), built on ``transitions``.
+"""The per-region state machine (docs/architecture.md §3): an edge table and a lookup.
 
-The machine only validates a transition and records it as a ``Decision``; it does no
-I/O. The orchestrator persists the decision and carries out the side effects.
+Like the warm pool's (regions/pool/states.py), the machine is data: ``EDGES`` names each
+trigger, the states it may fire from and the state it leads to; anything not listed is
+refused. ``fire`` only validates a trigger and words the ``Decision``; when a trigger
+fires (the guards: health verdicts, dwell times, drills, intents) is the tick's
+planner's (controlplane/core/decide.py), and the orchestrator persists the decision.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from transitions import Machine, MachineError
+from collections.abc import Mapping
+from enum import StrEnum
 
 from controlplane.kernel.model import Decision, RegionRecord, RegionState, Signals
 
 S = RegionState
 
-# The whole graph: anything not listed here is refused.
-TRANSITIONS: tuple[tuple[str, tuple[RegionState, ...], RegionState], ...] = (
-    ("degrade", (S.NORMAL,), S.DEGRADED),
-    ("restore", (S.DEGRADED,), S.NORMAL),
-    ("fail_over", (S.NORMAL, S.DEGRADED), S.FAILING_OVER),
-    ("recover", (S.FAILING_OVER,), S.RECOVERED),
-    ("complete", (S.RECOVERED,), S.NORMAL),
-    ("relapse", (S.RECOVERED,), S.FAILING_OVER),
+
+class Trigger(StrEnum):
+    """What moves a region; the value is what a ``Decision`` and the metrics show."""
+
+    DEGRADE = "degrade"  # the region's SLOs are breached
+    RESTORE = "restore"  # healthy again for the dwell
+    FAIL_OVER = "fail_over"  # traffic leaves (automatic, a drain, or a failed drill)
+    RECOVER = "recover"  # healthy for the dwell since the failover: traffic comes back
+    COMPLETE = "complete"  # the last recovery step is home
+    RELAPSE = "relapse"  # unhealthy again while recovering: traffic leaves again
+
+
+# The whole graph: trigger -> (the states it fires from, the state it leads to).
+EDGES: Mapping[Trigger, tuple[frozenset[RegionState], RegionState]] = {
+    Trigger.DEGRADE: (frozenset({S.NORMAL}), S.DEGRADED),
+    Trigger.RESTORE: (frozenset({S.DEGRADED}), S.NORMAL),
+    Trigger.FAIL_OVER: (frozenset({S.NORMAL, S.DEGRADED}), S.FAILING_OVER),
+    Trigger.RECOVER: (frozenset({S.FAILING_OVER}), S.RECOVERED),
+    Trigger.COMPLETE: (frozenset({S.RECOVERED}), S.NORMAL),
+    Trigger.RELAPSE: (frozenset({S.RECOVERED}), S.FAILING_OVER),
+}
+
+# The same graph as rows (trigger, sources in state order, dest), for metrics and docs.
+TRANSITIONS: tuple[tuple[Trigger, tuple[RegionState, ...], RegionState], ...] = tuple(
+    (t, tuple(s for s in RegionState if s in sources), dest) for t, (sources, dest) in EDGES.items()
 )
 
 ALLOWED_EDGES: frozenset[tuple[RegionState, RegionState]] = frozenset(
-    (src, dest) for _, sources, dest in TRANSITIONS for src in sources
+    (src, dest) for sources, dest in EDGES.values() for src in sources
 )
 
 
@@ -33,37 +52,9 @@ class IllegalTransition(ValueError):
     """The trigger does not apply to the region's current state."""
 
 
-class _Region:
-    """The model ``transitions`` drives; its callback only records."""
-
-    state: str
-
-    def __init__(self, state: RegionState) -> None:
-        self.state = state.value
-        self.recorded: list[tuple[str, str, str]] = []
-
-    def record(self, event: Any) -> None:
-        self.recorded.append((event.transition.source, event.transition.dest, event.event.name))
-
-
-def _machine(model: _Region) -> Machine:
-    return Machine(
-        model=model,
-        states=[s.value for s in RegionState],
-        transitions=[
-            {"trigger": t, "source": [s.value for s in src], "dest": d.value}
-            for t, src, d in TRANSITIONS
-        ],
-        initial=model.state,
-        auto_transitions=False,
-        send_event=True,
-        after_state_change="record",
-    )
-
-
 def fire(
     record: RegionRecord,
-    trigger: str,
+    trigger: Trigger,
     *,
     reason: str,
     actor: str,
@@ -72,20 +63,16 @@ def fire(
     epoch: int | None = None,
 ) -> Decision:
     """Validate ``trigger`` from the record's state and return the decision it makes."""
-    model = _Region(record.state)
-    _machine(model)
-    try:
-        model.trigger(trigger)  # type: ignore[attr-defined]
-    except (MachineError, AttributeError) as e:
+    sources, dest = EDGES[trigger]
+    if record.state not in sources:
         raise IllegalTransition(
-            f"{record.region}: {trigger!r} is not allowed from {record.state.value}"
-        ) from e
-    (src, dest, name) = model.recorded[-1]
+            f"{record.region}: {trigger.value!r} is not allowed from {record.state.value}"
+        )
     return Decision(
         region=record.region,
-        from_state=RegionState(src),
-        to_state=RegionState(dest),
-        trigger=name,
+        from_state=record.state,
+        to_state=dest,
+        trigger=trigger.value,
         reason=reason,
         actor=actor,
         at=now,

@@ -124,6 +124,39 @@ def guard_breaches(
     return tuple(out)
 
 
+class RecoveryPhase(StrEnum):
+    """Where a RECOVERED region's recovery is, read from its ``RecoveryProgress``."""
+
+    WARMING = "warming"  # steps before traffic pending (the recovery pre-warm)
+    STEPPING = "stepping"  # one increment home per interval
+    GUARDED = "guarded"  # the guard stepped the weight back; its signals still breach
+    CALMING = "calming"  # the breach is over: one interval calm, then the next step
+
+
+def phase_of(progress: RecoveryProgress) -> RecoveryPhase:
+    if pending_recovery_steps(progress):
+        return RecoveryPhase.WARMING
+    if progress.guard_at is None:
+        return RecoveryPhase.STEPPING
+    return RecoveryPhase.GUARDED if progress.calm_since is None else RecoveryPhase.CALMING
+
+
+P, M = RecoveryPhase, MoveKind
+# The whole graph: (phase, move) -> the phase after it; anything else is a bug. A HOLD
+# keeps the phase (a flag on the progress); COMPLETE ends recovery (None).
+EDGES: Mapping[tuple[RecoveryPhase, MoveKind], RecoveryPhase | None] = {
+    (P.WARMING, M.WAIT): P.WARMING,
+    (P.WARMING, M.ABANDON): P.STEPPING,
+    **{(ph, M.NONE): ph for ph in (P.STEPPING, P.GUARDED, P.CALMING)},
+    **{(ph, M.HOLD): ph for ph in (P.STEPPING, P.GUARDED, P.CALMING)},
+    **{(ph, M.GUARD): P.GUARDED for ph in (P.STEPPING, P.GUARDED, P.CALMING)},
+    (P.GUARDED, M.CALM): P.CALMING,
+    (P.CALMING, M.SPIKE): P.GUARDED,
+    **{(ph, M.STEP): P.STEPPING for ph in (P.STEPPING, P.CALMING)},
+    **{(ph, M.COMPLETE): None for ph in (P.STEPPING, P.CALMING)},
+}
+
+
 def next_recovery_move(
     progress: RecoveryProgress,
     cfg: RecoveryConfig,
@@ -138,86 +171,119 @@ def next_recovery_move(
 ) -> RecoveryMove:
     """One tick of a RECOVERED region's graduated recovery (see the module doc).
     ``began_at``: when the region entered RECOVERED."""
-    p, interval = progress, cfg.step_interval_s
-    pending = pending_recovery_steps(p)
-    if pending:
-        waited = now - began_at
-        if waited < prewarm_budget_s + PREWARM_GRACE_S:
-            return RecoveryMove(kind=MoveKind.WAIT, progress=p, reason="pre-warm pending")
-        done = p.model_copy(
-            update={
-                "done": (*p.done, *pending),
-                "prewarm_result": p.prewarm_result.model_copy(
-                    update={"abandoned": True, "waited_s": round(waited, 3)}
-                ),
-            }
-        )
-        return RecoveryMove(
-            kind=MoveKind.ABANDON,
-            progress=done,
-            reason=f"no pre-warm result {waited:.0f}s after recovery began; going on without",
-        )
+    phase = phase_of(progress)
+    if phase is RecoveryPhase.WARMING:
+        return _warming(progress, now - began_at, prewarm_budget_s)
     if verdict is not Health.HEALTHY:
-        if p.held:
-            return RecoveryMove(kind=MoveKind.NONE, progress=p)
-        return RecoveryMove(
-            kind=MoveKind.HOLD,
-            progress=p.model_copy(update={"held": True}),
-            reason=f"health {verdict.value} during recovery",
-        )
-    engaged = p.guard_at is not None
-    breaches = guard_breaches(cfg, region, signals, capacity_rps) if p.step or engaged else ()
+        return _hold(progress, verdict)
+    # Before the first step no user traffic is home: the guard has nothing to read.
+    guarded = progress.step > 0 or phase is not RecoveryPhase.STEPPING
+    breaches = guard_breaches(cfg, region, signals, capacity_rps) if guarded else ()
     if breaches:
-        why = "; ".join(b.text for b in breaches)
-        if p.guard_at is None or now - p.guard_at >= interval:
-            back = max(0, p.step - 1)
-            new = p.model_copy(
-                update={
-                    "step": back,
-                    "held": True,
-                    "guard_at": now,
-                    "calm_since": None,
-                    "last_step_at": now,
-                }
-            )
-            if back == p.step:
-                reason = f"recovery guard: {why}; paused at 0 % home (nothing left to step back)"
-                return RecoveryMove(
-                    kind=MoveKind.GUARD, progress=new, reason=reason, breaches=breaches
-                )
-            reason = (
-                f"recovery guard: {why}; stepped back to step {back}/{p.steps} "
-                f"({back / p.steps:.0%} of new sessions home) and paused"
-            )
-            return RecoveryMove(
-                kind=MoveKind.GUARD,
-                progress=new,
-                fraction_home=back / p.steps,
-                reason=reason,
-                breaches=breaches,
-            )
-        if p.calm_since is not None:  # a new spike before the resume: calm starts over
-            return RecoveryMove(
-                kind=MoveKind.SPIKE,
-                reason=f"recovery guard: {why} again",
-                progress=p.model_copy(update={"calm_since": None}),
-                breaches=breaches,
-            )
-        return RecoveryMove(kind=MoveKind.NONE, progress=p, breaches=breaches)
-    if engaged:
-        if p.calm_since is None:
-            return RecoveryMove(
-                kind=MoveKind.CALM,
-                progress=p.model_copy(update={"calm_since": now}),
-                reason="guard signals calm again",
-            )
+        return _breach(progress, phase, breaches, cfg.step_interval_s, now)
+    return _calm(progress, phase, cfg.step_interval_s, now)
+
+
+def _warming(p: RecoveryProgress, waited: float, budget_s: float) -> RecoveryMove:
+    if waited < budget_s + PREWARM_GRACE_S:
+        return RecoveryMove(kind=MoveKind.WAIT, progress=p, reason="pre-warm pending")
+    done = p.model_copy(
+        update={
+            "done": (*p.done, *pending_recovery_steps(p)),
+            "prewarm_result": p.prewarm_result.model_copy(
+                update={"abandoned": True, "waited_s": round(waited, 3)}
+            ),
+        }
+    )
+    return RecoveryMove(
+        kind=MoveKind.ABANDON,
+        progress=done,
+        reason=f"no pre-warm result {waited:.0f}s after recovery began; going on without",
+    )
+
+
+def _hold(p: RecoveryProgress, verdict: Health) -> RecoveryMove:
+    """Health not HEALTHY: the weights stay where they are (written once)."""
+    if p.held:
+        return RecoveryMove(kind=MoveKind.NONE, progress=p)
+    return RecoveryMove(
+        kind=MoveKind.HOLD,
+        progress=p.model_copy(update={"held": True}),
+        reason=f"health {verdict.value} during recovery",
+    )
+
+
+def _breach(
+    p: RecoveryProgress,
+    phase: RecoveryPhase,
+    breaches: tuple[GuardBreach, ...],
+    interval: float,
+    now: float,
+) -> RecoveryMove:
+    """Step back one increment, at most once per interval; a breach within the interval
+    of the last step back only restarts the calm."""
+    why = "; ".join(b.text for b in breaches)
+    if p.guard_at is None or now - p.guard_at >= interval:
+        return _step_back(p, why, breaches, now)
+    if phase is RecoveryPhase.CALMING:
+        return RecoveryMove(
+            kind=MoveKind.SPIKE,
+            reason=f"recovery guard: {why} again",
+            progress=p.model_copy(update={"calm_since": None}),
+            breaches=breaches,
+        )
+    return RecoveryMove(kind=MoveKind.NONE, progress=p, breaches=breaches)
+
+
+def _step_back(
+    p: RecoveryProgress, why: str, breaches: tuple[GuardBreach, ...], now: float
+) -> RecoveryMove:
+    back = max(0, p.step - 1)
+    new = p.model_copy(
+        update={
+            "step": back,
+            "held": True,
+            "guard_at": now,
+            "calm_since": None,
+            "last_step_at": now,
+        }
+    )
+    if back == p.step:
+        reason = f"recovery guard: {why}; paused at 0 % home (nothing left to step back)"
+        return RecoveryMove(kind=MoveKind.GUARD, progress=new, reason=reason, breaches=breaches)
+    reason = (
+        f"recovery guard: {why}; stepped back to step {back}/{p.steps} "
+        f"({back / p.steps:.0%} of new sessions home) and paused"
+    )
+    return RecoveryMove(
+        kind=MoveKind.GUARD,
+        progress=new,
+        fraction_home=back / p.steps,
+        reason=reason,
+        breaches=breaches,
+    )
+
+
+def _calm(p: RecoveryProgress, phase: RecoveryPhase, interval: float, now: float) -> RecoveryMove:
+    """No breach: the guard's calm starts or runs its interval; otherwise the next step
+    once the interval since the last has passed."""
+    if phase is RecoveryPhase.GUARDED:
+        return RecoveryMove(
+            kind=MoveKind.CALM,
+            progress=p.model_copy(update={"calm_since": now}),
+            reason="guard signals calm again",
+        )
+    if phase is RecoveryPhase.CALMING:
+        assert p.calm_since is not None
         if now - p.calm_since < interval:
             return RecoveryMove(kind=MoveKind.NONE, progress=p)
-        resumed = f"; resumed after {now - p.calm_since:.0f}s calm"
-    elif now - p.last_step_at < interval:
+        return _step(p, now, f"; resumed after {now - p.calm_since:.0f}s calm")
+    if now - p.last_step_at < interval:
         return RecoveryMove(kind=MoveKind.NONE, progress=p)
-    else:
-        resumed = ""
+    return _step(p, now, "")
+
+
+def _step(p: RecoveryProgress, now: float, resumed: str) -> RecoveryMove:
     step = p.step + 1
     new = p.model_copy(
         update={

@@ -34,12 +34,9 @@ In-process (tests, demo): ``handle = await serve_agent(AgentConfig(...))``, then
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import signal
 import socket
-import sys
 from collections.abc import Sequence
 
 import aiohttp
@@ -55,7 +52,6 @@ from controlplane.kernel.config import (
     ConfigError,
     EtcdConfig,
     describe_errors,
-    load_etcd,
     read_yaml,
 )
 from controlplane.kernel.decode_guard import DecodeGuard
@@ -77,7 +73,6 @@ from regions.agent.warm_pool import (
     AgentPool,
     AgentPoolConfig,
     check_replica_source,
-    load_pool_config,
 )
 
 log = logging.getLogger("tectonic.agent")
@@ -395,180 +390,3 @@ def load_security(path: str) -> SecurityConfig:
         return SecurityConfig.model_validate(data["security"])
     except ValidationError as e:
         raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None
-
-
-def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
-    p = argparse.ArgumentParser(prog="tectonic-agent", description="Tectonic region agent")
-    p.add_argument("--region", required=True)
-    p.add_argument("--listen", default="127.0.0.1:0", help="gRPC host:port (port 0 = any)")
-    p.add_argument(
-        "--metrics-listen",
-        default="",
-        metavar="HOST:PORT",
-        help="also serve Prometheus /metrics over HTTP here (port 0: any free "
-        "port; the log says which); off by default",
-    )
-    p.add_argument(
-        "--control-plane",
-        action="append",
-        default=[],
-        required=True,
-        help="host:port[,host:port...]; repeatable; tried in turn",
-    )
-    p.add_argument(
-        "--replica",
-        action="append",
-        default=[],
-        help="vLLM base URL, e.g. http://127.0.0.1:8000; repeatable; or --pool-config",
-    )
-    p.add_argument(
-        "--pool-config",
-        metavar="FILE",
-        default=None,
-        help="warm pool YAML (regions/pool/README.md) instead of --replica: the "
-        "agent launches or adopts the replicas, keeps some asleep (WARM), "
-        "wakes them for pre-warm and publishes the ACTIVE ones to "
-        "pools/<region> in etcd for gateways; needs --etcd and --cluster",
-    )
-    p.add_argument(
-        "--etcd",
-        default="",
-        metavar="HOST:PORT[,...]",
-        help="etcd endpoints to publish the pool to (with --pool-config)",
-    )
-    p.add_argument(
-        "--cluster",
-        default=None,
-        metavar="NAME",
-        help="deployment name, the topology's cluster: keys live under "
-        "/tectonic/NAME/ (with --pool-config)",
-    )
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
-    p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="waiting requests (region-wide) above which the region is DEGRADED",
-    )
-    p.add_argument(
-        "--max-ttft-p99",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="first-token latency p99 (seconds, all replicas' requests between two "
-        "probes, from vLLM's TTFT histogram) above which the region is "
-        "DEGRADED; not judged when unset or when no request finished prefill",
-    )
-    p.add_argument(
-        "--max-error-rate",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
-        "probes, above which the region is DEGRADED; not judged when unset",
-    )
-    p.add_argument(
-        "--prefill-tokens-per-s",
-        type=float,
-        default=None,
-        metavar="RATE",
-        help="prefill tokens/s of ONE replica, measured for your model and "
-        "hardware (default 10,000); the leader sizes a failover's pre-warm "
-        "with it (python -m bench prewarm measures it on the simulator)",
-    )
-    p.add_argument(
-        "--prewarm-concurrency",
-        type=int,
-        default=None,
-        metavar="N",
-        help="pre-warm replays in flight per replica (default 2): how many "
-        "prefills a replica runs at full speed at once, plus one",
-    )
-    p.add_argument(
-        "--security",
-        metavar="FILE",
-        default=None,
-        help="YAML whose security: section (the topology file works) gives TLS for "
-        "the agent's server and its reports, the tokens it accepts, and its "
-        "own token (token_file or TECTONIC_TOKEN; role reporter); its etcd: "
-        "section's TLS and user settings are used for --etcd",
-    )
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
-    try:
-        pool = load_pool_config(args.pool_config) if args.pool_config else None
-    except ConfigError as e:
-        p.error(str(e))
-    etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
-    try:
-        security = load_security(args.security) if args.security else None
-        etcd_settings = load_etcd(args.security) if args.security else None
-    except ConfigError as e:
-        p.error(str(e))
-    try:
-        return AgentConfig(
-            region=args.region,
-            listen=args.listen,
-            control_planes=cps,
-            metrics_listen=args.metrics_listen or None,
-            replicas=tuple(args.replica),
-            pool=pool,
-            etcd=etcd,
-            security=security,
-            etcd_settings=etcd_settings,
-            cluster=args.cluster,
-            interval=args.interval,
-            timeout=args.timeout,
-            max_queue=args.max_queue,
-            max_ttft_p99_s=args.max_ttft_p99,
-            max_error_rate=args.max_error_rate,
-            prewarm=PrewarmServiceConfig(
-                **{
-                    k: v
-                    for k, v in (
-                        ("prefill_tokens_per_s", args.prefill_tokens_per_s),
-                        ("per_replica_concurrency", args.prewarm_concurrency),
-                    )
-                    if v is not None
-                }
-            ),
-        )
-    except ValidationError as e:
-        p.error(
-            "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors()
-            )
-        )
-
-
-async def _run(config: AgentConfig) -> int:
-    handle = await serve_agent(config)
-    print(f"READY {config.listen.rsplit(':', 1)[0]}:{handle.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.create_task(stop.wait())
-    runner = asyncio.create_task(handle.wait())
-    done, _ = await asyncio.wait({waiter, runner}, return_when=asyncio.FIRST_COMPLETED)
-    if waiter in done:
-        log.info("signal received; shutting down")
-    await handle.stop()
-    waiter.cancel()
-    await asyncio.wait({waiter, runner})
-    if runner in done and not runner.cancelled() and runner.exception() is not None:
-        log.error("agent loop failed", exc_info=runner.exception())
-        return 1
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``tectonic-agent`` console script."""
-    sys.exit(asyncio.run(_run(parse_args(argv))))

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from controlplane.kernel.config import ConfigError
-from regions.agent.server import AgentConfig, parse_args
+from regions.agent.cli import parse_args
+from regions.agent.server import AgentConfig
 from regions.agent.warm_pool import (
     AgentPool,
     AgentPoolConfig,
