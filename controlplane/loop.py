@@ -20,11 +20,11 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder import Ladder
 from controlplane.kernel.model import HealthReport
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import Compare, Store, StoreError, StoreUnavailable, WatchEvent
-from controlplane.ladder_runner import LadderRunner
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
 
@@ -63,7 +63,7 @@ class ReconcileLoop:
         prober: AgentProber | None,
         actor: str,
         observer: TickObserver | None = None,
-        ladder: LadderRunner | None = None,
+        ladder: Ladder | None = None,
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,15 +98,12 @@ class ReconcileLoop:
             await self.prober.probe_once()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
         self.tick_snapshot = snap
-        result = decide(snap, self.topology, self.actor)
+        # Job results first: a job that finishes from here on is recorded next tick.
+        jobs = self.orchestrator.jobs()
+        result = decide(snap, self.topology, self.actor, jobs, self.ladder)
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
         await self.orchestrator.apply(result)
-        if self.ladder is not None:
-            try:
-                await self.ladder.tick(snap)
-            except NotLeader:
-                return None
         summary = result.summary()
         if summary != "no change":
             log.info("tick: %s", summary)
@@ -123,6 +120,7 @@ class ReconcileLoop:
                 self._wake_on(self.keys.reports_prefix(), _HealthChanges()), name="watch-reports"
             )
             tg.create_task(self._wake_on_leadership(), name="watch-leadership")
+            tg.create_task(self._wake_on_jobs(), name="watch-jobs")
             next_at = time.monotonic()
             while True:
                 await self.tick_once()
@@ -194,6 +192,15 @@ class ReconcileLoop:
         """A new leader acts at once instead of at its next period."""
         while True:
             await self.leadership.wait_changed()
+            self.wake.set()
+
+    async def _wake_on_jobs(self) -> None:
+        """A finished pre-warm is recorded (and the switch that waited for it written) at
+        once instead of at the next period."""
+        done = self.orchestrator.job_done
+        while True:
+            await done.wait()
+            done.clear()
             self.wake.set()
 
     async def _wake_on(self, prefix: str, changed: Callable[[WatchEvent], bool]) -> None:

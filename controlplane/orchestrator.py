@@ -1,33 +1,38 @@
-"""Carries out what the pure core decided: every write is one fenced transaction.
+"""Carries out what the pure core decided: it applies the tick's writes and starts its
+jobs, nothing else (docs/architecture.md §7.1).
 
-Fencing: each transaction also compares the leader key's value and create
-revision, so a replica that lost leadership (even one paused past its lease) can
-no longer change anything. A failed compare is not an error: the next tick
+Every write is one fenced transaction. Fencing: each also compares the leader key's
+value and create revision, so a replica that lost leadership (even one paused past its
+lease) can no longer change anything. A failed compare is not an error: the next tick
 re-reads the snapshot and decides again (level-triggered).
 
-Steps that take time run as background tasks, one per region at a time, each recorded
-when done so that a new leader resumes at the first missing one: a failover's
-(pre-warm the targets, switch routing) and a recovery's pre-warm of the home region
-before its first traffic step (``RecoveryPrewarmer``; a prewarmer without that method,
-or one that fails, records the step with its reason, and recovery goes on).
+Jobs (``controlplane/jobs.py``) are the cycle's slow I/O: a failover's pre-warm of its
+targets, a recovery's pre-warm of the home region before its first traffic step
+(``RecoveryPrewarmer``; a prewarmer without that method, or one that fails, gives
+figures that say so, and recovery goes on), and the re-pin of sessions after a switch.
+Their figures are inputs of the next tick, which records them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from controlplane.core.actions import DropIntent, TickResult, Write, WriteHealth
-from controlplane.core.intents import IntentOutcome
-from controlplane.core.steps import (
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
+from controlplane.core.actions import (
+    DropIntent,
+    Job,
+    JobKind,
+    Jobs,
+    LadderWrite,
+    TickResult,
+    Write,
+    WriteHealth,
 )
+from controlplane.core.intents import IntentOutcome
 from controlplane.election import NotLeader
+from controlplane.jobs import JobExecutor
 from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
@@ -41,11 +46,9 @@ from controlplane.kernel.model import (
     FailoverStep,
     Intent,
     PrewarmFigures,
-    RecoveryStep,
     Routing,
 )
 from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
@@ -105,9 +108,9 @@ class Orchestrator:
         self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
         self.sessions, self.observer = sessions, observer
         self.audit = AuditLog(keys, actor)
-        self._failovers: dict[str, asyncio.Task[None]] = {}
-        self._repins: dict[str, asyncio.Task[None]] = {}
-        self._recoveries: dict[str, asyncio.Task[None]] = {}
+        self.executor = JobExecutor(self._run_job, self._job_done)
+        self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
+        self._held: dict[str, str] = {}  # per region: the ladder's hold reason last logged
         self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
 
     # ---- writes ------------------------------------------------------------------------
@@ -133,6 +136,25 @@ class Orchestrator:
                 w.region,
             )
         return res.succeeded
+
+    async def write_ladder(self, lw: LadderWrite) -> bool:
+        """A ladder move: CAS on ``degradation/<region>`` and its audit entry, fenced."""
+        key = self.keys.degradation(lw.region)
+        cas = Compare.mod_revision(key, lw.expected_rev) if lw.expected_rev else Compare.absent(key)
+        ops = [Put(key, encode(lw.record)), self.audit.op(lw.audit)]
+        ok = (await self._txn([*self.fence(), cas], ops)).succeeded
+        if ok:
+            log.warning("%s: ladder %s %s (%s)", lw.region, lw.kind, lw.step, lw.audit.reason)
+            self._held.pop(lw.region, None)
+        else:
+            log.info("%s: ladder change not written (leadership or record changed)", lw.region)
+        return ok
+
+    def _log_holds(self, holds: Mapping[str, str]) -> None:
+        for region, why in holds.items():
+            if self._held.get(region) != why:
+                log.info("%s: ladder holds: %s", region, why)
+        self._held = dict(holds)
 
     async def write_health(self, items: Sequence[WriteHealth]) -> None:
         ops = [Put(self.keys.region_health(h.region), encode(h.health)) for h in items]
@@ -178,152 +200,88 @@ class Orchestrator:
         for dropped in result.dropped:
             await self.drop_intent(dropped)
         for w in result.writes:
-            if await self.write(w) and w.decision:
-                d = w.decision
-                log.warning(
-                    "%s: %s -> %s (%s by %s): %s",
-                    d.region,
-                    d.from_state.value,
-                    d.to_state.value,
-                    d.trigger,
-                    d.actor,
-                    d.reason,
-                )
-                if self.observer is not None:
-                    self.observer.transitioned(d)
-        for f in result.failovers:
-            self.ensure_failover(f.region)
-        for r in result.recoveries:
-            self.ensure_recovery(r.region)
+            if await self.write(w):
+                self._written(w, result.now)
+        for lw in result.ladder:
+            await self.write_ladder(lw)
+        self._log_holds(result.ladder_holds)
+        self.executor.keep_only(result.awaiting)
+        for job in result.jobs:
+            self.executor.start(job)
 
-    # ---- failover steps ---------------------------------------------------------------
-    def ensure_failover(self, region: str) -> None:
-        """Run the region's pending failover steps in the background, once at a time."""
-        task = self._failovers.get(region)
-        if task is not None and not task.done():
-            return
-        self._failovers[region] = asyncio.create_task(
-            self._run_failover(region), name=f"failover-{region}"
-        )
+    def _written(self, w: Write, now: float) -> None:
+        self.executor.recorded(w.consumes)
+        for job in w.then:
+            self.executor.start(job)
+        if d := w.decision:
+            log.warning(
+                "%s: %s -> %s (%s by %s): %s",
+                d.region,
+                d.from_state.value,
+                d.to_state.value,
+                d.trigger,
+                d.actor,
+                d.reason,
+            )
+            if self.observer is not None:
+                self.observer.transitioned(d)
+        if FailoverStep.SWITCH in w.failover_steps:
+            log.warning(
+                "%s: routing switched: %s", w.region, {k: v.targets for k, v in w.routing.items()}
+            )
+        fo = w.record.failover
+        if self.observer is not None and fo is not None:
+            for step in w.failover_steps:
+                self.observer.failover_step_done(w.region, step, fo, now)
 
-    async def _run_failover(self, region: str) -> None:
-        try:
-            while True:
-                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
-                steps = pending_steps(snap.regions[region].record)
-                if not steps:
-                    return
-                step = steps[0]
-                result: PrewarmFigures | None = None
-                fo = snap.regions[region].record.failover
-                if step is FailoverStep.PREWARM and fo is not None:
-                    log.info(
-                        "%s: pre-warming %s (budget %.0fs)",
-                        region,
-                        sorted(fo.plan.targets),
-                        self.topology.prewarm.budget_s,
-                    )
-                    result = await self.prewarmer.prewarm(
-                        fo.plan, self.topology.prewarm.budget_s, f"{region}@{fo.started_at:.3f}"
-                    )
-                    snap = await read_snapshot(
-                        self.store, self.keys, self.topology, self.clock.now()
-                    )
-                try:
-                    w = failover_step_write(snap, region, step, self.actor, result)
-                except ValueError as e:
-                    log.warning("%s: %s", region, e)
-                    return
-                if not await self.write(w):
-                    return
-                if self.observer is not None and w.record.failover is not None:
-                    self.observer.failover_step_done(region, step, w.record.failover, snap.now)
-                if step is FailoverStep.SWITCH:
-                    log.warning(
-                        "%s: routing switched: %s",
-                        region,
-                        {k: v.targets for k, v in w.routing.items()},
-                    )
-                    self._start_repin(region, {**snap.routings(), **w.routing})
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # The next tick sees the step still pending and starts a new attempt.
-            log.exception("%s: failover step failed; will retry next tick", region)
+    # ---- jobs ----------------------------------------------------------------------------
+    def jobs(self) -> Jobs:
+        """What the next tick knows of the jobs: results to record, ids running."""
+        return self.executor.jobs()
 
-    # ---- recovery steps before traffic returns ---------------------------------------------
-    def ensure_recovery(self, region: str) -> None:
-        """Run the region's pending recovery steps in the background, once at a time."""
-        task = self._recoveries.get(region)
-        if task is not None and not task.done():
-            return
-        self._recoveries[region] = asyncio.create_task(
-            self._run_recovery(region), name=f"recovery-{region}"
-        )
+    def _job_done(self) -> None:
+        self.job_done.set()
 
-    async def _run_recovery(self, region: str) -> None:
-        try:
-            while True:
-                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
-                rec = snap.regions[region].record
-                steps = recovery_pending(rec)
-                if not steps:
-                    return
-                result = await self._recovery_step(region, steps[0], rec.since)
-                snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
-                try:
-                    w = recovery_step_write(snap, region, steps[0], self.actor, result)
-                except ValueError as e:  # relapsed, given up by the core, or done by another
-                    log.info("%s: %s", region, e)
-                    return
-                if not await self.write(w):
-                    return
-                log.warning("%s: recovery %s recorded: %s", region, steps[0].value, result)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s: recovery step failed; will retry next tick", region)
+    async def _run_job(self, job: Job) -> PrewarmFigures | None:
+        budget = self.topology.prewarm.budget_s
+        if job.kind is JobKind.FAILOVER_PREWARM:
+            assert job.plan is not None
+            log.info(
+                "%s: pre-warming %s (budget %.0fs)", job.region, sorted(job.plan.targets), budget
+            )
+            return await self.prewarmer.prewarm(job.plan, budget, job.id)
+        if job.kind is JobKind.RECOVERY_PREWARM:
+            return await self._prewarm_home(job, budget)
+        await self._repin(job.region, job.routings)
+        return None
 
-    async def _recovery_step(self, region: str, step: RecoveryStep, since: float) -> PrewarmFigures:
-        """Carry out ``step`` (the pre-warm); its figures, or why it did nothing."""
+    async def _prewarm_home(self, job: Job, budget: float) -> PrewarmFigures:
+        """A recovering region's own top prefixes; figures, or why it did nothing."""
         pre = self.prewarmer
         if not isinstance(pre, RecoveryPrewarmer):
             return PrewarmFigures(unsupported=True)
-        budget = self.topology.prewarm.budget_s
         log.info(
-            "%s: pre-warming its own top prefixes before recovery (budget %.0fs)", region, budget
+            "%s: pre-warming its own top prefixes before recovery (budget %.0fs)",
+            job.region,
+            budget,
         )
         try:
             return await pre.prewarm_home(
-                region,
-                budget,
-                f"{region}@recovery@{since:.3f}",
-                self.topology.recovery.prewarm_top_fraction,
+                job.region, budget, job.id, self.topology.recovery.prewarm_top_fraction
             )
         except asyncio.CancelledError:
             raise
         except Exception:  # recorded, and recovery goes on without it
-            log.exception("%s: recovery pre-warm failed", region)
+            log.exception("%s: recovery pre-warm failed", job.region)
             return PrewarmFigures(failed=True)
 
-    # ---- background session re-pin -------------------------------------------------------
-    def _start_repin(self, region: str, routings: dict[str, Routing]) -> None:
+    async def _repin(self, region: str, routings: dict[str, Routing]) -> None:
         """Off the critical path: the switch is already written, and gateways re-pin
         lazily anyway; this only spares them the write on each session's next request."""
         if self.sessions is None:
             return
-        old = self._repins.get(region)
-        if old is not None and not old.done():
-            old.cancel()  # a newer switch of the same region: its routing wins
-        self._repins[region] = asyncio.create_task(
-            self._repin(self.sessions, region, routings), name=f"repin-{region}"
-        )
-
-    async def _repin(
-        self, sessions: SessionStore, region: str, routings: dict[str, Routing]
-    ) -> None:
         try:
-            report = await sessions.repin_away(region, routings)
+            report = await self.sessions.repin_away(region, routings)
             log.warning("%s", report.summary())
             entry = AuditEntry(
                 at=self.clock.now(),
@@ -343,19 +301,12 @@ class Orchestrator:
             log.exception("%s: background session re-pin failed; sessions re-pin lazily", region)
 
     async def stop_failovers(self) -> None:
-        """Cancel failover and recovery steps and session re-pins (on leadership loss or
-        shutdown)."""
-        running = (*self._failovers.values(), *self._repins.values(), *self._recoveries.values())
-        tasks = [t for t in running if not t.done()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._failovers.clear()
-        self._repins.clear()
-        self._recoveries.clear()
+        """Cancel every job (pre-warms, session re-pins) and forget their results (on
+        leadership loss or shutdown)."""
+        await self.executor.stop()
 
     def failovers_running(self) -> list[str]:
-        return sorted(r for r, t in self._failovers.items() if not t.done())
+        return self.executor.running()
 
 
 def _claim_holder(raw: bytes, key: str) -> str | None:

@@ -40,7 +40,6 @@ from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.tls import server_credentials
-from controlplane.ladder_runner import LadderRunner
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator
@@ -133,13 +132,7 @@ class ControlPlaneReplica:
             self.prober,
             self.replica_id,
             observer=self.metrics,
-            ladder=(
-                None
-                if self.ladder is None
-                else LadderRunner(
-                    self.store, self.keys, t, self.ladder, self.election.fence, self.replica_id
-                )
-            ),
+            ladder=self.ladder,
         )
         self.prefixes = PrefixAggregator(
             self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names

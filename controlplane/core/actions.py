@@ -1,23 +1,65 @@
-"""What one reconcile tick asks the orchestrator to do: the result types shared by
-``controlplane.core.decide`` (per-tick decisions) and ``controlplane.core.steps``
-(long-running steps carried out one at a time).
+"""What one reconcile tick asks the orchestrator to do (docs/architecture.md §7.1): every
+write of the tick, and the jobs (the only slow I/O: pre-warms, the background re-pin)
+to start. A job's result is an input of a later tick (``Jobs``), never a write of its
+own: the pure core records it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+
 from pydantic import Field
 
 from controlplane.core.intents import IntentOutcome
+from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.model import (
     AuditEntry,
     Decision,
+    FailoverPlan,
     FailoverStep,
     Frozen,
-    RecoveryStep,
+    PrewarmFigures,
     RegionHealth,
     RegionRecord,
     Routing,
 )
+
+
+class JobKind(StrEnum):
+    FAILOVER_PREWARM = "failover_prewarm"  # warm a failover's targets (plan)
+    RECOVERY_PREWARM = "recovery_prewarm"  # warm a recovering region with its own prefixes
+    REPIN = "repin"  # re-pin sessions away from a switched region (routings), off-path
+
+
+class Job(Frozen):
+    """Slow I/O the orchestrator runs in the background, one of each kind per region at
+    a time. ``id`` names what it is for (a failover, a recovery, a switch): a job whose
+    id runs or has a result already is not started again."""
+
+    kind: JobKind
+    region: str
+    id: str
+    plan: FailoverPlan | None = None  # FAILOVER_PREWARM
+    routings: dict[str, Routing] = Field(default_factory=dict)  # REPIN: every region's
+
+    def describe(self) -> str:
+        if self.kind is JobKind.FAILOVER_PREWARM and self.plan is not None:
+            return f"{self.region}: pre-warm of {', '.join(sorted(self.plan.targets))} started"
+        if self.kind is JobKind.RECOVERY_PREWARM:
+            return f"{self.region}: pre-warm of its own top prefixes started"
+        return f"{self.region}: background session re-pin started"
+
+
+class Jobs(Frozen):
+    """What the tick knows of its jobs: the results of those finished and not yet
+    recorded (by job id), and the ids still running."""
+
+    results: Mapping[str, PrewarmFigures] = Field(default_factory=dict)
+    running: frozenset[str] = frozenset()
+
+
+NO_JOBS = Jobs()
 
 
 class Write(Frozen):
@@ -32,23 +74,43 @@ class Write(Frozen):
     audit: tuple[AuditEntry, ...] = ()
     # The operator intent this write carries out: deleted, and its outcome recorded.
     intent_outcome: IntentOutcome | None = None
+    failover_steps: tuple[FailoverStep, ...] = ()  # the failover steps this write records
+    consumes: tuple[str, ...] = ()  # ids of the job results it records
+    then: tuple[Job, ...] = ()  # jobs to start once it is written (the re-pin of a switch)
+
+    def merged(self, later: Write) -> Write:
+        """This write and ``later`` (decided on the snapshot with this one applied) as one
+        transaction: a region's change and the failover steps that follow it at once."""
+        assert later.region == self.region and later.expected_rev == self.expected_rev
+        return self.model_copy(
+            update={
+                "record": later.record,
+                "routing": {**self.routing, **later.routing},
+                "routing_revs": {**later.routing_revs, **self.routing_revs},
+                "decision": self.decision or later.decision,
+                "audit": (*self.audit, *later.audit),
+                "intent_outcome": self.intent_outcome or later.intent_outcome,
+                "failover_steps": (*self.failover_steps, *later.failover_steps),
+                "consumes": (*self.consumes, *later.consumes),
+                "then": (*self.then, *later.then),
+            }
+        )
+
+
+class LadderWrite(Frozen):
+    """A change of ``degradation/<region>``: CAS on its revision (0: absent), audited."""
+
+    region: str
+    expected_rev: int
+    record: DegradationRecord
+    audit: AuditEntry
+    kind: str  # apply / reapply / restore
+    step: str | None = None
 
 
 class WriteHealth(Frozen):
     region: str
     health: RegionHealth
-
-
-class RunFailover(Frozen):
-    region: str
-    pending: tuple[FailoverStep, ...]
-
-
-class RunRecovery(Frozen):
-    """Steps a RECOVERED region takes before its first traffic step (pre-warm)."""
-
-    region: str
-    pending: tuple[RecoveryStep, ...]
 
 
 class DropIntent(Frozen):
@@ -63,24 +125,28 @@ class TickResult(Frozen):
     now: float
     health: tuple[WriteHealth, ...] = ()
     writes: tuple[Write, ...] = ()
-    failovers: tuple[RunFailover, ...] = ()
-    recoveries: tuple[RunRecovery, ...] = ()
+    ladder: tuple[LadderWrite, ...] = ()  # degradation ladder moves
+    ladder_holds: dict[str, str] = Field(default_factory=dict)  # region -> why it holds
+    jobs: tuple[Job, ...] = ()  # to start now (unless running or done)
+    awaiting: tuple[str, ...] = ()  # ids of the job results pending steps wait for
     dropped: tuple[DropIntent, ...] = ()
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        parts = [
-            f"{d.region} {d.from_state.value}->{d.to_state.value} ({d.trigger}: {d.reason})"
-            for w in self.writes
-            if (d := w.decision)
-        ]
-        parts += [
-            f"{f.region}: failover steps pending {[s.value for s in f.pending]}"
-            for f in self.failovers
-        ]
-        parts += [
-            f"{r.region}: recovery steps pending {[s.value for s in r.pending]}"
-            for r in self.recoveries
-        ]
+        """One sentence: what the leader does this tick and why."""
+        parts = []
+        for w in self.writes:
+            what = [f"{s.value}" for s in w.failover_steps]
+            if d := w.decision:
+                head = (
+                    f"{d.region} {d.from_state.value}->{d.to_state.value} ({d.trigger}: {d.reason})"
+                )
+                parts.append(head + (f", with its {' and '.join(what)}" if what else ""))
+            elif what:
+                parts.append(f"{w.region}: failover {' and '.join(what)} recorded")
+            elif w.consumes:
+                parts.append(f"{w.region}: recovery pre-warm recorded")
+        parts += [f"{x.region}: ladder {x.kind} {x.step} ({x.audit.reason})" for x in self.ladder]
+        parts += [j.describe() for j in self.jobs]
         parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]
         return "; ".join(parts + list(self.notes)) or "no change"

@@ -1,13 +1,14 @@
 """One reconcile tick: snapshot in, actions out. Pure (docs/architecture.md §7.1).
 
 ``decide`` returns a ``TickResult`` (types in ``controlplane.core.actions``) that names
-every write the orchestrator must make; each ``Write`` is one fenced etcd transaction
-for one region (record CAS, routing, audit, intent resolution: all or nothing). This
-module holds the per-tick logic: health folding, operator intents and automatic
-transitions. Steps that take time (a failover's pre-warm and switch, a recovery's
-pre-warm) are only named here, as ``RunFailover`` and ``RunRecovery``, and carried out
-one at a time with ``controlplane.core.steps``. Recovery's traffic steps and their guard
-are decided in ``controlplane.core.recovery``.
+every write of the tick; each ``Write`` is one fenced etcd transaction for one region
+(record CAS, routing, audit, intent resolution: all or nothing). In order: health
+folding, operator intents, automatic transitions, then each running failover's and
+recovery's next steps (``_steps``): a routing switch is written at once, in the same
+transaction as the transition that needs it; a pre-warm is started as a job and its
+result, an input of a later tick (``Jobs``), is recorded then, with the switch that
+waited for it. Recovery's traffic steps and their guard are decided in
+``controlplane.core.recovery``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from controlplane.core.actions import (
+    NO_JOBS,
     DropIntent,
-    RunFailover,
-    RunRecovery,
+    Job,
+    JobKind,
+    Jobs,
+    LadderWrite,
     TickResult,
     Write,
     WriteHealth,
@@ -25,22 +29,33 @@ from controlplane.core.actions import (
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
+from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import Trigger, fire
 from controlplane.core.recovery import MoveKind, next_recovery_move
-from controlplane.core.steps import pending_steps, recovery_pending
+from controlplane.core.steps import (
+    failover_job_id,
+    failover_step_write,
+    pending_steps,
+    recovery_job_id,
+    recovery_pending,
+    recovery_step_write,
+)
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
+from controlplane.kernel.ladder import Ladder
 from controlplane.kernel.model import (
     RECOVERY_STEP_DETAIL,
     AuditAction,
     AuditEntry,
     FailoverPlan,
     FailoverProgress,
+    FailoverStep,
     Health,
     Intent,
     IntentKind,
     RecoveryProgress,
     RecoveryStep,
+    RegionRecord,
     RegionState,
     Routing,
 )
@@ -414,9 +429,63 @@ def _with_record(snap: Snapshot, w: Write) -> Snapshot:
     return snap.model_copy(update={"regions": {**snap.regions, w.region: view}})
 
 
-def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
-    """Decide one tick. ``actor`` names this control-plane replica in decisions."""
+def _steps(
+    snap: Snapshot, name: str, first: Write | None, jobs: Jobs, actor: str
+) -> tuple[Write | None, list[Job], str | None]:
+    """The region's failover or recovery steps that can be taken now, after ``first``
+    (this tick's write of the region, if any): merged into one write with it, and the
+    jobs to start. A switch is written at once; a pre-warm is recorded once its job's
+    result is in, else its job is started (the executor ignores one already running)."""
+    out, started = first, []
+    while steps := pending_steps(snap.regions[name].record):
+        fo = snap.regions[name].record.failover
+        assert fo is not None
+        fid = failover_job_id(name, fo)
+        if steps[0] is FailoverStep.PREWARM and fid not in jobs.results:
+            started.append(Job(kind=JobKind.FAILOVER_PREWARM, region=name, id=fid, plan=fo.plan))
+            break
+        try:
+            w = failover_step_write(snap, name, steps[0], actor, jobs.results.get(fid))
+        except ValueError as e:  # every target failed over since: the next tick retries
+            return out, started, str(e)
+        out = w if out is None else out.merged(w)
+        snap = _with_record(snap, w)
+    rec = snap.regions[name].record
+    if recovery_pending(rec):
+        rid = recovery_job_id(name, rec)
+        if rid not in jobs.results:
+            started.append(Job(kind=JobKind.RECOVERY_PREWARM, region=name, id=rid))
+        elif first is None:  # recorded alone: this tick's move was decided without it
+            out = recovery_step_write(
+                snap, name, recovery_pending(rec)[0], actor, jobs.results[rid]
+            )
+    return out, started, None
+
+
+def _awaited(name: str, rec: RegionRecord) -> str:
+    if FailoverStep.PREWARM in pending_steps(rec) and rec.failover is not None:
+        return failover_job_id(name, rec.failover)
+    return recovery_job_id(name, rec) if recovery_pending(rec) else ""
+
+
+def decide(
+    snap: Snapshot,
+    topology: Topology,
+    actor: str,
+    jobs: Jobs = NO_JOBS,
+    ladder: Ladder | None = None,
+) -> TickResult:
+    """Decide one tick. ``actor`` names this control-plane replica in decisions;
+    ``jobs``: the results of finished jobs, and those running; ``ladder``: the
+    degradation ladder, walked one step per region per tick (none while paused)."""
     now = snap.now
+    # The ladder walks on the snapshot as stored: the health folded last tick.
+    moves: list[LadderWrite] = []
+    holds: dict[str, str] = {}
+    if ladder is not None and snap.control.paused:  # the steps stay as they are
+        holds = {"*": f"paused with automation: {snap.control.reason}"}
+    elif ladder is not None:
+        moves, holds = ladder_moves(snap, topology, ladder, actor)
     health_writes: list[WriteHealth] = []
     regions: dict[str, RegionView] = {}
     for name, view in snap.regions.items():
@@ -451,19 +520,26 @@ def decide(snap: Snapshot, topology: Topology, actor: str) -> TickResult:
             if note:
                 notes.append(note)
 
-    failovers, recoveries = [], []
-    for name, view in snap.regions.items():
-        rec = view.record
-        if steps := pending_steps(rec):
-            failovers.append(RunFailover(region=name, pending=steps))
-        if later := recovery_pending(rec):
-            recoveries.append(RunRecovery(region=name, pending=later))
+    # The pre-warms whose results a pending step waits for (recorded or not this tick:
+    # a write can lose its race); the executor forgets any other result.
+    awaiting = tuple(_awaited(name, view.record) for name, view in regions.items())
+    started: list[Job] = []
+    for name in snap.regions:
+        w, new_jobs, note = _steps(snap, name, writes.get(name), jobs, actor)
+        if w is not None:
+            writes[name] = w
+            snap = _with_record(snap, w)
+        started += [j for j in new_jobs if j.id not in jobs.running]
+        if note:
+            notes.append(note)
     return TickResult(
         now=now,
         health=tuple(health_writes),
         writes=tuple(writes.values()),
-        failovers=tuple(failovers),
-        recoveries=tuple(recoveries),
+        ladder=tuple(moves),
+        ladder_holds=holds,
+        jobs=tuple(started),
+        awaiting=tuple(i for i in awaiting if i),
         dropped=tuple(dropped),
         notes=tuple(notes),
     )

@@ -1,22 +1,23 @@
-"""Long-running steps carried out one at a time. Pure (docs/architecture.md §7.1).
+"""A failover's and a recovery's steps as writes. Pure (docs/architecture.md §7.1).
 
 A failover's steps (pre-warm, routing switch) and a recovery's steps before its first
-traffic step (the home region's pre-warm) take time, so ``decide`` only names them
-(``RunFailover``, ``RunRecovery``). The orchestrator runs each and records it with
-``failover_step_write`` or ``recovery_step_write``; ``pending_steps`` and
-``recovery_pending`` read what is not yet recorded, so a new leader resumes at the
-first step not recorded.
+traffic step (the home region's pre-warm) are recorded in the region's record when
+done, so a new leader resumes at the first one not recorded (``pending_steps``,
+``recovery_pending``). ``decide`` writes the switch itself and starts each pre-warm as
+a job (``failover_job_id``, ``recovery_job_id`` name them); a later tick records the
+job's result with ``failover_step_write`` or ``recovery_step_write``.
 """
 
 from __future__ import annotations
 
-from controlplane.core.actions import Write
+from controlplane.core.actions import Job, JobKind, Write
 from controlplane.core.failover import routing_after_switch
 from controlplane.core.recovery import pending_recovery_steps
 from controlplane.kernel.details import routing_details
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
+    FailoverProgress,
     FailoverStep,
     PrewarmFigures,
     RecoveryStep,
@@ -44,6 +45,16 @@ def recovery_pending(record: RegionRecord) -> tuple[RecoveryStep, ...]:
     if record.state is not RegionState.RECOVERED:
         return ()
     return pending_recovery_steps(record.recovery)
+
+
+def failover_job_id(region: str, failover: FailoverProgress) -> str:
+    """Names one failover's pre-warm: a new leader asks the agents again under the same
+    id, and they do not warm twice."""
+    return f"{region}@{failover.started_at:.3f}"
+
+
+def recovery_job_id(region: str, record: RegionRecord) -> str:
+    return f"{region}@recovery@{record.since:.3f}"
 
 
 def failover_step_write(
@@ -74,6 +85,8 @@ def failover_step_write(
             region=region,
             expected_rev=view.record_rev,
             record=new,
+            failover_steps=(step,),
+            consumes=(failover_job_id(region, fo),),
             audit=(
                 AuditEntry(
                     at=now,
@@ -104,12 +117,20 @@ def failover_step_write(
     new = rec.model_copy(
         update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
     )
+    repin = Job(
+        kind=JobKind.REPIN,
+        region=region,
+        id=f"{failover_job_id(region, fo)}@switch",
+        routings={**snap.routings(), **routes},
+    )
     return Write(
         region=region,
         expected_rev=view.record_rev,
         record=new,
         routing=routes,
         routing_revs={k: snap.regions[k].routing_rev for k in routes},
+        failover_steps=(step,),
+        then=(repin,),
         audit=(
             AuditEntry(
                 at=now,
@@ -150,6 +171,7 @@ def recovery_step_write(
         region=region,
         expected_rev=view.record_rev,
         record=new,
+        consumes=(recovery_job_id(region, rec),),
         audit=(
             AuditEntry(
                 at=snap.now,

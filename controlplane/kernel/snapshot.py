@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.model import (
     ControlFlags,
     Frozen,
@@ -27,6 +28,9 @@ class RegionView(Frozen):
     routing: Routing | None = None
     routing_rev: int = 0
     degradation: tuple[str, ...] = ()  # ladder steps applied now, in order (degradation/<r>)
+    # degradation/<r> itself and its mod revision; None with a revision: unreadable.
+    ladder: DegradationRecord | None = None
+    ladder_rev: int = 0
 
     @property
     def barred(self) -> bool:

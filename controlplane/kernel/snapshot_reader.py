@@ -44,7 +44,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
         health_kv = regions_kv.get(keys.region_health(name))
         ready_kv = regions_kv.get(keys.readiness(name))
         route_kv = routing_kv.get(keys.routing(name))
-        ladder = _parse(DegradationRecord, ladder_kv.get(keys.degradation(name)))
+        ladder_at = ladder_kv.get(keys.degradation(name))
+        ladder = _parse(DegradationRecord, ladder_at)
         record = _parse(RegionRecord, rec_kv) or RegionRecord(region=name, since=now)
         views[name] = RegionView(
             name=name,
@@ -55,6 +56,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
             routing=_parse(Routing, route_kv),
             routing_rev=route_kv.mod_revision if route_kv else 0,
             degradation=ladder.applied if ladder else (),
+            ladder=ladder,
+            ladder_rev=ladder_at.mod_revision if ladder_at else 0,
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))

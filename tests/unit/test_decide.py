@@ -33,11 +33,17 @@ def test_confirmed_down_region_fails_over_and_routing_moves_in_one_write() -> No
     run(w, 1, {"us-east": Health.UNHEALTHY})
     assert w.state("us-east") == "FAILING_OVER"
     assert set(w.targets("us-east")) == {"us-west", "us-central"}
+    # Hard down: the switch goes in the very transaction of the transition, and the
+    # pre-warm of the targets starts as a job, recorded by the tick its end wakes.
+    [write] = [x for r in w.results for x in r.writes if x.region == "us-east" and x.decision]
+    assert write.failover_steps == (FailoverStep.SWITCH,)
+    [tick] = [r for r in w.results if write in r.writes]
+    assert [j.kind.value for j in tick.jobs] == ["failover_prewarm"]
     rec = w.records["us-east"][0]
     assert rec.failover is not None and rec.failover.done == (
         FailoverStep.SWITCH,
         FailoverStep.PREWARM,
-    )  # hard down: switch first, then warm
+    )
     actions = [a.action for a in w.audit]
     assert actions.count("transition") == 1 and actions.count("routing_switch") == 1
     d = rec.last_decision

@@ -1,22 +1,27 @@
-"""The leader's ladder adapter honours the operators' pause: while automation is
-paused no step is applied (or restored), and the next tick after resume acts."""
+"""The leader's ladder, in its cycle, honours the operators' pause: while automation is
+paused no step is applied (or restored), and the next tick after resume acts. The
+tick is the real one: ``decide`` with the ladder, applied by the orchestrator over the
+in-memory store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from controlplane.core.decide import decide
+from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder_file import load_ladder
 from controlplane.kernel.model import ControlFlags, Health, RegionHealth, RegionRecord, RegionState
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.store.memory import MemoryStore
-from controlplane.ladder_runner import LadderRunner
+from controlplane.orchestrator import Orchestrator
+from controlplane.prewarm import NoPrefixData
 from tests.unit.world import topology
 
 RUNBOOK = Path(__file__).resolve().parents[2] / "runbooks" / "degradation.yaml"
 
 
-def degraded_snapshot(now: float, paused: bool) -> Snapshot:
+def degraded_snapshot(now: float, paused: bool, ladder_rev: int = 0) -> Snapshot:
     topo = topology()
     views = {}
     for r in topo.names:
@@ -27,16 +32,33 @@ def degraded_snapshot(now: float, paused: bool) -> Snapshot:
             name=r,
             record=RegionRecord(region=r, state=state, since=now - 30),
             health=RegionHealth(region=r, verdict=verdict, since=now - 30, signals=signals),
+            ladder_rev=ladder_rev if r == "us-east" else 0,
         )
     control = ControlFlags(paused=paused, reason="INC-1 investigating", actor="op", at=now)
     return Snapshot(now=now, regions=views, control=control)
 
 
 async def test_no_ladder_step_while_paused_and_the_first_step_after_resume() -> None:
-    store, keys = MemoryStore(), Keys("test")
-    runner = LadderRunner(store, keys, topology(), load_ladder(RUNBOOK), lambda: [], "cp-1")
-    assert await runner.tick(degraded_snapshot(1000.0, paused=True)) == []
+    store, keys, ladder, topo = MemoryStore(), Keys("test"), load_ladder(RUNBOOK), topology()
+    orch = Orchestrator(store, keys, topo, FakeClock(1000.0), list, NoPrefixData(), "cp-1")
+    paused = decide(degraded_snapshot(1000.0, paused=True), topo, "cp-1", ladder=ladder)
+    assert paused.ladder == () and paused.ladder_holds == {
+        "*": "paused with automation: INC-1 investigating"
+    }
+    await orch.apply(paused)
     assert await store.get(keys.degradation("us-east")) is None
-    written = await runner.tick(degraded_snapshot(1001.0, paused=False))
-    assert [a.step for a in written] == [load_ladder(RUNBOOK).names[0]]
+    resumed = decide(degraded_snapshot(1001.0, paused=False), topo, "cp-1", ladder=ladder)
+    assert [m.step for m in resumed.ladder] == [ladder.names[0]]
+    await orch.apply(resumed)
     assert await store.get(keys.degradation("us-east")) is not None
+
+
+def test_an_unreadable_degradation_record_holds_that_regions_ladder() -> None:
+    # The reader gives no record but its revision: nothing is written over it.
+    res = decide(
+        degraded_snapshot(1000.0, paused=False, ladder_rev=7),
+        topology(),
+        "cp-1",
+        ladder=load_ladder(RUNBOOK),
+    )
+    assert res.ladder == () and "unreadable" in res.ladder_holds["us-east"]

@@ -7,6 +7,7 @@ p99 over 1.5 x a 0.5 s baseline (0.75 s), or an error rate over 2 %.
 
 from __future__ import annotations
 
+from controlplane.core.actions import JobKind
 from controlplane.core.recovery import (
     PREWARM_GRACE_S,
     MoveKind,
@@ -172,7 +173,7 @@ def test_recovery_prewarm_runs_before_the_first_step_and_is_recorded() -> None:
     assert rec.recovery.prewarm_result.prefixes_warmed == 12.0
     [entry] = [a for a in w.audit if a.action == "recovery_prewarm"]
     assert entry.result == "ok" and entry.details["prefixes_warmed"] == "12"
-    assert any(r.recoveries for r in w.results)
+    assert any(j.kind is JobKind.RECOVERY_PREWARM for r in w.results for j in r.jobs)
     tick(w, 2)
     assert home(w) == 0.25
 
@@ -209,7 +210,7 @@ def test_no_prewarm_step_when_switched_off() -> None:
     recovered(w)
     rec = w.records[HOME][0]
     assert rec.recovery is not None and rec.recovery.planned == ()
-    assert not any(r.recoveries for r in w.results)
+    assert not any(j.kind is JobKind.RECOVERY_PREWARM for r in w.results for j in r.jobs)
 
 
 def test_move_is_pure_and_headroom_is_relative_to_capacity() -> None:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controlplane.core.decide import decide
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.keys import Keys
@@ -24,6 +25,7 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.session_store import InvalidSessionId, SessionStore, _Repin
 from controlplane.kernel.sessions import NoRegionServing, PinAction, SessionPin, resolve
+from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Compare, KeyValue, Op, TxnResult
 from controlplane.orchestrator import Orchestrator
@@ -301,11 +303,17 @@ async def failing_over(store: RacyStore, clock: FakeClock) -> tuple[Orchestrator
     return orch, keys
 
 
+async def leader_tick(orch: Orchestrator) -> None:
+    """One tick of the leader's cycle: it writes the pending switch and starts its re-pin."""
+    snap = await read_snapshot(orch.store, orch.keys, orch.topology, orch.clock.now())
+    await orch.apply(decide(snap, orch.topology, orch.actor, orch.jobs()))
+
+
 async def test_a_switch_by_the_orchestrator_repins_in_the_background(
     store: RacyStore, clock: FakeClock
 ) -> None:
     orch, keys = await failing_over(store, clock)
-    orch.ensure_failover("us-east")
+    await leader_tick(orch)
     audit: list[AuditEntry] = []
     async with asyncio.timeout(10):
         while not any(a.action == "sessions_repinned" for a in audit):
@@ -335,7 +343,7 @@ async def test_losing_leadership_cancels_the_background_repin(
 
     store.hook_min_ops = 100  # a re-pin batch, not the switch (5 ops)
     store.before_txn = stall
-    orch.ensure_failover("us-east")
+    await leader_tick(orch)
     async with asyncio.timeout(10):
         await started.wait()
     await orch.stop_failovers()  # what the loop does when leadership is lost

@@ -1,33 +1,36 @@
-"""A pure, in-process world for driving the deciding core tick by tick.
+"""An in-process world for driving the leader's real cycle tick by tick, on a fake clock.
 
-It plays the orchestrator's part without any I/O: applies each ``Write`` with the
-same compare-and-set rules the etcd transaction uses, and runs failover steps at
-once. Records, routing and audit entries are kept as etcd keeps them, encoded to
-JSON and decoded back, so a value that would not read back fails here. Time is a
-fake clock advanced by the test.
+Each tick is the leader's: the snapshot read from an in-memory store
+(``read_snapshot``), the pure ``decide``, the real ``Orchestrator`` applying its writes
+(fenced compare-and-set transactions, as over etcd) and starting its jobs on the real
+job executor, whose pre-warms return ``failover_result`` / ``recovery_result`` at once;
+a finished job wakes a tick at the same instant, as it wakes the loop. The test writes
+what observers and operators write (reports, intents, readiness, control) into the
+fields below and reads back records, routing, health, audit entries and intent
+outcomes as the store holds them after the tick (every value went to JSON and back).
+``snapshot()`` and ``apply()`` work on those fields alone, for tests of the pure parts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from controlplane.core.actions import TickResult, Write
+from controlplane.core.actions import JobKind, TickResult, Write
 from controlplane.core.decide import decide
 from controlplane.core.intents import IntentOutcome
-from controlplane.core.steps import (
-    failover_step_write,
-    pending_steps,
-    recovery_pending,
-    recovery_step_write,
-)
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditEntry,
     ControlFlags,
+    FailoverPlan,
     Health,
     HealthReport,
     Intent,
@@ -39,8 +42,12 @@ from controlplane.kernel.model import (
     Routing,
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.memory import MemoryStore
+from controlplane.orchestrator import Orchestrator
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 
 def stored(value: M) -> M:
@@ -78,11 +85,38 @@ def topology(**timing: float) -> Topology:
     )
 
 
+class _Clock:
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def now(self) -> float:
+        return self.world.now
+
+
+class _Prewarmer:
+    """The agents' side of a pre-warm: done at once with the world's figures, or never
+    (``run_recovery_steps = False``: a stuck agent)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    async def prewarm(
+        self, plan: FailoverPlan, budget_s: float, failover_id: str
+    ) -> PrewarmFigures:
+        return self.world.failover_result
+
+    async def prewarm_home(
+        self, region: str, budget_s: float, recovery_id: str, fraction: float
+    ) -> PrewarmFigures:
+        if not self.world.run_recovery_steps:
+            await asyncio.Event().wait()  # never reports: cancelled when the tick ends
+        return self.world.recovery_result
+
+
 @dataclass
 class World:
     topo: Topology = field(default_factory=topology)
     now: float = 1000.0
-    rev: int = 1
     records: dict[str, tuple[RegionRecord, int]] = field(default_factory=dict)
     health: dict[str, RegionHealth] = field(default_factory=dict)
     routing: dict[str, tuple[Routing, int]] = field(default_factory=dict)
@@ -93,8 +127,18 @@ class World:
     control: ControlFlags = field(default_factory=ControlFlags)
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
+    failover_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # failover pre-warms
     recovery_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # recovery pre-warms
     run_recovery_steps: bool = True  # False: recovery pre-warms never report (stuck agent)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.topo.cluster)
+        self.store = MemoryStore()
+        me = weakref.proxy(self)  # no cycle: a world is freed with its test
+        self.orchestrator = Orchestrator(
+            self.store, self.keys, self.topo, _Clock(me), list, _Prewarmer(me), "cp-test"
+        )
+        self._pulled: dict[str, bytes] = {}  # what the last tick read back, by key
 
     def report(self, region: str, observer: str, health: Health, **signals: float) -> None:
         kind = ObserverKind(observer.split(":", 1)[0])
@@ -113,6 +157,7 @@ class World:
         self.report(region, "probe:controlplane", health)
 
     def snapshot(self) -> Snapshot:
+        """The snapshot of the fields as they are (no store), for pure tests."""
         views = {}
         for r in self.topo.names:
             rec, rrev = self.records.get(r, (RegionRecord(region=r, since=self.now), 0))
@@ -135,49 +180,91 @@ class World:
         )
 
     def apply(self, w: Write) -> bool:
-        cur = self.records.get(w.region, (None, 0))[1]
-        if cur != w.expected_rev:
-            return False
-        for r, rev in w.routing_revs.items():
-            if self.routing.get(r, (None, 0))[1] != rev:
-                return False
-        self.rev += 1
-        self.records[w.region] = (stored(w.record), self.rev)
-        for r, v in w.routing.items():
-            self.routing[r] = (stored(v), self.rev)
-        self.audit.extend(stored(a) for a in w.audit)
-        if w.intent_outcome is not None:
-            self.intents.pop(w.intent_outcome.id, None)
-            self.outcomes[w.intent_outcome.id] = stored(w.intent_outcome)
-        return True
+        """``w`` through the orchestrator's own write (a leader that dies after it)."""
+        return self._run(self._apply_one(w))
+
+    async def _apply_one(self, w: Write) -> bool:
+        await self._push()
+        ok = await self.orchestrator.write(w)
+        await self._pull()
+        return ok
 
     def tick(self, advance: float = 1.0) -> TickResult:
+        """One periodic tick, then the ticks its jobs wake at the same instant (a job that
+        finishes wakes the loop: its result is recorded at once, not a period later)."""
         self.now += advance
-        res = decide(self.snapshot(), self.topo, "cp-test")
-        for h in res.health:
-            self.health[h.region] = h.health
-        for d in res.dropped:
-            self.intents.pop(d.intent_id, None)
-            self.audit.append(stored(d.audit))
-            self.outcomes[d.intent_id] = stored(d.outcome)
-        for w in res.writes:
-            self.apply(w)
-        for f in res.failovers:
-            while steps := pending_steps(self.records[f.region][0]):
-                try:
-                    w = failover_step_write(self.snapshot(), f.region, steps[0], "cp-test", {})
-                except ValueError:
-                    break
-                assert self.apply(w)
-        for r in res.recoveries if self.run_recovery_steps else ():
-            # the recovery pre-warm: done at once, with these figures
-            while later := recovery_pending(self.records[r.region][0]):
-                w = recovery_step_write(
-                    self.snapshot(), r.region, later[0], "cp-test", self.recovery_result
-                )
-                assert self.apply(w)
+        return self._run(self._tick())
+
+    def _run(self, coro: Coroutine[object, object, R]) -> R:
+        # A loop per call: what is still running at its end (a pre-warm that never
+        # reports) is cancelled, and the next tick starts it again, as a new leader would.
+        return asyncio.run(coro)
+
+    async def _tick(self) -> TickResult:
+        await self._push()
+        res = await self._tick_once()
+        for _ in range(4):  # a failover's pre-warm, then what its record lets happen
+            if not any(j.kind is not JobKind.REPIN for j in self.results[-1].jobs):
+                break
+            await self._tick_once()
+        await self._pull()
+        return res
+
+    async def _tick_once(self) -> TickResult:
+        snap = await read_snapshot(self.store, self.keys, self.topo, self.now)
+        res = decide(snap, self.topo, "cp-test", self.orchestrator.jobs())
+        await self.orchestrator.apply(res)
+        for _ in range(5):  # the fake pre-warms finish within a few turns of the loop
+            await asyncio.sleep(0)
         self.results.append(res)
         return res
+
+    # ---- the fields <-> the store ---------------------------------------------------
+    async def _push(self) -> None:
+        """What the test wrote since the last tick goes to the store."""
+        k = self.keys
+        out: dict[str, bytes] = {}
+        for r, (rec, _) in self.records.items():
+            out[k.region_state(r)] = encode(rec)
+        for r, (route, _) in self.routing.items():
+            out[k.routing(r)] = encode(route)
+        for r, h in self.health.items():
+            out[k.region_health(r)] = encode(h)
+        for r, ready in self.readiness.items():
+            out[k.readiness(r)] = encode(ready)
+        for (r, obs), rep in self.reports.items():
+            out[k.report(r, obs)] = encode(rep)
+        for i in self.intents.values():
+            out[k.intent(i.id)] = encode(i)
+        out[k.control()] = encode(self.control)
+        for key, value in out.items():
+            if self._pulled.get(key) != value:
+                await self.store.put(key, value)
+
+    async def _pull(self) -> None:
+        """The fields as the store holds them now."""
+        k, page = self.keys, await self.store.get_prefix(self.keys.root)
+        kvs = {kv.key: kv for kv in page.kvs}
+        self._pulled = {key: kv.value for key, kv in kvs.items()}
+        self.records, self.routing, self.health = {}, {}, {}
+        for r in self.topo.names:
+            if (kv := kvs.get(k.region_state(r))) is not None:
+                self.records[r] = (decode(RegionRecord, kv.value), kv.mod_revision)
+            if (kv := kvs.get(k.routing(r))) is not None:
+                self.routing[r] = (decode(Routing, kv.value), kv.mod_revision)
+            if (kv := kvs.get(k.region_health(r))) is not None:
+                self.health[r] = decode(RegionHealth, kv.value)
+        self.intents = {i.id: i for i in self.intents.values() if k.intent(i.id) in kvs}
+        self.outcomes = {
+            key.rsplit("/", 1)[1]: decode(IntentOutcome, kv.value)
+            for key, kv in kvs.items()
+            if key.startswith(k.intent_outcomes_prefix())
+        }
+        self.audit = [
+            decode(AuditEntry, kv.value)
+            for key, kv in sorted(kvs.items())
+            if key.startswith(k.audit_prefix())
+        ]
 
     def state(self, region: str) -> str:
         return self.records[region][0].state.value if region in self.records else "NORMAL"

@@ -1,0 +1,78 @@
+"""Every region's degradation ladder, one step per tick. Pure (docs/architecture.md §5).
+
+For each region: the mode from its state (DEGRADED, or a failover target short of
+headroom: degrading; FAILING_OVER: frozen; otherwise recovering), its signals (the
+folded health's, plus ``headroom_fraction``), its ``degradation/<region>`` record and
+:func:`controlplane.core.ladder_executor.next_ladder_action`. A change is a
+``LadderWrite`` the orchestrator writes in one fenced transaction, compare-and-set on
+the record's revision, with its audit entry. The gateways and agents watch
+``degradation/`` and carry the flags out.
+"""
+
+from __future__ import annotations
+
+from controlplane.core.actions import LadderWrite
+from controlplane.core.ladder_executor import LadderMode, mode_for, next_ladder_action
+from controlplane.kernel.config import Topology
+from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.details import json_list
+from controlplane.kernel.ladder import Ladder, with_headroom
+from controlplane.kernel.model import AuditAction, AuditEntry, RegionState
+from controlplane.kernel.snapshot import Snapshot
+
+
+def ladder_moves(
+    snap: Snapshot, topology: Topology, ladder: Ladder, actor: str
+) -> tuple[list[LadderWrite], dict[str, str]]:
+    """The ladder changes of this tick, and why each region that does not move holds."""
+    short = _short_of_headroom(snap)
+    writes: list[LadderWrite] = []
+    holds: dict[str, str] = {}
+    for region in topology.regions:
+        view = snap.regions.get(region.name)
+        if view is None:
+            continue
+        if view.ladder is None and view.ladder_rev:
+            holds[region.name] = (
+                "degradation record unreadable: the ladder waits until it is rewritten"
+            )
+            continue
+        mode = mode_for(view.record.state, short_of_headroom=region.name in short)
+        if view.ladder is None and mode is not LadderMode.DEGRADING:
+            continue  # nothing applied and nothing to apply: no record needed
+        record = view.ladder or DegradationRecord(region=region.name)
+        signals = with_headroom(view.health.signals, region.capacity_rps)
+        action = next_ladder_action(ladder, record, signals, mode, snap.now)
+        if not action.changed:
+            if action.kind.value == "hold":
+                holds[region.name] = action.reason
+            continue
+        entry = AuditEntry(
+            at=snap.now,
+            actor=actor,
+            action=AuditAction.of_ladder(action.kind.value),
+            region=region.name,
+            reason=action.reason,
+            details={"step": action.step or "", "applied": json_list(action.record.applied)},
+        )
+        writes.append(
+            LadderWrite(
+                region=region.name,
+                expected_rev=view.ladder_rev,
+                record=action.record,
+                audit=entry,
+                kind=action.kind.value,
+                step=action.step,
+            )
+        )
+    return writes, holds
+
+
+def _short_of_headroom(snap: Snapshot) -> set[str]:
+    """Targets of running failovers whose plan said they cannot absorb the load."""
+    out: set[str] = set()
+    for view in snap.regions.values():
+        fo = view.record.failover
+        if view.record.state is RegionState.FAILING_OVER and fo and fo.plan.headroom_short:
+            out.update(fo.plan.targets)
+    return out

@@ -1,0 +1,90 @@
+"""The leader's job executor: the only slow I/O of its cycle, in the background.
+
+The pure core asks for jobs (``controlplane.core.actions.Job``: a failover's pre-warm, a
+recovery's pre-warm, a switch's session re-pin); the executor runs at most one of each
+kind per region at a time and keeps each pre-warm's figures until a tick records them
+(``jobs()`` is that tick's input). A job never writes the region's record itself, so a
+leader's writes all come from one place (controlplane/orchestrator.py). On leadership
+loss everything running is cancelled and every result forgotten: a new leader starts
+the pre-warm again under the same id, and the agents do not warm twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from controlplane.core.actions import Job, JobKind, Jobs
+from controlplane.kernel.model import PrewarmFigures
+
+log = logging.getLogger("tectonic.jobs")
+
+Run = Callable[[Job], Awaitable[PrewarmFigures | None]]
+
+
+class JobExecutor:
+    """``run`` carries out one job and returns its figures (None: nothing to record, as
+    for a re-pin); ``on_done`` is called when one finishes (it wakes the loop, so the
+    result is recorded at once rather than at the next periodic tick)."""
+
+    def __init__(self, run: Run, on_done: Callable[[], None] = lambda: None) -> None:
+        self._run, self._on_done = run, on_done
+        self._tasks: dict[tuple[str, JobKind], tuple[str, asyncio.Task[None]]] = {}
+        self._results: dict[str, PrewarmFigures] = {}
+
+    def jobs(self) -> Jobs:
+        running = frozenset(i for i, t in self._tasks.values() if not t.done())
+        return Jobs(results=dict(self._results), running=running)
+
+    def start(self, job: Job) -> None:
+        """Start ``job`` unless it runs or has a result; a re-pin replaces an older one of
+        the same region (the newer switch's routing wins), other kinds wait their turn."""
+        if job.id in self._results:
+            return
+        slot = (job.region, job.kind)
+        current = self._tasks.get(slot)
+        if current is not None and not current[1].done():
+            if current[0] == job.id or job.kind is not JobKind.REPIN:
+                return
+            current[1].cancel()
+        log.info("%s", job.describe())
+        task = asyncio.create_task(self._carry_out(job), name=f"{job.kind.value}-{job.region}")
+        self._tasks[slot] = (job.id, task)
+
+    async def _carry_out(self, job: Job) -> None:
+        try:
+            figures = await self._run(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Nothing recorded: the next tick sees the step still pending and asks again.
+            log.exception("%s: %s failed; the next tick retries", job.region, job.kind.value)
+            return
+        if figures is not None:
+            self._results[job.id] = figures
+        self._on_done()
+
+    def recorded(self, ids: Iterable[str]) -> None:
+        """These results are in etcd now: forget them."""
+        for i in ids:
+            self._results.pop(i, None)
+
+    def keep_only(self, wanted: Iterable[str]) -> None:
+        """Forget results no pending step asks for any more (a failover cancelled, a
+        region that relapsed): they would never be recorded."""
+        keep = set(wanted)
+        for i in [i for i in self._results if i not in keep]:
+            del self._results[i]
+
+    def running(self) -> list[str]:
+        return sorted(f"{r}:{k.value}" for (r, k), (_, t) in self._tasks.items() if not t.done())
+
+    async def stop(self) -> None:
+        """Cancel every job and forget every result (leadership lost, or shutdown)."""
+        tasks = [t for _, t in self._tasks.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._results.clear()
