@@ -10,11 +10,10 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.kernel.ladder import Ladder
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder_file import topology_ladder
 from controlplane.prewarm import Prewarmer
 
 EXAMPLES = """examples:
@@ -123,11 +122,7 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
             data = t.model_dump()
             data["etcd"]["endpoints"] = args.etcd.split(",")
             t = parse_topology(data, "--etcd")
-        ladder = (
-            None
-            if t.degradation_ladder is None
-            else load_ladder(Path(args.topology).parent / t.degradation_ladder)
-        )
+        ladder = topology_ladder(t, args.topology)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide
 from controlplane.election import NotLeader
 from controlplane.kernel.clock import Clock
+from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
@@ -64,11 +65,12 @@ class ReconcileLoop:
         actor: str,
         observer: TickObserver | None = None,
         ladder: Ladder | None = None,
+        spec: ClusterSpec | None = None,
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``monotonic`` times each tick (tests pass a fake clock)."""
-        self.ladder = ladder
+        self.ladder, self.spec = ladder, spec
         self._monotonic = monotonic
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
@@ -100,7 +102,7 @@ class ReconcileLoop:
         self.tick_snapshot = snap
         # Job results first: a job that finishes from here on is recorded next tick.
         jobs = self.orchestrator.jobs()
-        result = decide(snap, self.topology, self.actor, jobs, self.ladder)
+        result = decide(snap, self.topology, self.actor, jobs, self.ladder, self.spec)
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
         await self.orchestrator.apply(result)

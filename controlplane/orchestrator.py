@@ -26,6 +26,7 @@ from controlplane.core.actions import (
     JobKind,
     Jobs,
     LadderWrite,
+    SpecWrite,
     TickResult,
     Write,
     WriteHealth,
@@ -150,6 +151,20 @@ class Orchestrator:
             log.info("%s: ladder change not written (leadership or record changed)", lw.region)
         return ok
 
+    async def write_spec(self, sw: SpecWrite) -> bool:
+        """The cluster spec: CAS on ``spec`` and its audit entry, fenced."""
+        key = self.keys.spec()
+        cas = Compare.mod_revision(key, sw.expected_rev) if sw.expected_rev else Compare.absent(key)
+        ok = (
+            await self._txn(
+                [*self.fence(), cas], [Put(key, encode(sw.spec)), self.audit.op(sw.audit)]
+            )
+        ).succeeded
+        if ok:
+            changed = "; ".join(f"{k}: {v}" for k, v in sw.audit.details.items())
+            log.info("published the cluster spec at %s (%s): %s", key, sw.audit.reason, changed)
+        return ok
+
     def _log_holds(self, holds: Mapping[str, str]) -> None:
         for region, why in holds.items():
             if self._held.get(region) != why:
@@ -195,6 +210,8 @@ class Orchestrator:
             raise  # grants a new one
 
     async def apply(self, result: TickResult) -> None:
+        if result.spec is not None:
+            await self.write_spec(result.spec)
         if result.health:
             await self.write_health(result.health)
         for dropped in result.dropped:

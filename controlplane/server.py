@@ -30,6 +30,7 @@ from controlplane.api.reads import Reads
 from controlplane.election import LeaderElection
 from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.cluster_spec import cluster_spec
 from controlplane.kernel.config import Topology
 from controlplane.kernel.decode_guard import DecodeGuard
 from controlplane.kernel.keys import Keys
@@ -133,6 +134,7 @@ class ControlPlaneReplica:
             self.replica_id,
             observer=self.metrics,
             ladder=self.ladder,
+            spec=cluster_spec(t, self.ladder),
         )
         self.prefixes = PrefixAggregator(
             self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from controlplane.core.intents import IntentOutcome
+from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.model import (
     AuditEntry,
@@ -108,6 +109,15 @@ class LadderWrite(Frozen):
     step: str | None = None
 
 
+class SpecWrite(Frozen):
+    """The cluster spec this leader's topology makes, over another (or none) in etcd:
+    CAS on ``spec``'s revision (0: absent), audited with what changed."""
+
+    expected_rev: int
+    spec: ClusterSpec
+    audit: AuditEntry
+
+
 class WriteHealth(Frozen):
     region: str
     health: RegionHealth
@@ -125,6 +135,7 @@ class TickResult(Frozen):
     now: float
     health: tuple[WriteHealth, ...] = ()
     writes: tuple[Write, ...] = ()
+    spec: SpecWrite | None = None  # the cluster spec, when etcd holds another
     ladder: tuple[LadderWrite, ...] = ()  # degradation ladder moves
     ladder_holds: dict[str, str] = Field(default_factory=dict)  # region -> why it holds
     jobs: tuple[Job, ...] = ()  # to start now (unless running or done)
@@ -134,7 +145,7 @@ class TickResult(Frozen):
 
     def summary(self) -> str:
         """One sentence: what the leader does this tick and why."""
-        parts = []
+        parts = [f"cluster spec published ({self.spec.audit.reason})"] if self.spec else []
         for w in self.writes:
             what = [f"{s.value}" for s in w.failover_steps]
             if d := w.decision:

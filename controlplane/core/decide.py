@@ -22,6 +22,7 @@ from controlplane.core.actions import (
     JobKind,
     Jobs,
     LadderWrite,
+    SpecWrite,
     TickResult,
     Write,
     WriteHealth,
@@ -40,6 +41,8 @@ from controlplane.core.steps import (
     recovery_pending,
     recovery_step_write,
 )
+from controlplane.kernel.cluster_spec import ClusterSpec
+from controlplane.kernel.cluster_spec import changes as spec_changes
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
 from controlplane.kernel.ladder import Ladder
@@ -462,6 +465,25 @@ def _steps(
     return out, started, None
 
 
+def _spec_write(snap: Snapshot, spec: ClusterSpec | None, actor: str) -> SpecWrite | None:
+    """The leader publishes what its topology says all processes must agree on
+    (docs/architecture.md §2), when etcd holds another spec, an unreadable one or none."""
+    if spec is None or snap.spec == spec:
+        return None
+    if snap.spec is None:
+        reason = "the stored spec was unreadable" if snap.spec_rev else "no cluster spec yet"
+    else:
+        reason = "the leader's topology differs from the published spec"
+    entry = AuditEntry(
+        at=snap.now,
+        actor=actor,
+        action=AuditAction.SPEC_PUBLISHED,
+        reason=reason,
+        details={k: f"{old} -> {new}" for k, (new, old) in spec_changes(spec, snap.spec).items()},
+    )
+    return SpecWrite(expected_rev=snap.spec_rev, spec=spec, audit=entry)
+
+
 def _awaited(name: str, rec: RegionRecord) -> str:
     if FailoverStep.PREWARM in pending_steps(rec) and rec.failover is not None:
         return failover_job_id(name, rec.failover)
@@ -474,10 +496,13 @@ def decide(
     actor: str,
     jobs: Jobs = NO_JOBS,
     ladder: Ladder | None = None,
+    spec: ClusterSpec | None = None,
 ) -> TickResult:
     """Decide one tick. ``actor`` names this control-plane replica in decisions;
     ``jobs``: the results of finished jobs, and those running; ``ladder``: the
-    degradation ladder, walked one step per region per tick (none while paused)."""
+    degradation ladder, walked one step per region per tick (none while paused);
+    ``spec``: the cluster spec this replica's topology makes, published when etcd
+    holds another."""
     now = snap.now
     # The ladder walks on the snapshot as stored: the health folded last tick.
     moves: list[LadderWrite] = []
@@ -536,6 +561,7 @@ def decide(
         now=now,
         health=tuple(health_writes),
         writes=tuple(writes.values()),
+        spec=_spec_write(snap, spec, actor),
         ladder=tuple(moves),
         ladder_holds=holds,
         jobs=tuple(started),

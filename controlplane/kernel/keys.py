@@ -22,6 +22,11 @@ class Keys:
     def control(self) -> str:
         return self.root + "control"
 
+    def spec(self) -> str:
+        """The cluster spec (``ClusterSpec``): what every process's topology must agree
+        on, as the leader last published it; no lease."""
+        return self.root + "spec"
+
     def regions_prefix(self) -> str:
         return self.root + "regions/"
 

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from controlplane.kernel.config import ConfigError, RecoveryConfig, describe_errors, read_yaml
+from controlplane.kernel.config import (
+    ConfigError,
+    RecoveryConfig,
+    Topology,
+    describe_errors,
+    read_yaml,
+)
 from controlplane.kernel.ladder import ACTUATORS, Ladder
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "runbooks" / "degradation.yaml"
@@ -30,6 +36,40 @@ def parse_ladder(data: object, source: str = "<ladder>") -> Ladder:
 
 def load_ladder(path: str | Path = DEFAULT_PATH) -> Ladder:
     return parse_ladder(read_yaml(path, "ladder file"), str(path))
+
+
+PACE = ("step_percent", "step_interval_s")
+
+
+def topology_ladder(topology: Topology, topology_path: str | Path) -> Ladder | None:
+    """The ladder ``topology`` names (relative to its file), None when it names none;
+    ConfigError when the file cannot be used, or when both set the recovery pace."""
+    if topology.degradation_ladder is None:
+        return None
+    path = Path(topology_path).parent / topology.degradation_ladder
+    ladder = load_ladder(path)
+    check_recovery_pace(topology, ladder, str(path))
+    return ladder
+
+
+def check_recovery_pace(topology: Topology, ladder: Ladder, source: str = "the ladder") -> None:
+    """The recovery pace lives in one place: with a ladder file that has a ``recovery``
+    section, the topology's ``recovery`` may not set another pace (one would win
+    silently). Defaults, or the same values in both, are no conflict."""
+    if "recovery" not in ladder.model_fields_set:
+        return
+    mine, default, file = topology.recovery, RecoveryConfig(), ladder.recovery
+    if all(getattr(mine, f) == getattr(default, f) for f in PACE):
+        return
+    if all(getattr(mine, f) == getattr(file, f) for f in PACE):
+        return
+    raise ConfigError(
+        f"recovery pace set twice: the topology's recovery section says "
+        f"{mine.step_percent:g} % every {mine.step_interval_s:g}s, the degradation ladder "
+        f"{source} says {file.step_percent:g} % every {file.step_interval_s:g}s (its "
+        "recovery section); set recovery.step_percent and recovery.step_interval_s in one "
+        "of them only (with a ladder, in the ladder file)"
+    )
 
 
 def recovery_config(ladder: Ladder, base: RecoveryConfig | None = None) -> RecoveryConfig:

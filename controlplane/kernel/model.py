@@ -306,6 +306,7 @@ class AuditAction(StrEnum):
     DRILL_REQUESTED = "drill_requested"
     DRILL_RUN = "drill_run"
     DRILL_VERDICT = "drill_verdict"
+    SPEC_PUBLISHED = "spec_published"  # the leader wrote the cluster spec; changes in details
 
     @classmethod
     def of_intent(cls, kind: IntentKind) -> AuditAction:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.model import (
     ControlFlags,
@@ -58,6 +59,10 @@ class Snapshot(Frozen):
     intents: tuple[Intent, ...] = ()
     control: ControlFlags = Field(default_factory=ControlFlags)
     leader: str = ""
+    # The published cluster spec (``spec``) and its mod revision; None with a
+    # revision: unreadable.
+    spec: ClusterSpec | None = None
+    spec_rev: int = 0
 
     def routings(self) -> dict[str, Routing]:
         return {n: v.effective_routing() for n, v in self.regions.items()}

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.degradation import DegradationRecord
@@ -37,6 +38,7 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
     intents_page = await store.get_prefix(keys.intents_prefix())
     control_kv = await store.get(keys.control())
     leader_kv = await store.get(keys.leader())
+    spec_kv = await store.get(keys.spec())
 
     views: dict[str, RegionView] = {}
     for name in topology.names:
@@ -69,6 +71,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
         intents=intents,
         control=_parse(ControlFlags, control_kv) or ControlFlags(),
         leader=leader_kv.value.decode() if leader_kv else "",
+        spec=_parse(ClusterSpec, spec_kv),
+        spec_rev=spec_kv.mod_revision if spec_kv else 0,
     )
 
 

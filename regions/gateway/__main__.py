@@ -18,9 +18,11 @@ Pre-warm: the gateway counts every request's prompt prefixes (model, text, token
 or chat messages, cache_salt) in a mergeable sketch and writes it every
 prefixes.export_interval_s to etcd (prefix-exports/<id>, on a lease of 3 intervals),
 where the control-plane leader merges all gateways into prefixes/<region>. The
-fingerprint parameters and K come from the topology's ``prefixes`` section, which
-the leader reads too; the --prefix-* flags override them (a mismatch makes the
-leader skip this gateway's export, with a warning in its log).
+fingerprint parameters, K and the routing prefix length come from the topology's
+``prefixes`` section only, which the leader reads too: at start the gateway compares
+its topology with the cluster spec the leader published in etcd (``spec``) and refuses
+to start, naming each setting, when they disagree. Flags set only what is this
+gateway's own: its identity, listen address, timeouts and local resources.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 import uvloop
 from pydantic import ValidationError
 
+from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
 from regions.gateway.app import AppConfig
 from regions.gateway.prefix_export import ExportOptions, tracker_config
@@ -67,13 +70,6 @@ def _parser() -> argparse.ArgumentParser:
         help="larger request bodies get 413 (default 1 MiB)",
     )
     _add_timeout_flags(p)
-    p.add_argument(
-        "--prefix-chars",
-        type=int,
-        default=None,
-        help="the topology's prefixes.routing_chars (prompt characters that pick the "
-        "replica); given, it must equal that value, which the agents' pre-warm uses too",
-    )
     p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
     _add_report_flags(p)
@@ -142,40 +138,14 @@ def _add_report_flags(p: argparse.ArgumentParser) -> None:
 def _add_prefix_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "prefix tracking (pre-warm)",
-        "Defaults come from the topology's prefixes section; every gateway and the "
-        "control-plane leader must agree on the fingerprint flags and K.",
+        "The fingerprint settings, K and the routing length live in the topology's "
+        "prefixes section only (every gateway and the control-plane leader must agree); "
+        "these flags set this gateway's own resources.",
     )
     g.add_argument(
         "--no-prefix-tracking",
         action="store_true",
         help="count no prefixes and export nothing (failovers then warm nothing)",
-    )
-    g.add_argument(
-        "--prefix-block-size",
-        metavar="N",
-        type=int,
-        help="tokens per KV block, as vLLM's cache_config_info says (16 on GPU, 128 on "
-        "the CPU build); default: prefixes.block_size",
-    )
-    g.add_argument(
-        "--prefix-chars-per-token",
-        metavar="F",
-        type=float,
-        help="characters per token of the character proxy; default: prefixes.chars_per_token",
-    )
-    g.add_argument(
-        "--prefix-level-tokens",
-        metavar="N",
-        type=int,
-        help="count each prompt at every this many tokens (a multiple of the block size); "
-        "default: prefixes.level_tokens",
-    )
-    g.add_argument(
-        "--prefix-min-sessions",
-        metavar="K",
-        type=int,
-        help="K: distinct sessions before a prefix's replay payload may leave the gateway; "
-        "default: prefixes.min_sessions",
     )
     g.add_argument(
         "--prefix-session-key-file",
@@ -202,12 +172,9 @@ def _add_prefix_flags(p: argparse.ArgumentParser) -> None:
 def _prefix_options(
     p: argparse.ArgumentParser, args: argparse.Namespace, base: PrefixesConfig
 ) -> tuple[PrefixesConfig, str]:
-    """The topology's prefixes section with the flags applied, and the session key."""
+    """The topology's prefixes section with the export flags applied, and the session
+    key."""
     flags = {  # config field -> flag
-        "block_size": "prefix_block_size",
-        "chars_per_token": "prefix_chars_per_token",
-        "level_tokens": "prefix_level_tokens",
-        "min_sessions": "prefix_min_sessions",
         "export_interval_s": "prefix_export_interval",
         "export_max_bytes": "prefix_export_max_bytes",
     }
@@ -254,15 +221,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
     for name in ("max_body_bytes", "max_pins"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
-    routing_chars = topology.prefixes.routing_chars
-    if args.prefix_chars is not None and args.prefix_chars != routing_chars:
-        # A gateway hashing other characters than the agents' pre-warm would route every
-        # warmed prefix to a replica that was not warmed.
-        p.error(
-            f"--prefix-chars {args.prefix_chars} disagrees with the topology's "
-            f"prefixes.routing_chars ({routing_chars}), which every gateway and the agents' "
-            "pre-warm use: set the value in the topology and drop the flag"
-        )
     prefixes, session_key = _prefix_options(p, args, topology.prefixes)
     options = GatewayOptions(
         topology=topology,
@@ -270,7 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
             home=args.region,
             session_header=args.session_header.lower(),
             max_body_bytes=args.max_body_bytes,
-            prefix_chars=routing_chars,
+            prefix_chars=topology.prefixes.routing_chars,
             warm_first=args.warm_first,
         ),
         listen=args.listen,
@@ -308,8 +266,13 @@ async def _run(options: GatewayOptions) -> int:
         await asyncio.wait({starting})
         await server.stop()
         return 0
-    if starting.exception() is not None:
-        log.error("gateway failed to start", exc_info=starting.exception())
+    if isinstance(exc := starting.exception(), SpecDisagreement):
+        # A configuration mistake, not a crash: the message names each setting.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        await server.stop()
+        return 2
+    if exc is not None:
+        log.error("gateway failed to start", exc_info=exc)
         await server.stop()
         return 1
     print(f"READY {server.url}", flush=True)

@@ -32,13 +32,20 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 
 from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.cluster_spec import (
+    SpecDisagreement,
+    cluster_spec,
+    disagreements,
+    read_spec,
+)
+from controlplane.kernel.codec import CorruptValue
 from controlplane.kernel.config import EtcdConfig, Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
 from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
-from controlplane.kernel.store.port import Store
+from controlplane.kernel.store.port import Store, StoreError
 from regions.gateway.app import AppConfig, GatewayApp
 from regions.gateway.degradation_cache import DegradationCache
 from regions.gateway.metrics import GatewayMetrics
@@ -54,6 +61,10 @@ from regions.gateway.sessions import SessionResolver
 from regions.gateway.warmth import RegionWarmth, WarmUps
 
 log = logging.getLogger("tectonic.gateway")
+
+# What a gateway checks against the cluster spec: what it routes and counts by (the
+# recovery pace is the control plane's, and may come from its ladder file).
+SPEC_SECTIONS = ("regions", "prefixes")
 
 
 @dataclass(frozen=True)
@@ -236,8 +247,8 @@ class GatewayServer:
         return f"http://{self.options.listen.rsplit(':', 1)[0]}:{self.port}"
 
     async def start(self) -> None:
-        """Start the background tasks, wait for the first routing and pools reads, then
-        listen."""
+        """Start the background tasks, wait for the first routing and pools reads, check
+        the topology against the cluster spec (SpecDisagreement), then listen."""
         self._task = asyncio.create_task(self._supervise(), name="gateway")
         waiter = asyncio.create_task(self._loaded())
         while not waiter.done():
@@ -253,6 +264,7 @@ class GatewayServer:
                     "waiting for etcd (%s) to read routing/ and pools/ before serving",
                     ", ".join(self.options.etcd().endpoints),
                 )
+        await self._check_spec()
         self.runner = web.ServerRunner(
             self.app.server(),
             access_log=None,
@@ -279,6 +291,29 @@ class GatewayServer:
             self.url,
             self.routing.revision,
         )
+
+    async def _check_spec(self) -> None:
+        """Refuse to serve (SpecDisagreement, naming each setting) with a topology whose
+        regions or prefixes settings differ from the cluster spec the leader published:
+        its exports would be skipped, or warmed prefixes routed to cold replicas.
+        Without a spec (no leader has run yet), or when it cannot be read, warn and go on."""
+        key = self.keys.spec()
+        try:
+            published, _ = await read_spec(self.store, self.keys)
+        except (CorruptValue, StoreError) as e:
+            log.warning("cluster spec not checked, it cannot be read: %s", e)
+            return
+        if published is None:
+            log.warning(
+                "no cluster spec at %s yet (no control-plane leader has run): this "
+                "topology's regions and prefixes settings are not checked",
+                key,
+            )
+            return
+        mine = cluster_spec(self.options.topology)
+        problems = disagreements(mine, published, SPEC_SECTIONS)
+        if problems:
+            raise SpecDisagreement(key, problems)
 
     async def _loaded(self) -> None:
         await self.routing.loaded.wait()

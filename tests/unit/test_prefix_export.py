@@ -274,13 +274,16 @@ async def test_a_gateway_counts_requests_and_exports_them() -> None:
         await server.stop()
 
 
-def test_gateway_flags_override_the_topology_and_help_explains(tmp_path: object) -> None:
+def test_gateway_prefix_settings_come_from_the_topology_and_help_explains(
+    tmp_path: object,
+) -> None:
     from pathlib import Path
 
     path = Path(str(tmp_path)) / "t.yaml"
     path.write_text(
         "regions: [{name: east, zone: us, agent: '127.0.0.1:9', capacity_rps: 1}]\n"
-        "prefixes: {block_size: 128, level_tokens: 256, export_interval_s: 5}\n"
+        "prefixes: {block_size: 128, level_tokens: 256, min_sessions: 5, "
+        "export_interval_s: 5}\n"
     )
     key = Path(str(tmp_path)) / "key"
     key.write_text("s3cret\n")
@@ -289,25 +292,48 @@ def test_gateway_flags_override_the_topology_and_help_explains(tmp_path: object)
     assert options.tracker_config().params.block_size == 128
     assert options.export_options().interval_s == 5
     options, _ = parse_args(
-        [*base, "--prefix-min-sessions", "5", "--prefix-session-key-file", str(key)]
+        [*base, "--prefix-export-interval", "7", "--prefix-session-key-file", str(key)]
     )
     cfg = options.tracker_config()
     assert cfg.min_sessions == 5 and cfg.session_key == "s3cret"
-    assert options.export_options().lease_ttl_s == 15
+    assert options.export_options().lease_ttl_s == 21
     with pytest.raises(SystemExit):
-        parse_args([*base, "--prefix-level-tokens", "100"])  # not a multiple of 128
+        parse_args([*base, "--prefix-export-max-bytes", "10"])  # under the 4 KiB floor
     assert not parse_args([*base, "--no-prefix-tracking"])[0].prefix_tracking
     text = _parser().format_help()
-    for flag in ("--prefix-block-size", "--prefix-export-interval", "--no-prefix-tracking"):
+    for flag in ("--prefix-export-interval", "--no-prefix-tracking"):
         assert flag in text
 
 
-def test_prefix_chars_come_from_the_topology_and_a_disagreeing_flag_refuses_to_start(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--prefix-chars",
+        "--prefix-block-size",
+        "--prefix-chars-per-token",
+        "--prefix-level-tokens",
+        "--prefix-min-sessions",
+    ],
+)
+def test_settings_that_must_agree_have_no_gateway_flag(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], flag: str
 ) -> None:
+    # They live in the topology, which the leader publishes as the cluster spec; a
+    # flag could only make this gateway disagree with the others.
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "t.yaml"
+    path.write_text("regions: [{name: east, zone: us, agent: '127.0.0.1:9', capacity_rps: 1}]\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--topology", str(path), "--region", "east", flag, "16"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    assert flag + " " not in _parser().format_help()
+
+
+def test_prefix_chars_come_from_the_topology(tmp_path: object) -> None:
     # Gateways route by a hash of the prompt's first routing_chars characters and the
     # agents' pre-warm replays on the replica that hash picks: one value for all, in the
-    # topology. A gateway flag that says otherwise would route warmed prefixes elsewhere.
+    # topology (and the cluster spec; tests/integration/test_cluster_spec.py).
     from pathlib import Path
 
     path = Path(str(tmp_path)) / "t.yaml"
@@ -315,10 +341,4 @@ def test_prefix_chars_come_from_the_topology_and_a_disagreeing_flag_refuses_to_s
         "regions: [{name: east, zone: us, agent: '127.0.0.1:9', capacity_rps: 1}]\n"
         "prefixes: {routing_chars: 64}\n"
     )
-    base = ["--topology", str(path), "--region", "east"]
-    assert parse_args(base)[0].app.prefix_chars == 64
-    assert parse_args([*base, "--prefix-chars", "64"])[0].app.prefix_chars == 64
-    with pytest.raises(SystemExit):
-        parse_args([*base, "--prefix-chars", "256"])
-    err = capsys.readouterr().err
-    assert "--prefix-chars 256 disagrees with the topology's prefixes.routing_chars (64)" in err
+    assert parse_args(["--topology", str(path), "--region", "east"])[0].app.prefix_chars == 64
