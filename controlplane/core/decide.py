@@ -4,7 +4,7 @@
 every write of the tick; each ``Write`` is one fenced etcd transaction for one region
 (record CAS, routing, audit, intent resolution: all or nothing). In order: health
 folding, operator intents, automatic transitions, then each running failover's and
-recovery's next steps (``_steps``): a routing switch is written at once, in the same
+recovery's next steps (``steps.next_steps``): a routing switch is written at once, in the same
 transaction as the transition that needs it; a pre-warm is started as a job and its
 result, an input of a later tick (``Jobs``), is recorded then, with the switch that
 waited for it. Recovery's traffic steps and their guard are decided in
@@ -19,10 +19,8 @@ from controlplane.core.actions import (
     NO_JOBS,
     DropIntent,
     Job,
-    JobKind,
     Jobs,
     LadderWrite,
-    SpecWrite,
     TickResult,
     Write,
     WriteHealth,
@@ -32,17 +30,10 @@ from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import Trigger, fire
+from controlplane.core.publish import spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
-from controlplane.core.steps import (
-    failover_job_id,
-    failover_step_write,
-    pending_steps,
-    recovery_job_id,
-    recovery_pending,
-    recovery_step_write,
-)
+from controlplane.core.steps import awaited, next_steps, pending_steps
 from controlplane.kernel.cluster_spec import ClusterSpec
-from controlplane.kernel.cluster_spec import changes as spec_changes
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
 from controlplane.kernel.ladder import Ladder
@@ -52,13 +43,11 @@ from controlplane.kernel.model import (
     AuditEntry,
     FailoverPlan,
     FailoverProgress,
-    FailoverStep,
     Health,
     Intent,
     IntentKind,
     RecoveryProgress,
     RecoveryStep,
-    RegionRecord,
     RegionState,
     Routing,
 )
@@ -425,71 +414,6 @@ def _intent(snap: Snapshot, topology: Topology, intent: Intent, actor: str) -> W
     return _begin_recovery(view, topology, intent.reason, intent.actor, now, intent, actor)
 
 
-def _with_record(snap: Snapshot, w: Write) -> Snapshot:
-    """The snapshot as later decisions of the same tick must see it: a region failed over
-    a moment ago is no longer a target, nor counted as serving."""
-    view = snap.regions[w.region].model_copy(update={"record": w.record})
-    return snap.model_copy(update={"regions": {**snap.regions, w.region: view}})
-
-
-def _steps(
-    snap: Snapshot, name: str, first: Write | None, jobs: Jobs, actor: str
-) -> tuple[Write | None, list[Job], str | None]:
-    """The region's failover or recovery steps that can be taken now, after ``first``
-    (this tick's write of the region, if any): merged into one write with it, and the
-    jobs to start. A switch is written at once; a pre-warm is recorded once its job's
-    result is in, else its job is started (the executor ignores one already running)."""
-    out, started = first, []
-    while steps := pending_steps(snap.regions[name].record):
-        fo = snap.regions[name].record.failover
-        assert fo is not None
-        fid = failover_job_id(name, fo)
-        if steps[0] is FailoverStep.PREWARM and fid not in jobs.results:
-            started.append(Job(kind=JobKind.FAILOVER_PREWARM, region=name, id=fid, plan=fo.plan))
-            break
-        try:
-            w = failover_step_write(snap, name, steps[0], actor, jobs.results.get(fid))
-        except ValueError as e:  # every target failed over since: the next tick retries
-            return out, started, str(e)
-        out = w if out is None else out.merged(w)
-        snap = _with_record(snap, w)
-    rec = snap.regions[name].record
-    if recovery_pending(rec):
-        rid = recovery_job_id(name, rec)
-        if rid not in jobs.results:
-            started.append(Job(kind=JobKind.RECOVERY_PREWARM, region=name, id=rid))
-        elif first is None:  # recorded alone: this tick's move was decided without it
-            out = recovery_step_write(
-                snap, name, recovery_pending(rec)[0], actor, jobs.results[rid]
-            )
-    return out, started, None
-
-
-def _spec_write(snap: Snapshot, spec: ClusterSpec | None, actor: str) -> SpecWrite | None:
-    """The leader publishes what its topology says all processes must agree on
-    (docs/architecture.md §2), when etcd holds another spec, an unreadable one or none."""
-    if spec is None or snap.spec == spec:
-        return None
-    if snap.spec is None:
-        reason = "the stored spec was unreadable" if snap.spec_rev else "no cluster spec yet"
-    else:
-        reason = "the leader's topology differs from the published spec"
-    entry = AuditEntry(
-        at=snap.now,
-        actor=actor,
-        action=AuditAction.SPEC_PUBLISHED,
-        reason=reason,
-        details={k: f"{old} -> {new}" for k, (new, old) in spec_changes(spec, snap.spec).items()},
-    )
-    return SpecWrite(expected_rev=snap.spec_rev, spec=spec, audit=entry)
-
-
-def _awaited(name: str, rec: RegionRecord) -> str:
-    if FailoverStep.PREWARM in pending_steps(rec) and rec.failover is not None:
-        return failover_job_id(name, rec.failover)
-    return recovery_job_id(name, rec) if recovery_pending(rec) else ""
-
-
 def decide(
     snap: Snapshot,
     topology: Topology,
@@ -532,7 +456,7 @@ def decide(
             dropped.append(out)
         else:
             writes[intent.region] = out
-            snap = _with_record(snap, out)
+            snap = snap.with_record(out.record)
 
     if not snap.control.paused:
         for name in regions:
@@ -541,19 +465,19 @@ def decide(
             w, note = _automatic(snap, topology, snap.regions[name], actor)
             if w is not None:
                 writes[name] = w
-                snap = _with_record(snap, w)
+                snap = snap.with_record(w.record)
             if note:
                 notes.append(note)
 
     # The pre-warms whose results a pending step waits for (recorded or not this tick:
     # a write can lose its race); the executor forgets any other result.
-    awaiting = tuple(_awaited(name, view.record) for name, view in regions.items())
+    awaiting = tuple(awaited(name, view.record) for name, view in regions.items())
     started: list[Job] = []
     for name in snap.regions:
-        w, new_jobs, note = _steps(snap, name, writes.get(name), jobs, actor)
+        w, new_jobs, note = next_steps(snap, name, writes.get(name), jobs, actor)
         if w is not None:
             writes[name] = w
-            snap = _with_record(snap, w)
+            snap = snap.with_record(w.record)
         started += [j for j in new_jobs if j.id not in jobs.running]
         if note:
             notes.append(note)
@@ -561,7 +485,7 @@ def decide(
         now=now,
         health=tuple(health_writes),
         writes=tuple(writes.values()),
-        spec=_spec_write(snap, spec, actor),
+        spec=spec_write(snap, spec, actor),
         ladder=tuple(moves),
         ladder_holds=holds,
         jobs=tuple(started),

@@ -10,7 +10,7 @@ job's result with ``failover_step_write`` or ``recovery_step_write``.
 
 from __future__ import annotations
 
-from controlplane.core.actions import Job, JobKind, Write
+from controlplane.core.actions import Job, JobKind, Jobs, Write
 from controlplane.core.failover import routing_after_switch
 from controlplane.core.recovery import pending_recovery_steps
 from controlplane.kernel.details import routing_details
@@ -184,3 +184,43 @@ def recovery_step_write(
             ),
         ),
     )
+
+
+def next_steps(
+    snap: Snapshot, name: str, first: Write | None, jobs: Jobs, actor: str
+) -> tuple[Write | None, list[Job], str | None]:
+    """The region's failover or recovery steps that can be taken now, after ``first``
+    (this tick's write of the region, if any): merged into one write with it, and the
+    jobs to start. A switch is written at once; a pre-warm is recorded once its job's
+    result is in, else its job is started (the executor ignores one already running)."""
+    out, started = first, []
+    while steps := pending_steps(snap.regions[name].record):
+        fo = snap.regions[name].record.failover
+        assert fo is not None
+        fid = failover_job_id(name, fo)
+        if steps[0] is FailoverStep.PREWARM and fid not in jobs.results:
+            started.append(Job(kind=JobKind.FAILOVER_PREWARM, region=name, id=fid, plan=fo.plan))
+            break
+        try:
+            w = failover_step_write(snap, name, steps[0], actor, jobs.results.get(fid))
+        except ValueError as e:  # every target failed over since: the next tick retries
+            return out, started, str(e)
+        out = w if out is None else out.merged(w)
+        snap = snap.with_record(w.record)
+    rec = snap.regions[name].record
+    if recovery_pending(rec):
+        rid = recovery_job_id(name, rec)
+        if rid not in jobs.results:
+            started.append(Job(kind=JobKind.RECOVERY_PREWARM, region=name, id=rid))
+        elif first is None:  # recorded alone: this tick's move was decided without it
+            out = recovery_step_write(
+                snap, name, recovery_pending(rec)[0], actor, jobs.results[rid]
+            )
+    return out, started, None
+
+
+def awaited(name: str, rec: RegionRecord) -> str:
+    """The id of the pre-warm whose result the region's pending step waits for; "" if none."""
+    if FailoverStep.PREWARM in pending_steps(rec) and rec.failover is not None:
+        return failover_job_id(name, rec.failover)
+    return recovery_job_id(name, rec) if recovery_pending(rec) else ""

@@ -64,5 +64,12 @@ class Snapshot(Frozen):
     spec: ClusterSpec | None = None
     spec_rev: int = 0
 
+    def with_record(self, record: RegionRecord) -> Snapshot:
+        """This snapshot with ``record`` for its region, as later decisions of the same
+        tick must see it: a region failed over a moment ago is no longer a target, nor
+        counted as serving."""
+        view = self.regions[record.region].model_copy(update={"record": record})
+        return self.model_copy(update={"regions": {**self.regions, record.region: view}})
+
     def routings(self) -> dict[str, Routing]:
         return {n: v.effective_routing() for n, v in self.regions.items()}
