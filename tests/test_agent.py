@@ -23,8 +23,8 @@ from chaos.lab.procs import start_agent, start_simulator, start_simulators, unti
 from controlplane.kernel.model import Health
 from controlplane.kernel.vllm_metrics import parse_gauges
 from regions.agent.probe_vllm import ReplicaProbe
-from regions.agent.region_view import fold_region_view
 from regions.agent.server import SERVICE, AgentConfig, AgentHandle, serve_agent
+from regions.agent.verdict import fold_verdict
 from regions.pool.processes import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -43,21 +43,21 @@ def down(url: str, reason: str = "connection refused") -> ReplicaProbe:
 
 
 def test_fold_all_up_is_healthy_and_sums_signals() -> None:
-    view = fold_region_view("eu", [up("http://a", 2, 3), up("http://b", 1, 4)])
+    view = fold_verdict("eu", [up("http://a", 2, 3), up("http://b", 1, 4)])
     assert view.health is Health.HEALTHY
     assert view.signals == {"replicas_up": 2, "replicas_total": 2, "queue_depth": 3, "running": 7}
     assert view.detail == "2/2 replicas up"
 
 
 def test_fold_some_down_is_degraded_and_says_why() -> None:
-    view = fold_region_view("eu", [up("http://a"), down("http://b")])
+    view = fold_verdict("eu", [up("http://a"), down("http://b")])
     assert view.health is Health.DEGRADED
     assert view.signals["replicas_up"] == 1
     assert "http://b down (connection refused)" in view.detail
 
 
 def test_fold_none_up_is_unhealthy() -> None:
-    view = fold_region_view("eu", [down("http://a"), down("http://b", "timeout after 0.5s")])
+    view = fold_verdict("eu", [down("http://a"), down("http://b", "timeout after 0.5s")])
     assert view.health is Health.UNHEALTHY
     assert view.signals == {"replicas_up": 0, "replicas_total": 2, "queue_depth": 0, "running": 0}
     assert view.detail.startswith("0/2 replicas up")
@@ -65,8 +65,8 @@ def test_fold_none_up_is_unhealthy() -> None:
 
 def test_fold_queue_over_bound_is_degraded() -> None:
     probes = [up("http://a", waiting=3), up("http://b", waiting=2)]
-    assert fold_region_view("eu", probes, max_queue=5).health is Health.HEALTHY
-    view = fold_region_view("eu", probes, max_queue=4)
+    assert fold_verdict("eu", probes, max_queue=5).health is Health.HEALTHY
+    view = fold_verdict("eu", probes, max_queue=4)
     assert view.health is Health.DEGRADED and "queue 5 > 4" in view.detail
 
 
@@ -75,7 +75,7 @@ def test_fold_ignores_queue_of_down_replicas_and_missing_metrics() -> None:
         ReplicaProbe(url="http://a", up=True, reason="metrics unavailable (HTTP 500)"),
         ReplicaProbe(url="http://b", up=False, reason="HTTP 503", waiting=99),
     ]
-    view = fold_region_view("eu", probes, max_queue=0)
+    view = fold_verdict("eu", probes, max_queue=0)
     assert view.health is Health.DEGRADED and view.signals["queue_depth"] == 0
 
 
@@ -87,7 +87,7 @@ def test_fold_properties(states: list[tuple[bool, int]], max_queue: int | None) 
     probes = [
         ReplicaProbe(url=f"http://r{i}", up=ok, waiting=w) for i, (ok, w) in enumerate(states)
     ]
-    view = fold_region_view("eu", probes, max_queue)
+    view = fold_verdict("eu", probes, max_queue)
     n_up = sum(ok for ok, _ in states)
     queue = sum(w for ok, w in states if ok)
     assert (view.health is Health.UNHEALTHY) == (n_up == 0)

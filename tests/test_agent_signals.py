@@ -17,8 +17,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from chaos.lab.procs import start_simulator, until
 from controlplane.kernel.model import Health
 from regions.agent.cli import parse_args
-from regions.agent.region_view import RegionView
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.verdict import RegionVerdict
 from tests.test_agent import control_plane
 
 INJECTED_LATENCY_S = 1.5  # TTFT bucket (1.0, 2.5]: far above the threshold below
@@ -56,9 +56,11 @@ async def set_fault(http: aiohttp.ClientSession, url: str, **spec: float) -> Non
         assert r.status == 200, await r.text()
 
 
-async def a_view(h: AgentHandle, holds: Callable[[RegionView], bool], what: str) -> RegionView:
+async def a_view(
+    h: AgentHandle, holds: Callable[[RegionVerdict], bool], what: str
+) -> RegionVerdict:
     """The first region view (one per probe round) for which ``holds`` is true."""
-    seen: list[RegionView] = []
+    seen: list[RegionVerdict] = []
 
     async def check() -> bool:
         if holds(h.view):

@@ -136,7 +136,7 @@ def plan_failover(
     others_healthy = [
         v
         for n, v in snap.regions.items()
-        if n != source and v.serving and v.health.verdict in (Health.HEALTHY, Health.DEGRADED)
+        if n != source and v.in_service and v.health.verdict in (Health.HEALTHY, Health.DEGRADED)
     ]
     # Not even force overrides this one: moving traffic off the only healthy region
     # onto sick ones can only make things worse.

@@ -246,6 +246,12 @@ class Routing(Frozen):
     epoch: int = 0
 
 
+def default_routing(region: str) -> Routing:
+    """The routing of a region no failover has touched (no ``routing/<r>`` key): all of
+    its traffic stays home."""
+    return Routing(targets={region: 1.0})
+
+
 class Readiness(Frozen):
     """Value of ``regions/<r>/readiness``, written by the drill runner."""
 

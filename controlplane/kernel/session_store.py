@@ -54,7 +54,7 @@ from controlplane.kernel.sessions import (
     placement,
     repinned,
     resolve,
-    serving,
+    self_routed,
 )
 from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
@@ -315,7 +315,7 @@ class SessionStore:
         if not 1 <= batch <= MAX_TXN_OPS:
             raise ValueError(f"batch must be 1-{MAX_TXN_OPS} (etcd --max-txn-ops), got {batch}")
         t0 = time.perf_counter()
-        if serving(routings, source):
+        if self_routed(routings, source):
             return RepinReport(0, 0, 0, time.perf_counter() - t0, source)
         page = await self.store.get_prefix(self._prefix, page_size=self.page_size)
         # A cheap pre-filter: a pin on ``source`` names it in its value (region names

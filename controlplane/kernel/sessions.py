@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.kernel.model import Frozen, Routing
+from controlplane.kernel.model import Frozen, Routing, default_routing
 
 
 class SessionPin(Frozen):
@@ -65,10 +65,10 @@ class NoRegionServing(Exception):
 
 
 def routing_of(routings: Mapping[str, Routing], region: str) -> Routing:
-    return routings.get(region) or Routing(targets={region: 1.0})
+    return routings.get(region) or default_routing(region)
 
 
-def serving(routings: Mapping[str, Routing], region: str) -> bool:
+def self_routed(routings: Mapping[str, Routing], region: str) -> bool:
     """A region serves while its own routing still sends some of its traffic to itself."""
     return routing_of(routings, region).targets.get(region, 0.0) > 0.0
 
@@ -130,7 +130,7 @@ def warm_first(where: Placement, session_id: str, chosen: str, warm: WarmCheck) 
 def placement(routings: Mapping[str, Routing], home: str) -> Placement:
     routing = routing_of(routings, home)
     targets = tuple(
-        sorted((r, w) for r, w in routing.targets.items() if w > 0 and serving(routings, r))
+        sorted((r, w) for r, w in routing.targets.items() if w > 0 and self_routed(routings, r))
     )
     return Placement(home, routing.epoch, targets, sum(w for _, w in targets))
 
@@ -152,7 +152,7 @@ def spill_region(
     gateway makes the same choice. None when there is none."""
     zone = zones.get(failed)
     candidates = sorted(
-        r for r, z in zones.items() if z == zone and r != failed and serving(routings, r)
+        r for r, z in zones.items() if z == zone and r != failed and self_routed(routings, r)
     )
     if not candidates:
         return None
@@ -176,7 +176,7 @@ def resolve(
 ) -> Resolution:
     """Where ``session_id`` is served, and what (if anything) to write about it.
     ``warm``: place a new session warm first (``warm_first``); None: by weight only."""
-    if pin is not None and serving(routings, pin.region):
+    if pin is not None and self_routed(routings, pin.region):
         return Resolution(region=pin.region, action=PinAction.KEEP, pin=pin)
     where = placement(routings, pin.home if pin is not None else home)
     region = where.pick(session_id)

@@ -17,6 +17,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     RegionState,
     Routing,
+    default_routing,
 )
 
 
@@ -40,15 +41,16 @@ class RegionView(Frozen):
         return r is not None and not r.passed and not r.override_reason
 
     @property
-    def serving(self) -> bool:
-        """Takes traffic: not failed over and not confirmed down."""
+    def in_service(self) -> bool:
+        """May take traffic, as the leader judges it: not failed over and not confirmed
+        down (what sessions follow is ``sessions.self_routed``)."""
         return (
             self.record.state is not RegionState.FAILING_OVER
             and self.health.verdict is not Health.UNHEALTHY
         )
 
     def effective_routing(self) -> Routing:
-        return self.routing or Routing(targets={self.name: 1.0}, epoch=0)
+        return self.routing or default_routing(self.name)
 
 
 class Snapshot(Frozen):

@@ -2,7 +2,7 @@
 
 Every ``interval`` the agent probes each replica (``/health`` + ``/metrics``, see
 :mod:`regions.agent.probe_vllm`), folds the results into a region view with the pure
-:func:`fold_region_view`, publishes it on ``grpc.health.v1`` (services ``""`` and
+:func:`fold_verdict`, publishes it on ``grpc.health.v1`` (services ``""`` and
 ``tectonic.v1.RegionAgent``: SERVING unless the region is UNHEALTHY) and pushes it
 to the control plane as a ``ReportHealth`` (kind AGENT, observer ``agent:<region>``),
 trying the listed control-plane endpoints in turn. An unreachable control plane is
@@ -62,13 +62,13 @@ from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.tls import server_credentials
 from regions.agent.metrics import AgentMetrics, MetricsHttp
 from regions.agent.probe_vllm import ReplicaProbe, probe_replica
-from regions.agent.region_view import RegionView, fold_region_view
 from regions.agent.service import (
     PrewarmServiceConfig,
     RegionAgentService,
     ReplicaSet,
     StaticReplicas,
 )
+from regions.agent.verdict import RegionVerdict, fold_verdict
 from regions.agent.warm_pool import (
     AgentPool,
     AgentPoolConfig,
@@ -146,7 +146,7 @@ class AgentHandle:
         )
         self.prewarm_config = prewarm or config.prewarm
         self.service: RegionAgentService | None = None
-        self.view = RegionView(
+        self.view = RegionVerdict(
             region=config.region, health=Health.UNKNOWN, signals={}, detail="not probed yet"
         )
         self.port = 0
@@ -260,7 +260,7 @@ class AgentHandle:
         self.metrics.probed(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
-        view = fold_region_view(
+        view = fold_verdict(
             c.region,
             probes,
             c.max_queue,
@@ -319,7 +319,7 @@ class AgentHandle:
             except TimeoutError:
                 pass
 
-    async def _report(self, view: RegionView) -> None:
+    async def _report(self, view: RegionVerdict) -> None:
         req = pb.HealthReport(
             region=view.region,
             observer=f"agent:{view.region}",

@@ -32,7 +32,7 @@ from controlplane.kernel.degradation import FeatureFlags
 from controlplane.kernel.prompts import BadRequest
 from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, prefix_key
 from controlplane.kernel.session_store import InvalidSessionId, validate_session_id
-from controlplane.kernel.sessions import NoRegionServing, serving, spill_region
+from controlplane.kernel.sessions import NoRegionServing, self_routed, spill_region
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
@@ -360,8 +360,10 @@ class GatewayApp:
     async def models(self, request: web.BaseRequest) -> web.StreamResponse:
         routings = self.routing.routings
         home = self.config.home
-        regions = [home] if serving(routings, home) else []
-        regions += sorted(r for r in self.forwarder.regions if r != home and serving(routings, r))
+        regions = [home] if self_routed(routings, home) else []
+        regions += sorted(
+            r for r in self.forwarder.regions if r != home and self_routed(routings, r)
+        )
         resp = await self.forwarder.get_any("/v1/models", regions)
         if resp is None:
             return self._unavailable(NO_REGION, "no_replica", "no serving replica answered")

@@ -51,7 +51,7 @@ from controlplane.kernel.sessions import (
     pick_region,
     repinned,
     resolve,
-    serving,
+    self_routed,
 )
 from controlplane.kernel.store.port import StoreError, StoreUnavailable
 from regions.gateway.metrics import GatewayMetrics
@@ -139,7 +139,7 @@ class SessionResolver:
         entry = self._pins.get(session_id)
         if (
             entry is not None
-            and serving(routings, entry.pin.region)
+            and self_routed(routings, entry.pin.region)
             and (
                 entry.pending
                 or not self.store_up
@@ -282,7 +282,7 @@ class SessionResolver:
     ) -> str:
         """Fail-static resolution from what this gateway knows; raises NoRegionServing."""
         self._metrics.fail_static.inc()
-        if entry is not None and serving(routings, entry.pin.region):
+        if entry is not None and self_routed(routings, entry.pin.region):
             self._pins.move_to_end(session_id)
             return entry.pin.region
         home = entry.pin.home if entry is not None else self.home
@@ -312,7 +312,7 @@ class SessionResolver:
             entry is not None
             and not entry.pending
             and entry.pin.region != pin.region
-            and serving(self._routing.routings, entry.pin.region)
+            and self_routed(self._routing.routings, entry.pin.region)
             and not self._announced(entry)
         ):
             self._metrics.consistency_violations.inc()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from prometheus_client import Counter
 
 from controlplane.kernel.model import Routing
-from controlplane.kernel.sessions import serving
+from controlplane.kernel.sessions import self_routed
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.replicas import ReplicaBalancer
@@ -86,7 +86,7 @@ class RegionWarmth:
         """A region that stopped serving may come back with restarted, empty caches:
         forget what it held, once per outage (a new generation)."""
         for region in set(self._keys) | set(routings) | self._down:
-            if serving(routings, region):
+            if self_routed(routings, region):
                 self._down.discard(region)
             elif region not in self._down:
                 self._down.add(region)
@@ -205,7 +205,7 @@ class WarmUps:
         self.warmth.routing_changed(routings)
         for region in self.memory.regions():
             generation = self.warmth.generation(region)
-            if serving(routings, region) and self._recalled.get(region, 0) != generation:
+            if self_routed(routings, region) and self._recalled.get(region, 0) != generation:
                 self._recalled[region] = generation
                 self._spawn(self._recall(region, generation), f"recall {region}")
 

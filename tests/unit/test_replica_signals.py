@@ -23,7 +23,7 @@ from controlplane.kernel.replica_signals import (
 )
 from controlplane.kernel.vllm_metrics import parse_gauges, parse_metrics
 from regions.agent.probe_vllm import ReplicaProbe
-from regions.agent.region_view import fold_region_view
+from regions.agent.verdict import fold_verdict
 
 INF = math.inf
 BOUNDS = (0.1, 0.5, 1.0, INF)
@@ -304,7 +304,7 @@ def test_verdict_judges_ttft_and_errors_over_the_window() -> None:
     ]
     # merged (0, 0, 10, 10): rank 9.9 in (0.5, 1.0]: 0.5 + 0.5 * 9.9/10 = 0.995
     # errors: 3 of 20 = 15 %
-    view = fold_region_view("eu", now, previous=before, max_ttft_p99_s=0.9, max_error_rate=0.1)
+    view = fold_verdict("eu", now, previous=before, max_ttft_p99_s=0.9, max_error_rate=0.1)
     assert view.health is Health.DEGRADED
     assert "ttft p99 0.995s > 0.9s" in view.detail
     assert "error rate 15.0% > 10.0%" in view.detail
@@ -319,14 +319,14 @@ def test_verdict_judges_ttft_and_errors_over_the_window() -> None:
         "kv_usage_max": 0.5,
         "kv_usage_mean": pytest.approx(0.3),
     }
-    within = fold_region_view("eu", now, previous=before, max_ttft_p99_s=1.0, max_error_rate=0.15)
+    within = fold_verdict("eu", now, previous=before, max_ttft_p99_s=1.0, max_error_rate=0.15)
     assert within.health is Health.HEALTHY and within.detail == "2/2 replicas up"
-    unjudged = fold_region_view("eu", now, previous=before)
+    unjudged = fold_verdict("eu", now, previous=before)
     assert unjudged.health is Health.HEALTHY
 
 
 def test_verdict_without_a_previous_round_judges_nothing_it_cannot_know() -> None:
     now = [probe("http://a", scrape(1.0, hist(0, 0, 10, 10), requests=10, server_errors=9))]
-    view = fold_region_view("eu", now, max_ttft_p99_s=0.1, max_error_rate=0.0)
+    view = fold_verdict("eu", now, max_ttft_p99_s=0.1, max_error_rate=0.0)
     assert view.health is Health.HEALTHY
     assert "ttft_p99_s" not in view.signals and "error_rate" not in view.signals

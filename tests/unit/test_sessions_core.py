@@ -16,7 +16,7 @@ from controlplane.kernel.sessions import (
     placement,
     repinned,
     resolve,
-    serving,
+    self_routed,
     warm_first,
 )
 
@@ -99,11 +99,11 @@ def test_the_batch_path_decides_what_resolve_decides(
     try:
         lazy = resolve(pin, session_id, pin.home, routings, now)
     except NoRegionServing:
-        assert not serving(routings, pin.region)
+        assert not self_routed(routings, pin.region)
         with pytest.raises(NoRegionServing):
             where.pick(session_id)
         return
-    if serving(routings, pin.region):
+    if self_routed(routings, pin.region):
         assert lazy.action is PinAction.KEEP and lazy.pin == pin
         return
     region = where.pick(session_id)

@@ -1,8 +1,9 @@
-"""The agent's verdict on its region (pure: probes in, a :class:`RegionView` out).
+"""The agent's verdict on its region (pure: probes in, a :class:`RegionVerdict` out).
 
-:func:`fold_region_view` folds one round of replica probes, and the round before it
-(for counter deltas, see :mod:`controlplane.kernel.replica_signals`), into a health verdict with the
-signals behind it and a one-line reason an operator can read.
+:func:`fold_verdict` folds one round of replica probes, and the round before it (for
+counter deltas, see :mod:`controlplane.kernel.replica_signals`), into a health verdict
+with the signals behind it and a one-line reason an operator can read. (The leader's
+picture of a region in a tick is another thing: ``controlplane.kernel.snapshot.RegionView``.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from regions.agent.probe_vllm import ReplicaProbe
 MAX_DETAIL = 1024  # the control plane rejects longer details
 
 
-class RegionView(Frozen):
+class RegionVerdict(Frozen):
     """The agent's verdict on its region, with the signals behind it."""
 
     region: str
@@ -39,7 +40,7 @@ def replica_windows(
     ]
 
 
-def fold_region_view(
+def fold_verdict(
     region: str,
     probes: Sequence[ReplicaProbe],
     max_queue: int | None = None,
@@ -47,7 +48,7 @@ def fold_region_view(
     previous: Sequence[ReplicaProbe] = (),
     max_ttft_p99_s: float | None = None,
     max_error_rate: float | None = None,
-) -> RegionView:
+) -> RegionVerdict:
     """HEALTHY when every replica is up and within every configured bound; DEGRADED when
     some are down, the region-wide queue exceeds ``max_queue``, the first-token p99
     exceeds ``max_ttft_p99_s`` or the 5xx share exceeds ``max_error_rate`` (both over
@@ -82,6 +83,6 @@ def fold_region_view(
         **window.as_signals(),
     }
     detail = "; ".join(notes)[:MAX_DETAIL]
-    return RegionView(
+    return RegionVerdict(
         region=region, health=verdict, signals=signals, detail=detail, probes=tuple(probes)
     )
