@@ -16,6 +16,7 @@ from controlplane.core.recovery import (
 )
 from controlplane.core.recovery import (
     MoveKind,
+    RecoveryMove,
     RecoveryPhase,
     next_recovery_move,
     phase_of,
@@ -61,6 +62,23 @@ progresses = st.builds(
 )
 
 
+def recovery_move(
+    p: RecoveryProgress, verdict: Health, ttft: float, now: float, began_at: float
+) -> RecoveryMove:
+    """One tick of recovery with a first-token p99 of ``ttft`` (0.3: calm, 2.0: a breach)."""
+    return next_recovery_move(
+        p,
+        CFG,
+        region="east",
+        verdict=verdict,
+        signals={"ttft_p99_s": ttft},
+        capacity_rps=100.0,
+        now=now,
+        began_at=began_at,
+        prewarm_budget_s=10.0,
+    )
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     p=progresses,
@@ -73,17 +91,7 @@ def test_every_recovery_move_is_an_edge_of_its_phase(
     p: RecoveryProgress, verdict: Health, ttft: float, now: float, began_at: float
 ) -> None:
     phase = phase_of(p)
-    move = next_recovery_move(
-        p,
-        CFG,
-        region="east",
-        verdict=verdict,
-        signals={"ttft_p99_s": ttft},
-        capacity_rps=100.0,
-        now=now,
-        began_at=began_at,
-        prewarm_budget_s=10.0,
-    )
+    move = recovery_move(p, verdict, ttft, now, began_at)
     assert (phase, move.kind) in RECOVERY_EDGES, (phase, move.kind)
     after = RECOVERY_EDGES[(phase, move.kind)]
     if after is not None:
@@ -115,16 +123,6 @@ def test_every_edge_of_the_recovery_table_is_reachable() -> None:
             guard_at=guard_at,
             calm_since=calm_since,
         )
-        move = next_recovery_move(
-            p,
-            CFG,
-            region="east",
-            verdict=verdict,
-            signals={"ttft_p99_s": ttft},
-            capacity_rps=100.0,
-            now=now,
-            began_at=0.0,
-            prewarm_budget_s=10.0,
-        )
+        move = recovery_move(p, verdict, ttft, now, 0.0)
         seen.add((phase_of(p), move.kind))
     assert set(RECOVERY_EDGES) - seen == set()
