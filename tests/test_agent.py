@@ -118,19 +118,25 @@ def test_config_rejects_timeout_longer_than_interval() -> None:
 
 
 class RecordingControlPlane(pb_grpc.ControlPlaneServicer):
-    def __init__(self) -> None:
+    """Records each report and answers, as the control plane does, with the region's
+    DEGRADED thresholds (``thresholds``; None: a region without any)."""
+
+    def __init__(self, thresholds: pb.RegionThresholds | None = None) -> None:
         self.reports: list[pb.HealthReport] = []
+        self.thresholds = thresholds
 
     async def ReportHealth(
         self, request: pb.HealthReport, context: grpc.aio.ServicerContext
     ) -> pb.ReportHealthResponse:
         self.reports.append(request)
-        return pb.ReportHealthResponse(accepted=True)
+        return pb.ReportHealthResponse(accepted=True, thresholds=self.thresholds)
 
 
 @asynccontextmanager
-async def control_plane() -> AsyncIterator[tuple[RecordingControlPlane, grpc.aio.Server, str]]:
-    servicer = RecordingControlPlane()
+async def control_plane(
+    thresholds: pb.RegionThresholds | None = None,
+) -> AsyncIterator[tuple[RecordingControlPlane, grpc.aio.Server, str]]:
+    servicer = RecordingControlPlane(thresholds)
     server = grpc.aio.server()
     pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -207,6 +213,7 @@ async def test_agent_follows_replicas_and_serves_health(caplog: pytest.LogCaptur
             b.kill()
             await view_is(h, Health.UNHEALTHY)
             await reported(cp, pb.UNHEALTHY, 0)
+            assert h.thresholds is not None and h.thresholds.describe() == "none"
             assert await check(h.port) == NOT_SERVING
             assert await check(h.port, SERVICE) == NOT_SERVING
 
@@ -265,14 +272,17 @@ async def test_unreachable_control_plane_is_a_throttled_warning(
 
 
 @pytest.mark.slow
-async def test_queue_over_bound_degrades_the_region() -> None:
+async def test_queue_over_bound_degrades_the_region(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tectonic.agent")
     sim = start_simulator(extra_args=["--max-num-seqs", "1"])
     try:
         async with (
-            control_plane() as (cp, _, target),
-            agent(control_planes=(target,), replicas=(sim.url,), max_queue=1) as h,
+            # The bound comes from the control plane's answer, not from the agent.
+            control_plane(pb.RegionThresholds(queue_over=1)) as (cp, _, target),
+            agent(control_planes=(target,), replicas=(sim.url,)) as h,
             aiohttp.ClientSession() as http,
         ):
+            await reported(cp, pb.HEALTHY, 1)
             async with http.post(sim.url + "/sleep?level=1") as r:
                 assert r.status == 200
             reqs = [
@@ -292,6 +302,8 @@ async def test_queue_over_bound_degrades_the_region() -> None:
             await view_is(h, Health.HEALTHY)
     finally:
         sim.kill()
+    adopted = [r for r in caplog.records if "thresholds from the control plane" in r.message]
+    assert [r.message for r in adopted] == ["thresholds from the control plane: queue over 1"]
 
 
 @pytest.mark.slow

@@ -75,16 +75,13 @@ async def a_view(
 async def test_injected_latency_and_errors_move_the_signals_and_the_verdict() -> None:
     sim = start_simulator()
     try:
-        cfg = AgentConfig(
-            region="eu",
-            replicas=(sim.url,),
-            interval=0.5,
-            timeout=0.5,
-            max_ttft_p99_s=MAX_TTFT_P99_S,
-            max_error_rate=MAX_ERROR_RATE,
+        cfg = AgentConfig(region="eu", replicas=(sim.url,), interval=0.5, timeout=0.5)
+        # The thresholds reach the agent in the control plane's answers to its reports.
+        thresholds = pb.RegionThresholds(
+            ttft_p99_over_s=MAX_TTFT_P99_S, error_rate_over=MAX_ERROR_RATE
         )
         async with (
-            control_plane() as (cp, _, target),
+            control_plane(thresholds) as (cp, _, target),
             aiohttp.ClientSession() as http,
             load(sim.url),
         ):
@@ -136,11 +133,15 @@ async def test_injected_latency_and_errors_move_the_signals_and_the_verdict() ->
         sim.kill()
 
 
-def test_cli_takes_the_thresholds() -> None:
+@pytest.mark.parametrize("flag", ["--max-queue", "--max-ttft-p99", "--max-error-rate"])
+def test_the_thresholds_are_no_flags_of_the_agent(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # They live in the topology (regions[].degraded_when), delivered by the control plane.
     base = ["--region", "eu", "--control-plane", "127.0.0.1:1", "--replica", "http://a"]
-    cfg = parse_args([*base, "--max-ttft-p99", "0.5", "--max-error-rate", "0.05"])
-    assert (cfg.max_ttft_p99_s, cfg.max_error_rate) == (0.5, 0.05)
-    assert parse_args(base).max_ttft_p99_s is None and parse_args(base).max_error_rate is None
+    with pytest.raises(SystemExit) as e:
+        parse_args([*base, flag, "1"])
+    assert e.value.code == 2 and flag in capsys.readouterr().err
 
 
 def test_cli_takes_the_prewarm_settings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,11 +152,3 @@ def test_cli_takes_the_prewarm_settings(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as e:
         parse_args([*base, "--prewarm-concurrency", "0"])
     assert e.value.code == 2 and "per_replica_concurrency" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("field", "value"), [("max_error_rate", 1.0), ("max_error_rate", -0.1), ("max_ttft_p99_s", 0)]
-)
-def test_config_rejects_thresholds_that_cannot_fire(field: str, value: float) -> None:
-    with pytest.raises(ValueError, match=field):
-        AgentConfig.model_validate({"region": "eu", "replicas": ("http://a",), field: value})

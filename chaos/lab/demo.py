@@ -32,9 +32,9 @@ from chaos.lab.demo_live import LiveView
 from chaos.lab.deployment import DeploymentSpec
 from chaos.lab.run import REPORTS, run_in_lab
 from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
-from controlplane.kernel.config import ConfigError
+from controlplane.kernel.config import ConfigError, DegradedWhen
 
-VLLM_AGENT_ARGS = ("--max-error-rate", "0.05", "--max-ttft-p99", "5")
+VLLM_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=5)
 
 
 def print_verdict(result: DrillResult, live: LiveView) -> None:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         # Three CPU vLLM servers share two cores with the whole lab: under the demo's
         # traffic their first-token p99 reaches seconds without anything being wrong, so
         # their regions are judged DEGRADED above 5 s (the simulator's lab: 1.5 s).
-        agent_args=VLLM_AGENT_ARGS if args.vllm else DeploymentSpec.agent_args,
+        degraded_when=VLLM_DEGRADED_WHEN if args.vllm else DeploymentSpec.degraded_when,
     )
     live = LiveView()
     try:

@@ -36,6 +36,7 @@ from chaos.lab.procs import (
     wait_ready,
 )
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
+from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
 from regions.pool.processes import free_port
@@ -46,6 +47,7 @@ REGIONS = ("us-east", "us-west", "us-central")
 # vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which
 # is how the pre-warm is verified while live traffic runs on the same replicas.
 SIM_ARGS = ("--enable-prompt-tokens-details",)
+LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ class DeploymentSpec:
     etcd_members: int = 1
     controlplanes: int = 2
     sim_args: tuple[str, ...] = SIM_ARGS
-    # The agents' DEGRADED thresholds: without them a region is never DEGRADED, and
-    # the ladder only acts for failover targets short of headroom.
-    agent_args: tuple[str, ...] = ("--max-error-rate", "0.05", "--max-ttft-p99", "1.5")
+    # The regions' DEGRADED thresholds (the topology's degraded_when, which the control
+    # plane hands each agent): without them a region is DEGRADED only for a replica
+    # down, and the ladder only acts for failover targets short of headroom.
+    degraded_when: DegradedWhen = LAB_DEGRADED_WHEN
+    agent_args: tuple[str, ...] = ()  # more flags for every agent
     # The ladder the control plane walks: the runbook's own steps in its own order,
     # with timings compressed for a drill on one machine (None: no ladder).
     ladder_from: Path | None = LADDER_PATH
@@ -90,6 +94,7 @@ def local_topology(
                 "agent": f"127.0.0.1:{agent_ports[r]}",
                 "capacity_rps": 60 if i == 2 else 120,
                 "replicas": [f"http://127.0.0.1:{p}" for p in sim_ports[r]],
+                "degraded_when": spec.degraded_when.model_dump(exclude_none=True),
             }
             for i, r in enumerate(spec.regions)
         ],

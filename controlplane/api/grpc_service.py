@@ -49,6 +49,7 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag, json_list
+from controlplane.kernel.health_report import thresholds_to_pb
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditAction,
@@ -169,7 +170,10 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         except BadReport as e:
             await bad_request(context, str(e))
         await store_report(self.store, self.keys, report)
-        return pb.ReportHealthResponse(accepted=True)
+        # The region's thresholds from this replica's topology, so that its agent judges
+        # by what the cluster agreed on (the cluster spec), not by a flag of its own.
+        when = self.topology.region(report.region).degraded_when
+        return pb.ReportHealthResponse(accepted=True, thresholds=thresholds_to_pb(when))
 
     # ---- operator commands -----------------------------------------------------------
     async def _submit(self, intent: Intent, record_rev: int, details: dict[str, str]) -> bool:

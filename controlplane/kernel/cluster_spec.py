@@ -7,8 +7,10 @@ control-plane leader publishes what its topology (and ladder) says, in its cycle
 at start and refuses to serve with a topology that disagrees, instead of counting
 prefixes the leader skips or routing warmed prefixes to a cold replica.
 
-What is in it: the regions and their zones; the ``prefixes`` settings that change a
-fingerprint, K or the replica a prompt goes to; and the recovery pace in effect. What
+What is in it: the regions, their zones and their DEGRADED thresholds (which the
+control plane also hands each agent, in the answer to its reports); the ``prefixes``
+settings that change a fingerprint, K or the replica a prompt goes to; and the
+recovery pace in effect. What
 is not: anything a process may set for itself (listen addresses, timeouts, export
 interval and size), which stay local.
 """
@@ -18,20 +20,22 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import Topology
+from controlplane.kernel.config import DegradedWhen, Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder import Ladder
 from controlplane.kernel.ladder_file import recovery_config
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.store.port import Store
 
-SECTIONS = ("regions", "prefixes", "recovery")
+SECTIONS = ("regions", "thresholds", "prefixes", "recovery")
 NONE = "(none)"
 
 
 class SpecRegion(Frozen):
     name: str
     zone: str
+    # A spec published before thresholds lived in the topology has none.
+    degraded_when: DegradedWhen = DegradedWhen()
 
 
 class SpecPrefixes(Frozen):
@@ -75,7 +79,10 @@ def cluster_spec(topology: Topology, ladder: Ladder | None = None) -> ClusterSpe
     recovery = topology.recovery if ladder is None else recovery_config(ladder, topology.recovery)
     p = topology.prefixes
     return ClusterSpec(
-        regions=tuple(SpecRegion(name=r.name, zone=r.zone) for r in topology.regions),
+        regions=tuple(
+            SpecRegion(name=r.name, zone=r.zone, degraded_when=r.degraded_when)
+            for r in topology.regions
+        ),
         prefixes=SpecPrefixes(
             block_size=p.block_size,
             chars_per_token=p.chars_per_token,
@@ -95,12 +102,18 @@ def _text(value: object) -> str:
 
 def settings(spec: ClusterSpec | None, sections: Collection[str] = SECTIONS) -> dict[str, str]:
     """Each setting as the topology names it (``prefixes.min_sessions``) and its value
-    as text; the regions as one setting, their order included (it is the topology's)."""
+    as text; the regions as one setting, their order included (it is the topology's);
+    each region's thresholds that are set (``regions.eu.degraded_when.queue_over``),
+    under the section ``thresholds``."""
     if spec is None:
         return {}
     out: dict[str, str] = {}
     if "regions" in sections:
         out["regions"] = ", ".join(f"{r.name} (zone {r.zone})" for r in spec.regions)
+    if "thresholds" in sections:
+        for r in spec.regions:
+            for name, value in r.degraded_when.model_dump(exclude_none=True).items():
+                out[f"regions.{r.name}.degraded_when.{name}"] = _text(value)
     for section in ("prefixes", "recovery"):
         if section in sections:
             for name, value in getattr(spec, section).model_dump().items():
@@ -112,7 +125,7 @@ def changes(
     new: ClusterSpec | None, old: ClusterSpec | None, sections: Collection[str] = SECTIONS
 ) -> dict[str, tuple[str, str]]:
     """``setting -> (new, old)`` for each setting that differs; ``(none)`` where a
-    spec is missing."""
+    spec is missing, or a threshold unset."""
     a, b = settings(new, sections), settings(old, sections)
     return {
         k: (a.get(k, NONE), b.get(k, NONE))

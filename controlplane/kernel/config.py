@@ -26,6 +26,32 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names each bad field and the fix."""
 
 
+class DegradedWhen(Frozen):
+    """A region's DEGRADED thresholds: its agent calls the region DEGRADED while any is
+    exceeded (besides a replica down). Each unset one is not judged. They live in the
+    topology so that every agent of a cluster judges by the same numbers; the control
+    plane hands each agent its region's in the answer to every report."""
+
+    queue_over: Annotated[int | None, Field(ge=0)] = None  # waiting requests, all replicas
+    # Over the window between two probes. The p99 (seconds) is read from vLLM's TTFT
+    # histogram, so it is only as fine as its buckets (..., 0.5, 0.75, 1, 2.5 s); 2560 s
+    # is its top finite one. The error rate: the share of API answers that are 5xx.
+    ttft_p99_over_s: Annotated[float | None, Field(gt=0, lt=2560)] = None
+    error_rate_over: Annotated[float | None, Field(ge=0, lt=1)] = None
+
+    def describe(self) -> str:
+        """The thresholds as an operator reads them ("ttft p99 over 5s, error rate
+        over 5%"); "none" when every one is unset."""
+        parts = []
+        if self.queue_over is not None:
+            parts.append(f"queue over {self.queue_over}")
+        if self.ttft_p99_over_s is not None:
+            parts.append(f"ttft p99 over {self.ttft_p99_over_s:g}s")
+        if self.error_rate_over is not None:
+            parts.append(f"error rate over {self.error_rate_over * 100:g}%")
+        return ", ".join(parts) or "none"
+
+
 class RegionConfig(Frozen):
     name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
     zone: Annotated[
@@ -49,6 +75,7 @@ class RegionConfig(Frozen):
             "balancer) that gateways forward to"
         ),
     ] = ()
+    degraded_when: DegradedWhen = DegradedWhen()
 
     @model_validator(mode="after")
     def _replica_urls(self) -> Self:

@@ -6,7 +6,9 @@ them), sends each ``ReportHealth`` to the endpoint that took the last one and, w
 that one fails or refuses, tries the others in turn. When none takes a report it logs
 one warning, at most every ``warn_every_s`` seconds, on the caller's logger: an
 unreachable control plane is the normal state of a partition, not an error to shout
-about on every tick.
+about on every tick. The answer of the endpoint that took a report comes back to the
+caller: to an agent it brings its region's DEGRADED thresholds
+(:func:`thresholds_from_pb`).
 
 The map between :class:`~controlplane.kernel.model.Health` and the protobuf enum lives
 here too, so that the control plane's API and its reporters read the wire alike.
@@ -22,6 +24,7 @@ import grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
+from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.model import Health
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.tls import ChannelOptions, aio_channel
@@ -51,6 +54,25 @@ def health_to_pb(h: Health) -> pb.Health:
 def health_from_pb(v: int) -> Health | None:
     """The health a protobuf enum value stands for; None for one it does not know."""
     return HEALTH_FROM_PB.get(v)
+
+
+def thresholds_to_pb(when: DegradedWhen) -> pb.RegionThresholds:
+    """The wire form of a region's thresholds; an unset one stays unset."""
+    return pb.RegionThresholds(
+        queue_over=when.queue_over,
+        ttft_p99_over_s=when.ttft_p99_over_s,
+        error_rate_over=when.error_rate_over,
+    )
+
+
+def thresholds_from_pb(msg: pb.RegionThresholds) -> DegradedWhen:
+    """A region's thresholds as a control plane sent them. Raises ValueError (a
+    pydantic ValidationError) for one out of its bounds."""
+    return DegradedWhen(
+        queue_over=msg.queue_over if msg.HasField("queue_over") else None,
+        ttft_p99_over_s=msg.ttft_p99_over_s if msg.HasField("ttft_p99_over_s") else None,
+        error_rate_over=msg.error_rate_over if msg.HasField("error_rate_over") else None,
+    )
 
 
 class HealthReportClient:
@@ -89,14 +111,17 @@ class HealthReportClient:
         self._next = 0  # endpoint to try first
         self._reachable = True  # whether the last report was taken
 
-    async def send(self, report: pb.HealthReport) -> bool:
-        """Whether some endpoint accepted ``report``; never raises for a failed RPC."""
+    async def send(self, report: pb.HealthReport) -> pb.ReportHealthResponse | None:
+        """The answer of the endpoint that accepted ``report``; None when none did.
+        Never raises for a failed RPC."""
         failures: list[str] = []
         for i in range(len(self._stubs)):
             idx = (self._next + i) % len(self._stubs)
             ep = self.endpoints[idx]
             try:
-                resp = await self._stubs[idx].ReportHealth(report, timeout=self.timeout_s)
+                resp: pb.ReportHealthResponse = await self._stubs[idx].ReportHealth(
+                    report, timeout=self.timeout_s
+                )
             except grpc.aio.AioRpcError as e:
                 failures.append(f"{ep}: {e.code().name} {e.details() or ''}".strip())
                 continue
@@ -107,10 +132,10 @@ class HealthReportClient:
             if not self._reachable or self.target not in (None, ep):
                 self._log.info("reporting to control plane %s", ep)
             self._next, self._reachable, self.target = idx, True, ep
-            return True
+            return resp
         self._reachable = False
         self._warn(failures)
-        return False
+        return None
 
     def _warn(self, failures: Sequence[str]) -> None:
         now = self._now()

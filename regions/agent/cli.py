@@ -4,8 +4,9 @@
         --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
 
 Probes the replicas (or runs a warm pool, ``--pool-config``), judges the region and
-reports it to the control plane; prints ``READY HOST:PORT`` once it serves; SIGTERM or
-SIGINT stops it (exit 0).
+reports it to the control plane, which answers with the region's DEGRADED thresholds
+from its topology (``regions[].degraded_when``); prints ``READY HOST:PORT`` once it
+serves; SIGTERM or SIGINT stops it (exit 0).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port[,host:port...]; repeatable; tried in turn",
     )
     _replica_flags(p)
-    _threshold_flags(p)
     _prewarm_flags(p)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
@@ -98,36 +98,6 @@ def _replica_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="deployment name, the topology's cluster: keys live under "
         "/tectonic/NAME/ (with --pool-config)",
-    )
-
-
-def _threshold_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
-        "DEGRADED thresholds",
-        "the region is DEGRADED while any is exceeded; each unset one is not judged",
-    )
-    g.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="waiting requests (region-wide) above which the region is DEGRADED",
-    )
-    g.add_argument(
-        "--max-ttft-p99",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="first-token latency p99 (seconds, all replicas' requests between two "
-        "probes, from vLLM's TTFT histogram) above which the region is "
-        "DEGRADED; not judged when unset or when no request finished prefill",
-    )
-    g.add_argument(
-        "--max-error-rate",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="share (0..1, e.g. 0.05) of API answers that are 5xx, between two "
-        "probes, above which the region is DEGRADED; not judged when unset",
     )
 
 
@@ -185,9 +155,6 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
             cluster=args.cluster,
             interval=args.interval,
             timeout=args.timeout,
-            max_queue=args.max_queue,
-            max_ttft_p99_s=args.max_ttft_p99,
-            max_error_rate=args.max_error_rate,
             prewarm=PrewarmServiceConfig(
                 **{
                     k: v

@@ -8,6 +8,12 @@ to the control plane as a ``ReportHealth`` (kind AGENT, observer ``agent:<region
 trying the listed control-plane endpoints in turn. An unreachable control plane is
 logged (at most every ``warn_every`` seconds), never fatal.
 
+The DEGRADED thresholds are not the agent's own: they live in the topology
+(``regions[].degraded_when``) and the control plane sends its region's in the answer
+to every report. The agent judges by those of the last answer from its next probe
+round on; before the first one it judges with none (HEALTHY or UNHEALTHY only, and
+DEGRADED for a replica down).
+
     tectonic-agent --region eu --listen 127.0.0.1:7001 --control-plane 127.0.0.1:7000 \\
         --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
 
@@ -50,12 +56,17 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.config import (
     ConfigError,
+    DegradedWhen,
     EtcdConfig,
     describe_errors,
     read_yaml,
 )
 from controlplane.kernel.decode_guard import DecodeGuard
-from controlplane.kernel.health_report import HealthReportClient, health_to_pb
+from controlplane.kernel.health_report import (
+    HealthReportClient,
+    health_to_pb,
+    thresholds_from_pb,
+)
 from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.reflection import enable_reflection
 from controlplane.kernel.security import SecurityConfig
@@ -91,11 +102,6 @@ class AgentConfig(Frozen):
     cluster: str | None = None
     interval: float = Field(1.0, gt=0)
     timeout: float = Field(0.5, gt=0)
-    max_queue: int | None = Field(None, ge=0)  # region-wide waiting requests before DEGRADED
-    # Over the window between two probes (None: not judged). The p99 is read from vLLM's
-    # TTFT histogram, so it is only as fine as its buckets (..., 0.25, 0.5, 0.75, 1, 2.5 s).
-    max_ttft_p99_s: float | None = Field(None, gt=0, lt=2560)  # 2560 s: the top finite bucket
-    max_error_rate: float | None = Field(None, ge=0, lt=1)  # share of 5xx answers, 0..1
     warn_every: float = Field(5.0, ge=0)
     prewarm: PrewarmServiceConfig = PrewarmServiceConfig()
     # TLS for its server and its reports, accepted tokens, its own token (--security).
@@ -152,6 +158,9 @@ class AgentHandle:
         self.port = 0
         self.reports_sent = 0
         self.ticks = 0  # completed probe rounds
+        # The DEGRADED thresholds in effect: the last ones a control plane sent (None
+        # before the first answer: none judged).
+        self.thresholds: DegradedWhen | None = None
         self._health = health.aio.HealthServicer()
         sec = config.security
         # Not the control plane's request limit: a Prewarm carries up to a catalog (1 MiB).
@@ -260,13 +269,14 @@ class AgentHandle:
         self.metrics.probed(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
+        when = self.thresholds or DegradedWhen()
         view = fold_verdict(
             c.region,
             probes,
-            c.max_queue,
+            when.queue_over,
             previous=self.view.probes,
-            max_ttft_p99_s=c.max_ttft_p99_s,
-            max_error_rate=c.max_error_rate,
+            max_ttft_p99_s=when.ttft_p99_over_s,
+            max_error_rate=when.error_rate_over,
         )
         if self.pool is not None:
             view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
@@ -328,10 +338,24 @@ class AgentHandle:
             signals=view.signals,
             detail=view.detail,
         )
-        accepted = await self._reporter.send(req)
-        if accepted:
+        resp = await self._reporter.send(req)
+        if resp is not None:
             self.reports_sent += 1
-        self.metrics.reported(accepted)
+            self._adopt(resp.thresholds)
+        self.metrics.reported(resp is not None)
+
+    def _adopt(self, msg: pb.RegionThresholds) -> None:
+        """Judge by the thresholds a control plane sent from the next probe round on;
+        say so when they change. Out-of-bounds ones (a control plane's bug: its
+        topology was validated) are refused and the ones in effect kept."""
+        try:
+            when = thresholds_from_pb(msg)
+        except ValueError as e:
+            log.warning("thresholds from the control plane refused, keeping the last: %s", e)
+            return
+        if when != self.thresholds:
+            log.info("thresholds from the control plane: %s", when.describe())
+            self.thresholds = when
 
     async def wait(self) -> None:
         """Until the agent stops; raises if its loops failed."""

@@ -2,7 +2,9 @@
 
 :func:`fold_verdict` folds one round of replica probes, and the round before it (for
 counter deltas, see :mod:`controlplane.kernel.replica_signals`), into a health verdict
-with the signals behind it and a one-line reason an operator can read. (The leader's
+with the signals behind it and a one-line reason an operator can read. Its bounds are
+the region's ``degraded_when`` in the topology, as the control plane sent them to the
+agent (regions/agent/server.py). (The leader's
 picture of a region in a tick is another thing: ``controlplane.kernel.snapshot.RegionView``.)
 """
 

@@ -107,7 +107,7 @@ class HealthReporter:
                 },
                 detail=f"{failed}/{total} attempts failed in the last {self.interval_s:g} s",
             )
-            if await self._client.send(report):
+            if await self._client.send(report) is not None:
                 sent += 1
         self.sent += sent
         return sent

@@ -62,6 +62,8 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
     ladder = load_ladder(fast_ladder(tmp_path))
     data = fast_topology(etcd.endpoints, cluster_name).model_dump(mode="json")
     data["regions"][0]["replicas"] = [sim.url]  # east
+    # The control plane hands the agent this threshold in the answers to its reports.
+    data["regions"][0]["degraded_when"] = {"ttft_p99_over_s": 0.5}
     data["timing"]["quorum"] = 1
     topo = parse_topology(data)
     async with running_replica(topo, ladder=ladder) as cp, aiohttp.ClientSession() as http:
@@ -72,7 +74,6 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
                 control_planes=(cp.target,),
                 interval=0.25,
                 timeout=0.25,
-                max_ttft_p99_s=0.5,
             )
         )
         gw = GatewayServer(GatewayOptions(topology=topo, app=AppConfig(home="east")))

@@ -18,14 +18,16 @@ from controlplane.core.decide import decide
 from controlplane.election import NotLeader
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.cluster_spec import (
+    SECTIONS,
     ClusterSpec,
     SpecDisagreement,
     cluster_spec,
     disagreements,
     read_spec,
+    settings,
 )
 from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.config import ConfigError, Topology, load_topology
+from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder_file import check_recovery_pace, load_ladder, topology_ladder
 from controlplane.kernel.model import AuditAction, AuditEntry
@@ -35,6 +37,7 @@ from controlplane.kernel.store.port import Compare
 from controlplane.orchestrator import Fence, Orchestrator
 from controlplane.prewarm import NoPrefixData
 from controlplane.server import ControlPlaneReplica
+from regions.gateway.server import SPEC_SECTIONS as GATEWAY_SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER = Keys("t").leader()
@@ -98,6 +101,62 @@ def test_disagreements_cover_regions_and_pace_and_can_be_limited_to_sections() -
         "recovery.step_percent: this process's topology says 50, the cluster spec in etcd says 10",
     ]
     assert disagreements(cluster_spec(one), cluster_spec(topology()), ("prefixes",)) == []
+
+
+def with_thresholds(**east: float) -> Topology:
+    data = topology().model_dump(mode="json")
+    data["regions"][0]["degraded_when"] = east
+    return Topology.model_validate(data)
+
+
+def test_the_regions_thresholds_are_in_the_spec_as_their_own_section() -> None:
+    spec = cluster_spec(with_thresholds(ttft_p99_over_s=5, error_rate_over=0.05))
+    assert spec.regions[0].degraded_when.ttft_p99_over_s == 5
+    assert spec.regions[1].degraded_when.describe() == "none"
+    got = settings(spec, ("thresholds",))
+    assert got == {
+        "regions.east.degraded_when.ttft_p99_over_s": "5",
+        "regions.east.degraded_when.error_rate_over": "0.05",
+    }
+    assert "thresholds" in SECTIONS and set(settings(spec)) >= set(got)
+    assert "regions.east.degraded_when.ttft_p99_over_s" not in settings(spec, ("regions",))
+
+
+def test_a_threshold_that_differs_is_a_disagreement_but_not_a_gateways() -> None:
+    published = cluster_spec(with_thresholds(queue_over=10))
+    local = cluster_spec(with_thresholds(queue_over=20, ttft_p99_over_s=2))
+    assert disagreements(local, published) == [
+        "regions.east.degraded_when.queue_over: this process's topology says 20, the "
+        "cluster spec in etcd says 10",
+        "regions.east.degraded_when.ttft_p99_over_s: this process's topology says 2, the "
+        "cluster spec in etcd says (none)",
+    ]
+    assert disagreements(local, published, GATEWAY_SECTIONS) == []
+
+
+def test_a_spec_published_before_thresholds_reads_as_none() -> None:
+    spec = cluster_spec(topology())
+    data = spec.model_dump(mode="json")
+    for r in data["regions"]:
+        del r["degraded_when"]
+    assert ClusterSpec.model_validate(data) == spec
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("error_rate_over", 1.0),
+        ("error_rate_over", -0.1),
+        ("ttft_p99_over_s", 0),
+        ("ttft_p99_over_s", 2560),
+        ("queue_over", -1),
+    ],
+)
+def test_the_topology_refuses_thresholds_that_cannot_fire(field: str, value: float) -> None:
+    data = topology().model_dump(mode="json")
+    data["regions"][1]["degraded_when"] = {field: value}
+    with pytest.raises(ConfigError, match=rf"regions\[1\]\.degraded_when\.{field}"):
+        parse_topology(data)
 
 
 def leader_fence() -> list[Compare]:

@@ -13,14 +13,20 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.api import convert
+from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.kernel.clock import FakeClock
+from controlplane.kernel.config import DegradedWhen, parse_topology
 from controlplane.kernel.health_report import (
     HEALTH_TO_PB,
     HealthReportClient,
     health_from_pb,
     health_to_pb,
+    thresholds_from_pb,
+    thresholds_to_pb,
 )
+from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health
+from controlplane.kernel.store.memory import MemoryStore
 from regions.pool.processes import free_port
 
 LOG = logging.getLogger("tectonic.test.report")
@@ -178,3 +184,45 @@ async def test_the_processes_token_goes_with_each_report(monkeypatch: pytest.Mon
         finally:
             await client.close()
     assert cp.tokens == ["Bearer tct_test_token"]
+
+
+# ---- the thresholds in the answer -------------------------------------------------------
+
+
+def test_thresholds_cross_the_wire_and_an_unset_one_stays_unset() -> None:
+    when = DegradedWhen(queue_over=0, error_rate_over=0.05)
+    msg = thresholds_to_pb(when)
+    assert msg.HasField("queue_over") and not msg.HasField("ttft_p99_over_s")
+    assert thresholds_from_pb(msg) == when
+    assert thresholds_from_pb(pb.RegionThresholds()) == DegradedWhen()
+    with pytest.raises(ValueError, match="error_rate_over"):
+        thresholds_from_pb(pb.RegionThresholds(error_rate_over=1.5))
+
+
+async def test_the_control_plane_answers_a_report_with_the_regions_thresholds() -> None:
+    regions = [
+        {"name": "eu", "zone": "eu", "agent": "127.0.0.1:1", "capacity_rps": 1},
+        {"name": "us", "zone": "us", "agent": "127.0.0.1:2", "capacity_rps": 1},
+    ]
+    regions[0]["degraded_when"] = {"ttft_p99_over_s": 5, "error_rate_over": 0.05}
+    topology = parse_topology({"cluster": "t", "regions": regions})
+    store, keys = MemoryStore(), Keys("t")
+    service = ControlPlaneService(store, keys, topology, FakeClock(100.0), "cp-1", lambda: True)
+    server = grpc.aio.server()
+    pb_grpc.add_ControlPlaneServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = HealthReportClient((f"127.0.0.1:{port}",), None, log=LOG, timeout_s=5.0)
+    try:
+        resp = await client.send(report())
+        assert resp is not None and resp.accepted
+        got = thresholds_from_pb(resp.thresholds)
+        assert got == DegradedWhen(ttft_p99_over_s=5, error_rate_over=0.05)
+        assert got.describe() == "ttft p99 over 5s, error rate over 5%"
+        other = pb.HealthReport(region="us", observer="agent:us", kind=pb.AGENT, health=pb.HEALTHY)
+        resp = await client.send(other)
+        assert resp is not None and thresholds_from_pb(resp.thresholds) == DegradedWhen()
+        assert await store.get(keys.report("eu", "test:eu")) is not None  # stored as before
+    finally:
+        await client.close()
+        await server.stop(0)

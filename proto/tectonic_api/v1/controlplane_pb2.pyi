@@ -156,10 +156,22 @@ class HealthReport(_message.Message):
     def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ReportHealthResponse(_message.Message):
-    __slots__ = ("accepted",)
+    __slots__ = ("accepted", "thresholds")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
-    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+    thresholds: RegionThresholds
+    def __init__(self, accepted: _Optional[bool] = ..., thresholds: _Optional[_Union[RegionThresholds, _Mapping]] = ...) -> None: ...
+
+class RegionThresholds(_message.Message):
+    __slots__ = ("queue_over", "ttft_p99_over_s", "error_rate_over")
+    QUEUE_OVER_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_OVER_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_OVER_FIELD_NUMBER: _ClassVar[int]
+    queue_over: int
+    ttft_p99_over_s: float
+    error_rate_over: float
+    def __init__(self, queue_over: _Optional[int] = ..., ttft_p99_over_s: _Optional[float] = ..., error_rate_over: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("region", "from_state", "to_state", "trigger", "reason", "actor", "at", "epoch", "signals")
