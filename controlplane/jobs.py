@@ -77,9 +77,6 @@ class JobExecutor:
         for i in [i for i in self._results if i not in keep]:
             del self._results[i]
 
-    def running(self) -> list[str]:
-        return sorted(f"{r}:{k.value}" for (r, k), (_, t) in self._tasks.items() if not t.done())
-
     async def stop(self) -> None:
         """Cancel every job and forget every result (leadership lost, or shutdown)."""
         tasks = [t for _, t in self._tasks.values() if not t.done()]

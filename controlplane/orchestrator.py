@@ -139,11 +139,9 @@ class Orchestrator:
         return res.succeeded
 
     async def write_ladder(self, lw: LadderWrite) -> bool:
-        """A ladder move: CAS on ``degradation/<region>`` and its audit entry, fenced."""
+        """A ladder move on ``degradation/<region>``."""
         key = self.keys.degradation(lw.region)
-        cas = Compare.mod_revision(key, lw.expected_rev) if lw.expected_rev else Compare.absent(key)
-        ops = [Put(key, encode(lw.record)), self.audit.op(lw.audit)]
-        ok = (await self._txn([*self.fence(), cas], ops)).succeeded
+        ok = await self._put_audited(key, lw.expected_rev, encode(lw.record), lw.audit)
         if ok:
             log.warning("%s: ladder %s %s (%s)", lw.region, lw.kind, lw.step, lw.audit.reason)
             self._held.pop(lw.region, None)
@@ -152,18 +150,20 @@ class Orchestrator:
         return ok
 
     async def write_spec(self, sw: SpecWrite) -> bool:
-        """The cluster spec: CAS on ``spec`` and its audit entry, fenced."""
+        """The cluster spec on ``spec``."""
         key = self.keys.spec()
-        cas = Compare.mod_revision(key, sw.expected_rev) if sw.expected_rev else Compare.absent(key)
-        ok = (
-            await self._txn(
-                [*self.fence(), cas], [Put(key, encode(sw.spec)), self.audit.op(sw.audit)]
-            )
-        ).succeeded
+        ok = await self._put_audited(key, sw.expected_rev, encode(sw.spec), sw.audit)
         if ok:
             changed = "; ".join(f"{k}: {v}" for k, v in sw.audit.details.items())
             log.info("published the cluster spec at %s (%s): %s", key, sw.audit.reason, changed)
         return ok
+
+    async def _put_audited(self, key: str, rev: int, value: bytes, entry: AuditEntry) -> bool:
+        """``value`` at ``key`` with its audit entry in one fenced transaction,
+        compare-and-set on ``rev`` (0: the key must be absent)."""
+        cas = Compare.mod_revision(key, rev) if rev else Compare.absent(key)
+        ops = [Put(key, value), self.audit.op(entry)]
+        return (await self._txn([*self.fence(), cas], ops)).succeeded
 
     def _log_holds(self, holds: Mapping[str, str]) -> None:
         for region, why in holds.items():
@@ -321,9 +321,6 @@ class Orchestrator:
         """Cancel every job (pre-warms, session re-pins) and forget their results (on
         leadership loss or shutdown)."""
         await self.executor.stop()
-
-    def failovers_running(self) -> list[str]:
-        return self.executor.running()
 
 
 def _claim_holder(raw: bytes, key: str) -> str | None:

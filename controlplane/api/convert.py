@@ -5,7 +5,6 @@ from __future__ import annotations
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.core.intents import IntentOutcome, IntentStatus
-from controlplane.kernel.health_report import health_from_pb as health_from_pb
 from controlplane.kernel.health_report import health_to_pb
 from controlplane.kernel.model import (
     AuditEntry,

@@ -26,7 +26,6 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.api.convert import (
     event_to_pb,
-    health_from_pb,
     intent_status_to_pb,
     kind_from_pb,
     plan_to_pb,
@@ -49,7 +48,7 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag, json_list
-from controlplane.kernel.health_report import thresholds_to_pb
+from controlplane.kernel.health_report import health_from_pb, thresholds_to_pb
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditAction,

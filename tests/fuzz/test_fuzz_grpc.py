@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -719,6 +720,8 @@ async def test_the_fuzzing_reached_acceptance_and_refusal(cp: Server, agent: Ser
     (a fuzzer that only ever hits the first check proves little)."""
     for server in (cp, agent):
         if not server.checked:
+            if os.environ.get("CI"):  # CI runs the whole module: the fuzzers ran before this
+                pytest.fail("the fuzz tests above made no calls")
             pytest.skip("run with the fuzz tests above")
         assert server.checked.get("ok", 0) > 0, server.checked
         assert any(k != "ok" for k in server.checked), server.checked

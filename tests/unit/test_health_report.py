@@ -12,7 +12,7 @@ import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from controlplane.api import convert
+from controlplane.api import convert, grpc_service
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.config import DegradedWhen, parse_topology
@@ -90,7 +90,7 @@ def test_every_health_maps_to_its_own_enum_value_and_back() -> None:
 
 def test_the_control_planes_api_reads_health_with_the_same_map() -> None:
     assert convert.health_to_pb is health_to_pb
-    assert convert.health_from_pb is health_from_pb
+    assert grpc_service.health_from_pb is health_from_pb
 
 
 # ---- the client -------------------------------------------------------------------------
