@@ -48,6 +48,9 @@ REGIONS = ("us-east", "us-west", "us-central")
 # is how the pre-warm is verified while live traffic runs on the same replicas.
 SIM_ARGS = ("--enable-prompt-tokens-details",)
 LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
+# Real vLLM start-up: ~20 s alone, but three at once, or one beside two busy ones, on two
+# cores have taken over 110 s here.
+VLLM_START_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,10 @@ class LocalDeployment:
                     sim = launch_simulator(port=port, name=name, extra_args=self.spec.sim_args)
                     launched.append((i, sim))
         for i, proc in launched:  # all spawned first: they start in parallel
-            current[i] = wait_vllm(proc) if isinstance(proc, VllmProc) else wait_ready(proc)
+            if isinstance(proc, VllmProc):
+                current[i] = wait_vllm(proc, timeout=VLLM_START_TIMEOUT_S)
+            else:
+                current[i] = wait_ready(proc)
         return [p.url for _, p in launched]
 
     def stop_servers(self, region: str, count: int | None = None) -> list[int]:
