@@ -52,10 +52,10 @@ from bench._common import (
 )
 from bench._stream import streamed_completion
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefixes import PromptKind
+from controlplane.kernel.prewarm_selection import (
     Candidate,
     PrewarmLimits,
-    PromptKind,
     ReplayPayload,
     Residency,
     select_prewarm,

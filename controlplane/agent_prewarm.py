@@ -45,7 +45,7 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan, PrewarmFigures
 from controlplane.kernel.prefix_catalog import PrefixCatalog, catalog_selection
-from controlplane.kernel.prefixes import PrewarmLimits, Residency, SkipReason
+from controlplane.kernel.prewarm_selection import PrewarmLimits, Residency, SkipReason
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.tls import aio_channel
 

@@ -1,9 +1,10 @@
 """The leader's job executor: the only slow I/O of its cycle, in the background.
 
 The pure core asks for jobs (``controlplane.core.actions.Job``: a failover's pre-warm, a
-recovery's pre-warm, a switch's session re-pin); the executor runs at most one of each
-kind per region at a time and keeps each pre-warm's figures until a tick records them
-(``jobs()`` is that tick's input). A job never writes the region's record itself, so a
+recovery's pre-warm, a switch's session re-pin, the periodic prefix aggregation); the
+executor runs at most one of each kind per region at a time and keeps each pre-warm's
+figures until a tick records them, and when the last aggregation ended (``jobs()`` is
+that tick's input). A job never writes the region's record itself, so a
 leader's writes all come from one place (controlplane/orchestrator.py). On leadership
 loss everything running is cancelled and every result forgotten: a new leader starts
 the pre-warm again under the same id, and the agents do not warm twice.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from controlplane.core.actions import Job, JobKind, Jobs
@@ -25,17 +27,24 @@ Run = Callable[[Job], Awaitable[PrewarmFigures | None]]
 
 class JobExecutor:
     """``run`` carries out one job and returns its figures (None: nothing to record, as
-    for a re-pin); ``on_done`` is called when one finishes (it wakes the loop, so the
-    result is recorded at once rather than at the next periodic tick)."""
+    for a re-pin); ``on_done`` is called when one with figures finishes (it wakes the
+    loop, so the result is recorded at once rather than at the next periodic tick);
+    ``now`` is the clock the tick's snapshot uses."""
 
-    def __init__(self, run: Run, on_done: Callable[[], None] = lambda: None) -> None:
-        self._run, self._on_done = run, on_done
+    def __init__(
+        self,
+        run: Run,
+        on_done: Callable[[], None] = lambda: None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self._run, self._on_done, self._now = run, on_done, now
         self._tasks: dict[tuple[str, JobKind], tuple[str, asyncio.Task[None]]] = {}
         self._results: dict[str, PrewarmFigures] = {}
+        self._aggregated_at: float | None = None
 
     def jobs(self) -> Jobs:
         running = frozenset(i for i, t in self._tasks.values() if not t.done())
-        return Jobs(results=dict(self._results), running=running)
+        return Jobs(results=dict(self._results), running=running, aggregated_at=self._aggregated_at)
 
     def start(self, job: Job) -> None:
         """Start ``job`` unless it runs or has a result; a re-pin replaces an older one of
@@ -58,12 +67,16 @@ class JobExecutor:
         except asyncio.CancelledError:
             raise
         except Exception:
-            # Nothing recorded: the next tick sees the step still pending and asks again.
-            log.exception("%s: %s failed; the next tick retries", job.region, job.kind.value)
-            return
+            # Nothing recorded: the next tick sees the step still pending and asks again
+            # (an aggregation, once its interval has passed again).
+            log.exception("%s: %s failed; a later tick retries", job.region, job.kind.value)
+            figures = None
+        finally:
+            if job.kind is JobKind.PREFIX_AGGREGATE:
+                self._aggregated_at = self._now()
         if figures is not None:
             self._results[job.id] = figures
-        self._on_done()
+            self._on_done()
 
     def recorded(self, ids: Iterable[str]) -> None:
         """These results are in etcd now: forget them."""
@@ -85,3 +98,4 @@ class JobExecutor:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         self._results.clear()
+        self._aggregated_at = None

@@ -9,7 +9,8 @@ re-reads the snapshot and decides again (level-triggered).
 Jobs (``controlplane/jobs.py``) are the cycle's slow I/O: a failover's pre-warm of its
 targets, a recovery's pre-warm of the home region before its first traffic step
 (``RecoveryPrewarmer``; a prewarmer without that method, or one that fails, gives
-figures that say so, and recovery goes on), and the re-pin of sessions after a switch.
+figures that say so, and recovery goes on), the re-pin of sessions after a switch, and
+the periodic merge of the gateways' prefix exports into the catalogs (``Catalogs``).
 Their figures are inputs of the next tick, which records them.
 """
 
@@ -58,6 +59,7 @@ from controlplane.kernel.store.port import (
     Op,
     Put,
     Store,
+    StoreError,
     TxnResult,
 )
 from controlplane.prewarm import Prewarmer
@@ -92,6 +94,18 @@ class RecoveryPrewarmer(Protocol):
         ...
 
 
+class Catalogs(Protocol):
+    """Writes every region's prefix catalog (controlplane/prefix_aggregator.py)."""
+
+    async def run_once(self) -> Mapping[str, object]:
+        """One merge of every export, its writes fenced; raises StoreError."""
+        ...
+
+    def forget(self) -> None:
+        """Leadership lost: the next term writes everything afresh."""
+        ...
+
+
 class Orchestrator:
     def __init__(
         self,
@@ -104,12 +118,13 @@ class Orchestrator:
         actor: str,
         sessions: SessionStore | None = None,
         observer: WriteObserver | None = None,
+        catalogs: Catalogs | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
-        self.sessions, self.observer = sessions, observer
+        self.sessions, self.observer, self.catalogs = sessions, observer, catalogs
         self.audit = AuditLog(keys, actor)
-        self.executor = JobExecutor(self._run_job, self._job_done)
+        self.executor = JobExecutor(self._run_job, self._job_done, clock.now)
         self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
         self._held: dict[str, str] = {}  # per region: the ladder's hold reason last logged
         self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
@@ -269,8 +284,20 @@ class Orchestrator:
             return await self.prewarmer.prewarm(job.plan, budget, job.id)
         if job.kind is JobKind.RECOVERY_PREWARM:
             return await self._prewarm_home(job, budget)
+        if job.kind is JobKind.PREFIX_AGGREGATE:
+            await self._aggregate()
+            return None
         await self._repin(job.region, job.routings)
         return None
+
+    async def _aggregate(self) -> None:
+        if self.catalogs is None:
+            return
+        try:
+            await self.catalogs.run_once()
+        except StoreError as e:
+            every = self.topology.prefixes.aggregate_interval_s
+            log.warning("prefix aggregation failed, retried in %gs: %s", every, e)
 
     async def _prewarm_home(self, job: Job, budget: float) -> PrewarmFigures:
         """A recovering region's own top prefixes; figures, or why it did nothing."""
@@ -318,9 +345,11 @@ class Orchestrator:
             log.exception("%s: background session re-pin failed; sessions re-pin lazily", region)
 
     async def stop_failovers(self) -> None:
-        """Cancel every job (pre-warms, session re-pins) and forget their results (on
-        leadership loss or shutdown)."""
+        """Cancel every job (pre-warms, session re-pins, an aggregation) and forget their
+        results (on leadership loss or shutdown)."""
         await self.executor.stop()
+        if self.catalogs is not None:
+            self.catalogs.forget()
 
 
 def _claim_holder(raw: bytes, key: str) -> str | None:

@@ -8,7 +8,8 @@ region, ``prefixes/<region>`` = a :class:`PrefixCatalog`: the ``max_entries`` mo
 frequent prefixes with their session counts and, for those seen from K sessions,
 their replay payloads. Beside it, ``prefix-wanted/<region>`` lists the prefixes that
 reached K sessions only in the merge (no gateway saw K, so none exported a payload);
-gateways add those payloads to their next export.
+gateways add those payloads to their next export. The leader's cycle runs it as a
+periodic job (``controlplane.core.publish.prefix_aggregation``).
 
 * An export that does not parse, or was counted with other fingerprint parameters
   or another K, is skipped with a warning (once per gateway and problem); the others
@@ -32,7 +33,6 @@ gateways add those payloads to their next export.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
@@ -43,7 +43,7 @@ from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.store.port import Compare, Put, Store, StoreError
+from controlplane.kernel.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.prefixes")
 
@@ -78,20 +78,9 @@ class PrefixAggregator:
         self._skipping: dict[str, str] = {}  # this round
         self._last: dict[str, tuple[PrefixCatalog, int]] = {}  # region -> (written, rounds)
 
-    async def run(self, is_leader: Callable[[], bool]) -> None:
-        """Every interval while leading; errors are logged and retried next round."""
-        while True:
-            await asyncio.sleep(self.config.aggregate_interval_s)
-            if not is_leader():
-                self._last.clear()  # a later term writes everything afresh
-                continue
-            try:
-                await self.run_once()
-            except StoreError as e:
-                every = self.config.aggregate_interval_s
-                log.warning("prefix aggregation failed, retried in %gs: %s", every, e)
-            except Exception:  # a bug here must not stop the replica
-                log.exception("prefix aggregation failed")
+    def forget(self) -> None:
+        """Leadership lost: a later term writes every catalog afresh."""
+        self._last.clear()
 
     async def run_once(self) -> dict[str, PrefixCatalog]:
         """Merge every export and write each region's catalog; returns the catalogs

@@ -109,6 +109,9 @@ class ControlPlaneReplica:
             clock=self.clock,
             writer=f"sessions-{self.replica_id}",
         )
+        self.prefixes = PrefixAggregator(
+            self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names
+        )
         self.orchestrator = Orchestrator(
             self.store,
             self.keys,
@@ -119,6 +122,7 @@ class ControlPlaneReplica:
             self.replica_id,
             sessions=self.sessions,
             observer=self.metrics,
+            catalogs=self.prefixes,
         )
         self.prober = (
             AgentProber(self.store, self.keys, t, self.clock) if self.probe_agents else None
@@ -135,9 +139,6 @@ class ControlPlaneReplica:
             observer=self.metrics,
             ladder=self.ladder,
             spec=cluster_spec(t, self.ladder),
-        )
-        self.prefixes = PrefixAggregator(
-            self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names
         )
         self.health = health.aio.HealthServicer()
         self.reads = Reads(
@@ -245,9 +246,6 @@ class ControlPlaneReplica:
                 tg.create_task(self.election.run(), name="election")
                 tg.create_task(self.loop.run(), name="reconcile-loop")
                 tg.create_task(self._health_supervisor(), name="health")
-                tg.create_task(
-                    self.prefixes.run(lambda: self.election.is_leader), name="prefix-aggregate"
-                )
                 if http is not None:
                     tg.create_task(http.supervise(self.stopping), name="http")
         finally:

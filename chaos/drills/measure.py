@@ -39,6 +39,7 @@ class Observed:
     sessions: Sequence[SessionLog]
     prewarm: PrewarmFigures | None = None  # the failover's, from its ``prewarm`` audit entry
     gateway_violations: float = 0.0  # the gateways' own counter, over the drill
+    streams_continued: float = 0.0  # the gateways' continuations of cut streams
     reference_ladder: Sequence[str] = ()  # step names in runbooks/degradation.yaml order
     steady_before: tuple[bool, str] = (True, "")
     steady_after: tuple[bool, str] = (True, "")
@@ -345,6 +346,7 @@ def figures(
         "rto_s": rto_s(sessions, o.region, o.fault_t),
         "requests": float(requests),
         "requests_failed": float(failed),
+        "streams_continued": o.streams_continued,
         "samples": float(len(o.samples)),
         "transitions": float(len([t for t in o.transitions if t.region == o.region])),
         "ladder_events": float(len([e for e in o.ladder if e.region == o.region])),

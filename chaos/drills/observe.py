@@ -43,6 +43,7 @@ log = logging.getLogger("chaos.drills.observe")
 GW_REQUESTS = "tectonic_gateway_requests"  # the parser drops _total from family names
 GW_FIRST = "tectonic_gateway_first_token_seconds"
 GW_VIOLATIONS = "tectonic_gateway_consistency_violations_total"
+GW_CONTINUED = "tectonic_gateway_stream_continuations_total{"  # outcome="continued" only
 
 
 def gateway_metrics(text: str, at: float) -> ReplicaMetrics:
@@ -89,12 +90,19 @@ class Observer:
         self.timeout_s = timeout_s
         self._prev: dict[str, ReplicaMetrics] = {}
         self._violations: dict[str, tuple[float, float]] = {}  # gateway: (first, last)
+        self._continued: dict[str, tuple[float, float]] = {}  # gateway: (first, last)
         self._http: aiohttp.ClientSession | None = None
 
     @property
     def gateway_violations(self) -> float:
         """Growth of the gateways' own consistency-violation counters while sampled."""
-        return sum(max(0.0, last - first) for first, last in self._violations.values())
+        return _growth(self._violations)
+
+    @property
+    def streams_continued(self) -> float:
+        """Streams the gateways continued elsewhere after their replica failed mid-way,
+        while sampled."""
+        return _growth(self._continued)
 
     async def close(self) -> None:
         if self._http is not None:
@@ -177,11 +185,15 @@ class Observer:
         return out
 
     def _count_violations(self, url: str, text: str) -> None:
+        violations = continued = 0.0
         for line in text.splitlines():
             if line.startswith(GW_VIOLATIONS + " "):
-                value = float(line.rsplit(" ", 1)[1])
-                first = self._violations.get(url, (value, value))[0]
-                self._violations[url] = (min(first, value), value)
+                violations += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(GW_CONTINUED) and 'outcome="continued"' in line:
+                continued += float(line.rsplit(" ", 1)[1])
+        for seen, value in ((self._violations, violations), (self._continued, continued)):
+            first = seen.get(url, (value, value))[0]
+            seen[url] = (min(first, value), value)
 
     async def _scrape_gateways(self, mono: float) -> list[ReplicaWindow]:
         return await self._windows(list(self.gateways.values()), mono, gateway=True)
@@ -245,3 +257,7 @@ async def audit_since(
         if (change := e.action.ladder_change) is not None
     ]
     return transitions, ladder, entries
+
+
+def _growth(seen: Mapping[str, tuple[float, float]]) -> float:
+    return sum(max(0.0, last - first) for first, last in seen.values())

@@ -1,14 +1,15 @@
 """The drill runner: steady state, real faults, observation, rollbacks, verdict.
 
-A drill runs in phases, each written to an append-only journal (JSON lines) as it
-happens: the steady-state hypothesis must hold before anything is touched; the
-faults are injected at their times (or when their condition holds, e.g. mid-failover);
-the system is watched for ``observe_s``; the rollbacks always run, even after an
-abort or an error; the hypothesis must hold again. A sampler reads the system's own
-state and metrics every ``sample_s`` throughout (chaos/drills/observe.py) and stops the
-drill early when an abort condition is met. The verdict (chaos/drills/measure.py) is
-written to ``regions/<r>/readiness`` of the target region and of every region that
-took its traffic, with an audit entry; a failed drill bars them (docs/architecture.md §6).
+A drill runs in phases, each written to an append-only journal (JSON lines,
+chaos/drills/journal.py) as it happens: the steady-state hypothesis must hold before
+anything is touched; the faults are injected at their times (or when their condition
+holds, e.g. mid-failover); the system is watched for ``observe_s``; the rollbacks
+always run, even after an abort or an error; the hypothesis must hold again. A sampler
+reads the system's own state and metrics every ``sample_s`` throughout
+(chaos/drills/observe.py) and stops the drill early when an abort condition is met.
+The verdict (chaos/drills/verdict.py, judged by chaos/drills/measure.py) is written to
+``regions/<r>/readiness`` of the target region and of every region that took its
+traffic, with an audit entry; a failed drill bars them (docs/architecture.md §6).
 """
 
 from __future__ import annotations
@@ -17,27 +18,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from chaos.drills.measure import (
-    Observed,
-    SessionLog,
-    abort_reason,
-    faults_criterion,
-    figures,
-    judge,
-    last_prewarm,
-    probes_hold,
-    regions_judged,
-)
-from chaos.drills.observe import Observer, audit_since, step_done
-from chaos.drills.result import Criterion, DrillResult, JournalEntry, Sample
+from chaos.drills.journal import Journal
+from chaos.drills.measure import abort_reason, faults_criterion, probes_hold
+from chaos.drills.observe import Observer, step_done
+from chaos.drills.result import Criterion, DrillResult, Sample
 from chaos.drills.scenario import (
     Condition,
     Fault,
@@ -48,18 +39,13 @@ from chaos.drills.scenario import (
     describe_fault,
 )
 from chaos.drills.traffic import Traffic
-from controlplane.kernel.audit import AuditLog
-from controlplane.kernel.codec import encode
+from chaos.drills.verdict import DrillRun, Verdict, traffic_marks
 from controlplane.kernel.config import ConfigError, Topology
-from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
-from controlplane.kernel.ladder_file import load_ladder
-from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
-from controlplane.kernel.store.port import Put, Store
+from controlplane.kernel.store.port import Store
 
 log = logging.getLogger("chaos.drills.runner")
-ACTOR = "drill-runner"
 
 
 class DrillTarget(Protocol):
@@ -80,35 +66,6 @@ class DrillTarget(Protocol):
     def start_controlplanes(self) -> list[str]: ...
     def kill_etcd_member(self) -> int: ...
     def start_etcd_members(self) -> list[int]: ...
-
-
-class Journal:
-    """Append-only: each entry is written and flushed to disk before the next action."""
-
-    def __init__(self, path: Path, started: float, mono0: float) -> None:
-        self.path, self.started, self.mono0 = path, started, mono0
-        self.entries: list[JournalEntry] = []
-        self.phase = "start"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("a", encoding="utf-8")
-
-    def write(self, kind: str, action: str = "", ok: bool = True, **detail: object) -> None:
-        entry = JournalEntry(
-            at=time.time(),
-            t=round(time.monotonic() - self.mono0, 3),
-            phase=self.phase,
-            kind=kind,
-            action=action,
-            detail={k: str(v) for k, v in detail.items()},
-            ok=ok,
-        )
-        self.entries.append(entry)
-        self._f.write(entry.model_dump_json() + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
 
 
 class DrillAborted(Exception):
@@ -159,7 +116,7 @@ class DrillRunner:
         injected = False  # a fault may have been attempted: the rollbacks must run
         extra: list[Criterion] = []
         flaps: list[asyncio.Task[None]] = []
-        sessions0 = self._traffic_marks()
+        sessions0 = traffic_marks(self.traffic)
         try:
             journal.phase = "steady_before"
             before = await self._steady(s.steady_state, journal, "before")
@@ -192,23 +149,37 @@ class DrillRunner:
         await observer.close()
 
         journal.phase = "verdict"
-        result = await self._verdict(
-            s,
-            drill_id,
-            directory,
-            journal,
-            started,
-            mono0,
-            fault_t,
-            before,
-            after,
-            extra,
-            sessions0,
-            dry_run,
-            observer.gateway_violations,
+        run = DrillRun(
+            scenario=s,
+            drill_id=drill_id,
+            directory=directory,
+            started=started,
+            mono0=mono0,
+            fault_t=fault_t,
+            before=before,
+            after=after,
+            extra=extra,
+            marks=sessions0,
+            dry_run=dry_run,
+            gateway_violations=observer.gateway_violations,
+            streams_continued=observer.streams_continued,
+            samples=self._samples,
+            aborted=self._abort,
         )
+        result = await self._verdict().deliver(run, journal)
         journal.close()
         return result
+
+    def _verdict(self) -> Verdict:
+        return Verdict(
+            store=self.store,
+            keys=self.target.keys,
+            reports_root=self.reports_root,
+            traffic=self.traffic,
+            reference_ladder=self.reference_ladder,
+            write_readiness=self.write_readiness,
+            say=self.say,
+        )
 
     # ---- phases -------------------------------------------------------------------------
     async def _sample(
@@ -383,150 +354,6 @@ class DrillRunner:
             await asyncio.sleep(f.period_s)
             await asyncio.to_thread(self.target.start_servers, f.region)
             await asyncio.sleep(f.period_s)
-
-    # ---- the verdict ----------------------------------------------------------------------
-    def _traffic_marks(self) -> dict[str, int]:
-        """How many requests each synthetic session had made when the drill began."""
-        if self.traffic is None:
-            return {}
-        return {x.sid: len(x.log) for x in self.traffic.sessions}
-
-    def _session_logs(self, marks: dict[str, int], mono0: float) -> list[SessionLog]:
-        if self.traffic is None:
-            return []
-        return [
-            SessionLog(
-                sid=x.sid,
-                home=x.home,
-                answers=tuple((round(t - mono0, 3), r) for t, r in x.log[marks.get(x.sid, 0) :]),
-            )
-            for x in self.traffic.sessions
-        ]
-
-    async def _verdict(
-        self,
-        s: Scenario,
-        drill_id: str,
-        directory: Path,
-        journal: Journal,
-        started: float,
-        mono0: float,
-        fault_t: float | None,
-        before: tuple[bool, str],
-        after: tuple[bool, str],
-        extra: list[Criterion],
-        marks: dict[str, int],
-        dry_run: bool,
-        gateway_violations: float,
-    ) -> DrillResult:
-        transitions, ladder, entries = await audit_since(self.store, self.target.keys, started)
-        prewarm = last_prewarm(entries, s.region)
-        reference = (
-            load_ladder(self.reference_ladder).names if self.reference_ladder is not None else ()
-        )
-        sessions = self._session_logs(marks, mono0)
-        observed = Observed(
-            region=s.region,
-            fault_t=fault_t,
-            samples=self._samples,
-            transitions=transitions,
-            ladder=ladder,
-            sessions=sessions,
-            prewarm=prewarm,
-            gateway_violations=gateway_violations,
-            reference_ladder=reference,
-            steady_before=before,
-            steady_after=after,
-            aborted=self._abort,
-        )
-        criteria = (
-            judge(s.measure, observed) + extra
-            if not dry_run
-            else [
-                Criterion(
-                    name="steady_state_before",
-                    passed=before[0],
-                    measured="held" if before[0] else before[1],
-                    required="the steady-state hypothesis holds (dry run: nothing injected)",
-                )
-            ]
-        )
-        passed = all(c.passed for c in criteria)
-        for c in criteria:
-            journal.write("measure", c.name, ok=c.passed, measured=c.measured, required=c.required)
-        measured = figures(observed, sessions, prewarm)
-        regions = [] if dry_run else regions_judged(s.region, self._samples)
-        result = DrillResult(
-            id=drill_id,
-            scenario=s.name,
-            title=s.title,
-            region=s.region,
-            started_at=started,
-            ended_at=time.time(),
-            dry_run=dry_run,
-            aborted=self._abort,
-            passed=passed,
-            criteria=tuple(criteria),
-            samples=tuple(self._samples),
-            transitions=tuple(transitions),
-            ladder=tuple(ladder),
-            figures=measured,
-            readiness_written=tuple(regions) if self.write_readiness else (),
-            journal_path=str(journal.path),
-            report_path=str(directory / "report.html"),
-        )
-        if self.write_readiness and regions:
-            await self._record_readiness(result, regions)
-            journal.write("verdict", "readiness", passed=passed, regions=",".join(regions))
-        journal.write(
-            "verdict",
-            "PASS" if passed else "FAIL",
-            ok=passed,
-            failed=",".join(result.failed_criteria()),
-        )
-        self.say(
-            f"VERDICT {s.name} on {s.region}: {'PASS' if passed else 'FAIL'}"
-            + ("" if passed else f" ({', '.join(result.failed_criteria())})")
-        )
-        self._write_report(result, directory)
-        return result
-
-    async def _record_readiness(self, result: DrillResult, regions: Sequence[str]) -> None:
-        keys = self.target.keys
-        readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
-        ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
-        entry_base = {
-            "drill": result.id,
-            "scenario": result.scenario,
-            "failed": json_list(result.failed_criteria()),
-        }
-        log = AuditLog(keys, ACTOR)
-        audit = [
-            log.op(
-                AuditEntry(
-                    at=result.ended_at,
-                    actor=ACTOR,
-                    action=AuditAction.DRILL_VERDICT,
-                    region=r,
-                    reason="passed"
-                    if result.passed
-                    else "failed: barred until a passing drill or an operator override",
-                    details=entry_base,
-                )
-            )
-            for r in regions
-        ]
-        await self.store.txn([], [*ops, *audit])
-
-    def _write_report(self, result: DrillResult, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            from chaos.drills.report import write_history, write_report
-        except ImportError:  # the report module is optional for a bare runner
-            (directory / "result.json").write_text(result.model_dump_json(indent=2))
-            return
-        write_report(result, directory)
-        write_history(self.reports_root)
 
 
 # ---- helpers ------------------------------------------------------------------------------

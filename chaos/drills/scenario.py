@@ -52,6 +52,7 @@ class SimFault(Frozen):
     added_latency_s: float = Field(0.0, ge=0.0, le=600.0)
     hang: bool = False
     health_down: bool = False
+    stream_error_after: int | None = Field(None, ge=0)  # tokens, then vLLM's in-band error
 
 
 class Condition(Frozen):

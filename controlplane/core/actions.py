@@ -31,6 +31,12 @@ class JobKind(StrEnum):
     FAILOVER_PREWARM = "failover_prewarm"  # warm a failover's targets (plan)
     RECOVERY_PREWARM = "recovery_prewarm"  # warm a recovering region with its own prefixes
     REPIN = "repin"  # re-pin sessions away from a switched region (routings), off-path
+    # merge the gateways' prefix exports into every region's catalog, every
+    # prefixes.aggregate_interval_s (a cluster-wide job: region CLUSTER)
+    PREFIX_AGGREGATE = "prefix_aggregate"
+
+
+CLUSTER = "*"  # the region of a cluster-wide job
 
 
 class Job(Frozen):
@@ -49,15 +55,19 @@ class Job(Frozen):
             return f"{self.region}: pre-warm of {', '.join(sorted(self.plan.targets))} started"
         if self.kind is JobKind.RECOVERY_PREWARM:
             return f"{self.region}: pre-warm of its own top prefixes started"
+        if self.kind is JobKind.PREFIX_AGGREGATE:
+            return "prefix catalogs: merging the gateways' exports"
         return f"{self.region}: background session re-pin started"
 
 
 class Jobs(Frozen):
     """What the tick knows of its jobs: the results of those finished and not yet
-    recorded (by job id), and the ids still running."""
+    recorded (by job id), the ids still running, and when this term's last prefix
+    aggregation ended (None: none yet, so the first leader tick runs one)."""
 
     results: Mapping[str, PrewarmFigures] = Field(default_factory=dict)
     running: frozenset[str] = frozenset()
+    aggregated_at: float | None = None
 
 
 NO_JOBS = Jobs()
@@ -158,6 +168,7 @@ class TickResult(Frozen):
             elif w.consumes:
                 parts.append(f"{w.region}: recovery pre-warm recorded")
         parts += [f"{x.region}: ladder {x.kind} {x.step} ({x.audit.reason})" for x in self.ladder]
-        parts += [j.describe() for j in self.jobs]
+        # the periodic aggregation is routine: it would make every few ticks a story
+        parts += [j.describe() for j in self.jobs if j.kind is not JobKind.PREFIX_AGGREGATE]
         parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]
         return "; ".join(parts + list(self.notes)) or "no change"

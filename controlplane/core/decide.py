@@ -30,7 +30,7 @@ from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import Trigger, fire
-from controlplane.core.publish import spec_write
+from controlplane.core.publish import prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.steps import awaited, next_steps, pending_steps
 from controlplane.kernel.cluster_spec import ClusterSpec
@@ -481,6 +481,8 @@ def decide(
         started += [j for j in new_jobs if j.id not in jobs.running]
         if note:
             notes.append(note)
+    if aggregate := prefix_aggregation(now, topology.prefixes, jobs):
+        started.append(aggregate)
     return TickResult(
         now=now,
         health=tuple(health_writes),

@@ -3,9 +3,10 @@
 
 Each process reads them from its own topology file, so two files can drift apart. The
 control-plane leader publishes what its topology (and ladder) says, in its cycle
-(``controlplane/core/decide.py``); a gateway reads it
-at start and refuses to serve with a topology that disagrees, instead of counting
-prefixes the leader skips or routing warmed prefixes to a cold replica.
+(``controlplane/core/decide.py``); a gateway reads it at start and refuses to serve
+with a topology that disagrees, instead of counting prefixes the leader skips or
+routing warmed prefixes to a cold replica, and watches it while it runs (a new leader
+with another topology: it drains and exits for its supervisor to restart it).
 
 What is in it: the regions, their zones and their DEGRADED thresholds (which the
 control plane also hands each agent, in the answer to its reports); the ``prefixes``

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefixes import FingerprintParams
+from controlplane.kernel.prewarm_selection import (
     Candidate,
-    FingerprintParams,
     PrewarmLimits,
     ReplayPayload,
     Residency,

@@ -5,7 +5,8 @@ A gateway holds one :class:`PrefixTracker` behind its ``PrefixObserver``
 (``controlplane.kernel.prefixes``: vLLM-aligned block chains, or their character proxy)
 and counts each key in the serving region's **frequent-items sketch** (Apache
 DataSketches ``frequent_strings_sketch``, a Misra-Gries sketch with a bounded map:
-at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable). Next to it:
+at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable; typed in
+``controlplane.kernel.sketches``). Next to it:
 
 * a doorkeeper (:class:`Doorkeeper`, two small Bloom filters, local): a key enters
   the sketch only on its second sighting (with weight 2), so the unique suffix levels
@@ -27,7 +28,7 @@ at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable). Next to it
 ``export()`` serializes all of it (JSON; sketches base64); payloads of prefixes seen
 from fewer than K sessions are left out: they never leave the gateway. The leader
 ``merge()``-s every gateway's export and asks ``top(...)`` what to replay on a
-failover target (``controlplane.kernel.prefixes.select_prewarm``).
+failover target (``controlplane.kernel.prewarm_selection.select_prewarm``).
 
 The tracker is not thread-safe: the gateway calls it from its event loop.
 """
@@ -35,122 +36,35 @@ The tracker is not thread-safe: the gateway calls it from its event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Literal, Protocol, cast
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Literal
 
-import datasketches  # type: ignore[import-untyped]
 from pydantic import ConfigDict, Field, field_validator
 
+from controlplane.kernel import sketches
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefixes import FingerprintParams, Level, PromptRequest, levels
+from controlplane.kernel.prewarm_selection import (
     Candidate,
-    FingerprintParams,
-    Level,
     PrewarmLimits,
-    PromptRequest,
     ReplayPayload,
     Residency,
     Selection,
-    levels,
     merge_sessions,
     replay_payload,
     select_prewarm,
     session_hash,
     top_n,
 )
+from controlplane.kernel.sketches import DistinctSketch, FrequentItem
 
 log = logging.getLogger("tectonic.prefixes")
 
 Tokenize = Callable[[PromptRequest], Sequence[int] | None]
 
 
-class _FrequentSketch(Protocol):
-    """The part of ``datasketches.frequent_strings_sketch`` used here."""
-
-    @property
-    def total_weight(self) -> int: ...
-
-    @property
-    def num_active_items(self) -> int: ...
-
-    def update(self, item: str, weight: int = 1) -> None: ...
-
-    def get_estimate(self, item: str) -> int: ...
-
-    def get_lower_bound(self, item: str) -> int: ...
-
-    def get_upper_bound(self, item: str) -> int: ...
-
-    def get_frequent_items(self, err_type: object, threshold: int = 0) -> list[Item]: ...
-
-    def merge(self, other: _FrequentSketch) -> None: ...
-
-    def serialize(self) -> bytes: ...
-
-
-class _Distinct(Protocol):
-    """``datasketches.update_tuple_sketch`` / ``compact_tuple_sketch`` with a sum policy."""
-
-    def update(self, item: str, summary: int) -> None: ...
-
-    def get_estimate(self) -> float: ...
-
-    def __iter__(self) -> Iterator[tuple[int, int]]: ...  # (hash, summed count)
-
-    def serialize(self, serde: object) -> bytes: ...  # compact sketches only
-
-
 _SESSION_MEMO = 4096  # session ids whose keyed hash is kept, each of at most:
 _SESSION_MEMO_CHARS = 256  # the gateway's limit on a session id
-
-Item = tuple[str, int, int, int]  # key, estimate, lower bound, upper bound
-
-
-def _frequent(lg_max_map_size: int) -> _FrequentSketch:
-    return cast(_FrequentSketch, datasketches.frequent_strings_sketch(lg_max_map_size))
-
-
-def _frequent_from(data: bytes) -> _FrequentSketch:
-    return cast(_FrequentSketch, datasketches.frequent_strings_sketch.deserialize(data))
-
-
-_SUM = datasketches.AccumulatorPolicy()
-_COUNTS_SERDE = datasketches.PyLongsSerDe()
-
-
-def _distinct(lg_k: int) -> _Distinct:
-    return cast(_Distinct, datasketches.update_tuple_sketch(_SUM, lg_k))
-
-
-def _distinct_union(lg_k: int, parts: Sequence[_Distinct]) -> _Distinct:
-    """The union of tuple sketches (counts of common keys summed), trimmed to ``2**lg_k``
-    keys; the result is a compact sketch: it can be merged and read, not updated."""
-    u = datasketches.tuple_union(_SUM, lg_k)
-    for p in parts:
-        u.update(p)
-    return cast(_Distinct, u.get_result())
-
-
-def _distinct_bytes(lg_k: int, sketch: _Distinct) -> bytes:
-    compact = _distinct_union(lg_k, [sketch])
-    return compact.serialize(_COUNTS_SERDE)
-
-
-def _distinct_from(data: bytes) -> _Distinct:
-    return cast(_Distinct, datasketches.compact_tuple_sketch.deserialize(data, serde=_COUNTS_SERDE))
-
-
-def _shared_estimate(sketch: _Distinct, at_least: int) -> float:
-    """Distinct keys counted at least ``at_least`` times: the sketch's distinct estimate
-    times the share of its sampled keys with such a count (a sampled key's count is
-    exact: it was sampled from its first sighting on)."""
-    counts = [c for _, c in sketch]
-    if not counts:
-        return 0.0
-    return sketch.get_estimate() * sum(c >= at_least for c in counts) / len(counts)
-
-
-_ALL_ITEMS = datasketches.frequent_items_error_type.NO_FALSE_NEGATIVES
 
 
 class TrackerConfig(Frozen):
@@ -243,15 +157,15 @@ class _Region:
     def __init__(self, config: TrackerConfig) -> None:
         lg = config.doorkeeper_lg_bits
         self.door = Doorkeeper(lg) if lg else None
-        self.sketch = _frequent(config.lg_max_map_size)
-        self.distinct = _distinct(config.distinct_lg_k)  # updated on the hot path
-        self.merged: _Distinct | None = None  # what merges brought (a compact sketch)
+        self.sketch = sketches.frequent(config.lg_max_map_size)
+        self.distinct = sketches.distinct(config.distinct_lg_k)  # updated on the hot path
+        self.merged: DistinctSketch | None = None  # what merges brought (a compact sketch)
         self.entries: dict[str, _Entry] = {}
 
-    def all_distinct(self, lg_k: int) -> _Distinct:
+    def all_distinct(self, lg_k: int) -> DistinctSketch:
         if self.merged is None:
             return self.distinct
-        return _distinct_union(lg_k, [self.distinct, self.merged])
+        return sketches.distinct_union(lg_k, [self.distinct, self.merged])
 
 
 class PrefixTracker:
@@ -367,7 +281,7 @@ class PrefixTracker:
             RegionExport(
                 region=name,
                 sketch=st.sketch.serialize(),
-                distinct=_distinct_bytes(lg_k, st.all_distinct(lg_k)),
+                distinct=sketches.distinct_bytes(lg_k, st.all_distinct(lg_k)),
                 entries=tuple(
                     EntryExport(
                         key=key,
@@ -404,7 +318,8 @@ class PrefixTracker:
             if len(self._regions) + len(unknown) > self.config.max_regions:
                 raise ValueError(f"more than {self.config.max_regions} regions tracked")
             parsed = [
-                (r, _frequent_from(r.sketch), _distinct_from(r.distinct)) for r in other.regions
+                (r, sketches.frequent_from(r.sketch), sketches.distinct_from(r.distinct))
+                for r in other.regions
             ]
         except ValueError:
             raise
@@ -414,7 +329,7 @@ class PrefixTracker:
         for r, sketch, distinct in parsed:
             st = self._region(r.region)
             st.sketch.merge(sketch)
-            st.merged = _distinct_union(
+            st.merged = sketches.distinct_union(
                 lg_k, [distinct] if st.merged is None else [st.merged, distinct]
             )
             for e in r.entries:
@@ -434,12 +349,12 @@ class PrefixTracker:
     def regions(self) -> tuple[str, ...]:
         return tuple(sorted(self._regions))
 
-    def ranked(self, region: str) -> list[Item]:
+    def ranked(self, region: str) -> list[FrequentItem]:
         """Every key the region's sketch tracks, most frequent first."""
         st = self._regions.get(region)
         if st is None:
             return []
-        items = st.sketch.get_frequent_items(_ALL_ITEMS, 0)
+        items = st.sketch.get_frequent_items(sketches.ALL_ITEMS, 0)
         return sorted(items, key=lambda it: (-it[1], it[0]))
 
     def estimate(self, region: str, key: str) -> int:
@@ -452,7 +367,7 @@ class PrefixTracker:
         st = self._regions.get(region)
         if st is None:
             return 0
-        return round(_shared_estimate(st.all_distinct(self.config.distinct_lg_k), 2))
+        return round(sketches.shared_estimate(st.all_distinct(self.config.distinct_lg_k), 2))
 
     def entry(self, region: str, key: str) -> tuple[ReplayPayload | None, int] | None:
         """The payload and distinct-session count (capped at K) kept for a key."""
@@ -467,7 +382,9 @@ class PrefixTracker:
         if st is None:
             return 0
         lg_k = self.config.distinct_lg_k
-        return len(st.sketch.serialize()) + len(_distinct_bytes(lg_k, st.all_distinct(lg_k)))
+        return len(st.sketch.serialize()) + len(
+            sketches.distinct_bytes(lg_k, st.all_distinct(lg_k))
+        )
 
     def top(
         self,

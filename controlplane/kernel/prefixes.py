@@ -1,4 +1,4 @@
-"""Prompt-prefix identity, replay payloads, residency and the pre-warm choice (pure).
+"""Prompt-prefix identity: fingerprint params, levels and block chains (pure).
 
 **Identity follows vLLM's prefix cache** (automatic prefix caching, V1): only full
 blocks of ``block_size`` tokens count, and block ``i`` is known by a chain hash over
@@ -25,25 +25,14 @@ Two ways to cut a prompt into blocks:
 256 by default), not at every block: 8 sketch updates for a 2,048-token prompt
 instead of 128, and deeper levels of a shared prefix are found at 256-token grain.
 
-**Residency** (docs/architecture.md §4): a prefix may leave its region only when seen from at
-least ``min_sessions`` distinct sessions, and never into another residency zone.
-Sessions are kept as keyed 64-bit hashes in a set capped at ``min_sessions`` per
-heavy hitter: bounded, exact for the threshold question, and the capped union of two
-capped sets (:func:`merge_sessions`) is again right for the threshold.
-
-**Choice** (:func:`select_prewarm`): of the ``n`` most frequent prefixes, those that
-may leave, in order of frequency (= prefill saved per prefill token spent), while the
-budget (prefill seconds at the target's prefill rate) and the target's KV capacity in
-blocks allow. A prefix whose ancestor is already chosen costs only its extra tokens;
-an ancestor of a chosen prefix is not replayed (the descendant's replay warms it).
+What a prefix carries to another region (its replay payload), whether it may leave
+(residency) and which prefixes to replay there: ``controlplane.kernel.prewarm_selection``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
-import math
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -51,7 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from controlplane.kernel.model import Frozen
 
@@ -317,244 +306,3 @@ def calibrate_chars_per_token(text: str, tokens: int) -> float:
     if tokens < 1:
         raise ValueError("a calibration sample needs at least one token")
     return len(text) / tokens
-
-
-# ---- replay payloads ----------------------------------------------------------------
-
-
-class ChatMessage(Frozen):
-    role: str
-    content: str
-
-
-class ReplayPayload(Frozen):
-    """Everything needed to prefill one prefix again, byte for byte, on another region:
-    the same model, LoRA and ``cache_salt``, and the prompt's leading text, token ids or
-    messages exactly as they were sent (cut where the prefix ends)."""
-
-    key: str
-    kind: PromptKind
-    model: str
-    lora: str | None = None
-    cache_salt: str | None = None
-    prompt: str | None = None  # TEXT: the prompt's first ``chars`` characters
-    token_ids: tuple[int, ...] | None = None  # TOKENS (also text prompts tokenized here)
-    messages: tuple[ChatMessage, ...] | None = None  # CHAT: leading messages, the last cut
-    blocks: int = Field(ge=1)
-    block_size: int = Field(ge=1)
-    tokens: int = Field(ge=1)  # what the prefix covers, in the tracker's block size
-    tokens_exact: bool  # False for the character proxy: ``tokens`` is then an estimate
-    ancestors: tuple[str, ...] = ()  # keys of this prefix's shallower levels
-
-    @model_validator(mode="after")
-    def _one_prompt(self) -> ReplayPayload:
-        given = {
-            PromptKind.TEXT: self.prompt,
-            PromptKind.TOKENS: self.token_ids,
-            PromptKind.CHAT: self.messages,
-        }
-        if given[self.kind] is None or sum(v is not None for v in given.values()) != 1:
-            raise ValueError(f"a {self.kind.value} payload carries exactly its own prompt")
-        return self
-
-    @property
-    def endpoint(self) -> str:
-        return "/v1/chat/completions" if self.kind is PromptKind.CHAT else "/v1/completions"
-
-    def request_body(self, max_tokens: int = 1) -> bytes:
-        """The JSON body that replays the prefix (vLLM selects a LoRA by model name)."""
-        body: dict[str, object] = {"model": self.lora or self.model}
-        if self.kind is PromptKind.CHAT:
-            assert self.messages is not None
-            body["messages"] = [m.model_dump() for m in self.messages]
-        elif self.kind is PromptKind.TOKENS:
-            assert self.token_ids is not None
-            body["prompt"] = list(self.token_ids)
-        else:
-            body["prompt"] = self.prompt
-        body["max_tokens"] = max_tokens
-        if self.cache_salt is not None:
-            body["cache_salt"] = self.cache_salt
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _cut_messages(messages: Sequence[tuple[str, str]], chars: int) -> tuple[ChatMessage, ...]:
-    """The leading messages whose :func:`render_chat` is ``chars`` characters long,
-    the last one's content cut (its header kept whole, else the message is left out)."""
-    out: list[ChatMessage] = []
-    used = 0
-    for role, content in messages:
-        header = len(role) + 5  # "<|" role "|>\n"
-        if used + header >= chars:
-            break
-        room = chars - used - header
-        out.append(ChatMessage(role=role, content=content[:room]))
-        used += header + len(content) + 1
-        if used >= chars:
-            break
-    return tuple(out)
-
-
-def replay_payload(
-    request: PromptRequest,
-    level: Level,
-    params: FingerprintParams,
-    token_ids: Sequence[int] | None = None,
-    ancestors: Sequence[str] = (),
-) -> ReplayPayload:
-    """The payload that replays ``level`` of ``request`` (as :func:`levels` keyed it)."""
-    ids = request.token_ids if token_ids is None else token_ids
-    tokens = level.blocks * params.block_size
-    chars = level.blocks * params.chars_per_block
-    prompt: str | None = None
-    token_prefix: tuple[int, ...] | None = None
-    messages: tuple[ChatMessage, ...] | None = None
-    if ids is not None:
-        kind, token_prefix = PromptKind.TOKENS, tuple(ids[:tokens])
-    elif request.messages is not None:
-        kind, messages = PromptKind.CHAT, _cut_messages(request.messages, chars)
-    else:
-        kind, prompt = PromptKind.TEXT, prompt_text(request)[:chars]
-    return ReplayPayload(
-        key=level.key,
-        kind=kind,
-        model=request.model,
-        lora=request.lora,
-        cache_salt=request.cache_salt,
-        prompt=prompt,
-        token_ids=token_prefix,
-        messages=messages,
-        blocks=level.blocks,
-        block_size=params.block_size,
-        tokens=tokens,
-        tokens_exact=ids is not None,
-        ancestors=tuple(ancestors),
-    )
-
-
-# ---- residency -----------------------------------------------------------------------
-
-
-def session_hash(session_id: str, key: bytes = b"") -> str:
-    """A keyed 64-bit hash of a session id (ids themselves never leave the gateway)."""
-    return hashlib.blake2b(
-        session_id.encode("utf-8", "surrogatepass"), digest_size=8, key=key[:64]
-    ).hexdigest()
-
-
-def merge_sessions(a: Iterable[str], b: Iterable[str], cap: int) -> set[str]:
-    """The union of two session sets capped at ``cap`` (K: beyond the residency
-    threshold the number does not matter), capped again, smallest hashes first."""
-    return set(sorted(set(a) | set(b))[:cap])
-
-
-class Residency(Frozen):
-    min_sessions: int = Field(3, ge=1)  # K: distinct sessions before a prefix may leave
-    source_zone: str
-    target_zone: str
-
-
-class SkipReason(StrEnum):
-    OTHER_ZONE = "other_zone"  # the target is in another residency zone
-    FEW_SESSIONS = "few_sessions"  # seen from fewer than K distinct sessions
-    NO_PAYLOAD = "no_payload"  # counted, but no payload reached this tracker
-    COVERED = "covered"  # an ancestor of a chosen prefix: its replay warms this one
-    BUDGET = "budget"  # would exceed the prefill budget
-    KV = "kv"  # would exceed the target's KV capacity
-
-
-def may_leave(sessions: int, residency: Residency) -> SkipReason | None:
-    """Why a prefix seen from ``sessions`` distinct sessions may not leave, or None."""
-    if residency.source_zone != residency.target_zone:
-        return SkipReason.OTHER_ZONE
-    if sessions < residency.min_sessions:
-        return SkipReason.FEW_SESSIONS
-    return None
-
-
-# ---- the choice ------------------------------------------------------------------------
-
-
-class PrewarmLimits(Frozen):
-    budget_s: float = Field(30.0, gt=0)  # docs/architecture.md §4: 30 s
-    prefill_tokens_per_s: float = Field(gt=0)  # the target's prefill rate
-    kv_capacity_blocks: int = Field(ge=0)  # blocks the warmed prefixes may hold
-    block_size: int = Field(ge=1)  # the target's block size
-
-    @property
-    def budget_tokens(self) -> int:
-        return int(self.budget_s * self.prefill_tokens_per_s)
-
-
-class Candidate(Frozen):
-    key: str
-    count: int  # estimated frequency
-    sessions: int  # distinct sessions seen (capped at K)
-    payload: ReplayPayload | None
-
-
-class Selection(Frozen):
-    replay: tuple[ReplayPayload, ...] = ()  # prefill these once each, in this order
-    considered: int = 0  # the top n looked at
-    prefill_tokens: int = 0  # new tokens the replays prefill (shared ancestors once)
-    prefill_s: float = 0.0  # at the target's rate
-    kv_blocks: int = 0
-    skipped: dict[SkipReason, int] = Field(default_factory=dict)
-
-
-def top_n(n_or_fraction: float, universe: int) -> int:
-    """An int is a count; a float in (0, 1) a fraction of ``universe`` (rounded up)."""
-    if isinstance(n_or_fraction, int):
-        return max(0, n_or_fraction)
-    if not 0 < n_or_fraction < 1:
-        raise ValueError(f"a fraction must be in (0, 1), got {n_or_fraction}")
-    return math.ceil(n_or_fraction * max(0, universe))
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-def select_prewarm(
-    candidates: Sequence[Candidate], n: int, limits: PrewarmLimits, residency: Residency
-) -> Selection:
-    """Which of the ``n`` most frequent prefixes to replay on the target (see module)."""
-    top = sorted(candidates, key=lambda c: (-c.count, -(c.payload.blocks if c.payload else 0)))
-    top = top[:n]
-    skipped: dict[SkipReason, int] = {}
-    chosen: dict[str, ReplayPayload] = {}
-    covered: set[str] = set()  # ancestors of chosen prefixes
-    tokens = blocks = 0
-    for c in top:
-        reason = may_leave(c.sessions, residency)
-        if reason is None and c.payload is None:
-            reason = SkipReason.NO_PAYLOAD
-        if reason is None and c.key in covered:
-            reason = SkipReason.COVERED
-        p = c.payload
-        if reason is None and p is not None:
-            base = max((chosen[a].tokens for a in p.ancestors if a in chosen), default=0)
-            extra_tokens = p.tokens - base
-            extra_blocks = _blocks(p.tokens, limits.block_size) - _blocks(base, limits.block_size)
-            if tokens + extra_tokens > limits.budget_tokens:
-                reason = SkipReason.BUDGET
-            elif blocks + extra_blocks > limits.kv_capacity_blocks:
-                reason = SkipReason.KV
-        if reason is not None or p is None:
-            why = reason or SkipReason.NO_PAYLOAD
-            skipped[why] = skipped.get(why, 0) + 1
-            continue
-        chosen[c.key] = p
-        covered.update(p.ancestors)
-        tokens += extra_tokens
-        blocks += extra_blocks
-    # most frequent first: a replay cut short by time has done the most valuable ones
-    replay = [p for k, p in chosen.items() if k not in covered]
-    return Selection(
-        replay=tuple(replay),
-        considered=len(top),
-        prefill_tokens=tokens,
-        prefill_s=tokens / limits.prefill_tokens_per_s,
-        kv_blocks=blocks,
-        skipped=skipped,
-    )

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.kernel.prefixes import PromptKind, ReplayPayload
+from controlplane.kernel.prefixes import PromptKind
+from controlplane.kernel.prewarm_selection import ReplayPayload
 from controlplane.kernel.prompts import chat_prefix, completion_prefix
 from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, DEFAULT_VNODES, HashRing, prefix_key
 

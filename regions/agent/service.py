@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from controlplane.kernel.prefixes import ReplayPayload
+from controlplane.kernel.prewarm_selection import ReplayPayload
 from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS
 from regions.agent.prewarm_executor import PrewarmOutcome, Progress, execute_prewarm
 

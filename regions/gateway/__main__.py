@@ -21,8 +21,11 @@ where the control-plane leader merges all gateways into prefixes/<region>. The
 fingerprint parameters, K and the routing prefix length come from the topology's
 ``prefixes`` section only, which the leader reads too: at start the gateway compares
 its topology with the cluster spec the leader published in etcd (``spec``) and refuses
-to start, naming each setting, when they disagree. Flags set only what is this
-gateway's own: its identity, listen address, timeouts and local resources.
+to start, naming each setting, when they disagree (exit 2). It follows the spec while
+it runs: when a new leader publishes one that disagrees, it logs an ERROR naming each
+setting, stops as on SIGTERM and exits 2, for its supervisor to restart it on the new
+topology. Flags set only what is this gateway's own: its identity, listen address,
+timeouts and local resources.
 """
 
 from __future__ import annotations
@@ -267,10 +270,7 @@ async def _run(options: GatewayOptions) -> int:
         await server.stop()
         return 0
     if isinstance(exc := starting.exception(), SpecDisagreement):
-        # A configuration mistake, not a crash: the message names each setting.
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        await server.stop()
-        return 2
+        return await _refuse(server, exc)
     if exc is not None:
         log.error("gateway failed to start", exc_info=exc)
         await server.stop()
@@ -280,6 +280,9 @@ async def _run(options: GatewayOptions) -> int:
     done, _ = await asyncio.wait({waiter, runner}, return_when=asyncio.FIRST_COMPLETED)
     if waiter in done:
         log.info("signal received; shutting down")
+    elif isinstance(exc := runner.exception(), SpecDisagreement):  # a new leader's spec
+        waiter.cancel()
+        return await _refuse(server, exc)
     await server.stop()
     waiter.cancel()
     await asyncio.wait({waiter, runner})
@@ -287,6 +290,14 @@ async def _run(options: GatewayOptions) -> int:
         log.error("gateway tasks failed", exc_info=runner.exception())
         return 1
     return 0
+
+
+async def _refuse(server: GatewayServer, disagreement: SpecDisagreement) -> int:
+    """A topology that disagrees with the cluster spec: a configuration mistake, not a
+    crash. Stop as on SIGTERM, and exit 2 with the message, which names each setting."""
+    print(f"error: {disagreement}", file=sys.stderr, flush=True)
+    await server.stop()
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,6 +14,10 @@ Sessions this gateway spills off a region are announced in ``session-moves/``, a
 the other gateways' announcements make this one re-read its cached pins of that
 region (``session_moves.py``).
 
+The cluster spec is checked at start (a disagreement refuses to serve) and followed
+after (``spec_watch.py``): a spec published later that disagrees makes ``wait()``
+raise SpecDisagreement, for the caller to stop the gateway.
+
 Warm first (``warmth.py``, on unless ``AppConfig.warm_first`` is off) places a new
 session on a target warm for its prompt while routing splits its home.
 
@@ -32,13 +36,7 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 
 from controlplane.kernel.clock import SystemClock
-from controlplane.kernel.cluster_spec import (
-    SpecDisagreement,
-    cluster_spec,
-    disagreements,
-    read_spec,
-)
-from controlplane.kernel.codec import CorruptValue
+from controlplane.kernel.cluster_spec import cluster_spec
 from controlplane.kernel.config import EtcdConfig, Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool_members import PoolMembers
@@ -58,6 +56,7 @@ from regions.gateway.report import HealthReporter
 from regions.gateway.routing_cache import RoutingCache
 from regions.gateway.session_moves import SessionMovesBoard
 from regions.gateway.sessions import SessionResolver
+from regions.gateway.spec_watch import SpecWatch
 from regions.gateway.warmth import RegionWarmth, WarmUps
 
 log = logging.getLogger("tectonic.gateway")
@@ -172,6 +171,9 @@ class GatewayServer:
         }
         self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
         self.degradation = DegradationCache(self.store, self.keys)
+        self.spec_watch = SpecWatch(
+            self.store, self.keys, cluster_spec(options.topology), SPEC_SECTIONS
+        )
         self.pool = new_pool(options.proxy)
         self.reporter: HealthReporter | None = None
         if options.control_planes:
@@ -218,6 +220,7 @@ class GatewayServer:
         self.runner: web.ServerRunner | None = None  # built in start: needs the loop
         self.port = 0
         self._task: asyncio.Task[None] | None = None
+        self._spec_task: asyncio.Task[None] | None = None  # ends only on a disagreement
         self._stopped = False
 
     def _track_prefixes(self) -> PrefixObserver:
@@ -285,6 +288,9 @@ class GatewayServer:
         self.moves.gateway_id = gateway_id
         if self.exporter is not None:
             self.exporter.gateway_id = gateway_id
+        # Beside the task group, not in it: a disagreement must not cancel the caches
+        # that the requests in flight use while the gateway drains.
+        self._spec_task = asyncio.create_task(self.spec_watch.run(), name="spec-watch")
         log.info(
             "gateway for home region %s serving on %s (routing revision %d)",
             self.options.app.home,
@@ -296,24 +302,10 @@ class GatewayServer:
         """Refuse to serve (SpecDisagreement, naming each setting) with a topology whose
         regions or prefixes settings differ from the cluster spec the leader published:
         its exports would be skipped, or warmed prefixes routed to cold replicas.
-        Without a spec (no leader has run yet), or when it cannot be read, warn and go on."""
-        key = self.keys.spec()
-        try:
-            published, _ = await read_spec(self.store, self.keys)
-        except (CorruptValue, StoreError) as e:
-            log.warning("cluster spec not checked, it cannot be read: %s", e)
-            return
-        if published is None:
-            log.warning(
-                "no cluster spec at %s yet (no control-plane leader has run): this "
-                "topology's regions and prefixes settings are not checked",
-                key,
-            )
-            return
-        mine = cluster_spec(self.options.topology)
-        problems = disagreements(mine, published, SPEC_SECTIONS)
-        if problems:
-            raise SpecDisagreement(key, problems)
+        Without a spec (no leader has run yet), or when it cannot be read, warn and go on
+        (the spec watch checks again once it can)."""
+        with contextlib.suppress(StoreError):  # warned; serving from the caches is fine
+            await self.spec_watch.check()
 
     async def _loaded(self) -> None:
         await self.routing.loaded.wait()
@@ -356,16 +348,21 @@ class GatewayServer:
                 tg.create_task(self.exporter.run(), name="prefix-export")
 
     async def wait(self) -> None:
-        """Until the background tasks end (they only end by failing or on stop)."""
+        """Until the background tasks end (they only end by failing or on stop), or the
+        cluster spec in etcd turns to one this topology disagrees with: then raises
+        SpecDisagreement, and the caller stops the gateway (``__main__`` exits 2)."""
         assert self._task is not None
-        await asyncio.wait({self._task})
-        if not self._task.cancelled() and (exc := self._task.exception()) is not None:
-            raise exc
+        tasks = [t for t in (self._spec_task, self._task) if t is not None]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:  # the spec's first: the reason to name
+            if task in done and not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        await self._stop_following_spec()
         self.app.stopping = True
         if self.runner is not None:
             with contextlib.suppress(Exception):
@@ -381,3 +378,13 @@ class GatewayServer:
         if self._own_store:
             await self.store.close()
         log.info("gateway stopped")
+
+    async def _stop_following_spec(self) -> None:
+        """A stopping gateway has nothing left to check."""
+        task = self._spec_task
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved: the watch logged its disagreement already

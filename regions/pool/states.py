@@ -27,14 +27,16 @@ stays at or above the target, and retires stale standby replicas (IDLE -> WARM a
 Stale replicas are never woken, resumed or counted as standby.
 
 :func:`plan` turns the replicas and a :class:`PoolTarget` into a :class:`Plan` of
-actions; the I/O adapter (:mod:`regions.pool.manager`) carries them out.
+actions, phase by phase (:data:`PHASES`: activate, drain, retire, sleep, launch, stop;
+each a small function of the pool as read and of scale-up's choice); the I/O adapter
+(:mod:`regions.pool.manager`) carries them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -226,161 +228,251 @@ class Plan(Frozen):
         return [a for a in self.actions if a.kind in kinds]
 
 
+class PlanPhase(StrEnum):
+    """The planner's phases, in the order their moves come in a :class:`Plan`."""
+
+    ACTIVATE = "activate"  # scale-up: resume IDLE, then wake WARM; never held back
+    DRAIN = "drain"  # scale-down: ACTIVE beyond the target, after the anti-flap dwell
+    RETIRE = "retire"  # the roll: stale standby sleeps (after drain_s) or stops
+    SLEEP = "sleep"  # IDLE past its dwell back to WARM
+    LAUNCH = "launch"  # COLD slots for the standby target and the ACTIVE shortfall
+    STOP = "stop"  # WARM beyond the standby target, past its dwell
+
+
+class _Pool(NamedTuple):
+    """The pool as the planner reads it, once. Free (not busy) replicas come in
+    (since, name) order: the longest in their state first."""
+
+    target: PoolTarget
+    now: float
+    dwell: DwellPolicy
+    stale: list[Replica]  # free replicas of another variant
+    of: dict[ReplicaState, list[Replica]]  # the other free replicas, by state
+    launching: int  # busy COLD slots, being launched as a wanted variant
+    n_active: int  # every ACTIVE replica, busy and stale ones included
+    n_stale_active: int
+
+    @property
+    def need(self) -> int:
+        return self.target.active - self.n_active
+
+
+class _Lift(NamedTuple):
+    """Scale-up's choice, which the later phases plan around."""
+
+    resumed: list[Replica]
+    woken: list[Replica]
+    still_idle: list[Replica]  # IDLE not resumed
+    still_warm: list[Replica]  # WARM not woken
+    to_bring_up: int  # wanted ACTIVE beyond this plan's: the shortfall, the roll's surge
+    shortfall: int
+
+
+class _Step(NamedTuple):
+    """What one phase plans."""
+
+    actions: tuple[Action, ...] = ()
+    deferred: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
 def plan(replicas: Sequence[Replica], target: PoolTarget, now: float, dwell: DwellPolicy) -> Plan:
     """Decide which replicas to wake, resume, drain, sleep, stop or launch to reach
     ``target``. Scale-up is immediate (IDLE first: they are awake), scale-down waits
     for the dwell times; COLD slots are launched to WARM for the standby target and
     for any ACTIVE shortfall. Replicas of another variant than the target's are rolled
-    out one at a time (module docstring)."""
+    out one at a time (module docstring). The phases (:data:`PHASES`) run in order,
+    each on the pool as it was read and on scale-up's choice."""
+    pool = _read(replicas, target, now, dwell)
+    lift = _lift(pool)
+    steps = [phase(pool, lift) for phase in PHASES.values()]
+    return Plan(
+        actions=tuple(a for s in steps for a in s.actions),
+        deferred=tuple(d for s in steps for d in s.deferred),
+        notes=tuple(n for s in steps for n in s.notes) + _outlook(pool, lift),
+        shortfall=lift.shortfall,
+    )
+
+
+def _read(replicas: Sequence[Replica], target: PoolTarget, now: float, dwell: DwellPolicy) -> _Pool:
     free = sorted((r for r in replicas if not r.busy), key=lambda r: (r.since, r.name))
     stale = [r for r in free if is_stale(r, target)]
-    of = {s: [r for r in free if r.state is s and r not in stale] for s in ReplicaState}
-    launching = sum(1 for r in replicas if r.busy and r.state is COLD and not is_stale(r, target))
-    n_active = sum(1 for r in replicas if r.state is ACTIVE)
-    n_stale_active = sum(1 for r in replicas if r.state is ACTIVE and is_stale(r, target))
-    actions: list[Action] = []
-    deferred: list[str] = []
-    notes: list[str] = []
-
-    def act(kind: ActionKind, r: Replica, to: ReplicaState, why: str, retire: bool = False) -> None:
-        actions.append(Action(kind=kind, replica=r.name, to=to, reason=why, retire=retire))
-
-    need = target.active - n_active
-    # The roll's surge: while stale replicas serve, one replica of the wanted variant
-    # beyond the target, so that draining a stale one keeps ACTIVE at the target.
-    surge = 1 if n_stale_active else 0
-    up = max(0, min(target.active - (n_active - n_stale_active), target.active + surge - n_active))
-    why_up = (
-        f"{n_active} ACTIVE < target {target.active}"
-        if need > 0
-        else f"roll to {target.variant}: replaces one of {n_stale_active} ACTIVE on another variant"
-    )
-    resumed = of[IDLE][::-1][:up]  # most recently drained first: warmest cache
-    woken = of[WARM][: up - len(resumed)]
-    for r in resumed:
-        act("resume", r, ACTIVE, why_up)
-    for r in woken:
-        act("wake", r, ACTIVE, why_up)
-    shortfall = max(need - len(resumed) - len(woken), 0)
-    to_bring_up = up - len(resumed) - len(woken)  # >= shortfall: the roll's surge too
-    if need < 0:
-        _drain(
-            of[ACTIVE],
-            [r for r in stale if r.state is ACTIVE],
-            target,
-            n_active,
-            now,
-            dwell,
-            act,
-            deferred,
-        )
-    _retire(stale, target, now, dwell, act, deferred)
-
-    still_idle = [r for r in of[IDLE] if r not in resumed]
-    for r in still_idle:
-        if refusal(r, WARM, now, dwell) is None:
-            act("sleep", r, WARM, f"IDLE dwell {dwell.idle_min_s:g} s over")
-    still_warm = [r for r in of[WARM] if r not in woken]
-
-    # Standby: IDLE counts when deciding to launch (it is ready at once) but not when
-    # deciding to stop (it may be resumed) - a hysteresis that avoids launch/stop churn.
-    standby = len(still_warm) + len(still_idle) + launching
-    wanted = target.warm + to_bring_up
-    deficit = wanted - standby
-    cold = of[COLD]
-    for r in [r for r in cold if not r.managed]:  # re-probe: reachable ones join as WARM
-        act("launch", r, WARM, "static endpoint: adopt when reachable")
-    managed_cold = [r for r in cold if r.managed]
-    for r in managed_cold[: max(deficit, 0)]:
-        act("launch", r, WARM, f"standby {standby} < wanted {wanted}")
-    retiring = sum(1 for r in stale if r.state in (IDLE, WARM) and r.managed)
-    if deficit > len(managed_cold) + retiring:
-        notes.append(
-            f"pool too small: wanted {wanted} in standby, "
-            f"have {standby} and {len(managed_cold)} COLD slots to launch"
-        )
-    elif deficit > len(managed_cold):
-        notes.append(
-            f"roll to {target.variant}: {deficit - len(managed_cold)} launch(es) "
-            "wait for the slot of a replica being retired"
-        )
-    if shortfall:
-        notes.append(
-            f"{shortfall} ACTIVE short of {target.active}: COLD slots launch to "
-            "WARM first and are woken by a later plan (never COLD -> ACTIVE)"
-        )
-    if stale:
-        notes.append(
-            f"roll to {target.variant}: {n_stale_active} ACTIVE and "
-            f"{len(stale) - n_stale_active} other replica(s) on another variant"
-        )
-
-    excess = len(still_warm) - target.warm
-    if excess > 0:
-        stoppable = [r for r in still_warm if refusal(r, COLD, now, dwell) is None]
-        for r in stoppable[:excess]:
-            act("stop", r, COLD, f"{len(still_warm)} WARM > target {target.warm}")
-        if len(stoppable) < excess:
-            deferred += [
-                f"stop: {refusal(r, COLD, now, dwell)}"
-                for r in still_warm
-                if r.managed and r not in stoppable
-            ]
-    return Plan(
-        actions=tuple(actions), deferred=tuple(deferred), notes=tuple(notes), shortfall=shortfall
+    return _Pool(
+        target=target,
+        now=now,
+        dwell=dwell,
+        stale=stale,
+        of={s: [r for r in free if r.state is s and r not in stale] for s in ReplicaState},
+        launching=sum(
+            1 for r in replicas if r.busy and r.state is COLD and not is_stale(r, target)
+        ),
+        n_active=sum(1 for r in replicas if r.state is ACTIVE),
+        n_stale_active=sum(1 for r in replicas if r.state is ACTIVE and is_stale(r, target)),
     )
 
 
-class _Act(Protocol):
-    def __call__(
-        self, kind: ActionKind, r: Replica, to: ReplicaState, why: str, retire: bool = False
-    ) -> None: ...
+def _lift(p: _Pool) -> _Lift:
+    """How many to bring ACTIVE, and which: the target's shortfall and, while stale
+    replicas serve, the roll's surge (one of the wanted variant beyond the target, so
+    that draining a stale one keeps ACTIVE at the target)."""
+    surge = 1 if p.n_stale_active else 0
+    t = p.target.active
+    up = max(0, min(t - (p.n_active - p.n_stale_active), t + surge - p.n_active))
+    resumed = p.of[IDLE][::-1][:up]  # most recently drained first: warmest cache
+    woken = p.of[WARM][: up - len(resumed)]
+    brought = len(resumed) + len(woken)
+    return _Lift(
+        resumed=resumed,
+        woken=woken,
+        still_idle=[r for r in p.of[IDLE] if r not in resumed],
+        still_warm=[r for r in p.of[WARM] if r not in woken],
+        to_bring_up=up - brought,  # >= shortfall: the roll's surge too
+        shortfall=max(p.need - brought, 0),
+    )
 
 
-def _drain(
-    fresh_active: list[Replica],
-    stale_active: list[Replica],
-    target: PoolTarget,
-    n_active: int,
-    now: float,
-    dwell: DwellPolicy,
-    act: _Act,
-    deferred: list[str],
-) -> None:
+def _move(r: Replica, to: ReplicaState, why: str, *, retire: bool = False) -> Action:
+    """``r`` to ``to``; the edge table names the action."""
+    return Action(kind=EDGES[(r.state, to)], replica=r.name, to=to, reason=why, retire=retire)
+
+
+def _activate(p: _Pool, lift: _Lift) -> _Step:
+    why = (
+        f"{p.n_active} ACTIVE < target {p.target.active}"
+        if p.need > 0
+        else f"roll to {p.target.variant}: replaces one of {p.n_stale_active} ACTIVE "
+        "on another variant"
+    )
+    return _Step(actions=tuple(_move(r, ACTIVE, why) for r in (*lift.resumed, *lift.woken)))
+
+
+def _drain(p: _Pool, lift: _Lift) -> _Step:
     """Drain the ACTIVE replicas beyond the target: stale ones first (that is the roll,
     and only ever once a replacement is ACTIVE), then the longest ACTIVE; each once its
     anti-flap dwell is over."""
-    excess = n_active - target.active
-    candidates = stale_active + fresh_active
-    drainable = [r for r in candidates if refusal(r, IDLE, now, dwell) is None]
-    for r in drainable[:excess]:
-        why = f"{n_active} ACTIVE > target {target.active}"
-        if r in stale_active:
-            why = f"roll to {target.variant}: replaced ({why}); runs {r.variant}"
-        act("drain", r, IDLE, why)
-    if len(drainable) < excess:
-        deferred += [
-            f"drain: {refusal(r, IDLE, now, dwell)}" for r in candidates if r not in drainable
-        ]
+    excess = p.n_active - p.target.active
+    if excess <= 0:
+        return _Step()
+    stale_active = [r for r in p.stale if r.state is ACTIVE]
+    candidates = stale_active + p.of[ACTIVE]
+    drainable = [r for r in candidates if refusal(r, IDLE, p.now, p.dwell) is None]
+    why = f"{p.n_active} ACTIVE > target {p.target.active}"
+    actions = tuple(
+        _move(r, IDLE, _drain_reason(p, r, why) if r in stale_active else why)
+        for r in drainable[:excess]
+    )
+    if len(drainable) >= excess:
+        return _Step(actions)
+    held = tuple(
+        f"drain: {refusal(r, IDLE, p.now, p.dwell)}" for r in candidates if r not in drainable
+    )
+    return _Step(actions, deferred=held)
 
 
-def _retire(
-    stale: list[Replica],
-    target: PoolTarget,
-    now: float,
-    dwell: DwellPolicy,
-    act: _Act,
-    deferred: list[str],
-) -> None:
+def _drain_reason(p: _Pool, r: Replica, why: str) -> str:
+    return f"roll to {p.target.variant}: replaced ({why}); runs {r.variant}"
+
+
+def _retire(p: _Pool, lift: _Lift) -> _Step:
     """Stale standby leaves: IDLE ones sleep once drained (``drain_s``), WARM managed
     ones stop, freeing their slots for the wanted variant. Static ones stay asleep."""
-    for r in stale:
-        why = f"retiring: runs {r.variant}, {target.variant} wanted"
+    actions: list[Action] = []
+    held: list[str] = []
+    for r in p.stale:
+        why = f"retiring: runs {r.variant}, {p.target.variant} wanted"
         if r.state is IDLE:
-            reason = refusal(r, WARM, now, dwell, retiring=True)
+            reason = refusal(r, WARM, p.now, p.dwell, retiring=True)
             if reason is None:
-                act("sleep", r, WARM, why, retire=True)
+                actions.append(_move(r, WARM, why, retire=True))
             else:
-                deferred.append(f"retire: {reason}")
+                held.append(f"retire: {reason}")
         elif r.state is WARM and r.managed:
-            act("stop", r, COLD, why, retire=True)
+            actions.append(_move(r, COLD, why, retire=True))
+    return _Step(tuple(actions), deferred=tuple(held))
+
+
+def _sleep(p: _Pool, lift: _Lift) -> _Step:
+    why = f"IDLE dwell {p.dwell.idle_min_s:g} s over"
+    over = [r for r in lift.still_idle if refusal(r, WARM, p.now, p.dwell) is None]
+    return _Step(actions=tuple(_move(r, WARM, why) for r in over))
+
+
+def _launch(p: _Pool, lift: _Lift) -> _Step:
+    """Re-probe static COLD endpoints (reachable ones join as WARM) and launch managed
+    COLD slots up to the standby wanted: the target's WARM and what scale-up could not
+    bring ACTIVE. IDLE counts as standby here (it is ready at once) but not when
+    stopping (it may be resumed): a hysteresis that avoids launch/stop churn."""
+    standby = len(lift.still_warm) + len(lift.still_idle) + p.launching
+    wanted = p.target.warm + lift.to_bring_up
+    cold = p.of[COLD]
+    managed = [r for r in cold if r.managed]
+    adopt = "static endpoint: adopt when reachable"
+    actions = tuple(_move(r, WARM, adopt) for r in cold if not r.managed) + tuple(
+        _move(r, WARM, f"standby {standby} < wanted {wanted}")
+        for r in managed[: max(wanted - standby, 0)]
+    )
+    return _Step(actions, notes=_slot_notes(p, wanted, standby, len(managed)))
+
+
+def _slot_notes(p: _Pool, wanted: int, standby: int, n_cold: int) -> tuple[str, ...]:
+    """Why the standby wanted is not all launched: no slot, or a slot still retiring."""
+    deficit = wanted - standby
+    retiring = sum(1 for r in p.stale if r.state in (IDLE, WARM) and r.managed)
+    if deficit > n_cold + retiring:
+        return (
+            f"pool too small: wanted {wanted} in standby, "
+            f"have {standby} and {n_cold} COLD slots to launch",
+        )
+    if deficit > n_cold:
+        return (
+            f"roll to {p.target.variant}: {deficit - n_cold} launch(es) "
+            "wait for the slot of a replica being retired",
+        )
+    return ()
+
+
+def _stop(p: _Pool, lift: _Lift) -> _Step:
+    """Stop the WARM replicas beyond the standby target once their dwell is over."""
+    warm = lift.still_warm
+    excess = len(warm) - p.target.warm
+    if excess <= 0:
+        return _Step()
+    stoppable = [r for r in warm if refusal(r, COLD, p.now, p.dwell) is None]
+    why = f"{len(warm)} WARM > target {p.target.warm}"
+    actions = tuple(_move(r, COLD, why) for r in stoppable[:excess])
+    if len(stoppable) >= excess:
+        return _Step(actions)
+    held = tuple(
+        f"stop: {refusal(r, COLD, p.now, p.dwell)}"
+        for r in warm
+        if r.managed and r not in stoppable
+    )
+    return _Step(actions, deferred=held)
+
+
+def _outlook(p: _Pool, lift: _Lift) -> tuple[str, ...]:
+    """Where the pool stands against the target once this plan is carried out."""
+    notes: list[str] = []
+    if lift.shortfall:
+        notes.append(
+            f"{lift.shortfall} ACTIVE short of {p.target.active}: COLD slots launch to "
+            "WARM first and are woken by a later plan (never COLD -> ACTIVE)"
+        )
+    if p.stale:
+        notes.append(
+            f"roll to {p.target.variant}: {p.n_stale_active} ACTIVE and "
+            f"{len(p.stale) - p.n_stale_active} other replica(s) on another variant"
+        )
+    return tuple(notes)
+
+
+# The phases in order (an edge table for the plan: what runs after what); each one
+# returns its own moves, so a phase added or moved is one row here.
+PHASES: Mapping[PlanPhase, Callable[[_Pool, _Lift], _Step]] = {
+    PlanPhase.ACTIVATE: _activate,
+    PlanPhase.DRAIN: _drain,
+    PlanPhase.RETIRE: _retire,
+    PlanPhase.SLEEP: _sleep,
+    PlanPhase.LAUNCH: _launch,
+    PlanPhase.STOP: _stop,
+}

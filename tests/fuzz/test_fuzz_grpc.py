@@ -67,7 +67,8 @@ from controlplane.kernel.model import (
     RegionState,
 )
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import PromptKind, ReplayPayload
+from controlplane.kernel.prefixes import PromptKind
+from controlplane.kernel.prewarm_selection import ReplayPayload
 from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent

@@ -25,7 +25,8 @@ from controlplane.kernel.drills import DrillSummary
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Readiness
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import ChatMessage, FingerprintParams, PromptKind, ReplayPayload
+from controlplane.kernel.prefixes import FingerprintParams, PromptKind
+from controlplane.kernel.prewarm_selection import ChatMessage, ReplayPayload
 from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.cp_harness import fast_topology, running_replica
 from tests.integration.test_failoverctl import ctl

@@ -24,7 +24,8 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import PromptKind, ReplayPayload
+from controlplane.kernel.prefixes import PromptKind
+from controlplane.kernel.prewarm_selection import ReplayPayload
 from controlplane.kernel.ring import prefix_key
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.prewarm_executor import HITS, cache_counters

@@ -22,7 +22,8 @@ from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import FingerprintParams, PromptKind, ReplayPayload
+from controlplane.kernel.prefixes import FingerprintParams, PromptKind
+from controlplane.kernel.prewarm_selection import ReplayPayload
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.prewarm_executor import cache_counters
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent

@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from controlplane.core.actions import NO_JOBS, JobKind, Jobs
+from controlplane.core.decide import decide
+from controlplane.core.publish import prefix_aggregation
 from controlplane.election import NotLeader
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
@@ -16,10 +19,14 @@ from controlplane.kernel.config import ConfigError, PrefixesConfig, parse_topolo
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.prefix_catalog import PrefixCatalog, PrefixWanted
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import PromptRequest, Residency, levels, may_leave
+from controlplane.kernel.prefixes import PromptRequest, levels
+from controlplane.kernel.prewarm_selection import Residency, may_leave
+from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Compare
+from controlplane.orchestrator import Orchestrator
 from controlplane.prefix_aggregator import REWRITE_EVERY, PrefixAggregator, fit_catalog
+from controlplane.prewarm import NoPrefixData
 
 CFG = PrefixesConfig(block_size=16, level_tokens=16, min_sessions=3, max_entries=64)
 KEYS = Keys("t")
@@ -240,23 +247,54 @@ async def test_catalogs_are_cut_to_size_lowest_ranked_first() -> None:
     assert fit_catalog(full, size) == (full, 0, 0)
 
 
-async def test_run_aggregates_only_while_leading() -> None:
+def test_the_tick_asks_for_an_aggregation_per_interval_and_never_two_at_once() -> None:
+    every = CFG.aggregate_interval_s
+    first = prefix_aggregation(100.0, CFG, NO_JOBS)  # a term's first tick
+    assert first is not None and first.kind is JobKind.PREFIX_AGGREGATE
+    assert prefix_aggregation(101.0, CFG, Jobs(running=frozenset({first.id}))) is None
+    ended = Jobs(aggregated_at=105.0)
+    assert prefix_aggregation(105.0 + every - 0.01, CFG, ended) is None
+    again = prefix_aggregation(105.0 + every, CFG, ended)
+    assert again is not None and again.id != first.id
+
+
+async def test_the_leaders_cycle_runs_the_aggregation_as_a_job_and_forgets_on_leadership_loss() -> (
+    None
+):
+    """decide asks for it, the orchestrator's executor runs it, its end is an input of
+    the next tick: one catalog write per interval, and none after the lease is lost."""
     store = await leading_store()
     await store.put(KEYS.prefix_export("gw-a"), gateway(["a1", "a2", "a3"]))
-    leading = False
-    agg, _ = aggregator(store, PrefixesConfig(**{**CFG.model_dump(), "aggregate_interval_s": 0.01}))
-    task = asyncio.create_task(agg.run(lambda: leading))
-    await asyncio.sleep(0.05)
-    assert await stored(store, "east") is None
-    leading = True
-    for _ in range(100):
-        if await stored(store, "east") is not None:
-            break
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert await stored(store, "east") is not None
+    topo = parse_topology(
+        {
+            "cluster": "t",
+            "regions": [{"name": "east", "zone": "us", "agent": "h:1", "capacity_rps": 1}],
+            "prefixes": CFG.model_dump(),
+        }
+    )
+    clock = FakeClock(1000.0)
+    agg = PrefixAggregator(store, KEYS, topo.prefixes, clock, fence, regions=topo.names)
+    orch = Orchestrator(store, KEYS, topo, clock, fence, NoPrefixData(), "cp-a", catalogs=agg)
+
+    async def tick(advance: float) -> None:
+        clock.advance(advance)
+        snap = await read_snapshot(store, KEYS, topo, clock.now())
+        await orch.apply(decide(snap, topo, "cp-a", orch.jobs()))
+        for _ in range(20):  # the job's own turns of the loop
+            await asyncio.sleep(0)
+
+    await tick(0.0)
+    first = await store.get(KEYS.prefixes("east"))
+    assert first is not None and orch.jobs().aggregated_at == 1000.0
+    await store.put(KEYS.prefix_export("gw-b"), gateway(["b1", "b2", "b3"]))
+    await tick(CFG.aggregate_interval_s / 2)  # not due: nothing merged
+    assert (await store.get(KEYS.prefixes("east"))) == first
+    await tick(CFG.aggregate_interval_s / 2)
+    second = await store.get(KEYS.prefixes("east"))
+    assert second is not None and second.mod_revision > first.mod_revision
+    assert decode(PrefixCatalog, second.value).gateways == 2
+    await orch.stop_failovers()  # leadership lost: the next term aggregates at once
+    assert orch.jobs().aggregated_at is None and not agg._last
 
 
 def test_the_prefixes_section_is_validated_with_named_fields() -> None:

@@ -22,13 +22,12 @@ import pytest
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
 from controlplane.kernel.prefixes import (
     FingerprintParams,
-    PrewarmLimits,
     PromptRequest,
-    Residency,
     calibrate_chars_per_token,
     levels,
     shared_blocks,
 )
+from controlplane.kernel.prewarm_selection import PrewarmLimits, Residency
 from regions.simulator.engine import EngineConfig
 from regions.simulator.server import SimConfig, serve
 from regions.simulator.tokenizer import Tokenizer, render_chat

@@ -12,23 +12,25 @@ from hypothesis import strategies as st
 
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.prefixes import (
-    Candidate,
     FingerprintParams,
-    PrewarmLimits,
     PromptKind,
     PromptRequest,
-    ReplayPayload,
-    Residency,
-    SkipReason,
     block_chain_text,
     block_chain_tokens,
     fingerprint,
     levels,
-    merge_sessions,
     render_chat,
+    shared_blocks,
+)
+from controlplane.kernel.prewarm_selection import (
+    Candidate,
+    PrewarmLimits,
+    ReplayPayload,
+    Residency,
+    SkipReason,
+    merge_sessions,
     replay_payload,
     select_prewarm,
-    shared_blocks,
     top_n,
 )
 

@@ -48,6 +48,7 @@ from controlplane.orchestrator import Orchestrator
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
+PREWARMS = (JobKind.FAILOVER_PREWARM, JobKind.RECOVERY_PREWARM)
 
 
 def stored(value: M) -> M:
@@ -204,7 +205,7 @@ class World:
         await self._push()
         res = await self._tick_once()
         for _ in range(4):  # a failover's pre-warm, then what its record lets happen
-            if not any(j.kind is not JobKind.REPIN for j in self.results[-1].jobs):
+            if not any(j.kind in PREWARMS for j in self.results[-1].jobs):
                 break
             await self._tick_once()
         await self._pull()

@@ -1,0 +1,327 @@
+"""The warm pool's planner (regions.pool.states.plan) as a whole: exact plans for mixed
+pools (every phase's moves, in order, with their reasons), and invariants over random
+pools (phase order, input order, scale-up's picks, the shortfall, held moves)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regions.pool.states import (
+    ACTIVE,
+    COLD,
+    IDLE,
+    PHASES,
+    WARM,
+    Action,
+    DwellPolicy,
+    Plan,
+    PlanPhase,
+    PoolTarget,
+    Replica,
+    ReplicaState,
+    is_stale,
+    plan,
+    transition,
+)
+
+T0 = 1_000_000.0
+D = DwellPolicy()  # WARM 300 s, IDLE 1800 s, ACTIVE 120 s, drain 10 s
+
+
+def rep(
+    name: str,
+    state: ReplicaState,
+    ago: float = 0.0,
+    *,
+    variant: str | None = None,
+    managed: bool = True,
+    busy: bool = False,
+) -> Replica:
+    """A replica in ``state`` for ``ago`` seconds at T0."""
+    url = None if state is COLD and managed else f"http://{name}"
+    return Replica(
+        name=name,
+        url=url,
+        state=state,
+        since=T0 - ago,
+        managed=managed,
+        busy=busy,
+        variant=variant,
+    )
+
+
+def line(a: Action) -> str:
+    return f"{a.kind} {a.replica}{' retire' if a.retire else ''} | {a.reason}"
+
+
+# -- exact plans: one pool per direction, each with several phases at work ---------------
+SCALE_DOWN = [
+    rep("a0", ACTIVE, 500),
+    rep("a1", ACTIVE, 100),
+    rep("a2", ACTIVE, 60),
+    rep("i0", IDLE, 2000),
+    rep("i1", IDLE, 100),
+    rep("s0", COLD, 50, managed=False),
+    rep("w0", WARM, 900),
+    rep("w1", WARM, 200),
+    rep("w2", WARM, 100),
+    rep("c0", COLD, 10),
+]
+SCALE_UP = [
+    rep("a0", ACTIVE, 500),
+    rep("i0", IDLE, 2000),
+    rep("i1", IDLE, 100),
+    rep("w0", WARM, 900),
+    rep("w1", WARM, 400),
+    rep("c0", COLD, 10),
+    rep("c1", COLD, 5, busy=True),
+    rep("c2", COLD, 5),
+]
+ROLL = [
+    rep("a0", ACTIVE, 500, variant="a"),
+    rep("a1", ACTIVE, 500, variant="b"),
+    rep("i0", IDLE, 60, variant="a"),
+    rep("i1", IDLE, 5, variant="a"),
+    rep("w0", WARM, 900, variant="a"),
+    rep("w1", WARM, 400, variant="b"),
+    rep("s0", WARM, 50, variant="a", managed=False),
+    rep("c0", COLD, 10),
+]
+ROLL_DRAIN = [
+    rep("a0", ACTIVE, 500, variant="a"),
+    rep("a1", ACTIVE, 500, variant="b"),
+    rep("a2", ACTIVE, 300, variant="b"),
+    rep("w0", WARM, 900, variant="a"),
+    rep("c0", COLD, 10, variant="b", busy=True),
+]
+SHORT = "ACTIVE short of 7: COLD slots launch to WARM first and are woken by a later plan"
+EXACT = {
+    "scale_down": (
+        SCALE_DOWN,
+        PoolTarget(active=1, warm=1),
+        [
+            "drain a0 | 3 ACTIVE > target 1",
+            "sleep i0 | IDLE dwell 1800 s over",
+            "launch s0 | static endpoint: adopt when reachable",
+            "stop w0 | 3 WARM > target 1",
+        ],
+        [
+            "drain: a1 is ACTIVE for 100 s < ACTIVE dwell 120 s",
+            "drain: a2 is ACTIVE for 60 s < ACTIVE dwell 120 s",
+            "stop: w1 is WARM for 200 s < WARM dwell 300 s",
+            "stop: w2 is WARM for 100 s < WARM dwell 300 s",
+        ],
+        [],
+        0,
+    ),
+    "scale_up": (
+        SCALE_UP,
+        PoolTarget(active=7, warm=2),
+        [
+            "resume i1 | 1 ACTIVE < target 7",
+            "resume i0 | 1 ACTIVE < target 7",
+            "wake w0 | 1 ACTIVE < target 7",
+            "wake w1 | 1 ACTIVE < target 7",
+            "launch c0 | standby 1 < wanted 4",
+            "launch c2 | standby 1 < wanted 4",
+        ],
+        [],
+        [
+            "pool too small: wanted 4 in standby, have 1 and 2 COLD slots to launch",
+            f"2 {SHORT} (never COLD -> ACTIVE)",
+        ],
+        2,
+    ),
+    "roll": (
+        ROLL,
+        PoolTarget(active=2, warm=1, variant="b"),
+        [
+            "wake w1 | roll to b: replaces one of 1 ACTIVE on another variant",
+            "stop w0 retire | retiring: runs a, b wanted",
+            "sleep i0 retire | retiring: runs a, b wanted",
+            "launch c0 | standby 0 < wanted 1",
+        ],
+        ["retire: i1 is IDLE for 5 s < drain 10 s"],
+        ["roll to b: 1 ACTIVE and 4 other replica(s) on another variant"],
+        0,
+    ),
+    "roll_drain": (
+        ROLL_DRAIN,
+        PoolTarget(active=2, warm=2, variant="b"),
+        [
+            "drain a0 | roll to b: replaced (3 ACTIVE > target 2); runs a",
+            "stop w0 retire | retiring: runs a, b wanted",
+        ],
+        [],
+        [
+            "roll to b: 1 launch(es) wait for the slot of a replica being retired",
+            "roll to b: 1 ACTIVE and 1 other replica(s) on another variant",
+        ],
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EXACT))
+def test_the_whole_plan_for_a_mixed_pool(case: str) -> None:
+    pool, target, actions, deferred, notes, shortfall = EXACT[case]
+    p = plan(pool, target, T0, D)
+    assert [line(a) for a in p.actions] == actions
+    assert list(p.deferred) == deferred
+    assert list(p.notes) == notes
+    assert p.shortfall == shortfall
+
+
+# -- invariants over random pools ----------------------------------------------------------
+VARIANTS = st.sampled_from([None, "a", "b"])
+# Ages at the dwell times (ties included) as well as anywhere in between.
+AGES = st.one_of(
+    st.sampled_from([0.0, 5.0, 10.0, 120.0, 200.0, 300.0, 1800.0, 2000.0, 3000.0]),
+    st.floats(0, 4000),
+)
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> list[Replica]:
+    specs = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(list(ReplicaState)), AGES, st.booleans(), st.booleans(), VARIANTS
+            ),
+            max_size=10,
+        )
+    )
+    names = draw(st.permutations([f"r{i}" for i in range(len(specs))]))
+    return [
+        rep(name, state, ago, managed=managed, busy=busy, variant=variant)
+        for name, (state, ago, managed, busy, variant) in zip(names, specs, strict=True)
+    ]
+
+
+targets = st.builds(PoolTarget, active=st.integers(0, 8), warm=st.integers(0, 8), variant=VARIANTS)
+dwells = st.one_of(
+    st.just(D),
+    st.builds(
+        DwellPolicy,
+        warm_min_s=st.sampled_from([0.0, 100.0, 300.0]),
+        idle_min_s=st.sampled_from([0.0, 200.0, 1800.0]),
+        active_min_s=st.sampled_from([0.0, 120.0, 2000.0]),
+        drain_s=st.sampled_from([0.0, 10.0, 3000.0]),
+    ),
+)
+plans = settings(max_examples=400, deadline=None)
+
+# The phase each kind of move belongs to; a stale replica's moves are the RETIRE phase's.
+PHASE_OF_KIND = {
+    "resume": PlanPhase.ACTIVATE,
+    "wake": PlanPhase.ACTIVATE,
+    "drain": PlanPhase.DRAIN,
+    "sleep": PlanPhase.SLEEP,
+    "launch": PlanPhase.LAUNCH,
+    "stop": PlanPhase.STOP,
+}
+
+
+def phase_of(a: Action) -> PlanPhase:
+    return PlanPhase.RETIRE if a.retire else PHASE_OF_KIND[a.kind]
+
+
+def apply(
+    replicas: Sequence[Replica], p: Plan, target: PoolTarget, now: float, dwell: DwellPolicy
+) -> list[Replica]:
+    """What the manager does when every action succeeds (launches take the target's
+    variant, like ``WarmPool._apply``)."""
+    by = {r.name: r for r in replicas}
+    for a in p.actions:
+        r = by[a.replica]
+        if a.kind == "launch":
+            r = r.model_copy(update={"variant": target.variant})
+        url = f"http://{a.replica}" if a.kind == "launch" else None
+        by[a.replica] = transition(r, a.to, now, dwell, url, retiring=a.retire)
+    return list(by.values())
+
+
+def test_the_phases_run_in_their_declared_order() -> None:
+    assert list(PHASES) == list(PlanPhase)
+
+
+@plans
+@given(pools(), targets, dwells)
+def test_moves_come_phase_by_phase(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy
+) -> None:
+    order = list(PlanPhase)
+    ranks = [order.index(phase_of(a)) for a in plan(pool, target, T0, dwell).actions]
+    assert ranks == sorted(ranks)
+
+
+@plans
+@given(pools(), targets, dwells, st.randoms(use_true_random=False))
+def test_the_plan_does_not_depend_on_the_order_of_the_replicas(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy, rnd: object
+) -> None:
+    shuffled = list(pool)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert plan(shuffled, target, T0, dwell) == plan(pool, target, T0, dwell)
+
+
+@plans
+@given(pools(), targets, dwells)
+def test_scale_up_takes_the_warmest_caches_and_never_a_stale_replica(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy
+) -> None:
+    p = plan(pool, target, T0, dwell)
+    by = {r.name: r for r in pool}
+    picked = {a.replica for a in p.of("resume", "wake")}
+    assert not any(is_stale(by[n], target) for n in picked)
+    # A stale replica only leaves: drained while ACTIVE (the roll), then retired.
+    on_stale = [a for a in p.actions if is_stale(by[a.replica], target)]
+    assert all(a.retire or a.kind == "drain" for a in on_stale)
+    assert all(is_stale(by[a.replica], target) for a in p.actions if a.retire)
+
+    def key(r: Replica) -> tuple[float, str]:
+        return (r.since, r.name)
+
+    def fresh(state: ReplicaState) -> list[Replica]:
+        return [r for r in pool if r.state is state and not r.busy and not is_stale(r, target)]
+
+    resumed = [r for r in fresh(IDLE) if r.name in picked]
+    left_idle = [r for r in fresh(IDLE) if r.name not in picked]
+    woken = [r for r in fresh(WARM) if r.name in picked]
+    left_warm = [r for r in fresh(WARM) if r.name not in picked]
+    # IDLE first, most recently drained first; then WARM, the longest asleep first.
+    assert not (woken and left_idle)
+    assert all(key(r) > key(o) for r in resumed for o in left_idle)
+    assert all(key(r) < key(o) for r in woken for o in left_warm)
+
+
+@plans
+@given(pools(), targets, dwells)
+def test_the_shortfall_is_what_the_plan_leaves_short_and_drains_keep_the_target(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy
+) -> None:
+    p = plan(pool, target, T0, dwell)
+    before = sum(r.state is ACTIVE for r in pool)
+    after = sum(r.state is ACTIVE for r in apply(pool, p, target, T0, dwell))
+    assert p.shortfall == max(target.active - after, 0)
+    if p.of("drain"):
+        assert after >= target.active
+    assert after <= max(before, target.active + 1)  # the roll's surge: one beyond
+
+
+@plans
+@given(pools(), targets, dwells)
+def test_a_held_move_names_a_replica_the_plan_leaves_alone(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy
+) -> None:
+    p = plan(pool, target, T0, dwell)
+    moved = {a.replica for a in p.actions}
+    for held in p.deferred:
+        m = re.match(r"(drain|retire|stop): (\S+) is ", held)
+        assert m is not None, held
+        assert m.group(2) not in moved, held
