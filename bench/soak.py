@@ -11,7 +11,10 @@ Figures (one JSON line at the end):
 
 * ``requests``: completions attempted; ``lost``: those that failed before their first
   byte reached the client (the gateway should have retried them elsewhere), ``cut``:
-  those that failed mid-stream (cannot be retried: the client has output);
+  those that failed mid-stream as the client saw them (the gateway should have
+  continued them elsewhere); ``continued``: the gateways' count of streams whose
+  replica failed mid-way and that they continued on another replica or region
+  (``tectonic_gateway_stream_continuations_total{outcome="continued"}``);
 * ``retries``: the gateways' own count of attempts retried on another replica;
 * ``consistency_violations``: requests served outside the session's region (a session
   may move once, only because its home failed over; chaos/drills/measure.py), plus the
@@ -41,11 +44,13 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import running_lab
 
 VICTIM = "us-east"
+CONTINUATIONS = "tectonic_gateway_stream_continuations_total"
 
 
 @dataclass(frozen=True)
 class Goals:
     lost: int = 0
+    cut: int = 0
     consistency_violations: int = 0
     rss_growth_ratio: float = 1.5
 
@@ -130,12 +135,16 @@ def rss_kib(pid: int) -> int:
     raise BenchError(f"no VmRSS for pid {pid}")
 
 
-async def gateway_counter(http: aiohttp.ClientSession, urls: list[str], name: str) -> float:
+async def gateway_counter(
+    http: aiohttp.ClientSession, urls: list[str], name: str, having: str = ""
+) -> float:
+    """``name`` summed over every gateway and label set (those whose line holds
+    ``having``, e.g. ``outcome="continued"``)."""
     total = 0.0
     for url in urls:
         async with http.get(url + "/metrics") as r:
             for line in (await r.text()).splitlines():
-                if line.startswith(name):
+                if line.startswith(name) and having in line:
                     total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -187,11 +196,17 @@ async def drive(dep: LocalDeployment, args: argparse.Namespace, out: Reporter) -
         gw_violations = await gateway_counter(
             http, urls, "tectonic_gateway_consistency_violations_total"
         )
+        continued = await gateway_counter(http, urls, CONTINUATIONS, having='outcome="continued"')
     logs = [SessionLog(sid, tally.homes[sid], tuple(log)) for sid, log in tally.logs.items()]
     violations = consistency_violations(logs, {VICTIM}) + int(gw_violations)
     growth = max(rss1[r] / rss0[r] for r in rss0)
     cp_growth = max((cp1[r] / cp0[r] for r in cp1 if r in cp0), default=1.0)
-    figures = {"lost": tally.lost, "consistency_violations": violations, "rss_growth_ratio": growth}
+    figures = {
+        "lost": tally.lost,
+        "cut": tally.cut,
+        "consistency_violations": violations,
+        "rss_growth_ratio": growth,
+    }
     return {
         "bench": "soak",
         "minutes": args.minutes,
@@ -201,6 +216,7 @@ async def drive(dep: LocalDeployment, args: argparse.Namespace, out: Reporter) -
         "lost": tally.lost,
         "lost_reasons": dict(tally.lost_reasons),
         "cut": tally.cut,
+        "continued": int(continued),
         "retries": int(retries),
         "consistency_violations": violations,
         "rss_growth_ratio": round(growth, 4),

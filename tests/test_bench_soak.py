@@ -1,7 +1,8 @@
 """``python -m bench soak`` in a short run: sustained streaming load through the
 gateways with a region blackout in the middle. Behaviour, not speed: no request is
 lost before its first byte (the gateway sends it to another region of the zone and
-moves its session there), no session is served outside its region, and the figures
+moves its session there), none is cut (a stream the blackout cuts is continued on
+another region), no session is served outside its region, and the figures
 are well formed. Memory growth is for the bench to report (a minute is too short)."""
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def test_short_soak_loses_nothing_and_keeps_sessions_consistent() -> None:
     head = json.loads(out.stdout.strip().splitlines()[-1])
     assert head["bench"] == "soak" and head["requests"] > 500
     assert head["lost"] == 0, head["lost_reasons"]
+    assert head["cut"] == 0  # a stream the blackout cut was continued elsewhere
+    assert isinstance(head["continued"], int) and head["continued"] >= 0
     assert head["consistency_violations"] == 0
     assert head["ok"] + head["lost"] + head["cut"] == head["requests"]
     assert head["rss_growth_ratio"] > 0 and head["failover_at_s"] == 30.0

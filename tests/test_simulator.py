@@ -230,6 +230,33 @@ async def test_chat_stream_shape_with_usage(http: aiohttp.ClientSession, sim: Pr
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+async def chat_stream_text(http: aiohttp.ClientSession, sim: Proc, payload: JsonObj) -> list[str]:
+    async with http.post(sim.url + "/v1/chat/completions", json={**payload, "stream": True}) as r:
+        events = await sse_events(r)
+    assert events[-1] == "[DONE]"
+    deltas = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]]
+    return [d for d in deltas if d]
+
+
+@pytest.mark.slow
+async def test_a_chat_reply_cut_on_one_replica_is_continued_on_another(
+    http: aiohttp.ClientSession, sims: list[Proc]
+) -> None:
+    """What the gateway does when a replica dies mid-stream: another replica, given the
+    conversation plus the partial reply (``continue_final_message``), writes the rest."""
+    messages = [{"role": "user", "content": f"{uuid.uuid4().hex}: which region is warm?"}]
+    first, second = sims
+    whole = await chat_stream_text(http, first, {"messages": messages, "max_tokens": 10})
+    partial = {"role": "assistant", "content": "".join(whole[:4])}
+    resumed = {
+        "messages": [*messages, partial],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "max_tokens": 6,
+    }
+    assert whole[:4] + await chat_stream_text(http, second, resumed) == whole
+
+
 @pytest.mark.slow
 async def test_prefix_cache_hits_count_full_blocks(http: aiohttp.ClientSession, sim: Proc) -> None:
     prompt = long_prompt()

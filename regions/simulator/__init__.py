@@ -1,6 +1,7 @@
 """A vLLM-compatible simulator: vLLM's OpenAI-compatible HTTP API, metrics and dev-mode
-admin endpoints, with a deterministic tokenizer, vLLM-style prefix caching, a simple
-latency model and fault injection (``/_sim/fault``). One small process per replica:
+admin endpoints, with a deterministic tokenizer, a greedy model over text (a cut
+generation re-sent with its text so far goes on unchanged), vLLM-style prefix caching, a
+simple latency model and fault injection (``/_sim/fault``). One small process per replica:
 ``python -m regions.simulator --port N --model tiny``.
 """
 

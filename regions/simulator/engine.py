@@ -42,7 +42,8 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class GenRequest:
-    prompt_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...]  # what the prefix cache and the usage count
+    prompt_text: str  # what the simulated model continues (see tokenizer.py)
     max_tokens: int
     finish_reason: str  # what ends the output when all max_tokens are produced
     cache_salt: str | None = None
@@ -166,7 +167,7 @@ class Engine:
                 return
             self.cache.insert(hit.hashes)
             self.stats.prompt_tokens += len(prompt)
-            pieces = self.tokenizer.generate(prompt, req.max_tokens, seed=c.seed)
+            pieces = self.tokenizer.generate(req.prompt_text, req.max_tokens, seed=c.seed)
             ids = self.tokenizer.piece_ids(pieces)
             for i, (piece, tid) in enumerate(zip(pieces, ids, strict=True)):
                 if i == 0:

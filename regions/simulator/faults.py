@@ -5,7 +5,9 @@ except ``health_down``, which acts on ``/health`` only, and ``crash``, which end
 process. ``hang`` holds inference
 requests until the fault is cleared, the way a wedged engine does; like vLLM's own
 ``/health`` (which only asks whether the engine process is alive), ``/health`` keeps
-answering 200 while requests hang.
+answering 200 while requests hang. ``stream_error_after`` cuts streams mid-way the way
+an engine error does in vLLM: the status (200) and some tokens are already out, so the
+error comes in-band as an SSE event, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class FaultSpec(Frozen):
     # The process dies (exit code 70) right after answering: a crashed engine, as a
     # drill sees it. Everything in flight is lost, like a real crash.
     crash: bool = False
+    # A streaming request that has sent this many output tokens gets vLLM's in-band error
+    # event instead of the next one. Read per token, so setting it cuts running streams.
+    stream_error_after: int | None = Field(None, ge=0)
 
 
 class Verdict(Enum):

@@ -66,6 +66,7 @@ class ChatRequest(_Request):
     stream_options: StreamOptions | None = None
     cache_salt: str | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class TokenizeRequest(_Request):
@@ -74,6 +75,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
 
 
@@ -102,6 +104,19 @@ class ApiError(Exception):
         super().__init__(message)
         self.body = error_body(message, err_type, code, param)
         self.code = code
+
+
+def check_generation_prompt(req: ChatRequest | TokenizeRequest) -> None:
+    """vLLM's request validator: both flags *sent* as true are refused on parsing. With
+    ``add_generation_prompt`` left at its default (true) the chat template refuses them
+    later, with transformers' message (``render_chat``)."""
+    sent = "add_generation_prompt" in req.model_fields_set
+    if req.continue_final_message and req.add_generation_prompt and sent:
+        raise ApiError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "BadRequestError",
+            400,
+        )
 
 
 def dumps(obj: object) -> str:

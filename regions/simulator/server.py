@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -31,6 +31,7 @@ from regions.simulator.limits import check_max_tokens, output_budget
 from regions.simulator.metrics import EngineStats, SpecDecodeStats
 from regions.simulator.protocol import (
     ApiError,
+    ChatMessage,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -38,8 +39,10 @@ from regions.simulator.protocol import (
     TokenizeRequest,
     chat_choice,
     chat_delta,
+    check_generation_prompt,
     completion_choice,
     dumps,
+    error_body,
     models_body,
     new_id,
     now,
@@ -54,6 +57,8 @@ M = TypeVar("M", bound=BaseModel)
 VERSION = "0.32.0+sim"
 # vLLM's instrumentator leaves its probe endpoints out of http_requests_total; /_sim/* is ours.
 _UNCOUNTED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+# Without a limit the simulated model ends a chat message by itself after this many words.
+_NATURAL_WORDS = 16
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,41 @@ def _json(body: object, status: int = 200) -> web.Response:
 
 def _sse(payload: Json) -> bytes:
     return b"data: " + dumps(payload).encode() + b"\n\n"
+
+
+def _stream_error_event() -> bytes:
+    """vLLM's in-band error for an engine error mid-stream (its
+    ``create_streaming_error_response``), spaced as its ``json.dumps`` writes it."""
+    body = error_body("Internal server error (injected)", "InternalServerError", 500)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _render_messages(
+    messages: Sequence[ChatMessage], *, add_generation_prompt: bool, continue_final_message: bool
+) -> str:
+    try:
+        return render_chat(
+            [(m.role, m.text()) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
+    except ValueError as e:  # the template refuses the two flags together, as vLLM's does
+        raise ApiError(str(e), "BadRequestError", 400) from e
+
+
+def _natural_length(req: ChatRequest) -> int:
+    """The tokens (one word each) the simulated model writes before it stops by itself: a
+    continued message gets what it lacks of the usual length (at least one), so a reply
+    cut and continued ends where the uncut one does."""
+    begun = len(req.messages[-1].text().split()) if req.continue_final_message else 0
+    return max(1, _NATURAL_WORDS - begun)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    ids: list[int]
+    text: str  # what the model continues; a token-id prompt's decoded text
+    from_text: bool  # given as text (vLLM's context-length error counts it differently)
 
 
 class Simulator:
@@ -207,8 +247,7 @@ class Simulator:
         c = self.config.engine
         return _json(models_body(c.model, c.max_model_len, self.created))
 
-    def _completion_prompt(self, req: CompletionRequest) -> tuple[list[int], bool]:
-        """The prompt's token ids, and whether it was given as text."""
+    def _completion_prompt(self, req: CompletionRequest) -> _Prompt:
         p = req.prompt
         if isinstance(p, list) and p and isinstance(p[0], list | str):
             if len(p) != 1:
@@ -216,24 +255,33 @@ class Simulator:
                     "The simulator takes one prompt per request.", "BadRequestError", 400, "prompt"
                 )
             p = p[0]
+        tok = self.engine.tokenizer
         if isinstance(p, str):
-            ids = self.engine.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
+            ids, text = tok.encode(p, add_special_tokens=req.add_special_tokens), p
         else:
             ids = [int(t) for t in p if isinstance(t, int)]
+            text = tok.decode(ids)
         if not ids:
             raise ApiError("Prompt cannot be empty", "BadRequestError", 400, "prompt")
-        return ids, isinstance(p, str)
+        return _Prompt(ids, text, from_text=isinstance(p, str))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self._parse(request, CompletionRequest)
         self._check_model(req.model)
         context = self.config.engine.max_model_len
         check_max_tokens(req.max_tokens, context)
-        prompt, from_text = self._completion_prompt(req)
+        prompt = self._completion_prompt(req)
         requested = req.max_tokens if req.max_tokens is not None else 16
-        max_tokens = output_budget(len(prompt), requested, context, from_text=from_text)
+        max_tokens = output_budget(len(prompt.ids), requested, context, from_text=prompt.from_text)
         latency = await self._faults()
-        gen = GenRequest(tuple(prompt), max_tokens, "length", req.cache_salt, latency)
+        gen = GenRequest(
+            prompt_ids=tuple(prompt.ids),
+            prompt_text=prompt.text,
+            max_tokens=max_tokens,
+            finish_reason="length",
+            cache_salt=req.cache_salt,
+            extra_prefill_s=latency,
+        )
         head: Json = {
             "id": new_id("cmpl"),
             "object": "text_completion",
@@ -262,31 +310,41 @@ class Simulator:
             "choices": [completion_choice(i, text, finish) for i in range(req.n)],
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": usage(len(prompt), req.n * generated(tokens), self._cached(tokens)),
+            "usage": usage(len(prompt.ids), req.n * generated(tokens), self._cached(tokens)),
             "kv_transfer_params": None,
         }
         return _json(body)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req = await self._parse(request, ChatRequest)
+        check_generation_prompt(req)
         self._check_model(req.model)
         context = self.config.engine.max_model_len
         if req.max_completion_tokens is not None:
             check_max_tokens(req.max_completion_tokens, context, "max_completion_tokens")
         else:
             check_max_tokens(req.max_tokens, context)
-        text = render_chat(
-            [(m.role, m.text()) for m in req.messages],
+        text = _render_messages(
+            req.messages,
             add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
         )
         prompt = self.engine.tokenizer.encode(text)
         limit = req.max_completion_tokens or req.max_tokens
-        max_tokens = output_budget(len(prompt), limit or 16, context, from_text=True)
-        # Without a limit the simulated model stops by itself after 16 tokens, unless the
-        # context ends first (vLLM's default max_tokens is what is left of the context).
-        finish = "length" if limit or max_tokens < 16 else "stop"
+        natural = _natural_length(req)
+        max_tokens = output_budget(len(prompt), limit or natural, context, from_text=True)
+        # Without a limit the simulated model stops by itself, unless the context ends
+        # first (vLLM's default max_tokens is what is left of the context).
+        finish = "length" if limit or max_tokens < natural else "stop"
         latency = await self._faults()
-        gen = GenRequest(tuple(prompt), max_tokens, finish, req.cache_salt, latency)
+        gen = GenRequest(
+            prompt_ids=tuple(prompt),
+            prompt_text=text,
+            max_tokens=max_tokens,
+            finish_reason=finish,
+            cache_salt=req.cache_salt,
+            extra_prefill_s=latency,
+        )
         head: Json = {
             "id": new_id("chatcmpl"),
             "object": "chat.completion.chunk",
@@ -350,17 +408,25 @@ class Simulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         tokens: list[Token] = []
+        sent = 0  # output tokens written
+        failed = False
         stream: AsyncGenerator[Token] = self._generate(gen)
         try:
             async for t in stream:
+                if t.token_id is not None and self._stream_error_due(sent):
+                    await resp.write(_stream_error_event())
+                    failed = True
+                    break
                 if first is not None and not tokens:
                     # vLLM sends the role chunk with the first engine output, i.e. after
                     # queueing and prefill: a client's first byte includes the prefill.
                     await resp.write(_sse(first))
                 tokens.append(t)
+                if t.token_id is not None:
+                    sent += 1
                 for payload in chunk(t):
                     await resp.write(_sse(payload))
-            if include_usage:
+            if include_usage and not failed:  # vLLM's usage chunk never follows an error
                 u = usage(len(gen.prompt_ids), n * generated(tokens), self._cached(tokens))
                 await resp.write(_sse({**head, "choices": [], "usage": u}))
             await resp.write(b"data: [DONE]\n\n")
@@ -371,8 +437,14 @@ class Simulator:
             await stream.aclose()
         return resp
 
+    def _stream_error_due(self, sent: int) -> bool:
+        limit = self.faults.spec.stream_error_after
+        return limit is not None and sent >= limit
+
     async def tokenize(self, request: web.Request) -> web.Response:
         req = await self._parse(request, TokenizeRequest)
+        if req.messages is not None:  # vLLM's chat variant of the request validates this
+            check_generation_prompt(req)
         self._check_model(req.model)
         tok = self.engine.tokenizer
         if (req.prompt is None) == (req.messages is None):
@@ -380,9 +452,10 @@ class Simulator:
                 "Either 'prompt' or 'messages' must be provided, not both.", "BadRequestError", 400
             )
         if req.messages is not None:
-            text = render_chat(
-                [(m.role, m.text()) for m in req.messages],
+            text = _render_messages(
+                req.messages,
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
             )
             ids = tok.encode(text)
         else:

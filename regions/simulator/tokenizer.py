@@ -11,6 +11,11 @@ prepended when special tokens are added, like Llama's.
 
 The chat template is a fixed, documented rendering of the messages, so that
 ``/tokenize`` with ``messages`` and ``/v1/chat/completions`` agree on the count.
+
+The simulated model is greedy and autoregressive over text: each output piece is a word
+picked by a hash of the seed and the last characters of the text before it (prompt plus
+the pieces so far). So a generation cut after k pieces and resumed from the prompt plus
+those pieces' text goes on exactly as the uncut one, as a real greedy vLLM does.
 """
 
 from __future__ import annotations
@@ -26,33 +31,40 @@ _FIRST_ID = 100
 _VOCAB = 32_000
 _PIECE = re.compile(r"\s*\S{1,4}|\s+")
 
-# Deterministic "model output": words cycled by a hash of the prompt.
+# Deterministic "model output": each word picked by a hash of the text before it. Each
+# is at most four letters, so a piece " word" is one token of this tokenizer, as a
+# model's output tokens are its tokenizer's: the text generated re-tokenizes to as many
+# tokens as were generated (what /tokenize tells a gateway continuing a cut stream), and
+# every output id spells its piece.
 _WORDS = (
     "the",
-    "region",
+    "zone",
     "is",
-    "healthy",
+    "up",
     "and",
-    "traffic",
-    "flows",
+    "load",
+    "runs",
     "to",
     "a",
     "warm",
-    "replica",
-    "while",
-    "prefix",
-    "caches",
-    "stay",
+    "node",
+    "when",
     "hot",
+    "keys",
+    "stay",
+    "near",
     "so",
-    "first",
-    "tokens",
-    "arrive",
-    "quickly",
+    "fast",
+    "hits",
+    "come",
+    "back",
     "for",
-    "every",
-    "session",
+    "each",
+    "user",
 )
+# How much of the text before a piece decides it: enough that prompts differing only
+# early on still tend to diverge, short enough to hash per token in benches.
+_CONTEXT_CHARS = 200
 
 
 # Ids from here up spell their piece: its UTF-8 bytes (up to 6) after a 0x01 byte,
@@ -80,6 +92,12 @@ def _spelled(token_id: int) -> str | None:
         return raw[1:].decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def _next_piece(tail: str, seed_crc: int) -> str:
+    # surrogatepass: a decoded id prompt never holds lone surrogates, but hashing must not fail.
+    word = _WORDS[zlib.crc32(tail.encode("utf-8", "surrogatepass"), seed_crc) % len(_WORDS)]
+    return " " + word
 
 
 @dataclass
@@ -121,24 +139,53 @@ class Tokenizer:
             out.append(self._piece(token_id))
         return "".join(out)
 
-    def generate(self, prompt_ids: Sequence[int], count: int, *, seed: int = 0) -> list[str]:
-        """The ``count`` output pieces the simulated model produces for a prompt."""
-        start = zlib.crc32(repr((seed, tuple(prompt_ids[-64:]))).encode()) % len(_WORDS)
+    def generate(self, context: str, count: int, *, seed: int = 0) -> list[str]:
+        """The ``count`` pieces the simulated model writes after the text ``context``.
+
+        Each piece depends only on the seed and the text before it, so
+        ``generate(c, n)`` equals ``generate(c, k) + generate(c + "".join(those k), n - k)``.
+        """
+        seed_crc = zlib.crc32(f"{seed}:".encode())
+        tail = context[-_CONTEXT_CHARS:]
         out = []
-        for i in range(count):
-            piece = " " + _WORDS[(start + i) % len(_WORDS)]
+        for _ in range(count):
+            piece = _next_piece(tail, seed_crc)
             if (pid := _piece_id(piece)) < _SPELLED:
                 self._pieces.setdefault(pid, piece)
             out.append(piece)
+            tail = (tail + piece)[-_CONTEXT_CHARS:]
         return out
 
     def piece_ids(self, pieces: Sequence[str]) -> list[int]:
         return [_piece_id(p) for p in pieces]
 
 
-def render_chat(messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> str:
-    """The simulator's chat template: ``<|role|>\\ncontent\\n`` per message."""
+# transformers' ``apply_chat_template`` message, which vLLM answers with a 400.
+BOTH_GENERATION_FLAGS = (
+    "continue_final_message and add_generation_prompt are not compatible. Use "
+    "continue_final_message when you want the model to continue the final message, and "
+    "add_generation_prompt when you want to add a header that will prompt it to start a "
+    "new assistant message instead."
+)
+
+
+def render_chat(
+    messages: Sequence[tuple[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """The simulator's chat template: ``<|role|>\\ncontent\\n`` per message.
+
+    With ``continue_final_message`` the final message is left open (no newline after its
+    content, no generation prompt) so that the model continues it; like transformers'
+    ``apply_chat_template``, that together with ``add_generation_prompt`` is a ValueError.
+    """
+    if continue_final_message and add_generation_prompt:
+        raise ValueError(BOTH_GENERATION_FLAGS)
     parts = [f"<|{role}|>\n{content}\n" for role, content in messages]
-    if add_generation_prompt:
+    if continue_final_message and parts:
+        parts[-1] = parts[-1].removesuffix("\n")
+    elif add_generation_prompt:
         parts.append("<|assistant|>\n")
     return "".join(parts)

@@ -467,9 +467,12 @@ async def test_a_session_another_gateway_spilled_stays_moved_after_the_blip(
         assert await metric(http, gw.url, "tectonic_gateway_consistency_violations_total") == 0
 
 
-async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(
+async def test_a_stream_cut_after_the_first_byte_is_visible_when_continuation_is_off(
     slow_deployment: Deployment, http: aiohttp.ClientSession
 ) -> None:
+    """With continuation on (the default) the stream goes on elsewhere
+    (test_stream_continuation.py); a request that turns it off sees the cut, and no
+    retry repeats what it already has."""
     gw = await asyncio.to_thread(slow_deployment.gateway, "east")
     east = slow_deployment.sims["east"][0]
     pieces: list[str] = []
@@ -479,7 +482,7 @@ async def test_a_stream_cut_after_the_first_byte_is_visible_not_retried(
             messages=[{"role": "user", "content": "go"}],
             max_tokens=200,
             stream=True,
-            extra_headers={"x-session-id": "cut"},
+            extra_headers={"x-session-id": "cut", "x-tectonic-continue": "off"},
         )
         with pytest.raises(openai.APIError, match="failed mid-stream"):
             async for chunk in stream:
