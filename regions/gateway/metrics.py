@@ -41,7 +41,7 @@ FIRST_TOKEN_BUCKETS = (
 NO_REGION = "none"  # the region label of requests refused before a region was chosen
 # Statuses counted from the start for every region: 200, and each 5xx a gateway answers
 # with: a replica's own after the retries (proxy.RETRYABLE_STATUS), 502 for a stream cut
-# after its first byte (proxy.STREAM_BROKEN_STATUS), 503 when nothing takes a request.
+# after its first byte (resume.STREAM_BROKEN_STATUS), 503 when nothing takes a request.
 REGION_CODES = (200, 500, 502, 503, 504)
 NO_REGION_CODES = (400, 503)  # refused before a region was chosen: bad request, no region
 # Error kinds (``tectonic_gateway_errors_total{kind}``) by where they are counted: the

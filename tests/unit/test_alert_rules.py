@@ -48,7 +48,7 @@ from controlplane.kernel.model import (
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.proxy import STREAM_BROKEN_STATUS
+from regions.gateway.resume import STREAM_BROKEN_STATUS
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "runbooks"

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.core.machine import ALLOWED_EDGES, TRANSITIONS
 from controlplane.kernel.model import Decision, RegionState
 from controlplane.metrics import ControlPlaneMetrics
-from regions.gateway import app, proxy
+from regions.gateway import app, proxy, resume
 from regions.gateway.actuators import Action
 from regions.gateway.metrics import (
     NO_REGION,
@@ -161,5 +161,5 @@ def test_the_known_label_values_are_all_the_code_counts() -> None:
     assert counted <= set(REGION_KINDS) | set(NO_REGION_KINDS)
     assert set(re.findall(r'UpstreamError\(\s*"(\w+)"', text)) == set(UPSTREAM_KINDS)
     assert set(UPSTREAM_KINDS) <= set(REGION_KINDS)
-    assert proxy.RETRYABLE_STATUS | {proxy.STREAM_BROKEN_STATUS, 503} <= set(REGION_CODES)
+    assert proxy.RETRYABLE_STATUS | {resume.STREAM_BROKEN_STATUS, 503} <= set(REGION_CODES)
     assert app.NO_REGION == NO_REGION
