@@ -228,7 +228,8 @@ def split_events(data: bytes) -> tuple[list[bytes], bytes]:
     return out, rest
 
 
-def _loads(payload: bytes) -> Json | None:
+def loads_object(payload: bytes) -> Json | None:
+    """``payload`` parsed, when it is a JSON object; else None."""
     try:
         event = json.loads(payload)
     except ValueError:
@@ -288,7 +289,7 @@ class Splice:
                 self.done = True
                 yield DONE
                 continue
-            event = _loads(payload)
+            event = loads_object(payload)
             if event is None or "error" in event:
                 raise Broken("the continuation's replica failed (in-band error)")
             out = self.event(event)

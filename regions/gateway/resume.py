@@ -30,6 +30,7 @@ from regions.gateway.continuation import (
     Transcript,
     continuation_body,
     last_event_end,
+    loads_object,
     refusal,
     wants_usage,
 )
@@ -56,14 +57,6 @@ class Resume:
     key: int
     tried: set[str]
     headers: Sequence[tuple[str, str]]
-
-
-def _request_json(body: bytes) -> dict[str, object] | None:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class Resumer:
@@ -137,7 +130,7 @@ class Resumer:
         """Go on with a cut stream elsewhere (continuation.py); the status to count the
         answer with: 200 when the client got one whole stream, else the cut's."""
         cont = resume.continuer
-        data = _request_json(cont.body)
+        data = loads_object(cont.body)
         partial = transcript.partial()
         if partial.done or partial.finished:
             # The whole answer was sent; only its end (usage, [DONE]) was lost.
@@ -257,7 +250,7 @@ class Resumer:
             replica, "POST", "/tokenize", headers, json.dumps(body).encode()
         )
         try:
-            answer = _request_json(await up.read()) if up.status == 200 else None
+            answer = loads_object(await up.read()) if up.status == 200 else None
         finally:
             up.release()
         count = answer.get("count") if answer is not None else None

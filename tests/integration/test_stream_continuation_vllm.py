@@ -14,7 +14,7 @@ Costs two vLLM starts (~25 s each, in parallel; ~2.3 GB RSS each).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -33,8 +33,13 @@ from chaos.lab.vllm_cpu import (
     vllm_available,
     wait_vllm,
 )
-from regions.gateway.server import GatewayServer
-from tests.integration.test_stream_continuation import continued, count, gateway, running_on
+from tests.integration.test_stream_continuation import (
+    answered,
+    continued,
+    count,
+    gateway,
+    running_on,
+)
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.realvllm]
 
@@ -75,16 +80,6 @@ async def uncut(server: VllmProc) -> str:
         )
     assert out.usage is not None and out.usage.completion_tokens == TOKENS  # no early EOS
     return out.choices[0].message.content or ""
-
-
-def answer_counted(gw: GatewayServer) -> Callable[[], Awaitable[bool]]:
-    """The gateway counts the answer once it has written the stream's end, which the
-    client may have read first."""
-
-    async def check() -> bool:
-        return count(gw, "tectonic_gateway_requests_total", code="200") > 0
-
-    return check
 
 
 @dataclass
@@ -138,7 +133,7 @@ async def test_a_stream_cut_on_real_vllm_is_continued_on_another_into_the_uncut_
     async with gateway(etcd, cluster_name, {"east": [s.url for s in vllms]}) as (gw, client):
         got = await stream_and_kill(client, vllms)
         assert sum(not s.alive() for s in vllms) == 1
-        await until(answer_counted(gw), within=5, what="the answer counted")
+        await until(answered(gw), within=5, what="the answer counted")
         assert continued(gw) == 1
         assert count(gw, "tectonic_gateway_errors_total", kind="stream_broken") == 1
         assert count(gw, "tectonic_gateway_requests_total", code="200") == 1
