@@ -4,7 +4,10 @@ and what each one saw.
 Every session sends one short chat completion at a time through the gateway of its
 home region, about every ``interval_s``, with its id in ``x-session-id``; groups of
 sessions share a system prompt, so prompt prefixes repeat (what prefix-aware hashing
-and the replicas' prefix caches are for). Each answer's ``x-tectonic-region`` header
+and the replicas' prefix caches are for). A share of the requests (``stream_share``)
+stream a longer answer: a replica killed mid-stream is what the gateway's stream
+continuation is for, and a stream that ends with an in-band error or without
+``[DONE]`` counts as a failed request. Each answer's ``x-tectonic-region`` header
 says which region served it, and each session keeps a log of (time, region) per
 request: the drills judge stickiness from it (chaos/drills/measure.py).
 """
@@ -91,9 +94,15 @@ class Traffic:
         timeout_s: float = 5.0,
         seed: int = 7,
         prompt_repeat: int = 1,
+        stream_share: float = 0.0,
+        stream_tokens: int = 24,
     ) -> None:
+        if not 0.0 <= stream_share <= 1.0:
+            raise ValueError(f"stream_share must be within [0, 1], got {stream_share}")
         self.gateways = dict(gateways)  # home region -> gateway URL
         self.interval_s = interval_s
+        self.stream_share = stream_share
+        self.stream_tokens = stream_tokens  # max_tokens of a streamed answer
         self.group_size = group_size
         # Real vLLM on CPU caches 128-token blocks: a longer shared prompt fills one.
         self.prompt_repeat = prompt_repeat
@@ -156,30 +165,35 @@ class Traffic:
         """One chat turn of ``s``; records the serving region or why it failed."""
         assert self._http is not None
         s.sent += 1
-        body = {
+        stream = self._rng.random() < self.stream_share
+        body: dict[str, object] = {
             "model": MODEL,
             "messages": [
                 {"role": "system", "content": s.system},
                 {"role": "user", "content": f"Question {s.sent} from {s.sid}: any news?"},
             ],
-            "max_tokens": 4,
+            "max_tokens": self.stream_tokens if stream else 4,
         }
+        if stream:
+            body["stream"] = True
         url = s.gateway + "/v1/chat/completions"
         try:
             async with self._http.post(url, json=body, headers={SESSION_HEADER: s.sid}) as r:
                 payload = await r.read()
                 region = r.headers.get(REGION_HEADER, "")
-                if r.status == 200 and region:
+                cut = stream_cut(payload) if stream and r.status == 200 else ""
+                if r.status == 200 and region and not cut:
                     s.served.append(region)
                     s.log.append((time.monotonic(), region))
                     s.failing = False
                     self.ok += 1
                     return
-                reason = (
-                    f"HTTP {r.status} {_message(payload)}"
-                    if r.status != 200
-                    else (f"200 without {REGION_HEADER}")
-                )
+                if r.status != 200:
+                    reason = f"HTTP {r.status} {_message(payload)}"
+                elif cut:
+                    reason = f"stream cut: {cut}"
+                else:
+                    reason = f"200 without {REGION_HEADER}"
         except (aiohttp.ClientError, TimeoutError) as e:
             reason = type(e).__name__
         s.failing = True
@@ -212,6 +226,22 @@ class Traffic:
         """Every session (of ``sessions``) got at least ``at_least`` answers."""
         group = self.sessions if sessions is None else sessions
         return all(len(s.served) >= at_least for s in group)
+
+
+def stream_cut(payload: bytes) -> str:
+    """Why a streamed answer is not whole ('' when it is): an in-band error event (what
+    a gateway sends when a stream breaks and is not continued), or no ``[DONE]``."""
+    done = False
+    for event in payload.split(b"\n\n"):
+        data = event.strip().removeprefix(b"data:").strip()
+        if data == b"[DONE]":
+            done = True
+        elif data.startswith(b"{") and b'"error"' in data:
+            with contextlib.suppress(ValueError):
+                error = json.loads(data).get("error")
+                if error:
+                    return _no_address(str(error.get("message", error)))[:120]
+    return "" if done else "no [DONE]"
 
 
 def _message(payload: bytes) -> str:

@@ -141,11 +141,22 @@ async def drill_on(
         # pace the survivors of a blackout saturate them and the killed region's restart
         # (~20 s alone) starves for minutes.
         interval_s = 1.5 if real else 0.5
-    traffic = Traffic(dep.gateway_urls, interval_s=interval_s, prompt_repeat=repeat)
+    # Half the requests stream (a longer answer on the simulator): a replica killed
+    # mid-stream must be continued by the gateway, or the request counts as failed.
+    traffic = Traffic(
+        dep.gateway_urls,
+        interval_s=interval_s,
+        prompt_repeat=repeat,
+        stream_share=0.5,
+        stream_tokens=4 if real else 24,
+    )
     try:
         traffic.add(sessions, list(dep.spec.regions))
         await traffic.start()
-        say(f"traffic: {sessions} chat sessions through the gateways of their home regions")
+        say(
+            f"traffic: {sessions} chat sessions through the gateways of their home regions "
+            "(half the requests stream)"
+        )
         if scenario.measure.prewarm_attainment is not None and not dry_run:
             n = await wait_catalog(store, dep, target, 45)
             say(f"the leader's prefix catalog of {target}: {n} prefixes may leave")
