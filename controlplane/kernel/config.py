@@ -76,6 +76,15 @@ class RegionConfig(Frozen):
         ),
     ] = ()
     degraded_when: DegradedWhen = DegradedWhen()
+    entry: Annotated[
+        str | None,
+        Field(
+            pattern=HOST_PORT,
+            description="host:port of the region's data-plane entry (its Envoy or gateway): "
+            "where endpoint pickers of other regions send the sessions pinned here; "
+            "unset: to its replicas directly",
+        ),
+    ] = None
 
     @model_validator(mode="after")
     def _replica_urls(self) -> Self:

@@ -114,6 +114,22 @@ def estimate_tokens(chars: int, chars_per_token: float) -> int:
     return math.ceil(chars / chars_per_token)
 
 
+def shed(region: str, flags: FeatureFlags, prio: int, config: ActuatorConfig) -> Refusal | None:
+    """Priority shedding, the one actuator that needs nothing of the request but its
+    priority (``prio``: from :func:`priority`)."""
+    below = flags.shed_priority_below
+    if below is None or prio >= below:
+        return None
+    return Refusal(
+        503,
+        f"Region {region} is degraded and short of headroom: it is shedding requests "
+        f"of priority below {below}, and this one has priority {prio} (header "
+        f"{config.priority_header}). Retry after {config.shed_retry_after_s} s.",
+        Action.SHED,
+        retry_after_s=config.shed_retry_after_s,
+    )
+
+
 def actuate(
     req: ProxyRequest,
     region: str,
@@ -124,16 +140,8 @@ def actuate(
     """Apply ``region``'s flags to ``req`` (``prio``: from :func:`priority`)."""
     if not degrades_requests(flags):
         return Actuated(req.body)
-    if flags.shed_priority_below is not None and prio < flags.shed_priority_below:
-        return Refusal(
-            503,
-            f"Region {region} is degraded and short of headroom: it is shedding requests "
-            f"of priority below {flags.shed_priority_below}, and this one has priority "
-            f"{prio} (header {config.priority_header}). Retry after "
-            f"{config.shed_retry_after_s} s.",
-            Action.SHED,
-            retry_after_s=config.shed_retry_after_s,
-        )
+    if (refused := shed(region, flags, prio, config)) is not None:
+        return refused
     cap = flags.max_context_tokens
     tools_off = not flags.parallel_tool_calls and req.endpoint is Endpoint.CHAT
     if cap is None and not tools_off:

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 from aiohttp import hdrs, web
@@ -33,9 +33,10 @@ from aiohttp.web_protocol import RequestHandler
 from controlplane.kernel.degradation import FeatureFlags
 from controlplane.kernel.prompts import BadRequest
 from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, prefix_key
-from controlplane.kernel.session_store import InvalidSessionId, validate_session_id
+from controlplane.kernel.session_store import InvalidSessionId
 from controlplane.kernel.sessions import NoRegionServing, self_routed, spill_region
-from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority
+from regions.gateway.actuators import ActuatorConfig, Refusal
+from regions.gateway.admission import Admission, Refused
 from regions.gateway.continuation import ContinuationConfig, Continuer
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
@@ -45,7 +46,6 @@ from regions.gateway.requests import (
     Endpoint,
     ProxyRequest,
     error_type,
-    parse,
     tokenizer_prefix,
 )
 from regions.gateway.routing_cache import RoutingCache
@@ -137,6 +137,14 @@ class GatewayApp:
         self.forwarder = forwarder
         self.metrics = metrics
         self.observer: PrefixObserver = observer or NoopObserver()
+        self.admission = Admission(
+            resolver,
+            metrics,
+            self.flags,
+            chars=self._chars,
+            session_header=config.session_header,
+            actuators=config.actuators,
+        )
         self.stopping = False
 
     def server(self) -> web.Server:
@@ -305,34 +313,25 @@ class GatewayApp:
     async def _route(
         self, request: web.BaseRequest, endpoint: Endpoint
     ) -> tuple[ProxyRequest, str, str, int, _WarmCheck | None] | web.Response:
-        """Parse, resolve the region, apply its degradation actuators: the request as it
-        will be sent, its session, region, ring key and warm check; or a refusal."""
-        chars = self._chars
-        req = parse(endpoint, await self._body(request), chars)
-        key = prefix_key(req.prefix, chars)
-        session = request.headers.get(self.config.session_header) or req.user
-        check = None
-        if session:
-            validate_session_id(session)
-            if self.warm_ups is not None:
-                check = _WarmCheck(self.warm_ups, key)
-            region = await self.resolver.region_for(session, check)
-        else:
-            region = self.resolver.region_for_sessionless(req.prefix)
-        # The serving region's flags: it is that region that is short of capacity.
-        cfg = self.config.actuators
-        prio = priority(request.headers.get(cfg.priority_header), cfg.default_priority)
-        acted = actuate(req, region, self.flags(region), prio, cfg)
-        if isinstance(acted, Refusal):
-            return self._degraded(region, acted)
-        for action in acted.actions:
-            self.metrics.degrade(region, action)
-        if acted.truncated:  # the prompt changed: count and route the one sent
-            req = parse(endpoint, acted.body, chars)
-            key = prefix_key(req.prefix, chars)
-        elif acted.body is not req.body:
-            req = replace(req, body=acted.body)
-        return req, session, region, key, check
+        """Parse, resolve the region, apply its degradation actuators (admission.py):
+        the request as it will be sent, its session, region, ring key and warm check;
+        or a refusal."""
+        checks: list[_WarmCheck] = []
+        warm_ups = self.warm_ups
+
+        def warm(key: int) -> _WarmCheck:
+            assert warm_ups is not None
+            checks.append(check := _WarmCheck(warm_ups, key))
+            return check
+
+        body = await self._body(request)
+        admitted = await self.admission.admit(
+            endpoint, body, request.headers, warm if warm_ups is not None else None
+        )
+        if isinstance(admitted, Refused):
+            return self._degraded(admitted.region, admitted.refusal)
+        check = checks[0] if checks else None
+        return admitted.req, admitted.session, admitted.region, admitted.key, check
 
     def _warm(
         self, cold: str, key: int, path: str, headers: list[tuple[str, str]], body: bytes

@@ -60,6 +60,7 @@ def error_type(status: int) -> str:
     return {
         404: "NotFoundError",
         413: "RequestEntityTooLarge",
+        429: "RateLimitError",
         503: "ServiceUnavailableError",
     }.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 

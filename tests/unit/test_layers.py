@@ -50,5 +50,11 @@ def test_every_region_module_belongs_to_a_component() -> None:
     # A module directly under regions/ is shared by the components; only small helpers
     # may live there, anything else belongs inside one component's package.
     shared = {"regions.http_expect", "regions.http_errors"}
-    packages = {"regions.agent", "regions.gateway", "regions.pool", "regions.simulator"}
+    packages = {
+        "regions.agent",
+        "regions.gateway",
+        "regions.picker",
+        "regions.pool",
+        "regions.simulator",
+    }
     assert _children(regions) == shared | packages

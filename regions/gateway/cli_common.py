@@ -1,0 +1,182 @@
+"""What the gateway's and the endpoint picker's command lines share: the etcd, health
+report and prefix tracking flags, and the life of the server process (READY, SIGTERM,
+exit 2 on a topology that disagrees with the cluster spec)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from controlplane.kernel.cluster_spec import SpecDisagreement
+from controlplane.kernel.config import HOST_PORT, PrefixesConfig
+
+log = logging.getLogger("tectonic.gateway")
+
+
+class Server(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def add_etcd_flags(p: argparse.ArgumentParser) -> None:
+    """etcd: where it is, and how long a request waits for it."""
+    p.add_argument("--etcd", default="", help="host:port[,host:port...]; default: topology's")
+    p.add_argument(
+        "--etcd-timeout",
+        type=float,
+        default=0.5,
+        help="seconds per etcd request (retried within twice this)",
+    )
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        default=1.0,
+        help="seconds a request waits for etcd before serving from the cache",
+    )
+
+
+def add_report_flags(p: argparse.ArgumentParser) -> None:
+    """Health reports to the control plane: what this process's requests saw."""
+    p.add_argument(
+        "--control-plane",
+        action="append",
+        default=[],
+        help="host:port[,host:port...] of control-plane replicas; when given, the "
+        "process reports what its requests saw per region (kind GATEWAY)",
+    )
+    p.add_argument(
+        "--observer-id",
+        default="",
+        help="observer name in those reports (default <kind>:<home>:<port>)",
+    )
+    p.add_argument(
+        "--report-interval", type=float, default=1.0, help="seconds between health reports"
+    )
+
+
+def add_prefix_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "prefix tracking (pre-warm)",
+        "The fingerprint settings, K and the routing length live in the topology's "
+        "prefixes section only (every gateway, picker and the control-plane leader must agree); "
+        "these flags set this process's own resources.",
+    )
+    g.add_argument(
+        "--no-prefix-tracking",
+        action="store_true",
+        help="count no prefixes and export nothing (failovers then warm nothing)",
+    )
+    g.add_argument(
+        "--prefix-session-key-file",
+        metavar="PATH",
+        default="",
+        help="file holding the key that hashes session ids in exports (the same on every "
+        "gateway); default: $TECTONIC_PREFIX_SESSION_KEY, else unkeyed",
+    )
+    g.add_argument(
+        "--prefix-export-interval",
+        metavar="SECONDS",
+        type=float,
+        help="seconds between exports to etcd; default: prefixes.export_interval_s (10)",
+    )
+    g.add_argument(
+        "--prefix-export-max-bytes",
+        metavar="BYTES",
+        type=int,
+        help="exports are cut to this size, lowest-ranked prefixes first; default: "
+        "prefixes.export_max_bytes (512 KiB)",
+    )
+
+
+def prefix_options(
+    p: argparse.ArgumentParser, args: argparse.Namespace, base: PrefixesConfig
+) -> tuple[PrefixesConfig, str]:
+    """The topology's prefixes section with the export flags applied, and the session
+    key."""
+    flags = {  # config field -> flag
+        "export_interval_s": "prefix_export_interval",
+        "export_max_bytes": "prefix_export_max_bytes",
+    }
+    given = {k: getattr(args, a) for k, a in flags.items() if getattr(args, a) is not None}
+    try:
+        prefixes = PrefixesConfig.model_validate({**base.model_dump(), **given})
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            name = "--" + flags[field].replace("_", "-") if field in flags else "--prefix-*"
+            problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+        p.error("; ".join(problems))
+    key = os.environ.get("TECTONIC_PREFIX_SESSION_KEY", "")
+    if args.prefix_session_key_file:
+        try:
+            with open(args.prefix_session_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as e:
+            p.error(f"--prefix-session-key-file: {e.strerror}: {args.prefix_session_key_file}")
+    return prefixes, key
+
+
+def host_port(value: str) -> bool:
+    return re.match(HOST_PORT, value) is not None
+
+
+async def serve(server: Server, kind: str) -> int:
+    """Run ``server`` until SIGTERM / SIGINT: ``READY <url>`` on stdout once it serves;
+    exit status 2 on a topology that disagrees with the cluster spec (at start, or a
+    new leader's later), 1 when it fails, 0 when stopped."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(server.start())
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # stopped while waiting for etcd
+        starting.cancel()
+        await asyncio.wait({starting})
+        await server.stop()
+        return 0
+    if isinstance(exc := starting.exception(), SpecDisagreement):
+        return await _refuse(server, exc)
+    if exc is not None:
+        log.error("%s failed to start", kind, exc_info=exc)
+        await server.stop()
+        return 1
+    print(f"READY {server.url}", flush=True)
+    runner = asyncio.create_task(server.wait())
+    done, _ = await asyncio.wait({waiter, runner}, return_when=asyncio.FIRST_COMPLETED)
+    if waiter in done:
+        log.info("signal received; shutting down")
+    elif isinstance(exc := runner.exception(), SpecDisagreement):  # a new leader's spec
+        waiter.cancel()
+        return await _refuse(server, exc)
+    await server.stop()
+    waiter.cancel()
+    await asyncio.wait({waiter, runner})
+    if runner in done and not runner.cancelled() and runner.exception() is not None:
+        log.error("%s tasks failed", kind, exc_info=runner.exception())
+        return 1
+    return 0
+
+
+async def _refuse(server: Server, disagreement: SpecDisagreement) -> int:
+    """A topology that disagrees with the cluster spec: a configuration mistake, not a
+    crash. Stop as on SIGTERM, and exit 2 with the message, which names each setting."""
+    print(f"error: {disagreement}", file=sys.stderr, flush=True)
+    await server.stop()
+    return 2

@@ -1,0 +1,1 @@
+"""Tectonic's endpoint picker for Envoy (ext_proc, the Gateway API Inference Extension protocol)."""

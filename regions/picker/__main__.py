@@ -1,0 +1,175 @@
+"""``tectonic-epp`` (``python -m regions.picker``): Tectonic's endpoint picker for Envoy.
+
+    tectonic-epp --topology topology.yaml --region us-east \\
+        [--listen 127.0.0.1:9002] [--http-listen 127.0.0.1:9003] \\
+        [--etcd 127.0.0.1:2379,...] [--control-plane 127.0.0.1:7000,...]
+
+An Envoy external processor (ext_proc, gRPC) that follows the Gateway API Inference
+Extension's endpoint picker protocol: for each request it names the model servers
+Envoy sends it to, in order (``x-gateway-destination-endpoint``, header and
+``envoy.lb`` metadata), by the gateway's rules: the session's pin in etcd, the
+region's routing, prefix-aware bounded-load replica choice, the degradation ladder's
+actuators (shedding answers 429, over-long contexts vLLM's 400), the spill to the
+zone's next region when every replica of the session's region refuses before the
+first byte (the session then moves there for good). Any number of pickers serve one
+Envoy side by side: they share nothing but etcd. Envoy's configuration:
+``deploy/envoy/envoy.yaml``.
+
+Serves ``grpc.health.v1`` (``liveness``, ``readiness`` and the ext_proc service name:
+readiness is SERVING once this picker's caches are read) and, on ``--http-listen``,
+``GET /metrics`` (the gateway's metric names) and ``GET /health``. Prints
+``READY grpc://HOST:PORT`` once it serves; logs go to stderr. SIGTERM / SIGINT: turn
+NOT_SERVING, finish the streams in flight, exit 0. A topology that disagrees with the
+cluster spec in etcd (at start, or a new leader's later): exit 2, naming each setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+import uvloop
+
+from controlplane.kernel.config import ConfigError, load_topology
+from regions.gateway.app import AppConfig
+from regions.gateway.cli_common import (
+    add_etcd_flags,
+    add_prefix_flags,
+    add_report_flags,
+    host_port,
+    prefix_options,
+    serve,
+)
+from regions.gateway.options import GatewayOptions
+from regions.gateway.prefix_export import ExportOptions, tracker_config
+from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
+from regions.picker.pick import PickerConfig
+from regions.picker.server import PickerOptions, PickerServer
+
+BODY_MODES = {"buffered": BODY_BUFFERED, "full-duplex": BODY_FULL_DUPLEX, "none": BODY_NONE}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tectonic-epp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--topology", required=True, help="topology YAML (regions, replicas, etcd)")
+    p.add_argument("--region", required=True, help="the region whose Envoy this picker serves")
+    p.add_argument(
+        "--listen", default="127.0.0.1:9002", help="ext_proc gRPC host:port (port 0 = any)"
+    )
+    p.add_argument("--http-listen", default="127.0.0.1:0", help="/metrics and /health host:port")
+    p.add_argument(
+        "--session-header",
+        default="x-session-id",
+        help="request header carrying the session id (else the body's 'user')",
+    )
+    p.add_argument(
+        "--body-mode",
+        choices=sorted(BODY_MODES),
+        default="buffered",
+        help="how Envoy sends bodies when its request does not say (Envoy 1.40 says: "
+        "its ext_proc processing_mode decides); none = header-only (default buffered)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="larger request bodies get 413 (default 1 MiB)",
+    )
+    p.add_argument(
+        "--max-endpoints",
+        type=int,
+        default=3,
+        help="replicas of a region in one answer: the choice and its fallbacks (default 3)",
+    )
+    p.add_argument(
+        "--no-spill",
+        action="store_true",
+        help="never end the list with the zone's next region (a session whose replicas "
+        "all refuse gets Envoy's 503 instead of moving)",
+    )
+    add_etcd_flags(p)
+    p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
+    add_report_flags(p)
+    add_prefix_flags(p)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
+    p = _parser()
+    args = p.parse_args(argv)
+    try:
+        topology = load_topology(args.topology)
+    except ConfigError as e:
+        p.error(str(e))
+    if args.region not in topology.names:
+        p.error(
+            f"--region {args.region!r} is not in the topology "
+            f"(regions: {', '.join(topology.names)})"
+        )
+    endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+    cps = tuple(e.strip() for arg in args.control_plane for e in arg.split(",") if e.strip())
+    bad = [e for e in (*endpoints, *cps, args.listen, args.http_listen) if not host_port(e)]
+    if bad:
+        p.error(f"expected host:port, got {bad}")
+    if args.observer_id and not re.match(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$", args.observer_id):
+        p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
+    for name in ("max_body_bytes", "max_pins", "max_endpoints"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    prefixes, session_key = prefix_options(p, args, topology.prefixes)
+    routing = GatewayOptions(
+        topology=topology,
+        app=AppConfig(
+            home=args.region,
+            session_header=args.session_header.lower(),
+            max_body_bytes=args.max_body_bytes,
+            prefix_chars=topology.prefixes.routing_chars,
+        ),
+        etcd_endpoints=endpoints,
+        etcd_timeout_s=args.etcd_timeout,
+        store_timeout_s=args.store_timeout,
+        max_pins=args.max_pins,
+        control_planes=cps,
+        observer_id=args.observer_id,
+        report_interval_s=args.report_interval,
+        prefix_tracking=not args.no_prefix_tracking,
+        tracker=tracker_config(prefixes, session_key),
+        prefix_export=ExportOptions.from_topology(prefixes),
+    )
+    picker = PickerConfig(
+        home=args.region,
+        zones={r.name: r.zone for r in topology.regions},
+        entries={r.name: r.entry for r in topology.regions if r.entry},
+        max_endpoints=args.max_endpoints,
+        spill=not args.no_spill,
+    )
+    options = PickerOptions(
+        routing=routing,
+        listen=args.listen,
+        http_listen=args.http_listen,
+        body_mode=BODY_MODES[args.body_mode],
+        picker=picker,
+        grace_s=args.grace,
+    )
+    return options, str(args.log_level).upper()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options, level = parse_args(argv)
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    sys.exit(uvloop.run(serve(PickerServer(options), "endpoint picker")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""The endpoint picker's decision for one request, and what it learns from the answer.
+
+The rules are the gateway's, by the same code: ``Admission`` (session key, region from
+etcd's pins and routing through the same cache, the degradation actuators), the same
+prefix-aware bounded-load ``ReplicaBalancer`` per region, the same spill rule
+(``spill_region``) and session move (``SessionResolver.move``, a CAS in etcd). What
+differs is who forwards: Envoy, down the ordered list the picker returns.
+
+The list for a session of this picker's own region: its replicas, the chosen one first
+(at most ``max_endpoints``), then the entry point of the region the session would spill
+to (the zone's next serving region), so that a request whose replicas all refuse before
+the first byte is still served. For a session pinned to another region: that region's
+entry point (its Envoy or gateway; ``regions[].entry``), marked with ``x-tectonic-via``
+so that the picker there serves it without another hop; a region without an entry
+point gets its replicas directly, as the gateway forwards to them. The response says
+which endpoint served (``served``): a session served by its spill region moves there
+for good, once; replicas skipped before it are ejected for a moment, and every answer
+is a health vote for the region that gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controlplane.kernel.prompts import BadRequest
+from controlplane.kernel.ring import prefix_key
+from controlplane.kernel.session_store import InvalidSessionId
+from controlplane.kernel.sessions import NoRegionServing, spill_region
+from regions.gateway.actuators import Action, Refusal
+from regions.gateway.admission import Admission, Admitted, Refused
+from regions.gateway.metrics import GatewayMetrics
+from regions.gateway.observe import NoopObserver, PrefixObserver
+from regions.gateway.replicas import ReplicaBalancer
+from regions.gateway.requests import Endpoint, error_body, error_type
+from regions.gateway.routing_cache import RoutingCache
+from regions.gateway.sessions import SessionResolver
+from regions.picker.extproc import VIA_HEADER, endpoint_of
+
+log = logging.getLogger("tectonic.picker")
+Vote = Callable[[str, bool, int], None]  # (region, answered, status): a health vote
+ENDPOINTS = {e.value: e for e in Endpoint}
+
+
+@dataclass(frozen=True)
+class PickerConfig:
+    home: str  # the region whose Envoy this picker serves
+    zones: Mapping[str, str] = field(default_factory=dict)  # where a request may spill
+    entries: Mapping[str, str] = field(default_factory=dict)  # region -> entry host:port
+    max_endpoints: int = 3  # replicas of a region in one list: the choice + fallbacks
+    spill: bool = True  # end the list with the spill region's entry point
+    retry_after_s: int = 1  # on a 503: a failover is usually under way
+    eject_s: float = 2.0  # a replica Envoy skipped is chosen last for this long
+
+
+@dataclass(slots=True)
+class Pick:
+    """Where one request goes: ``endpoints`` in order, ``regions`` the region of each."""
+
+    region: str  # the session's region (or the one a sessionless request goes to)
+    session: str
+    endpoints: tuple[str, ...]
+    regions: tuple[str, ...]
+    headers: tuple[tuple[str, str], ...]  # set on the request besides the destination
+    body: bytes | None  # the body to send instead, when an actuator changed it
+    started: float
+    replicas: dict[str, str]  # endpoint -> replica URL, for ejection
+    held: tuple[ReplicaBalancer, str] | None = None  # the in-flight count it took
+    spilled_to: str = ""  # the spill region at the end of the list, if any
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer the client at once instead of routing."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class Picker:
+    def __init__(
+        self,
+        config: PickerConfig,
+        admission: Admission,
+        routing: RoutingCache,
+        resolver: SessionResolver,
+        balancers: Mapping[str, ReplicaBalancer],
+        metrics: GatewayMetrics,
+        *,
+        observer: PrefixObserver | None = None,
+        vote: Vote | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.admission = admission
+        self.routing = routing
+        self.resolver = resolver
+        self.balancers = balancers
+        self.metrics = metrics
+        self.observer = observer or NoopObserver()
+        self._vote = vote
+        self._monotonic = monotonic
+
+    # ---- the request -----------------------------------------------------------------
+
+    async def pick(
+        self, headers: Mapping[str, str], body: bytes | None, subset: frozenset[str] | None
+    ) -> Pick | Answer:
+        """Route one request: ``headers`` by lowercase name (pseudo-headers included),
+        ``body`` the whole body, or None in header-only mode; ``subset`` the data
+        plane's hint. Never raises for a bad request: that is an Answer."""
+        started = self._monotonic()
+        try:
+            return await self._pick(headers, body, subset, started)
+        except BadRequest as e:
+            return self._refuse(e.status, e.message, e.param)
+        except InvalidSessionId as e:
+            return self._refuse(400, str(e))
+        except NoRegionServing as e:
+            return self._unavailable("none", "no_region", str(e))
+
+    async def _pick(
+        self,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: frozenset[str] | None,
+        started: float,
+    ) -> Pick | Answer:
+        path = headers.get(":path", "/").split("?", 1)[0]
+        endpoint = ENDPOINTS.get(path)
+        replacement: bytes | None = None
+        if body is not None and endpoint is not None and headers.get(":method") == "POST":
+            admitted = await self.admission.admit(endpoint, body, headers)
+            if isinstance(admitted, Refused):
+                return self._degraded(admitted.region, admitted.refusal)
+            self._observe(admitted)
+            region, session, key = admitted.region, admitted.session, admitted.key
+            if admitted.req.body is not body:
+                replacement = admitted.req.body
+        else:  # header-only, or no generation: the session header alone decides
+            session = self.admission.session_of(headers)
+            if session:
+                region = await self.resolver.region_for(session)
+            else:
+                region = self.resolver.region_for_sessionless(headers.get("x-request-id", path))
+            if (refusal := self.admission.shed(region, headers)) is not None:
+                return self._degraded(region, refusal)
+            key = prefix_key(session or headers.get("x-request-id", path), self.admission.chars)
+        pick = self._place(region, session, key, subset, headers, started)
+        if isinstance(pick, Answer):
+            return pick
+        pick.body = replacement
+        return pick
+
+    def _observe(self, admitted: Admitted) -> None:
+        try:
+            self.observer.observe(admitted.region, admitted.session, admitted.req.prompt)
+        except Exception:  # an observer bug must not fail requests
+            log.exception("prefix observer failed")
+
+    def _place(
+        self,
+        region: str,
+        session: str,
+        key: int,
+        subset: frozenset[str] | None,
+        headers: Mapping[str, str],
+        started: float,
+    ) -> Pick | Answer:
+        cfg = self.config
+        home = cfg.home
+        via = bool(headers.get(VIA_HEADER))
+        if via:
+            region = home  # sent here by another region's picker: served here, no hop
+        now = self._monotonic()
+        endpoints: list[str] = []
+        regions: list[str] = []
+        replicas: dict[str, str] = {}
+        extra: list[tuple[str, str]] = []
+        held: tuple[ReplicaBalancer, str] | None = None
+        entry = cfg.entries.get(region)
+        if region != home and entry:
+            if _allowed(entry, subset):
+                endpoints.append(entry)
+                regions.append(region)
+                extra.append((VIA_HEADER, home))
+        else:
+            chosen = self._replicas(region, key, subset, now)
+            for replica in chosen:
+                ep = endpoint_of(replica)
+                endpoints.append(ep)
+                regions.append(region)
+                replicas[ep] = replica
+            if chosen:
+                balancer = self.balancers[region]
+                balancer.acquire(chosen[0])
+                held = (balancer, chosen[0])
+        spilled_to = ""
+        if cfg.spill and not via and region == home:
+            other = spill_region(self.routing.routings, cfg.zones, region, session or str(key))
+            other_entry = cfg.entries.get(other or "")
+            if other is not None and other_entry and _allowed(other_entry, subset):
+                endpoints.append(other_entry)
+                regions.append(other)
+                spilled_to = other
+                if not extra:
+                    extra.append((VIA_HEADER, home))
+        if not endpoints:
+            return self._unavailable(
+                region,
+                "no_replica",
+                f"region {region!r} has no replica to route to"
+                + (" within the data plane's subset hint" if subset is not None else ""),
+            )
+        return Pick(
+            region,
+            session,
+            tuple(endpoints),
+            tuple(regions),
+            tuple(extra),
+            None,
+            started,
+            replicas,
+            held,
+            spilled_to,
+        )
+
+    def _replicas(
+        self, region: str, key: int, subset: frozenset[str] | None, now: float
+    ) -> list[str]:
+        """``region``'s replicas for ``key`` in the balancer's order of preference: the
+        bounded-load choice, then each next choice without the ones before it."""
+        balancer = self.balancers.get(region)
+        if balancer is None:
+            return []
+        exclude = set()
+        if subset is not None:
+            exclude = {r for r in balancer.replicas if endpoint_of(r) not in subset}
+        out: list[str] = []
+        while len(out) < self.config.max_endpoints:
+            replica = balancer.choose(key, now=now, exclude=exclude)
+            if replica is None:
+                break
+            out.append(replica)
+            exclude.add(replica)
+        return out
+
+    # ---- the answer ------------------------------------------------------------------
+
+    async def served(self, pick: Pick, endpoint: str, status: int) -> str:
+        """The response headers came: ``endpoint`` served ('' when the data plane did
+        not say: then Envoy answered itself, e.g. every endpoint refused). Returns the
+        region that answered, for the client's ``x-tectonic-region``."""
+        self.release(pick)
+        now = self._monotonic()
+        try:
+            index = pick.endpoints.index(endpoint)
+        except ValueError:
+            index = -1
+        region = pick.regions[index] if index >= 0 else pick.region
+        for skipped in pick.endpoints[: max(index, 0)] if index > 0 else ():
+            self._skipped(pick, skipped, now)
+        if index < 0:
+            self.metrics.error(pick.region, "no_replica")
+            self._record(pick.region, False, status)
+        else:
+            self.metrics.first_byte(region, now - pick.started)
+            self._record(region, status < 500, status)
+        self.metrics.request(region, status)
+        if index > 0 and pick.spilled_to and region == pick.spilled_to and status < 500:
+            self.metrics.spill(pick.region, region)
+            if pick.session:
+                await self.resolver.move(pick.session, pick.region, region)
+        return region
+
+    def _skipped(self, pick: Pick, endpoint: str, now: float) -> None:
+        """Envoy went past ``endpoint`` (it refused, reset or answered 5xx before the
+        first byte): a failed attempt, and its replica is chosen last for a moment."""
+        region = pick.regions[pick.endpoints.index(endpoint)]
+        self.metrics.retry(region)
+        self._record(region, False, 0)
+        replica = pick.replicas.get(endpoint)
+        balancer = self.balancers.get(region)
+        if replica is not None and balancer is not None and replica in balancer.inflight:
+            balancer.eject(replica, now + self.config.eject_s)
+
+    def release(self, pick: Pick) -> None:
+        """The request is no longer waiting for its first byte (or is gone): its
+        in-flight count on the replica it was sent to ends. Idempotent."""
+        if pick.held is not None:
+            balancer, replica = pick.held
+            pick.held = None
+            balancer.release(replica)
+
+    def _record(self, region: str, ok: bool, status: int) -> None:
+        if self._vote is not None:
+            self._vote(region, ok, status)
+
+    # ---- refusals --------------------------------------------------------------------
+
+    def too_large(self, limit: int) -> Answer:
+        return self._refuse(413, f"request body exceeds the limit of {limit} bytes")
+
+    def _refuse(self, status: int, message: str, param: str | None = None) -> Answer:
+        self.metrics.error("none", "bad_request")
+        self.metrics.request("none", status)
+        return _answer(status, message, param)
+
+    def _degraded(self, region: str, refusal: Refusal) -> Answer:
+        """An actuator refused: counted as degraded, not as an error. A shed request is
+        the protocol's 429 (the gateway answers its own clients 503)."""
+        status = 429 if refusal.action is Action.SHED else refusal.status
+        self.metrics.degrade(region, refusal.action)
+        self.metrics.request(region, status)
+        headers: tuple[tuple[str, str], ...] = ()
+        if refusal.retry_after_s is not None:
+            headers = (("retry-after", str(refusal.retry_after_s)),)
+        return _answer(status, refusal.message, refusal.param, headers)
+
+    def _unavailable(self, region: str, kind: str, message: str) -> Answer:
+        self.metrics.error(region, kind)
+        self.metrics.request(region, 503)
+        retry = (("retry-after", str(self.config.retry_after_s)),)
+        return _answer(503, message, None, retry)
+
+
+def _allowed(endpoint: str, subset: frozenset[str] | None) -> bool:
+    return subset is None or endpoint in subset
+
+
+def _answer(
+    status: int,
+    message: str,
+    param: str | None = None,
+    headers: Sequence[tuple[str, str]] = (),
+) -> Answer:
+    """vLLM's error object, as the gateway and vLLM answer it."""
+    body = json.dumps(error_body(message, error_type(status), status, param)).encode()
+    return Answer(status, body, tuple(headers))

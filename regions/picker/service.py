@@ -1,0 +1,146 @@
+"""Envoy's external processing service: one bidirectional gRPC stream per HTTP request,
+driven by the messages Envoy sends. The body mode comes from the stream's first
+message (``protocol_config``; the configured default for an Envoy that does not say):
+
+- header-only (body mode NONE, or a request without a body): the picker answers the
+  request headers with the destination, from the session header alone;
+- BUFFERED: the headers are let through unchanged, the whole body comes in one
+  message, and the answer to it carries the destination (and a replaced body, when an
+  actuator changed it);
+- FULL_DUPLEX_STREAMED: the headers' answer waits for the body's last piece; then the
+  destination goes out with the headers' answer and the body is streamed back (Envoy
+  forwards what the picker sends, not what it received).
+
+The response headers are answered with ``x-tectonic-region`` (the region that served);
+response bodies are not asked for and stream through Envoy untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from regions.picker import extproc
+from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
+from regions.picker.pick import Answer, Pick, Picker
+
+log = logging.getLogger("tectonic.picker")
+
+
+class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(
+        self, picker: Picker, *, default_body_mode: int = BODY_BUFFERED, max_body_bytes: int
+    ) -> None:
+        self.picker = picker
+        self.default_body_mode = default_body_mode
+        self.max_body_bytes = max_body_bytes
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse],
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = _Stream(self)
+        try:
+            async for message in request_iterator:
+                for answer in await stream.on(message):
+                    yield answer
+        finally:
+            if stream.pick is not None:
+                self.picker.release(stream.pick)
+
+
+class _Stream:
+    """One HTTP request's exchange."""
+
+    __slots__ = ("body", "headers", "mode", "pick", "service", "subset")
+
+    def __init__(self, service: ExtProcService) -> None:
+        self.service = service
+        self.mode = service.default_body_mode
+        self.headers: dict[str, str] = {}
+        self.subset: frozenset[str] | None = None
+        self.body = bytearray()
+        self.pick: Pick | None = None
+
+    async def on(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return await self._request_headers(message)
+        if kind == "request_body":
+            return await self._request_body(message.request_body)
+        if kind == "response_headers":
+            return await self._response_headers(message)
+        if kind == "response_body":
+            return [extproc.CONTINUE_RESPONSE_BODY]
+        if kind == "request_trailers":
+            return [extproc.CONTINUE_REQUEST_TRAILERS]
+        if kind == "response_trailers":
+            return [extproc.CONTINUE_RESPONSE_TRAILERS]
+        return []
+
+    async def _request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if message.HasField("protocol_config"):
+            self.mode = message.protocol_config.request_body_mode
+        self.headers = extproc.headers_of(message.request_headers)
+        self.subset = extproc.subset_of(message.metadata_context)
+        if message.request_headers.end_of_stream or self.mode not in (
+            BODY_BUFFERED,
+            BODY_FULL_DUPLEX,
+        ):
+            if self.mode not in (BODY_NONE, BODY_BUFFERED, BODY_FULL_DUPLEX):
+                log.warning("body mode %d is not supported: picking on headers", self.mode)
+            return [await self._route(None, on_body=False)]
+        if self.mode == BODY_BUFFERED:
+            return [extproc.CONTINUE_REQUEST_HEADERS]
+        return []  # full duplex: the headers' answer waits for the body
+
+    async def _request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        self.body += body.body
+        if len(self.body) > self.service.max_body_bytes:
+            return [self._too_large()]
+        if not body.end_of_stream:
+            return []
+        data = bytes(self.body)
+        if self.mode == BODY_BUFFERED:
+            return [await self._route(data, on_body=True)]
+        first = await self._route(data, on_body=False)
+        if first.WhichOneof("response") == "immediate_response":
+            return [first]
+        assert self.pick is not None
+        sent = self.pick.body if self.pick.body is not None else data
+        return [first, *extproc.body_chunks(sent)]
+
+    async def _route(self, body: bytes | None, *, on_body: bool) -> pb.ProcessingResponse:
+        picked = await self.service.picker.pick(self.headers, body, self.subset)
+        if isinstance(picked, Answer):
+            return extproc.immediate(picked.status, picked.body, picked.headers)
+        self.pick = picked
+        return extproc.routed(
+            picked.endpoints,
+            picked.headers,
+            on_body=on_body,
+            # full duplex streams the body back instead
+            body=picked.body if on_body else None,
+        )
+
+    async def _response_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self.pick is None:  # e.g. Envoy's own answer to a request the picker refused
+            return [extproc.CONTINUE_RESPONSE_HEADERS]
+        headers = extproc.headers_of(message.response_headers)
+        try:
+            status = int(headers.get(":status", "0"))
+        except ValueError:
+            status = 0
+        served = extproc.served_of(message.metadata_context)
+        region = await self.service.picker.served(self.pick, served, status)
+        return [extproc.region_header(region)]
+
+    def _too_large(self) -> pb.ProcessingResponse:
+        limit = self.service.max_body_bytes
+        answer = self.service.picker.too_large(limit)
+        return extproc.immediate(answer.status, answer.body, answer.headers)
