@@ -53,6 +53,7 @@ class Proc(ServerProcess):
         group: bool = False,
     ) -> None:
         super().__init__(popen, log_path, name, tmp=tmp, group=group, keep_log=True)
+        self.http_url = ""  # a picker's /metrics and /health (its url is gRPC)
         _LIVE.add(self)
         _LOGS.append(log_path)
 
@@ -260,6 +261,45 @@ def start_gateway(
     proc = spawn(args, f"gw-{region}", stdout_pipe=True)
     proc.url = read_ready(proc, time.monotonic() + ready_timeout)
     proc.port = int(proc.url.rsplit(":", 1)[1])
+    return proc
+
+
+def start_picker(
+    topology: str | Path,
+    region: str,
+    *,
+    control_planes: Sequence[str] = (),
+    listen: str = "127.0.0.1:0",
+    http_port: int = 0,
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+    name: str = "",
+) -> Proc:
+    """Start ``python -m regions.picker`` (tectonic-epp) for ``region``'s Envoy;
+    ``Proc.url`` is its ext_proc address (``grpc://host:port``) once it serves, and
+    ``Proc.port`` its port. Its ``/metrics`` and ``/health`` are on 127.0.0.1:
+    ``http_port`` (0: a free port), ``Proc.http_url``."""
+    http_port = http_port or processes.free_port()
+    http_listen = f"127.0.0.1:{http_port}"
+    args = [
+        "-m",
+        "regions.picker",
+        "--topology",
+        str(topology),
+        "--region",
+        region,
+        "--listen",
+        listen,
+        "--http-listen",
+        http_listen,
+        *extra_args,
+    ]
+    if control_planes:
+        args += ["--control-plane", ",".join(control_planes)]
+    proc = spawn(args, name or f"epp-{region}", stdout_pipe=True)
+    proc.url = read_ready(proc, time.monotonic() + ready_timeout)
+    proc.port = int(proc.url.rsplit(":", 1)[1])
+    proc.http_url = f"http://{http_listen}"
     return proc
 
 

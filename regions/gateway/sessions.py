@@ -51,6 +51,7 @@ from controlplane.kernel.sessions import (
     pick_region,
     repinned,
     resolve,
+    routing_of,
     self_routed,
 )
 from controlplane.kernel.store.port import StoreError, StoreUnavailable
@@ -89,6 +90,10 @@ class _Entry:
     checked_at: float  # monotonic time etcd last confirmed this pin
     pending: bool = False  # made while etcd was unavailable; not confirmed yet
     seen: int = 0  # notices of moved sessions heard before etcd confirmed it (_remember)
+    # the epoch of routing/<home> when etcd confirmed it: a newer routing (a failover, a
+    # recovery step) may have re-pinned the session through another gateway, so the
+    # cached pin is read again before it is trusted
+    routing_epoch: int = 0
 
 
 class SessionResolver:
@@ -146,6 +151,7 @@ class SessionResolver:
                 or (
                     self._monotonic() - entry.checked_at < self._revalidate_s
                     and entry.seen >= self._noticed.get(entry.pin.region, 0)
+                    and entry.routing_epoch >= routing_of(routings, entry.pin.home).epoch
                 )
             )
         ):
@@ -247,6 +253,7 @@ class SessionResolver:
             return self._static(session_id, entry, routings, warm)
         home = entry.pin.home if entry is not None else self.home
         seen = self._notices  # a notice that lands while etcd answers makes it stale
+        epoch = routing_of(routings, home).epoch  # and so does a routing that lands then
         try:
             async with asyncio.timeout(self._store_timeout_s):
                 res = await self._sessions.resolve(session_id, home, routings, warm)
@@ -268,7 +275,7 @@ class SessionResolver:
                 entry.pin.region if entry else "?",
                 res.region,
             )
-        self._adopt(session_id, entry, res.pin, seen)
+        self._adopt(session_id, entry, res.pin, seen, epoch)
         return res.region
 
     def _static(
@@ -303,7 +310,12 @@ class SessionResolver:
         return res.region
 
     def _adopt(
-        self, session_id: str, entry: _Entry | None, pin: SessionPin, seen: int | None = None
+        self,
+        session_id: str,
+        entry: _Entry | None,
+        pin: SessionPin,
+        seen: int | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Take etcd's pin (read when ``seen`` notices had been heard). If ours named
         another region that still serves, and no notice had announced the move, the
@@ -314,6 +326,7 @@ class SessionResolver:
             and entry.pin.region != pin.region
             and self_routed(self._routing.routings, entry.pin.region)
             and not self._announced(entry)
+            and (epoch is None or entry.routing_epoch >= epoch)  # a new routing re-pins
         ):
             self._metrics.consistency_violations.inc()
             log.error(
@@ -326,10 +339,15 @@ class SessionResolver:
             self._metrics.session_moves.inc()  # served from the cache, etcd said otherwise
         if self._pending.pop(session_id, None) is not None:
             self._metrics.pending_pins.set(len(self._pending))
-        self._remember(session_id, _Entry(pin, self._monotonic()), seen)
+        self._remember(session_id, _Entry(pin, self._monotonic()), seen, epoch)
 
-    def _remember(self, session_id: str, entry: _Entry, seen: int | None = None) -> None:
+    def _remember(
+        self, session_id: str, entry: _Entry, seen: int | None = None, epoch: int | None = None
+    ) -> None:
         entry.seen = self._notices if seen is None else seen
+        if epoch is None:
+            epoch = routing_of(self._routing.routings, entry.pin.home).epoch
+        entry.routing_epoch = epoch
         self._pins[session_id] = entry
         self._pins.move_to_end(session_id)
         while len(self._pins) > self._max_pins:

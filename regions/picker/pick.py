@@ -255,7 +255,6 @@ class Picker:
         """The response headers came: ``endpoint`` served ('' when the data plane did
         not say: then Envoy answered itself, e.g. every endpoint refused). Returns the
         region that answered, for the client's ``x-tectonic-region``."""
-        self.release(pick)
         now = self._monotonic()
         try:
             index = pick.endpoints.index(endpoint)
@@ -289,8 +288,9 @@ class Picker:
             balancer.eject(replica, now + self.config.eject_s)
 
     def release(self, pick: Pick) -> None:
-        """The request is no longer waiting for its first byte (or is gone): its
-        in-flight count on the replica it was sent to ends. Idempotent."""
+        """The request ended (Envoy closes its ext_proc stream then, after the last
+        byte of a streamed answer): its in-flight count on the replica it was sent to
+        ends, as the gateway's does. Idempotent."""
         if pick.held is not None:
             balancer, replica = pick.held
             pick.held = None

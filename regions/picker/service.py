@@ -49,7 +49,7 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             async for message in request_iterator:
                 for answer in await stream.on(message):
                     yield answer
-        finally:
+        finally:  # Envoy ends the stream when the HTTP request ends: the in-flight count
             if stream.pick is not None:
                 self.picker.release(stream.pick)
 

@@ -305,6 +305,24 @@ async def test_without_a_notice_a_disagreement_found_later_is_a_violation(world:
     assert violations(world) == 1
 
 
+async def test_a_pin_cached_before_a_routing_change_is_read_again(world: World) -> None:
+    """Gateway b served a session before a failover and not during it; gateway a moved
+    it then. When its home comes back, b must not serve it at home from its cache (the
+    session would bounce back): a newer routing epoch of its home makes b read it."""
+    a, b = world.resolver(), world.resolver()
+    assert await a.region_for("s") == HOME and await b.region_for("s") == HOME
+    await world.set_routing(EAST_DOWN)  # epoch 1: east's sessions go west
+    assert await a.region_for("s") == "us-west"  # a re-pins it (b sees no request)
+    back = {**NORMAL, HOME: Routing(targets={HOME: 1.0}, epoch=2)}
+    await world.set_routing(back)
+    reads = world.reads("s")
+    assert await b.region_for("s") == "us-west"  # stays where it moved
+    assert world.reads("s") == reads + 1
+    assert await b.region_for("s") == "us-west"  # and is cached again
+    assert world.reads("s") == reads + 1
+    assert violations(world) == 0  # caught before it was served at home: no violation
+
+
 async def test_moving_a_session_off_a_region_is_announced(world: World) -> None:
     announced: list[str] = []
     r = SessionResolver(

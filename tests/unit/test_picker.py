@@ -256,7 +256,10 @@ async def test_served_in_region_by_a_fallback_ejects_the_first_and_moves_nothing
     first = got.replicas[got.endpoints[0]]
     assert await world.picker.served(got, got.endpoints[1], 200) == "east"
     assert await world.pin_of("s1") == "east"
-    assert world.balancers["east"].inflight[first] == 0  # released
+    assert world.balancers["east"].inflight[first] == 1  # until the request ends
+    world.picker.release(got)
+    world.picker.release(got)  # idempotent
+    assert world.balancers["east"].inflight[first] == 0
     again = await pick(world, hdrs=headers("s7"))  # same prompt: its replica is ejected
     assert again.endpoints[0] != got.endpoints[0]
     world.picker.release(again)

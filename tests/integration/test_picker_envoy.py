@@ -1,0 +1,515 @@
+"""The endpoint picker behind a real Envoy: real etcd, real simulators, two regions, each
+with its Envoy (the shipped deploy/envoy/envoy.yaml, rendered by the lab) and its
+pickers (``python -m regions.picker`` processes).
+
+What the leader writes (``routing/<r>``, ``degradation/<r>``) is written here directly,
+as the leader would: these tests are about the data plane; the drills run the same data
+plane under a real control plane (tests/integration/test_drills_envoy.py).
+
+The module's tests share one deployment and run in file order: the ones that kill
+processes come last and restore what the next one needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import pytest
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from chaos.lab.envoy import EnvoyProc, EnvoySpec, render, start_envoy, stats
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import Proc, start_picker, start_simulator, start_simulators
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.store.etcd import EtcdStore
+from regions.pool.processes import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+
+REGION = "x-tectonic-region"
+DESTINATION = "x-gateway-destination-endpoint"
+SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
+
+
+def hp(port: int) -> str:
+    return f"127.0.0.1:{port}"
+
+
+@dataclass
+class World:
+    tmp: Path
+    etcd: EtcdServer
+    keys: Keys
+    store: EtcdStore
+    sessions: SessionStore
+    topology: Path
+    sims: dict[str, list[Proc]]
+    picker_ports: dict[str, list[int]]
+    envoy_ports: dict[str, tuple[int, int]]  # region -> (listen, admin)
+    pickers: dict[str, list[Proc]] = field(default_factory=dict)
+    envoys: dict[str, EnvoyProc] = field(default_factory=dict)
+
+    def url(self, region: str) -> str:
+        return f"http://{hp(self.envoy_ports[region][0])}"
+
+    def envoy_spec(self, region: str, **changes: Any) -> EnvoySpec:
+        listen, admin = self.envoy_ports[region]
+        other = [r for r in self.envoy_ports if r != region]
+        spec = EnvoySpec(
+            listen_port=listen,
+            admin_port=admin,
+            pickers=[hp(p) for p in self.picker_ports[region]],
+            servers=[hp(s.port) for s in self.sims[region]],
+            remote_entry_points=[hp(self.envoy_ports[r][0]) for r in other],
+        )
+        return replace(spec, **changes)
+
+    def start_picker(self, region: str, i: int) -> Proc:
+        proc = start_picker(
+            self.topology,
+            region,
+            listen=hp(self.picker_ports[region][i]),
+            extra_args=["--etcd-timeout", "0.3", "--store-timeout", "0.5"],
+            name=f"epp-{region}-{i}",
+        )
+        self.pickers.setdefault(region, []).append(proc)
+        return proc
+
+    async def pin(self, session: str) -> str:
+        got = await self.sessions.get(session)
+        assert got is not None, session
+        return got[0].region
+
+    async def set_routing(self, region: str, targets: dict[str, float], epoch: int) -> None:
+        await self.store.put(
+            self.keys.routing(region), encode(Routing(targets=targets, epoch=epoch))
+        )
+
+
+@pytest.fixture(scope="module")
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    tmp = tmp_path_factory.mktemp("picker-envoy")
+    etcd = EtcdServer()  # its own: one test stops it
+    await asyncio.to_thread(etcd.start)
+    sims_flat = await asyncio.to_thread(start_simulators, 3)
+    sims = {"east": sims_flat[:2], "west": sims_flat[2:]}
+    envoy_ports = {r: (free_port(), free_port()) for r in sims}
+    picker_ports = {"east": [free_port(), free_port()], "west": [free_port()]}
+    keys = Keys(cluster=f"epp-{free_port()}")
+    topo = {
+        "cluster": keys.cluster,
+        "etcd": {"endpoints": [etcd.endpoint]},
+        "regions": [
+            {
+                "name": r,
+                "zone": "us",
+                "agent": hp(free_port()),
+                "capacity_rps": 100,
+                "replicas": [s.url for s in sims[r]],
+                "entry": hp(envoy_ports[r][0]),
+            }
+            for r in sims
+        ],
+    }
+    topology = tmp / "topology.yaml"
+    topology.write_text(yaml.safe_dump(topo))
+    store = EtcdStore(EtcdConfig(endpoints=(etcd.endpoint,), request_timeout_s=1.0))
+    w = World(
+        tmp,
+        etcd,
+        keys,
+        store,
+        SessionStore(store, keys, regions=tuple(sims), clock=SystemClock(), writer="test"),
+        topology,
+        sims,
+        picker_ports,
+        envoy_ports,
+    )
+    try:
+        for region, ports in picker_ports.items():
+            for i in range(len(ports)):
+                await asyncio.to_thread(w.start_picker, region, i)
+        for region in sims:
+            w.envoys[region] = await asyncio.to_thread(
+                start_envoy, w.envoy_spec(region), tmp / f"envoy-{region}"
+            )
+        yield w
+    finally:
+        procs: list[Proc] = [*w.envoys.values(), *(p for ps in w.pickers.values() for p in ps)]
+        procs += [s for ss in w.sims.values() for s in ss]
+        for proc in procs:
+            proc.kill()
+        await store.close()
+        await asyncio.to_thread(etcd.stop)
+
+
+# ---- clients -----------------------------------------------------------------------------
+
+
+def chat(text: str, **extra: object) -> dict[str, object]:
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        **extra,
+    }
+
+
+def post(
+    url: str, body: dict[str, object], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+async def ask(url: str, session: str, text: str = "", **extra: object) -> tuple[int, str]:
+    """One request of ``session``: its status and the region that served it."""
+    status, headers, _ = await asyncio.to_thread(
+        post, url, chat(text or f"{session}: hello there", **extra), {"x-session-id": session}
+    )
+    return status, headers.get(REGION, "")
+
+
+def served(sim: Proc) -> int:
+    """Requests the simulator finished (vLLM's ``request_success`` counter)."""
+    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        int(s.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "vllm:request_success"
+        for s in family.samples
+        if s.name.endswith("_total")
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await check():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {check.__name__}"
+        await asyncio.sleep(0.1)
+
+
+async def picks(address: str, session: str) -> str:
+    """Ask one picker directly, over its gRPC ext_proc service, where a header-only
+    request of ``session`` goes: the destination it answers."""
+    headers = {":path": "/v1/chat/completions", ":method": "POST", "x-session-id": session}
+    message = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+                ]
+            ),
+            end_of_stream=True,
+        )
+    )
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(message)
+        answer = await call.read()
+        await call.done_writing()
+    mutation = answer.request_headers.response.header_mutation
+    values: list[bytes] = [
+        h.header.raw_value for h in mutation.set_headers if h.header.key == DESTINATION
+    ]
+    assert len(values) == 1, values
+    return values[0].decode()
+
+
+# ---- the tests ---------------------------------------------------------------------------
+
+
+async def test_the_official_openai_client_streams_through_envoy_and_the_picker(
+    world: World,
+) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=world.url("east") + "/v1",
+        api_key="unused",
+        default_headers={"x-session-id": "oa-1"},
+        max_retries=0,
+    )
+    try:
+        stream = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "tell me a story"}],
+            max_tokens=24,
+            stream=True,
+        )
+        chunks = [c async for c in stream]
+        raw = await client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=4
+        )
+    finally:
+        await client.close()
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert len({c.id for c in chunks}) == 1
+    assert raw.headers[REGION] == "east"
+    assert await world.pin("oa-1") == "east"
+
+
+async def test_a_session_keeps_its_replica(world: World) -> None:
+    before = [served(s) for s in world.sims["east"]]
+    for _ in range(6):
+        assert await ask(world.url("east"), "sticky-1", "the same prompt every time") == (
+            200,
+            "east",
+        )
+    grown = [served(s) - b for s, b in zip(world.sims["east"], before, strict=True)]
+    assert sorted(grown) == [0, 6]
+
+
+async def test_after_a_failover_each_session_moves_once_and_never_bounces_back(
+    world: World,
+) -> None:
+    east, west = world.url("east"), world.url("west")
+    sessions = [f"fo-{i}" for i in range(8)]
+    for s in sessions:
+        assert await ask(east, s) == (200, "east")
+    await world.set_routing("east", {"west": 1.0}, epoch=1)
+
+    async def moved() -> bool:
+        return (await ask(east, sessions[0]))[1] == "west"
+
+    await eventually(moved)
+    for s in sessions:
+        for url in (east, west):  # through either region's Envoy: served by west
+            assert await ask(url, s) == (200, "west")
+        assert await world.pin(s) == "west"
+    await world.set_routing("east", {"east": 1.0}, epoch=2)  # east recovers at once
+
+    async def back() -> bool:
+        return (await ask(east, "fo-new"))[1] == "east"
+
+    await eventually(back)
+    for s in sessions:  # a moved session stays where it moved, with either picker
+        for _ in range(2):
+            assert await ask(east, s) == (200, "west")
+        assert await world.pin(s) == "west"
+
+
+async def test_a_shed_request_is_a_429_with_retry_after(world: World) -> None:
+    record = DegradationRecord(
+        region="east", flags=FeatureFlags(shed_priority_below=5), reason="test", epoch=1
+    )
+    await world.store.put(world.keys.degradation("east"), encode(record))
+    try:
+
+        async def shedding() -> bool:
+            status, _, _ = await asyncio.to_thread(
+                post, world.url("east"), chat("hi"), {"x-session-id": "shed-1", "x-priority": "1"}
+            )
+            return status == 429
+
+        await eventually(shedding)
+        status, headers, body = await asyncio.to_thread(
+            post, world.url("east"), chat("hi"), {"x-session-id": "shed-1", "x-priority": "1"}
+        )
+        assert status == 429 and headers["retry-after"] == "5"
+        assert headers["content-type"] == "application/json"
+        error = json.loads(body)["error"]
+        assert error["code"] == 429 and "shedding requests of priority below 5" in error["message"]
+        status, _, _ = await asyncio.to_thread(
+            post, world.url("east"), chat("hi"), {"x-session-id": "shed-3", "x-priority": "9"}
+        )
+        assert status == 200
+    finally:
+        await world.store.put(
+            world.keys.degradation("east"),
+            encode(DegradationRecord(region="east", reason="test", epoch=2)),
+        )
+
+
+async def test_a_bad_request_gets_vllms_400_from_the_picker(world: World) -> None:
+    status, headers, body = await asyncio.to_thread(
+        post, world.url("east"), {"model": "tiny"}, {"x-session-id": "bad-1"}
+    )
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"]["type"] == "BadRequestError"
+    assert await world.sessions.get("bad-1") is None
+
+
+async def test_the_data_planes_subset_hint_is_honoured(world: World) -> None:
+    """An Envoy that sets the GIE subset hint (a set_metadata filter before ext_proc):
+    every request lands on the one endpoint the hint allows; a hint naming no endpoint
+    of the pool is the protocol's 503."""
+    only = world.sims["east"][1]
+
+    def with_hint(spec: EnvoySpec, endpoints: Sequence[str]) -> dict[str, Any]:
+        config = render(spec)
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        hcm["typed_config"]["http_filters"].insert(
+            0,
+            {
+                "name": "subset_hint",
+                "typed_config": {
+                    "@type": SET_METADATA,
+                    "metadata": [
+                        {
+                            "metadata_namespace": "envoy.lb.subset_hint",
+                            "value": {"x-gateway-destination-endpoint-subset": list(endpoints)},
+                        }
+                    ],
+                },
+            },
+        )
+        return config
+
+    for endpoints, expect in (([hp(only.port)], 200), (["127.0.0.9:1"], 503)):
+        spec = world.envoy_spec("east", listen_port=free_port(), admin_port=free_port())
+        envoy = await asyncio.to_thread(
+            partial(start_envoy, config=with_hint(spec, endpoints)),
+            spec,
+            world.tmp / f"hint-{expect}",
+        )
+        try:
+            before = served(only)
+            url = f"http://{hp(envoy.port)}"
+            results = [
+                await asyncio.to_thread(
+                    post, url, chat(f"prompt {i}"), {"x-session-id": f"hint-{expect}-{i}"}
+                )
+                for i in range(4)
+            ]
+            assert [r[0] for r in results] == [expect] * 4
+            if expect == 200:
+                assert served(only) - before == 4
+            else:
+                assert results[0][1]["retry-after"] == "1"
+        finally:
+            envoy.kill()
+
+
+async def test_replicas_that_all_refuse_spill_to_the_next_region_and_the_session_moves_once(
+    world: World,
+) -> None:
+    east = world.url("east")
+    assert await ask(east, "spill-1") == (200, "east")
+    first, second = world.sims["east"]
+    first.kill()
+    try:
+        for i in range(4):  # one replica left: the list's fallback serves in-region
+            assert await ask(east, f"half-{i}") == (200, "east")
+        second.kill()
+        assert await ask(east, "spill-1") == (200, "west")  # the list's last entry
+        assert await world.pin("spill-1") == "west"
+        assert await ask(east, "spill-1") == (200, "west")  # now sent to west directly
+    finally:
+        restarted = [
+            await asyncio.to_thread(start_simulator, port=s.port, name=f"east-{i}")
+            for i, s in enumerate((first, second))
+        ]
+        world.sims["east"] = restarted
+    assert await world.pin("spill-1") == "west"  # and it stays there
+
+
+async def test_an_etcd_outage_changes_nothing_for_cached_sessions(world: World) -> None:
+    east = world.url("east")
+    cached = [f"cache-{i}" for i in range(4)]
+    for s in cached:
+        assert await ask(east, s) == (200, "east")
+    await asyncio.to_thread(world.etcd.kill)
+    try:
+        for s in cached:
+            assert await ask(east, s) == (200, "east")
+        assert await ask(east, "moved-before") == (200, "east")  # fail-static: home
+    finally:
+        await asyncio.to_thread(world.etcd.restart)
+
+
+async def test_a_picker_killed_under_load_fails_no_request_and_its_restart_agrees(
+    world: World,
+) -> None:
+    east = world.url("east")
+    sessions = [f"load-{i}" for i in range(6)]
+    failures: list[tuple[str, int]] = []
+    done = asyncio.Event()
+
+    async def client(s: str) -> int:
+        n = 0
+        while not done.is_set():
+            status, _ = await ask(east, s)
+            n += 1
+            if status != 200:
+                failures.append((s, status))
+        return n
+
+    tasks = [asyncio.create_task(client(s)) for s in sessions]
+    await asyncio.sleep(1.5)
+    victim = world.pickers["east"][0]
+    victim.kill()  # SIGKILL
+    await asyncio.sleep(3.0)
+    done.set()
+    counts = await asyncio.gather(*tasks)
+    assert sum(counts) > len(sessions) * 4
+    assert failures == []
+    world.pickers["east"][0] = await asyncio.to_thread(
+        lambda: start_picker(
+            world.topology, "east", listen=hp(world.picker_ports["east"][0]), name="epp-east-0b"
+        )
+    )
+    pinned = [*sessions, "fo-0", "fo-1", "spill-1", "sticky-1"]  # east's and west's sessions
+    a, b = (hp(p) for p in world.picker_ports["east"])
+    for s in pinned:
+        assert await picks(a, s) == await picks(b, s), s
+    assert (await picks(a, "fo-0")) == hp(world.envoy_ports["west"][0])
+
+
+async def test_with_every_picker_down_fail_open_serves_and_fail_closed_answers_500(
+    world: World,
+) -> None:
+    closed = await asyncio.to_thread(
+        start_envoy,
+        world.envoy_spec("east", listen_port=free_port(), admin_port=free_port(), fail_open=False),
+        world.tmp / "closed",
+    )
+    try:
+        for p in world.pickers["east"]:
+            p.kill()
+        status, _, _ = await asyncio.to_thread(
+            post, world.url("east"), chat("hi"), {"x-session-id": "down-1"}
+        )
+        assert status == 200  # fail open: the region's own pool, round robin
+        assert (
+            stats(world.envoys["east"].admin_url).get(
+                "http.tectonic_inference.ext_proc.failure_mode_allowed", 0
+            )
+            >= 1
+        )
+        status, _, _ = await asyncio.to_thread(
+            post, f"http://{hp(closed.port)}", chat("hi"), {"x-session-id": "down-2"}
+        )
+        assert status == 500  # fail closed: Envoy's own 500 (GIE issue #572's symptom)
+    finally:
+        closed.kill()
