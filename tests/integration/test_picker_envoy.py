@@ -30,11 +30,12 @@ import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.lab.envoy import EnvoyProc, EnvoySpec, render, start_envoy, stats
 from chaos.lab.local_etcd import EtcdServer
-from chaos.lab.procs import Proc, start_picker, start_simulator, start_simulators
+from chaos.lab.procs import Proc, spawn, start_picker, start_simulator, start_simulators
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import EtcdConfig
@@ -131,6 +132,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             }
             for r in sims
         ],
+        "prefixes": {"export_interval_s": 0.5},
     }
     topology = tmp / "topology.yaml"
     topology.write_text(yaml.safe_dump(topo))
@@ -277,6 +279,57 @@ async def test_the_official_openai_client_streams_through_envoy_and_the_picker(
     assert len({c.id for c in chunks}) == 1
     assert raw.headers[REGION] == "east"
     assert await world.pin("oa-1") == "east"
+
+
+async def test_the_pickers_count_prompts_for_prewarm_and_say_when_they_are_ready(
+    world: World,
+) -> None:
+    """Prefix exports land in etcd as the gateways' do (the leader merges them all);
+    each picker serves the protocol's health services."""
+    for i in range(3):
+        assert await ask(world.url("east"), f"px-{i}", "a shared system prompt") == (200, "east")
+
+    async def exported() -> bool:
+        page = await world.store.get_prefix(world.keys.prefix_exports_prefix())
+        return any("picker:east:" in kv.key for kv in page.kvs)
+
+    await eventually(exported)
+    async with grpc.aio.insecure_channel(hp(world.picker_ports["east"][1])) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            answer = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+async def test_a_picker_that_cannot_read_etcd_is_live_but_not_ready(world: World) -> None:
+    topo = yaml.safe_load(world.topology.read_text())
+    topo["etcd"]["endpoints"] = [hp(free_port())]  # nobody there
+    blind = world.tmp / "blind.yaml"
+    blind.write_text(yaml.safe_dump(topo))
+    port = free_port()
+    args = ["-m", "regions.picker", "--topology", str(blind), "--region", "east"]
+    proc = spawn([*args, "--listen", hp(port), "--http-listen", hp(free_port())], "epp-blind")
+    try:
+        async with grpc.aio.insecure_channel(hp(port)) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            async def answers() -> bool:
+                try:
+                    await stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=1)
+                except grpc.aio.AioRpcError:
+                    return False
+                return True
+
+            await eventually(answers)
+            status = health_pb2.HealthCheckResponse
+            for service, expect in (
+                ("liveness", status.SERVING),
+                ("readiness", status.NOT_SERVING),
+            ):
+                answer = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+                assert answer.status == expect, service
+    finally:
+        proc.kill()
 
 
 async def test_a_session_keeps_its_replica(world: World) -> None:
