@@ -219,3 +219,20 @@ def test_client_sent_destination_header_is_stripped(
     assert counters["cluster.tectonic_fallback.upstream_rq_total"] == 6
     # The picked route (taken when the header is present) never saw a request.
     assert counters.get("cluster.tectonic_picked.upstream_rq_total", 0) == 0
+
+
+# ---- (d) only the inference API is routed ---------------------------------------------
+def test_the_model_servers_dev_endpoints_are_not_reachable_through_envoy(
+    sims: list[Proc], fallback_servers: list[str], tmp_path: Path, running: list[EnvoyProc]
+) -> None:
+    envoy = start(lab_spec(fallback_servers), tmp_path, running)
+    for path in ("/sleep", "/wake_up", "/reset_prefix_cache", "/is_sleeping"):
+        request = urllib.request.Request(f"{envoy.url}{path}", data=b"", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 404, path
+        assert json.loads(refused.value.read()) == {"detail": "Not Found"}
+    for sim in sims[:2]:  # nobody was put to sleep
+        with urllib.request.urlopen(f"{sim.url}/is_sleeping", timeout=5) as resp:
+            assert json.loads(resp.read()) == {"is_sleeping": False}
+    assert stats(envoy.admin_url).get("cluster.tectonic_fallback.upstream_rq_total", 0) == 0
