@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import failover, gateway, leader, prefixes, prewarm, recovery, sessions, soak
+from bench import epp, failover, gateway, leader, prefixes, prewarm, recovery, sessions, soak
 
 
 class BenchModule(Protocol):
@@ -56,6 +56,14 @@ BENCHES = (
         "Latency the gateway adds and throughput it keeps against the same simulator "
         "reached directly (etcd, a fast simulator and a gateway as processes; alternating "
         "blocks from one aiohttp client).",
+    ),
+    BenchInfo(
+        "epp",
+        epp,
+        "The endpoint picker's cost behind a real Envoy: added latency, throughput and CPU "
+        "per request of each process for Envoy direct (round robin), Envoy + picker "
+        "(header-only, buffered and full-duplex body) and the Python gateway, against "
+        "the same two simulators.",
     ),
     BenchInfo(
         "sessions",

@@ -1,6 +1,6 @@
 """What every bench shares: percentiles, JSON lines out, goals and whether they were
-met, argument checks, CPU time of processes, the topology file, killing what was
-started, and ``main``'s
+met, argument checks, CPU time of processes, the topology file and the routing in
+etcd, killing what was started, and ``main``'s
 exit codes (0 done, 1 the bench failed, 2 no etcd binary, 130 interrupted)."""
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ import yaml
 
 from chaos.lab.local_etcd import etcd_available
 from chaos.lab.procs import Proc
-from controlplane.kernel.config import parse_topology
+from controlplane.kernel.codec import encode
+from controlplane.kernel.config import EtcdConfig, parse_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Routing
+from controlplane.kernel.store.etcd import EtcdStore
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -102,6 +106,13 @@ def write_topology(path: Path, data: dict[str, object]) -> Path:
     parse_topology(data, "bench topology")
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+async def write_routing(endpoint: str, cluster: str, region: str) -> None:
+    """``routing/<region>`` in etcd: all of the region's traffic stays home (what a
+    gateway or picker reads before it serves)."""
+    async with EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store:
+        await store.put(Keys(cluster).routing(region), encode(Routing(targets={region: 1.0})))
 
 
 def kill_all(procs: Iterable[Proc]) -> None:

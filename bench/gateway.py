@@ -58,15 +58,11 @@ from bench._common import (
     kill_all,
     main,
     percentile,
+    write_routing,
     write_topology,
 )
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_simulator
-from controlplane.kernel.codec import encode
-from controlplane.kernel.config import EtcdConfig
-from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import Routing
-from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.upstream import UpstreamError, UpstreamPool
 from regions.pool.processes import read_ready
 
@@ -158,7 +154,7 @@ def deployment(tmp: Path) -> Iterator[Deployed]:
                 ],
             }
             path = write_topology(tmp / "topology.yaml", topo)
-            asyncio.run(_write_routing(etcd.endpoint))
+            asyncio.run(write_routing(etcd.endpoint, CLUSTER, REGION))
             gw = spawn(
                 [
                     "-m",
@@ -180,11 +176,6 @@ def deployment(tmp: Path) -> Iterator[Deployed]:
             yield Deployed(sim.url, gw.url, {"simulator": sim.pid, "gateway": gw.pid})
         finally:
             kill_all(procs)
-
-
-async def _write_routing(endpoint: str) -> None:
-    async with EtcdStore(EtcdConfig(endpoints=(endpoint,))) as store:
-        await store.put(Keys(CLUSTER).routing(REGION), encode(Routing(targets={REGION: 1.0})))
 
 
 # ---- load -------------------------------------------------------------------------------
