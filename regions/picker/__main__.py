@@ -163,12 +163,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
     return options, str(args.log_level).upper()
 
 
+async def _run(options: PickerOptions) -> int:
+    # Built inside the running loop: its gRPC channels (health reports) bind to it.
+    return await serve(PickerServer(options), "endpoint picker")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     options, level = parse_args(argv)
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    sys.exit(uvloop.run(serve(PickerServer(options), "endpoint picker")))
+    sys.exit(uvloop.run(_run(options)))
 
 
 if __name__ == "__main__":
