@@ -2,7 +2,8 @@
 
 Every sample reads the region records, health, routing and degradation steps the
 control plane keeps in etcd (through the same snapshot reader the leader uses), the
-gateways' ``/metrics`` (requests by status, first-byte latency histogram) and the
+data plane's ``/metrics`` (requests by status, first-byte latency histogram: the
+gateways', or the endpoint pickers' behind Envoy, which serve the same names) and the
 vLLM servers' ``/metrics`` (prefix-cache hits and queries). Rates and the p99 are
 over the window since the previous sample, from counter and bucket deltas merged
 across processes, as Prometheus would compute them; a restarted process (its
@@ -79,7 +80,7 @@ class Observer:
         store: Store,
         keys: Keys,
         topology: Topology,
-        gateways: Mapping[str, str],
+        gateways: Mapping[str, str],  # name -> data-plane process with gateway metrics
         replicas: Mapping[str, Sequence[str]],
         *,
         timeout_s: float = 1.0,

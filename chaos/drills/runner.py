@@ -55,8 +55,13 @@ class DrillTarget(Protocol):
 
     keys: Keys
 
+    # region -> base URL where its traffic goes in (its gateway, or its Envoy)
     @property
     def gateway_urls(self) -> dict[str, str]: ...
+    # process name -> base URL whose /metrics has the gateway's metric names (the
+    # gateways, or the endpoint pickers behind the Envoys): what the observer scrapes
+    @property
+    def data_plane_metrics_urls(self) -> dict[str, str]: ...
     def replica_urls(self, region: str) -> list[str]: ...
     def start_servers(self, region: str) -> list[str]: ...
     def stop_servers(self, region: str, count: int | None = None) -> list[int]: ...
@@ -106,7 +111,7 @@ class DrillRunner:
             self.store,
             self.target.keys,
             self.topology,
-            self.target.gateway_urls,
+            self.target.data_plane_metrics_urls,
             {r: self.target.replica_urls(r) for r in self.topology.names},
         )
         journal.write("phase", "start", scenario=s.name, region=s.region, dry_run=dry_run)

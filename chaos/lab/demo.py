@@ -3,19 +3,22 @@ drill run against it, with a live view of what the control plane does.
 
 Everything runs as real processes on 127.0.0.1: etcd, vLLM-compatible simulators (two
 per region; ``--vllm`` starts one real vLLM server per region instead), a region agent
-and a session-affinity gateway per region, and two control-plane replicas that elect a
-leader through etcd. Chat sessions with shared system prompts talk through the
-gateways the whole time. The drill checks the steady state, SIGKILLs every server of
-us-east, watches the failover (pre-warm of the targets with us-east's top prefixes,
-sessions moving once), brings the servers back, waits for the graduated recovery, and
-judges what it measured. It ends with the verdict per criterion and the path of the
-HTML report (plots, journal). While it runs, the control plane's live dashboard is at
-the address printed at the start (``dashboard: http://127.0.0.1:PORT/``), and every
-process serves Prometheus ``/metrics`` (``LocalDeployment.metrics_targets``).
+and a session-affinity gateway per region (``--data-plane envoy``: a real Envoy per
+region asking two endpoint pickers, tectonic-epp, instead), and two control-plane
+replicas that elect a leader through etcd. Chat sessions with shared system prompts
+talk through the gateways (or Envoys) the whole time. The drill checks the steady
+state, SIGKILLs every server of us-east, watches the failover (pre-warm of the targets
+with us-east's top prefixes, sessions moving once), brings the servers back, waits for
+the graduated recovery, and judges what it measured. It ends with the verdict per
+criterion, the data plane it ran on, and the path of the HTML report (plots, journal).
+While it runs, the control plane's live dashboard is at the address printed at the
+start (``dashboard: http://127.0.0.1:PORT/``), and every process but Envoy serves
+Prometheus ``/metrics`` (``LocalDeployment.metrics_targets``).
 
     python -m chaos.lab.demo                       # about a minute with the simulator
     python -m chaos.lab.demo --vllm                # real vLLM servers (CPU build here)
     python -m chaos.lab.demo --scenario auth-503-storm
+    python -m chaos.lab.demo --data-plane envoy    # Envoy + endpoint pickers
 """
 
 from __future__ import annotations
@@ -29,15 +32,15 @@ from chaos.drills.result import DrillResult
 from chaos.drills.runner import dump
 from chaos.drills.scenario import find_scenario
 from chaos.lab.demo_live import LiveView
-from chaos.lab.deployment import DeploymentSpec
-from chaos.lab.run import REPORTS, run_in_lab
+from chaos.lab.deployment import DataPlane, DeploymentSpec
+from chaos.lab.run import REPORTS, add_data_plane_flag, data_plane_words, run_in_lab
 from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
 from controlplane.kernel.config import ConfigError, DegradedWhen
 
 VLLM_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=5)
 
 
-def print_verdict(result: DrillResult, live: LiveView) -> None:
+def print_verdict(result: DrillResult, live: LiveView, data_plane: DataPlane) -> None:
     print("\n== story")
     for t, msg in live.timeline:
         print(f"  t+{t:5.1f}s  {msg}")
@@ -45,6 +48,7 @@ def print_verdict(result: DrillResult, live: LiveView) -> None:
         f"\n== verdict of {result.scenario} on {result.region}: "
         f"{'PASS' if result.passed else 'FAIL'}"
     )
+    print(f"  data plane: {data_plane} ({data_plane_words(data_plane)})")
     for c in result.criteria:
         print(f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<22} {c.measured}")
         print(f"        {'':<22} required: {c.required}")
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reports", type=Path, default=REPORTS, help=f"where drill reports go (default {REPORTS}/)"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    add_data_plane_flag(p)
     args = p.parse_args(argv)
     if args.sessions < 3:
         p.error("--sessions must be at least 3 (one per region)")
@@ -87,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         # traffic their first-token p99 reaches seconds without anything being wrong, so
         # their regions are judged DEGRADED above 5 s (the simulator's lab: 1.5 s).
         degraded_when=VLLM_DEGRADED_WHEN if args.vllm else DeploymentSpec.degraded_when,
+        data_plane=args.data_plane,
     )
     live = LiveView()
     try:
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; all demo processes stopped", file=sys.stderr)
         return 130
-    print_verdict(result, live)
+    print_verdict(result, live, spec.data_plane)
     if args.json:
         print(dump(result))
     return 0 if result.passed else 1

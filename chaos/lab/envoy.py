@@ -166,10 +166,12 @@ def render(spec: EnvoySpec, base: Config | None = None) -> Config:
         raise ValueError(f"body_mode must be one of {sorted(_BODY_MODES)}: {spec.body_mode!r}")
     config = json.loads(json.dumps(base)) if base is not None else load_shipped()
     _set_ports(config, spec)
-    _set_endpoints(_cluster(config, _FALLBACK_CLUSTER), spec.servers)
     if spec.direct:
+        _set_endpoints(_cluster(config, _FALLBACK_CLUSTER), spec.servers)
         _drop_picker(config)
         return config
+    # fail open: the region's servers, then (priority 1) the other regions' entries
+    _set_endpoints(_cluster(config, _FALLBACK_CLUSTER), spec.servers, spec.remote_entry_points)
     _set_endpoints(_cluster(config, _PICKER_CLUSTER), spec.pickers)
     _set_endpoints(_cluster(config, _PICKED_CLUSTER), spec.servers, spec.remote_entry_points)
     _set_picker_modes(config, spec)

@@ -1,9 +1,14 @@
 """Run a drill in a local lab: a whole deployment on this machine, synthetic chat
-sessions through its gateways, the drill, and everything stopped afterwards.
+sessions through its data plane, the drill, and everything stopped afterwards.
 
     python -m chaos.lab.run region-blackout             # ~1 min; prints the story and verdict
     python -m chaos.lab.run auth-503-storm --json
     python -m chaos.lab.run leader-kill-mid-failover --dry-run
+    python -m chaos.lab.run flapping-region --data-plane envoy
+
+The data plane is Tectonic's gateway per region (``--data-plane gateway``, the default)
+or, with ``--data-plane envoy``, a real Envoy per region (deploy/envoy/envoy.yaml) asking
+two endpoint pickers (``tectonic-epp``) where each request goes.
 
 The lab is what the demo and the tests run drills on, and what the drill service
 runs when it has no other target. A drill against a deployment elsewhere needs an
@@ -26,7 +31,7 @@ from chaos.drills.result import DrillResult, Sample
 from chaos.drills.runner import DrillRunner, dump
 from chaos.drills.scenario import Scenario, find_scenario
 from chaos.drills.traffic import Traffic
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import DATA_PLANES, DataPlane, DeploymentSpec, LocalDeployment
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
 from controlplane.kernel.prefix_catalog import PrefixCatalog
@@ -39,7 +44,7 @@ REPORTS = Path("drill-reports")
 async def running_lab(
     spec: DeploymentSpec, workdir: Path, say: Callable[[str], None] = print
 ) -> AsyncIterator[LocalDeployment]:
-    """Start every process of a local deployment (etcd first, the gateways last);
+    """Start every process of a local deployment (etcd first, the data plane last);
     stop them all on the way out, whatever happened."""
     dep = LocalDeployment(spec, workdir)
     try:
@@ -57,11 +62,29 @@ async def running_lab(
             say(f"starting control-plane replica {rid} ...")
             await asyncio.to_thread(dep.start_controlplane, rid)
         say(f"dashboard: {' or '.join(dep.dashboard_urls.values())} (live while the lab runs)")
-        say(f"starting one gateway per region ({', '.join(spec.regions)}) ...")
-        await asyncio.gather(*(asyncio.to_thread(dep.start_gateway, r) for r in spec.regions))
+        say(f"starting {data_plane_words(spec.data_plane)} ({', '.join(spec.regions)}) ...")
+        await asyncio.gather(*(asyncio.to_thread(dep.start_data_plane, r) for r in spec.regions))
         yield dep
     finally:
         await asyncio.to_thread(dep.stop)
+
+
+def data_plane_words(data_plane: DataPlane) -> str:
+    """What runs in front of each region's servers, in words."""
+    if data_plane == "envoy":
+        return "one Envoy per region, each with two endpoint pickers"
+    return "one gateway per region"
+
+
+def add_data_plane_flag(p: argparse.ArgumentParser) -> None:
+    """``--data-plane``, the same on the demo and on ``python -m chaos.lab.run``."""
+    p.add_argument(
+        "--data-plane",
+        choices=DATA_PLANES,
+        default="gateway",
+        help="what serves the traffic in each region: Tectonic's gateway (default), or "
+        "a real Envoy (deploy/envoy/envoy.yaml) in front of two endpoint pickers",
+    )
 
 
 async def wait_catalog(store: EtcdStore, dep: LocalDeployment, region: str, within: float) -> int:
@@ -153,8 +176,9 @@ async def drill_on(
     try:
         traffic.add(sessions, list(dep.spec.regions))
         await traffic.start()
+        entry = "Envoys" if dep.spec.data_plane == "envoy" else "gateways"
         say(
-            f"traffic: {sessions} chat sessions through the gateways of their home regions "
+            f"traffic: {sessions} chat sessions through the {entry} of their home regions "
             "(half the requests stream)"
         )
         if scenario.measure.prewarm_attainment is not None and not dry_run:
@@ -191,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", type=Path, default=REPORTS, help="where reports go")
     p.add_argument("--sessions", type=int, default=30, help="synthetic chat sessions")
     p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    add_data_plane_flag(p)
     args = p.parse_args(argv)
     try:
         scenario = find_scenario(args.scenario)
@@ -201,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 dry_run=args.dry_run,
                 reports=args.reports,
                 sessions=args.sessions,
+                spec=DeploymentSpec(data_plane=args.data_plane),
             )
         )
     except ConfigError as e:
@@ -214,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     for c in result.criteria:
         print(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}: {c.measured} (required {c.required})")
+    print(f"data plane: {args.data_plane}")
     print(f"report: {result.report_path}")
     if args.json:
         print(dump(result))
