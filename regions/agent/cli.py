@@ -3,7 +3,8 @@
     tectonic-agent --region eu --listen 127.0.0.1:7001 --control-plane 127.0.0.1:7000 \\
         --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
 
-Probes the replicas (or runs a warm pool, ``--pool-config``), judges the region and
+Probes the replicas (or runs a warm pool, ``--pool-config``; or finds them in a
+Kubernetes Service's EndpointSlices, ``--discovery kubernetes``), judges the region and
 reports it to the control plane, which answers with the region's DEGRADED thresholds
 from its topology (``regions[].degraded_when``); prints ``READY HOST:PORT`` once it
 serves; SIGTERM or SIGINT stops it (exit 0).
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from controlplane.kernel.config import ConfigError, load_etcd
-from regions.agent.server import AgentConfig, load_security, serve_agent
+from regions.agent.server import AgentConfig, KubeDiscoveryConfig, load_security, serve_agent
 from regions.agent.service import PrewarmServiceConfig
 from regions.agent.warm_pool import load_pool_config
 
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port[,host:port...]; repeatable; tried in turn",
     )
     _replica_flags(p)
+    _kube_flags(p)
     _prewarm_flags(p)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between probes")
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout (s)")
@@ -101,6 +103,121 @@ def _replica_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "kubernetes",
+        "replicas from a Service's EndpointSlices, and a warm pool that scales a workload "
+        "(regions/kube/); the Kubernetes API is reached in-cluster or with a kubeconfig",
+    )
+    g.add_argument(
+        "--discovery",
+        choices=("static", "kubernetes"),
+        default="static",
+        help="where the replicas come from: static (--replica / --pool-config, the "
+        "default) or kubernetes (the EndpointSlices of --kube-service)",
+    )
+    g.add_argument("--kube-namespace", metavar="NS", default=None, help="the Service's namespace")
+    g.add_argument(
+        "--kube-service",
+        metavar="SVC",
+        default=None,
+        help="the Service that selects all of the region's model pods",
+    )
+    g.add_argument(
+        "--kube-port-name",
+        metavar="NAME",
+        default=None,
+        help="the EndpointSlice port to talk to, by name (e.g. http); default: the only one",
+    )
+    g.add_argument("--kube-port", type=int, default=None, metavar="N", help="... or by number")
+    g.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="kubeconfig file; default: the pod's service account, else $KUBECONFIG "
+        "or ~/.kube/config",
+    )
+    g.add_argument("--kube-context", metavar="NAME", default=None, help="kubeconfig context")
+    g.add_argument(
+        "--pool-launcher",
+        choices=("kubernetes",),
+        default=None,
+        help="the warm pool's launcher instead of the --pool-config file's: kubernetes "
+        "scales --kube-workload (needs --discovery kubernetes, --etcd and --cluster; "
+        "without --pool-config the pool's sizes are the defaults)",
+    )
+    g.add_argument(
+        "--kube-workload",
+        metavar="KIND/NAME",
+        default=None,
+        help="deployment/NAME or statefulset/NAME in --kube-namespace (with "
+        "--pool-launcher kubernetes)",
+    )
+
+
+def _kube_config(
+    p: argparse.ArgumentParser, args: argparse.Namespace
+) -> KubeDiscoveryConfig | None:
+    """``--discovery kubernetes`` and its flags; the flags without it are an error."""
+    given = [
+        flag
+        for flag, value in (
+            ("--kube-namespace", args.kube_namespace),
+            ("--kube-service", args.kube_service),
+            ("--kube-port-name", args.kube_port_name),
+            ("--kube-port", args.kube_port),
+            ("--kubeconfig", args.kubeconfig),
+            ("--kube-context", args.kube_context),
+        )
+        if value is not None
+    ]
+    if args.discovery != "kubernetes":
+        if given:
+            p.error(f"{', '.join(given)} only go with --discovery kubernetes")
+        return None
+    missing = [
+        flag
+        for flag, value in (
+            ("--kube-namespace", args.kube_namespace),
+            ("--kube-service", args.kube_service),
+        )
+        if not value
+    ]
+    if missing:
+        p.error(f"--discovery kubernetes needs {' and '.join(missing)}")
+    try:
+        return KubeDiscoveryConfig(
+            namespace=args.kube_namespace,
+            service=args.kube_service,
+            port_name=args.kube_port_name,
+            port=args.kube_port,
+            kubeconfig=args.kubeconfig,
+            context=args.kube_context,
+        )
+    except ValidationError as e:
+        p.error(_errors(e, "kube"))
+
+
+def _pool_launcher(
+    p: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, object] | None:
+    if args.pool_launcher is None:
+        if args.kube_workload is not None:
+            p.error("--kube-workload goes with --pool-launcher kubernetes")
+        return None
+    if args.kube_workload is None:
+        p.error("--pool-launcher kubernetes needs --kube-workload deployment/NAME")
+    return {"kind": "kubernetes", "workload": args.kube_workload}
+
+
+def _errors(e: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, (prefix, *err['loc']) if prefix else err['loc'])) or 'config'}: "
+        f"{err['msg']}"
+        for err in e.errors()
+    )
+
+
 def _prewarm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pre-warm", "how fast this region's replicas replay prefixes")
     g.add_argument(
@@ -131,8 +248,11 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
+    kube = _kube_config(p, args)
+    launcher = _pool_launcher(p, args)
     try:
-        pool = load_pool_config(args.pool_config) if args.pool_config else None
+        wanted = args.pool_config or launcher is not None
+        pool = load_pool_config(args.pool_config, launcher) if wanted else None
     except ConfigError as e:
         p.error(str(e))
     etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
@@ -153,6 +273,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
             security=security,
             etcd_settings=etcd_settings,
             cluster=args.cluster,
+            kube=kube,
             interval=args.interval,
             timeout=args.timeout,
             prewarm=PrewarmServiceConfig(
@@ -167,11 +288,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
             ),
         )
     except ValidationError as e:
-        p.error(
-            "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors()
-            )
-        )
+        p.error(_errors(e))
 
 
 async def _run(config: AgentConfig) -> int:

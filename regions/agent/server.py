@@ -28,6 +28,18 @@ published.
     tectonic-agent --region eu --control-plane 127.0.0.1:7000 \\
         --pool-config pool.yaml --etcd 127.0.0.1:2379 --cluster prod
 
+With ``--discovery kubernetes --kube-namespace NS --kube-service SVC`` the replicas are
+the routable endpoints of that Service's EndpointSlices, listed and watched
+(:mod:`regions.kube.discovery`); the agent still probes each one itself (``/health``,
+``/metrics``) and asks ``/is_sleeping``, since a sleeping vLLM is Ready to the kubelet.
+With ``--pool-launcher kubernetes --kube-workload deployment/NAME`` (or a pool file's
+``launcher: {kind: kubernetes, ...}``) the warm pool scales that workload and labels its
+pods ``tectonic.io/pool-state`` (:mod:`regions.kube.launcher`,
+:mod:`regions.kube.pod_labels`). The Kubernetes client is loaded only then.
+
+    tectonic-agent --region eu --control-plane cp:7000 --discovery kubernetes \\
+        --kube-namespace models --kube-service vllm-eu --kube-port-name http
+
 With ``--metrics-listen HOST:PORT`` (off by default) it also serves Prometheus
 ``/metrics`` over HTTP there (:mod:`regions.agent.metrics`): its verdict, each probed
 replica up/down and when last probed, reports, the pool's replicas per state and its
@@ -44,6 +56,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 import grpc
@@ -83,12 +96,36 @@ from regions.agent.verdict import RegionVerdict, fold_verdict
 from regions.agent.warm_pool import (
     AgentPool,
     AgentPoolConfig,
+    KubernetesLauncherConfig,
     check_replica_source,
 )
+
+if TYPE_CHECKING:  # the Kubernetes client loads only for an agent that uses it
+    from regions.kube.replicas import KubeRegion
 
 log = logging.getLogger("tectonic.agent")
 SERVICE = "tectonic.v1.RegionAgent"
 _RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.UNHEALTHY: 3}
+
+
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a namespace or Service name
+
+
+class KubeDiscoveryConfig(Frozen):
+    """``--discovery kubernetes``: the Service whose EndpointSlices list the replicas."""
+
+    namespace: str = Field(pattern=K8S_NAME)
+    service: str = Field(pattern=K8S_NAME)
+    port_name: str | None = None  # None with no port: the slices' only port
+    port: int | None = Field(None, ge=1, le=65535)
+    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
+    context: str | None = None
+
+    @model_validator(mode="after")
+    def _one_port(self) -> KubeDiscoveryConfig:
+        if self.port_name is not None and self.port is not None:
+            raise ValueError("give --kube-port-name or --kube-port, not both")
+        return self
 
 
 class AgentConfig(Frozen):
@@ -108,6 +145,7 @@ class AgentConfig(Frozen):
     security: SecurityConfig | None = None
     # etcd TLS / users for publishing the pool (the --security file's etcd: section)
     etcd_settings: EtcdConfig | None = None
+    kube: KubeDiscoveryConfig | None = None  # replicas from a Service's EndpointSlices
 
     @model_validator(mode="after")
     def _timing(self) -> AgentConfig:
@@ -116,7 +154,9 @@ class AgentConfig(Frozen):
                 f"timeout ({self.timeout}s) must not exceed interval "
                 f"({self.interval}s): a tick must fit in its interval"
             )
-        check_replica_source(self.replicas, self.pool, self.etcd, self.cluster)
+        check_replica_source(
+            self.replicas, self.pool, self.etcd, self.cluster, discovery=self.kube is not None
+        )
         return self
 
 
@@ -133,11 +173,13 @@ class AgentHandle:
         self.metrics = AgentMetrics(config.region, config.replicas, pool=config.pool is not None)
         self.metrics_port = 0
         self._metrics_http: MetricsHttp | None = None
+        self.kube: KubeRegion | None = _kube_region(config) if config.kube else None
         self.pool: AgentPool | None = None
         if config.pool is not None:
             if replica_set is not None:
                 raise ValueError("an agent with a pool serves the pool as its replica set")
             assert config.cluster is not None  # checked by AgentConfig
+            kube = self.kube
             self.pool = AgentPool(
                 config.region,
                 config.pool,
@@ -146,10 +188,11 @@ class AgentHandle:
                 interval_s=config.interval,
                 etcd_settings=config.etcd_settings,
                 on_activation=self.metrics.activated,
+                launcher=kube.launcher if kube else None,
+                on_state=kube.labeler.replica_changed if kube and kube.labeler else None,
+                outlives_agent=kube is not None,
             )
-        self.replica_set: ReplicaSet = replica_set or (
-            self.pool.pool if self.pool else StaticReplicas(config.replicas)
-        )
+        self.replica_set: ReplicaSet = replica_set or self._replica_set()
         self.prewarm_config = prewarm or config.prewarm
         self.service: RegionAgentService | None = None
         self.view = RegionVerdict(
@@ -179,6 +222,13 @@ class AgentHandle:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
+    def _replica_set(self) -> ReplicaSet:
+        if self.pool is not None:
+            return self.pool.pool
+        if self.kube is not None:
+            return self.kube.replicas
+        return StaticReplicas(self.config.replicas)
+
     async def _start(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._session = aiohttp.ClientSession()
@@ -207,6 +257,8 @@ class AgentHandle:
             raise OSError(f"cannot listen on {self.config.listen}")
         if self.config.metrics_listen:  # first: a pool's start (launches) can be watched
             await self._serve_metrics(self.config.metrics_listen)
+        if self.kube is not None:  # the endpoints known, and watched, before anyone uses them
+            await self.kube.start()
         if self.pool is not None:  # up and ACTIVE before the first probe
             await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:{self.port}")
         await self._tick()  # never serve an UNKNOWN view
@@ -262,6 +314,8 @@ class AgentHandle:
     async def _tick(self) -> None:
         assert self._session is not None
         c = self.config
+        if self.kube is not None and self.pool is None:  # asleep ones are not serving
+            await self.kube.replicas.refresh(self._session, c.timeout)
         probes = await asyncio.gather(
             *(probe_replica(self._session, url, c.timeout) for url in self._replicas())
         )
@@ -301,8 +355,13 @@ class AgentHandle:
             self._wake.set()  # report a change at once
 
     def _replicas(self) -> list[str]:
-        """What to probe: the pool's ACTIVE replicas (WARM ones sleep), else the static."""
-        return self.pool.active() if self.pool is not None else list(self.config.replicas)
+        """What to probe: the pool's ACTIVE replicas (WARM ones sleep), else the awake
+        discovered ones, else the static."""
+        if self.pool is not None:
+            return self.pool.active()
+        if self.kube is not None:
+            return self.kube.replicas.active()
+        return list(self.config.replicas)
 
     def _log_replicas(self, probes: Sequence[ReplicaProbe]) -> None:
         before = {p.url: p for p in self.view.probes}
@@ -375,8 +434,12 @@ class AgentHandle:
             await asyncio.wait({self._task})
         if self.service is not None:
             await self.service.stop()
+        if self.kube is not None:
+            self.kube.detach()  # a kubernetes pool's pods outlive the agent
         if self.pool is not None:
             await self.pool.stop()
+        if self.kube is not None:
+            await self.kube.stop()
         await self._server.stop(grace)
         if self._metrics_http is not None:
             await self._metrics_http.stop()
@@ -403,6 +466,28 @@ async def serve_agent(
         await handle.stop(grace=0)
         raise
     return handle
+
+
+def _kube_region(config: AgentConfig) -> KubeRegion:
+    """The Kubernetes adapters of ``--discovery kubernetes`` (and of a kubernetes pool)."""
+    from regions.kube.replicas import KubeRegion  # loads the client: only when used
+
+    k = config.kube
+    assert k is not None
+    launcher = config.pool.launcher if config.pool is not None else None
+    kube_pool = launcher if isinstance(launcher, KubernetesLauncherConfig) else None
+    return KubeRegion(
+        namespace=k.namespace,
+        service=k.service,
+        port_name=k.port_name,
+        port=k.port,
+        kubeconfig=k.kubeconfig,
+        context=k.context,
+        workload=kube_pool.workload if kube_pool else None,
+        ready_timeout_s=kube_pool.ready_timeout_s if kube_pool else 900.0,
+        stop_timeout_s=kube_pool.stop_timeout_s if kube_pool else 120.0,
+        pod_labels=kube_pool.pod_labels if kube_pool else False,
+    )
 
 
 def load_security(path: str) -> SecurityConfig:

@@ -10,7 +10,11 @@ gateways route only to ACTIVE replicas (a WARM one sleeps and would hang request
 
 The file (every field but ``launcher`` is optional; see regions/pool/README.md)::
 
-    launcher: {kind: simulator, model: tiny, block_size: 16}   # | vllm | static
+    launcher: {kind: simulator, model: tiny, block_size: 16}   # | vllm | static | kubernetes
+    # kind kubernetes: {workload: deployment/NAME (or statefulset/NAME), ready_timeout_s,
+    # stop_timeout_s, pod_labels: true}: the pods of that workload, found by the agent's
+    # --discovery kubernetes (regions/kube/launcher.py); --pool-launcher kubernetes
+    # --kube-workload deployment/NAME says the same on the command line
     # launcher.speculative_config: vLLM's --speculative-config (simulator, vllm); with it
     # the agent follows degradation/<region>'s speculative_decoding flag by rolling the
     # pool between replicas with and without it (regions/agent/spec_decode_actuator.py)
@@ -69,7 +73,7 @@ from regions.pool.launchers import (
     VllmSpec,
     check_speculative_config,
 )
-from regions.pool.manager import OnActivation, PoolSnapshot, WarmPool
+from regions.pool.manager import OnActivation, OnState, PoolSnapshot, WarmPool
 from regions.pool.sizing import BurstProfile
 from regions.pool.states import DwellPolicy, PoolConfig
 
@@ -136,8 +140,34 @@ class StaticLauncherConfig(Frozen):
         return StaticEndpoints(self.urls)
 
 
+class KubernetesLauncherConfig(Frozen):
+    """The pods of a Deployment or StatefulSet (regions/kube/launcher.py): the agent
+    builds it with its ``--discovery kubernetes``, which finds them."""
+
+    kind: Literal["kubernetes"]
+    workload: str  # deployment/NAME or statefulset/NAME, in --kube-namespace
+    ready_timeout_s: float = Field(900.0, gt=0)  # scheduling, image pull, model load
+    stop_timeout_s: float = Field(120.0, gt=0)
+    pod_labels: bool = True  # tectonic.io/pool-state=active|warm|idle on each pod
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, workload: str) -> str:
+        from regions.kube.workload import Workload  # pure; the client loads only when used
+
+        Workload.parse(workload, "default")
+        return workload
+
+    def build(self) -> Launcher:
+        raise ConfigError(
+            "a kubernetes launcher finds its pods through the agent's EndpointSlice "
+            "discovery: run the agent with --discovery kubernetes --kube-namespace NS "
+            "--kube-service SVC"
+        )
+
+
 LauncherConfig = Annotated[
-    SimulatorLauncherConfig | VllmLauncherConfig | StaticLauncherConfig,
+    SimulatorLauncherConfig | VllmLauncherConfig | StaticLauncherConfig | KubernetesLauncherConfig,
     Field(discriminator="kind"),
 ]
 
@@ -188,7 +218,9 @@ class AgentPoolConfig(Frozen):
         """Switching speculative decoding replaces replicas one at a time, each
         replacement up and ACTIVE before an old one leaves: that needs a slot beyond
         the ACTIVE target."""
-        if isinstance(launcher, StaticLauncherConfig) or not launcher.speculative_config:
+        if not isinstance(launcher, SimulatorLauncherConfig | VllmLauncherConfig):
+            return launcher  # no variants to roll between
+        if not launcher.speculative_config:
             return launcher
         active, warm, size = (info.data.get(k) for k in ("active", "warm", "size"))
         if active is None or warm is None:
@@ -210,29 +242,73 @@ def parse_pool_config(data: object, source: str = "<pool config>") -> AgentPoolC
     try:
         return AgentPoolConfig.model_validate(data)
     except ValidationError as e:
-        launchers = ("simulator", "vllm", "static")  # the union's tags (launcher.static.urls)
+        # the union's tags (launcher.static.urls)
+        launchers = ("simulator", "vllm", "static", "kubernetes")
         raise ConfigError(f"{source} is invalid:\n{describe_errors(e, launchers)}") from None
 
 
-def load_pool_config(path: str | Path) -> AgentPoolConfig:
-    return parse_pool_config(read_yaml(path, "pool config"), str(path))
+def load_pool_config(
+    path: str | Path | None, launcher: dict[str, object] | None = None
+) -> AgentPoolConfig:
+    """The ``--pool-config`` file; ``launcher`` (``--pool-launcher``) supplies the file's
+    ``launcher:``, which it must then leave out. No file: the defaults and ``launcher``."""
+    if path is None:
+        if launcher is None:
+            raise ConfigError("a pool needs --pool-config FILE or --pool-launcher")
+        return parse_pool_config({"launcher": launcher}, "--pool-launcher")
+    data = read_yaml(path, "pool config")
+    if launcher is not None:
+        if not isinstance(data, dict):
+            return parse_pool_config(data, str(path))  # says what the file should be
+        if "launcher" in data:
+            raise ConfigError(
+                f"{path} has a launcher: and --pool-launcher gives one too: keep one of them"
+            )
+        data = {**data, "launcher": launcher}
+    return parse_pool_config(data, str(path))
 
 
 def check_replica_source(
-    replicas: Sequence[str], pool: AgentPoolConfig | None, etcd: Sequence[str], cluster: str | None
+    replicas: Sequence[str],
+    pool: AgentPoolConfig | None,
+    etcd: Sequence[str],
+    cluster: str | None,
+    *,
+    discovery: bool = False,
 ) -> None:
-    """The agent's replicas come from exactly one place; a pool must be publishable."""
+    """The agent's replicas come from exactly one place; a pool must be publishable.
+    ``discovery``: a Service's EndpointSlices (``--discovery kubernetes``), alone or
+    feeding a pool of kind kubernetes."""
     if replicas and pool is not None:
         raise ValueError(
             "give either static replicas (--replica) or a pool (--pool-config), not both"
         )
-    if not replicas and pool is None:
-        raise ValueError("no replicas: give --replica URL (repeatable) or --pool-config FILE")
+    if replicas and discovery:
+        raise ValueError(
+            "give either static replicas (--replica) or --discovery kubernetes, not both"
+        )
+    kube_pool = pool is not None and isinstance(pool.launcher, KubernetesLauncherConfig)
+    if kube_pool and not discovery:
+        raise ValueError(
+            "a pool of kind kubernetes finds its pods through --discovery kubernetes "
+            "(with --kube-namespace and --kube-service)"
+        )
+    if pool is not None and discovery and not kube_pool:
+        raise ValueError(
+            "--discovery kubernetes with a pool needs the pool's launcher to be kind "
+            "kubernetes (--pool-launcher kubernetes --kube-workload deployment/NAME): "
+            f"a {pool.launcher.kind} pool would not use what it discovers"
+        )
+    if not replicas and pool is None and not discovery:
+        raise ValueError(
+            "no replicas: give --replica URL (repeatable), --pool-config FILE or "
+            "--discovery kubernetes"
+        )
     if pool is None:
         if etcd or cluster:
             raise ValueError(
                 "--etcd/--cluster only serve to publish a pool: give "
-                "--pool-config, or leave them out"
+                "--pool-config (or --pool-launcher), or leave them out"
             )
         return
     if not etcd or not cluster:
@@ -266,15 +342,20 @@ class AgentPool:
         max_retry_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
         on_activation: OnActivation | None = None,  # the agent's metrics
+        launcher: Launcher | None = None,  # instead of the config's (kubernetes: the agent's)
+        on_state: OnState | None = None,  # every state change (the pod labels)
+        outlives_agent: bool = False,  # stop() leaves the replicas running
     ) -> None:
         self.region, self.config = region, config
-        self.launcher = config.launcher.build()
+        self.launcher = launcher or config.launcher.build()
+        self.outlives_agent = outlives_agent
         self.pool = WarmPool(
             self.launcher,
             config.pool_config(),
             burst=config.burst,
             on_change=self._changed,
             on_activation=on_activation,
+            on_state=on_state,
             dead_after=config.dead_after,
             probe_timeout_s=config.probe_timeout_s,
             request_timeout_s=config.request_timeout_s,
@@ -352,9 +433,11 @@ class AgentPool:
 
     async def stop(self, publish_timeout_s: float = 2.0) -> None:
         """Stop the pool; managed replicas are gone after it, so publish that (bounded:
-        a dead etcd must not hold up shutdown). Static ones keep their entry."""
+        a dead etcd must not hold up shutdown). Static ones keep their entry, and so do
+        replicas that outlive the agent (a kubernetes pool's pods, left running)."""
         await self.pool.stop()
-        if self.launcher.managed and self.published is not None:
+        gone = self.launcher.managed and not self.outlives_agent
+        if gone and self.published is not None:
             try:
                 async with asyncio.timeout(publish_timeout_s):
                     await self._publish()

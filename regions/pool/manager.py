@@ -20,7 +20,9 @@ API (what the region agent uses)::
 
 ``on_change(snapshot)`` is called (synchronously, keep it short) whenever the set of
 ACTIVE URLs changes; ``on_activation(kind, ok, seconds)`` after each wake (``"wake"``,
-ok or failed) and resume (``"resume"``) of a replica, for metrics.
+ok or failed) and resume (``"resume"``) of a replica, for metrics; ``on_state(before,
+after)`` (synchronous too) whenever a replica changes state (the pod labels on
+Kubernetes, regions/kube/pod_labels.py).
 ``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
 snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
 A replica is COLD after ``dead_after`` failed probes in a row.
@@ -64,6 +66,7 @@ log = logging.getLogger("tectonic.pool")
 ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
 ActivationKind = Literal["wake", "resume"]
 OnActivation = Callable[[ActivationKind, bool, float], None]  # kind, ok, seconds
+OnState = Callable[[Replica, Replica], None]  # a replica before and after a state change
 
 
 class PoolSnapshot(Frozen):
@@ -90,6 +93,7 @@ class WarmPool:
         burst: BurstProfile | None = None,
         on_change: Callable[[PoolSnapshot], None] | None = None,
         on_activation: OnActivation | None = None,
+        on_state: OnState | None = None,
         clock: Clock | None = None,
         dead_after: int = 2,
         probe_timeout_s: float = 2.0,
@@ -104,6 +108,7 @@ class WarmPool:
         self._target = config.target.model_copy(update={"variant": variant})
         self._on_change = on_change
         self._on_activation = on_activation
+        self._on_state = on_state
         self._dead_after = dead_after
         self._timeouts = (probe_timeout_s, request_timeout_s, reset_timeout_s)
         t = self._clock.now()
@@ -285,11 +290,19 @@ class WarmPool:
                 r.state,
                 why,
             )
+            self._state_changed(before, r)
         if self._on_change is not None and self.active() != was:
             try:
                 self._on_change(self.snapshot())
             except Exception:  # a publishing bug must not wedge the pool; it is logged
                 log.exception("warm pool on_change callback failed")
+
+    def _state_changed(self, before: Replica, after: Replica) -> None:
+        if self._on_state is not None:
+            try:
+                self._on_state(before, after)
+            except Exception:  # a labelling bug must not wedge the pool; it is logged
+                log.exception("warm pool on_state callback failed")
 
     async def _wake_one(self, a: Action, now: float | None) -> None:
         r = self._replicas[a.replica]

@@ -69,9 +69,9 @@ def test_each_launcher_kind_builds_its_launcher() -> None:
 
 
 def test_unknown_launcher_kind_names_the_kinds() -> None:
-    msg = problems({"launcher": {"kind": "kubernetes"}})
+    msg = problems({"launcher": {"kind": "docker"}})
     assert "pool.yaml is invalid" in msg and "launcher:" in msg
-    assert "'kubernetes'" in msg and "'simulator', 'vllm', 'static'" in msg
+    assert "'docker'" in msg and "'simulator', 'vllm', 'static'" in msg
 
 
 def test_size_below_active_plus_warm_is_refused_on_the_size_field() -> None:

@@ -53,6 +53,7 @@ def test_every_region_module_belongs_to_a_component() -> None:
     packages = {
         "regions.agent",
         "regions.gateway",
+        "regions.kube",
         "regions.picker",
         "regions.pool",
         "regions.simulator",
