@@ -32,24 +32,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
-import sys
 from collections.abc import Sequence
+from functools import partial
 
-import uvloop
-
-from controlplane.kernel.config import ConfigError, load_topology
 from regions.gateway.app import AppConfig
 from regions.gateway.cli_common import (
     add_etcd_flags,
     add_prefix_flags,
     add_report_flags,
-    host_port,
-    prefix_options,
+    routing_options,
+    run_main,
     serve,
 )
 from regions.gateway.continuation import ContinuationConfig
-from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 
@@ -146,55 +141,26 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
     """The gateway's options and the log level."""
     p = _parser()
     args = p.parse_args(argv)
-    try:
-        topology = load_topology(args.topology)
-    except ConfigError as e:
-        p.error(str(e))
-    if args.region not in topology.names:
-        p.error(
-            f"--region {args.region!r} is not in the topology "
-            f"(regions: {', '.join(topology.names)})"
-        )
-    endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
-    cps = tuple(e.strip() for arg in args.control_plane for e in arg.split(",") if e.strip())
-    bad = [e for e in (*endpoints, *cps, args.listen) if not host_port(e)]
-    if bad:
-        p.error(f"expected host:port, got {bad}")
-    if args.observer_id and not re.match(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$", args.observer_id):
-        p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
     if args.continuation_deadline <= 0:
         p.error("--continuation-deadline must be positive")
-    for name in ("max_body_bytes", "max_pins", "max_continuations"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be positive")
-    prefixes, session_key = prefix_options(p, args, topology.prefixes)
-    options = GatewayOptions(
-        topology=topology,
-        app=AppConfig(
-            home=args.region,
-            session_header=args.session_header.lower(),
-            max_body_bytes=args.max_body_bytes,
-            prefix_chars=topology.prefixes.routing_chars,
-            warm_first=args.warm_first,
-            continuation=ContinuationConfig(
-                enabled=args.stream_continuation,
-                max_continuations=args.max_continuations,
-                deadline_s=args.continuation_deadline,
-            ),
+    app = AppConfig(
+        home=args.region,
+        warm_first=args.warm_first,
+        continuation=ContinuationConfig(
+            enabled=args.stream_continuation,
+            max_continuations=args.max_continuations,
+            deadline_s=args.continuation_deadline,
         ),
+    )
+    options = routing_options(
+        p,
+        args,
+        listens=(args.listen,),
+        positive=("max_continuations",),
+        app=app,
         listen=args.listen,
-        etcd_endpoints=endpoints,
-        etcd_timeout_s=args.etcd_timeout,
-        store_timeout_s=args.store_timeout,
-        max_pins=args.max_pins,
         proxy=ProxyConfig(retry_deadline_s=args.retry_deadline, read_timeout_s=args.read_timeout),
         grace_s=args.grace,
-        control_planes=cps,
-        observer_id=args.observer_id,
-        report_interval_s=args.report_interval,
-        prefix_tracking=not args.no_prefix_tracking,
-        tracker=tracker_config(prefixes, session_key),
-        prefix_export=ExportOptions.from_topology(prefixes),
     )
     return options, str(args.log_level).upper()
 
@@ -206,10 +172,7 @@ async def _run(options: GatewayOptions) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     options, level = parse_args(argv)
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    sys.exit(uvloop.run(_run(options)))
+    run_main(level, partial(_run, options))
 
 
 if __name__ == "__main__":

@@ -11,14 +11,88 @@ import os
 import re
 import signal
 import sys
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
+import uvloop
 from pydantic import ValidationError
 
 from controlplane.kernel.cluster_spec import SpecDisagreement
-from controlplane.kernel.config import HOST_PORT, PrefixesConfig
+from controlplane.kernel.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
+from regions.gateway.app import AppConfig
+from regions.gateway.options import GatewayOptions
+from regions.gateway.prefix_export import ExportOptions, tracker_config
 
 log = logging.getLogger("tectonic.gateway")
+
+
+OBSERVER_ID = r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$"
+
+
+def routing_options(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    *,
+    listens: Sequence[str],
+    positive: Sequence[str],
+    **more: Any,
+) -> GatewayOptions:
+    """The options both command lines read alike (topology, region, etcd, health
+    reports, prefix tracking, pins), checked: ``listens`` are host:port flags too,
+    ``positive`` the names of flags that must be at least 1; ``more`` the caller's own
+    GatewayOptions fields (``app``'s are completed with the shared ones)."""
+    try:
+        topology = load_topology(args.topology)
+    except ConfigError as e:
+        p.error(str(e))
+    if args.region not in topology.names:
+        p.error(
+            f"--region {args.region!r} is not in the topology "
+            f"(regions: {', '.join(topology.names)})"
+        )
+    endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+    cps = tuple(e.strip() for arg in args.control_plane for e in arg.split(",") if e.strip())
+    bad = [e for e in (*endpoints, *cps, *listens) if not host_port(e)]
+    if bad:
+        p.error(f"expected host:port, got {bad}")
+    if args.observer_id and not re.match(OBSERVER_ID, args.observer_id):
+        p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
+    for name in ("max_body_bytes", "max_pins", *positive):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    prefixes, session_key = prefix_options(p, args, topology.prefixes)
+    app = more.pop("app", None) or AppConfig(home=args.region)
+    app = replace(
+        app,
+        home=args.region,
+        session_header=args.session_header.lower(),
+        max_body_bytes=args.max_body_bytes,
+        prefix_chars=topology.prefixes.routing_chars,
+    )
+    return GatewayOptions(
+        topology=topology,
+        app=app,
+        etcd_endpoints=endpoints,
+        etcd_timeout_s=args.etcd_timeout,
+        store_timeout_s=args.store_timeout,
+        max_pins=args.max_pins,
+        control_planes=cps,
+        observer_id=args.observer_id,
+        report_interval_s=args.report_interval,
+        prefix_tracking=not args.no_prefix_tracking,
+        tracker=tracker_config(prefixes, session_key),
+        prefix_export=ExportOptions.from_topology(prefixes),
+        **more,
+    )
+
+
+def run_main(level: str, run: Callable[[], Coroutine[Any, Any, int]]) -> None:
+    """Log to stderr at ``level`` and exit with what ``run()`` returns, on uvloop."""
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    sys.exit(uvloop.run(run()))
 
 
 class Server(Protocol):

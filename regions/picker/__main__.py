@@ -26,25 +26,17 @@ cluster spec in etcd (at start, or a new leader's later): exit 2, naming each se
 from __future__ import annotations
 
 import argparse
-import logging
-import re
-import sys
 from collections.abc import Sequence
+from functools import partial
 
-import uvloop
-
-from controlplane.kernel.config import ConfigError, load_topology
-from regions.gateway.app import AppConfig
 from regions.gateway.cli_common import (
     add_etcd_flags,
     add_prefix_flags,
     add_report_flags,
-    host_port,
-    prefix_options,
+    routing_options,
+    run_main,
     serve,
 )
-from regions.gateway.options import GatewayOptions
-from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import PickerConfig
 from regions.picker.server import PickerOptions, PickerServer
@@ -106,45 +98,10 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
     p = _parser()
     args = p.parse_args(argv)
-    try:
-        topology = load_topology(args.topology)
-    except ConfigError as e:
-        p.error(str(e))
-    if args.region not in topology.names:
-        p.error(
-            f"--region {args.region!r} is not in the topology "
-            f"(regions: {', '.join(topology.names)})"
-        )
-    endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
-    cps = tuple(e.strip() for arg in args.control_plane for e in arg.split(",") if e.strip())
-    bad = [e for e in (*endpoints, *cps, args.listen, args.http_listen) if not host_port(e)]
-    if bad:
-        p.error(f"expected host:port, got {bad}")
-    if args.observer_id and not re.match(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$", args.observer_id):
-        p.error("--observer-id: 1-128 of letters, digits and ':._@-', starting alphanumeric")
-    for name in ("max_body_bytes", "max_pins", "max_endpoints"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be positive")
-    prefixes, session_key = prefix_options(p, args, topology.prefixes)
-    routing = GatewayOptions(
-        topology=topology,
-        app=AppConfig(
-            home=args.region,
-            session_header=args.session_header.lower(),
-            max_body_bytes=args.max_body_bytes,
-            prefix_chars=topology.prefixes.routing_chars,
-        ),
-        etcd_endpoints=endpoints,
-        etcd_timeout_s=args.etcd_timeout,
-        store_timeout_s=args.store_timeout,
-        max_pins=args.max_pins,
-        control_planes=cps,
-        observer_id=args.observer_id,
-        report_interval_s=args.report_interval,
-        prefix_tracking=not args.no_prefix_tracking,
-        tracker=tracker_config(prefixes, session_key),
-        prefix_export=ExportOptions.from_topology(prefixes),
+    routing = routing_options(
+        p, args, listens=(args.listen, args.http_listen), positive=("max_endpoints",)
     )
+    topology = routing.topology
     picker = PickerConfig(
         home=args.region,
         zones={r.name: r.zone for r in topology.regions},
@@ -170,10 +127,7 @@ async def _run(options: PickerOptions) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     options, level = parse_args(argv)
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    sys.exit(uvloop.run(_run(options)))
+    run_main(level, partial(_run, options))
 
 
 if __name__ == "__main__":
