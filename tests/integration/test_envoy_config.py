@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.lab.envoy import (
     SHIPPED_CONFIG,
@@ -32,6 +31,7 @@ from chaos.lab.envoy import (
 )
 from chaos.lab.procs import Proc, start_simulators
 from regions.pool.processes import free_port
+from tests.integration.sim_counts import served_count
 
 pytestmark = pytest.mark.slow
 
@@ -42,19 +42,6 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "ma
 # ---- helpers ---------------------------------------------------------------------------
 def host_port(proc: Proc) -> str:
     return f"127.0.0.1:{proc.port}"
-
-
-def served_count(sim: Proc) -> int:
-    """Requests the simulator finished (vLLM's ``request_success`` counter)."""
-    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(
-        int(sample.value)
-        for family in text_string_to_metric_families(text)
-        if family.name == "vllm:request_success"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
 
 
 def post_chat(

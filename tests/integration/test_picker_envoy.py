@@ -31,7 +31,6 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.lab.envoy import EnvoyProc, EnvoySpec, render, start_envoy, stats
 from chaos.lab.local_etcd import EtcdServer
@@ -45,6 +44,7 @@ from controlplane.kernel.model import Routing
 from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.pool.processes import free_port
+from tests.integration.sim_counts import served_count
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 
@@ -201,19 +201,6 @@ async def ask(url: str, session: str, text: str = "", **extra: object) -> tuple[
     return status, headers.get(REGION, "")
 
 
-def served(sim: Proc) -> int:
-    """Requests the simulator finished (vLLM's ``request_success`` counter)."""
-    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(
-        int(s.value)
-        for family in text_string_to_metric_families(text)
-        if family.name == "vllm:request_success"
-        for s in family.samples
-        if s.name.endswith("_total")
-    )
-
-
 async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
     deadline = time.monotonic() + within_s
     while not await check():
@@ -333,13 +320,13 @@ async def test_a_picker_that_cannot_read_etcd_is_live_but_not_ready(world: World
 
 
 async def test_a_session_keeps_its_replica(world: World) -> None:
-    before = [served(s) for s in world.sims["east"]]
+    before = [served_count(s) for s in world.sims["east"]]
     for _ in range(6):
         assert await ask(world.url("east"), "sticky-1", "the same prompt every time") == (
             200,
             "east",
         )
-    grown = [served(s) - b for s, b in zip(world.sims["east"], before, strict=True)]
+    grown = [served_count(s) - b for s, b in zip(world.sims["east"], before, strict=True)]
     assert sorted(grown) == [0, 6]
 
 
@@ -447,7 +434,7 @@ async def test_the_data_planes_subset_hint_is_honoured(world: World) -> None:
             world.tmp / f"hint-{expect}",
         )
         try:
-            before = served(only)
+            before = served_count(only)
             url = f"http://{hp(envoy.port)}"
             results = [
                 await asyncio.to_thread(
@@ -457,7 +444,7 @@ async def test_the_data_planes_subset_hint_is_honoured(world: World) -> None:
             ]
             assert [r[0] for r in results] == [expect] * 4
             if expect == 200:
-                assert served(only) - before == 4
+                assert served_count(only) - before == 4
             else:
                 assert results[0][1]["retry-after"] == "1"
         finally:
