@@ -1,7 +1,7 @@
 """The drill service's command line: serve the schedule, run one drill now (``--run``)
 or print the history (``--history``). What a drill acts on comes from the caller, a
 ``RunDrill`` loaded only when drills are to run: ``python -m chaos`` (chaos/__main__.py)
-passes the local lab's.
+offers the local lab's (the default) and a cluster's (``--target kubernetes``).
 
     .venv/bin/python -m chaos --schedule chaos/schedule.yaml \\
         --etcd 127.0.0.1:2379 --cluster demo
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from chaos.drills import requests as requests
@@ -27,8 +27,12 @@ from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.port import StoreError
 
+# a target's name -> what builds its RunDrill from the command line (imported only when
+# drills are to run)
+RunnerLoader = Callable[[argparse.Namespace], RunDrill]
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser(targets: Sequence[str] = ("lab",)) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m chaos",
         description="Run the scheduled chaos drills (one at a time, inside their windows) "
@@ -51,10 +55,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=int, metavar="N", help="print the last N drills and exit")
     p.add_argument("--run", metavar="SCENARIO", help="run this drill once now and exit")
     p.add_argument("--region", help="with --run: target region (default the scenario's)")
+    p.add_argument(
+        "--target",
+        choices=targets,
+        default=targets[0],
+        help="what the drills act on: %(choices)s (default %(default)s: a local lab of "
+        "real processes; kubernetes: the cluster's pods, see --target-config)",
+    )
+    p.add_argument(
+        "--target-config",
+        type=Path,
+        metavar="FILE",
+        help="with --target kubernetes: where each region's pods are (chaos/kube/service.py)",
+    )
     return p
 
 
-async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -> int:
+async def _main(args: argparse.Namespace, load_runner: RunnerLoader) -> int:
     topo = load_topology(args.topology) if args.topology else None
     keys = Keys(cluster=args.cluster or (topo.cluster if topo else "default"))
     config = topo.etcd if topo else EtcdConfig(endpoints=("127.0.0.1:2379",))
@@ -64,8 +81,10 @@ async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -
         )
     from controlplane.kernel.store.etcd import EtcdStore  # the adapter, only for the process
 
+    # before etcd: a target file that does not load is refused before anything starts
+    run_drill = load_runner(args) if args.history is None else None
     async with EtcdStore(config) as store:
-        if args.history is not None:
+        if run_drill is None:  # --history
             for row in await history(store, keys, args.history):
                 print(row.model_dump_json())
             return 0
@@ -77,7 +96,7 @@ async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -
             store,
             keys,
             schedule,
-            load_runner(),
+            run_drill,
             SystemClock(),
             holder=args.holder,
             tick_s=args.tick_s,
@@ -96,8 +115,10 @@ async def _main(args: argparse.Namespace, load_runner: Callable[[], RunDrill]) -
     return 0
 
 
-def main(load_runner: Callable[[], RunDrill], argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(loaders: Mapping[str, RunnerLoader], argv: Sequence[str] | None = None) -> int:
+    """``loaders``: the targets this entry point offers, the default first."""
+    args = _parser(tuple(loaders)).parse_args(argv)
+    load_runner = loaders[args.target]
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

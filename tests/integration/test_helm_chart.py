@@ -45,6 +45,7 @@ import pytest
 import yaml
 
 from chaos.drills.schedule_model import known_scenarios, load_schedule
+from chaos.kube.service import TargetConfig
 from controlplane.kernel.config import RegionConfig, Topology, parse_topology
 from controlplane.kernel.ladder_file import topology_ladder
 
@@ -553,7 +554,10 @@ def test_the_agents_role_grants_discovery_and_only_its_own_pool() -> None:
 
 
 def test_drill_permissions_are_a_separate_opt_in_role(helm: ModuleType) -> None:
-    no_rbac = manifests_of(render(helm, {"drills": {"enabled": True}}))
+    target = {
+        "regions": {"us-east": {"workload": "deployment/v", "service": "v", "labels": {"a": "v"}}}
+    }
+    no_rbac = manifests_of(render(helm, {"drills": {"enabled": True, "target": target}}))
     assert [m["metadata"]["name"] for m in no_rbac if m["kind"] == "Role"] == [
         "tt-tectonic-agent-us-east"
     ]
@@ -572,6 +576,21 @@ def test_drill_permissions_are_a_separate_opt_in_role(helm: ModuleType) -> None:
         }
     ]
     assert grants([r for r in rules if r not in scale]) == DRILLS
+
+
+def test_drills_act_on_the_clusters_pods_through_their_target_file(helm: ModuleType) -> None:
+    rendered = _rendered("all-on")
+    (drills,) = rendered.one("Deployment", "tt-tectonic-drills")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "--target=kubernetes" in drills["args"]
+    target = yaml.safe_load(
+        rendered.one("ConfigMap", "tt-tectonic-drills-target")["data"]["target.yaml"]
+    )
+    load = TargetConfig.model_validate(target)  # what python -m chaos will load
+    assert set(load.regions) == {"us-east", "us-west"}
+    with pytest.raises(Exception, match=r"drills\.target is required"):
+        render(helm, {"drills": {"enabled": True}})
 
 
 # ---- the model server -------------------------------------------------------------------

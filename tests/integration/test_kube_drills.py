@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from chaos.drills.result import JournalEntry
 from chaos.drills.scenario import find_scenario
+from chaos.kube.service import kube_run_drill
 from chaos.kube.target import (
     KubeDrillError,
     KubernetesDrillRunner,
@@ -32,11 +34,14 @@ from chaos.kube.target import (
     PodGroup,
     RegionPods,
 )
+from chaos.lab.local_etcd import EtcdServer
 from controlplane.kernel.codec import encode
-from controlplane.kernel.config import parse_topology
+from controlplane.kernel.config import ConfigError, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, RegionHealth, RegionRecord
+from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.port import Store
 from tests.kube_standin import StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -169,7 +174,7 @@ async def test_chaos_mesh_faults_are_refused_without_its_api_and_cleared_with_it
     assert standin.chaos == {}
 
 
-async def seeded(store: MemoryStore, keys: Keys, leader: str, regions: list[str]) -> None:
+async def seeded(store: Store, keys: Keys, leader: str, regions: list[str]) -> None:
     """What a control plane would have written: a leader, every region NORMAL and
     HEALTHY. No control plane runs here: nothing reacts to the blackout."""
     now = time.time()
@@ -253,3 +258,62 @@ async def test_a_region_blackout_drill_runs_through_the_target_and_journals_its_
     # the verdict stays Tectonic's, and with no control plane no failover was measured
     assert not result.passed
     assert not next(c for c in result.criteria if c.name == "state_path").passed
+
+
+async def test_the_drill_service_runs_a_drill_on_the_cluster_from_its_target_file(
+    standin: StandIn, tmp_path: Path, etcd_store: EtcdStore, etcd: EtcdServer
+) -> None:
+    """``python -m chaos --target kubernetes``'s RunDrill, built from a topology and a
+    target file, on a real etcd: a dry run (the steady state is checked, nothing is
+    injected) with the drill journal and report where the file says."""
+    await cluster(standin)
+    name = f"kube-{time.monotonic_ns()}"
+    keys = Keys(name)
+    await seeded(
+        etcd_store, keys, standin.pods_of("deployment", "tectonic-cp")[0].name, ["us-east"]
+    )
+    topo = tmp_path / "topology.yaml"
+    region = {"name": "us-east", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100}
+    etcd_section = {"endpoints": [etcd.endpoint]}
+    topo.write_text(yaml.safe_dump({"cluster": name, "etcd": etcd_section, "regions": [region]}))
+    target = tmp_path / "drills-target.yaml"
+    target.write_text(
+        yaml.safe_dump(
+            {
+                "namespace": NS,
+                "kubeconfig": str(standin.kubeconfig),
+                "regions": {
+                    "us-east": {
+                        "workload": "deployment/vllm-us-east",
+                        "service": "vllm-us-east",
+                        "labels": MODEL,
+                    }
+                },
+                "controlplane": {"labels": CP},
+                "etcd": {"labels": ETCD},
+                "reports": str(tmp_path / "reports"),
+            }
+        )
+    )
+    run_drill = kube_run_drill(topo, target)
+    result = await run_drill("region-blackout", None, dry_run=True)
+    assert result.dry_run and Path(result.journal_path).is_relative_to(tmp_path / "reports")
+    assert next(c for c in result.criteria if c.name == "steady_state_before").passed
+    assert not [c for c in standin.calls if c.method == "DELETE"]  # a dry run injects nothing
+
+
+def test_a_bad_target_file_is_refused_naming_the_field(tmp_path: Path) -> None:
+    topo = tmp_path / "topology.yaml"
+    region = {"name": "us-east", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100}
+    topo.write_text(yaml.safe_dump({"regions": [region]}))
+    target = tmp_path / "t.yaml"
+    target.write_text(yaml.safe_dump({"regions": {"us-east": {"workload": "x"}}}))
+    with pytest.raises(ConfigError, match="service"):
+        kube_run_drill(topo, target)
+    target.write_text(
+        yaml.safe_dump({"regions": {"mars": {"workload": "x", "service": "s", "labels": MODEL}}})
+    )
+    with pytest.raises(ConfigError, match=r"\['mars'\] are not in the topology"):
+        kube_run_drill(topo, target)
+    with pytest.raises(ConfigError, match="needs --topology and --target-config"):
+        kube_run_drill(topo, None)
