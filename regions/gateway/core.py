@@ -215,6 +215,17 @@ class DataPlaneCore:
             if self.exporter is not None:
                 tg.create_task(self.exporter.run(), name="prefix-export")
 
+    @staticmethod
+    async def first_ended(spec: asyncio.Task[None] | None, tasks: asyncio.Task[None]) -> None:
+        """Until the background ``tasks`` end (only by failing, or on stop) or the spec
+        watch does (a disagreeing spec): raises what ended the first, the spec's first
+        (the reason to name: SpecDisagreement, for the caller to stop and exit 2)."""
+        running = [t for t in (spec, tasks) if t is not None]
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for task in running:
+            if task in done and not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+
     async def close(self) -> None:
         """After ``supervise`` is cancelled: the reporter's channels and our store."""
         if self.reporter is not None:

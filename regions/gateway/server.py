@@ -133,11 +133,7 @@ class GatewayServer:
         cluster spec in etcd turns to one this topology disagrees with: then raises
         SpecDisagreement, and the caller stops the gateway (``__main__`` exits 2)."""
         assert self._task is not None
-        tasks = [t for t in (self._spec_task, self._task) if t is not None]
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:  # the spec's first: the reason to name
-            if task in done and not task.cancelled() and (exc := task.exception()) is not None:
-                raise exc
+        await self.core.first_ended(self._spec_task, self._task)
 
     async def stop(self) -> None:
         if self._stopped:

@@ -189,11 +189,7 @@ class PickerServer:
         """Until the background tasks end (by failing), or the cluster spec turns to
         one this topology disagrees with (raises SpecDisagreement)."""
         assert self._task is not None
-        tasks = [t for t in (self._spec_task, self._task) if t is not None]
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            if task in done and not task.cancelled() and (exc := task.exception()) is not None:
-                raise exc
+        await self.core.first_ended(self._spec_task, self._task)
 
     async def stop(self) -> None:
         if self._stopped:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -34,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chaos.lab.envoy import EnvoyProc, EnvoySpec, render, start_envoy, stats
 from chaos.lab.local_etcd import EtcdServer
-from chaos.lab.procs import Proc, spawn, start_picker, start_simulator, start_simulators
+from chaos.lab.procs import Proc, spawn, start_picker, start_simulator, start_simulators, until
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import EtcdConfig
@@ -201,13 +200,6 @@ async def ask(url: str, session: str, text: str = "", **extra: object) -> tuple[
     return status, headers.get(REGION, "")
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {within_s} s: {check.__name__}"
-        await asyncio.sleep(0.1)
-
-
 async def picks(address: str, session: str) -> str:
     """Ask one picker directly, over its gRPC ext_proc service, where a header-only
     request of ``session`` goes: the destination it answers."""
@@ -280,7 +272,7 @@ async def test_the_pickers_count_prompts_for_prewarm_and_say_when_they_are_ready
         page = await world.store.get_prefix(world.keys.prefix_exports_prefix())
         return any("picker:east:" in kv.key for kv in page.kvs)
 
-    await eventually(exported)
+    await until(exported, within=10.0, every=0.1, what="exported")
     async with grpc.aio.insecure_channel(hp(world.picker_ports["east"][1])) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
@@ -307,7 +299,7 @@ async def test_a_picker_that_cannot_read_etcd_is_live_but_not_ready(world: World
                     return False
                 return True
 
-            await eventually(answers)
+            await until(answers, within=10.0, every=0.1, what="answers")
             status = health_pb2.HealthCheckResponse
             for service, expect in (
                 ("liveness", status.SERVING),
@@ -342,7 +334,7 @@ async def test_after_a_failover_each_session_moves_once_and_never_bounces_back(
     async def moved() -> bool:
         return (await ask(east, sessions[0]))[1] == "west"
 
-    await eventually(moved)
+    await until(moved, within=10.0, every=0.1, what="moved")
     for s in sessions:
         for url in (east, west):  # through either region's Envoy: served by west
             assert await ask(url, s) == (200, "west")
@@ -352,7 +344,7 @@ async def test_after_a_failover_each_session_moves_once_and_never_bounces_back(
     async def back() -> bool:
         return (await ask(east, "fo-new"))[1] == "east"
 
-    await eventually(back)
+    await until(back, within=10.0, every=0.1, what="back")
     for s in sessions:  # a moved session stays where it moved, with either picker
         for _ in range(2):
             assert await ask(east, s) == (200, "west")
@@ -372,7 +364,7 @@ async def test_a_shed_request_is_a_429_with_retry_after(world: World) -> None:
             )
             return status == 429
 
-        await eventually(shedding)
+        await until(shedding, within=10.0, every=0.1, what="shedding")
         status, headers, body = await asyncio.to_thread(
             post, world.url("east"), chat("hi"), {"x-session-id": "shed-1", "x-priority": "1"}
         )
