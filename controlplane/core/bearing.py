@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.kernel.capacity import HitEffect
+from controlplane.kernel.capacity import HitEffect, utilization
+from controlplane.kernel.capacity_record import Bearing, resolve
+from controlplane.kernel.config import Topology
+from controlplane.kernel.ladder import LOAD_SIGNAL
+from controlplane.kernel.snapshot import RegionView
+
+HIT_RATE_SIGNAL = "prefix_hit_rate"  # the agent's, from vLLM's prefix-cache counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,7 @@ class Target:
 class Split:
     shares: dict[str, float]  # target -> fraction of the moved load (sums to <= 1)
     moved_rps: dict[str, float]  # target -> rps it takes
+    rooms: dict[str, float]  # target -> rps it could take at that hit rate
     cbu_after: dict[str, float]  # target -> CBU once it carries its part
     shortfall_rps: float  # moved load no target can bear
 
@@ -78,4 +85,42 @@ def split(
     }
     shares = {name: (rps / moved_rps if moved_rps > 0 else 0.0) for name, rps in moved.items()}
     cbu_after = {t.name: t.cbu(moved[t.name], hit_rate) for t in targets}
-    return Split(shares, moved, cbu_after, max(0.0, moved_rps - take))
+    return Split(shares, moved, rooms, cbu_after, max(0.0, moved_rps - take))
+
+
+# ---- a region as the planner reads it ------------------------------------------------
+
+
+def load_of(view: RegionView) -> float:
+    return max(0.0, view.health.signals.get(LOAD_SIGNAL, 0.0))
+
+
+def hit_rate_of(view: RegionView) -> float:
+    return min(1.0, max(0.0, view.health.signals.get(HIT_RATE_SIGNAL, 0.0)))
+
+
+def region_bearing(view: RegionView, topology: Topology, now: float) -> Bearing:
+    """The region's capacity: its probe's when fresh, else the typed ``capacity_rps``."""
+    return resolve(
+        view.name,
+        view.capacity,
+        capacity_rps=topology.region(view.name).capacity_rps,
+        policy=topology.capacity,
+        now=now,
+        active_replicas=view.active_replicas,
+    )
+
+
+def allowed_now(view: RegionView, topology: Topology, now: float) -> float:
+    """The load the region bears now, at the hit rate of what it serves."""
+    return region_bearing(view, topology, now).allowed(hit_rate_of(view))
+
+
+def cbu_now(view: RegionView, topology: Topology, now: float) -> float:
+    """Capacity utilisation: served load over what the region bears at its hit rate."""
+    return utilization(load_of(view), allowed_now(view, topology, now))
+
+
+def target_of(view: RegionView, topology: Topology, now: float) -> Target:
+    b = region_bearing(view, topology, now)
+    return Target(view.name, b.effect, b.factor_of_safety, load_of(view), hit_rate_of(view))

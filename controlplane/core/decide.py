@@ -25,6 +25,7 @@ from controlplane.core.actions import (
     Write,
     WriteHealth,
 )
+from controlplane.core.bearing import allowed_now
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
@@ -147,7 +148,7 @@ def _recovery_write(view: RegionView, topology: Topology, now: float, actor: str
         region=view.name,
         verdict=view.health.verdict,
         signals=view.health.signals,
-        capacity_rps=topology.region(view.name).capacity_rps,
+        capacity_rps=allowed_now(view, topology, now),
         now=now,
         began_at=rec.since,
         prewarm_budget_s=topology.prewarm.budget_s,

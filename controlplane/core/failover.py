@@ -11,15 +11,29 @@ with a reason:
   has a reason and is audited, and refusing it would push the operator to ``force``,
   which also lifts the residency, barred and headroom rules that should still hold.
 
-Targets share the source's load in proportion to their headroom.
+Targets share the source's load by what each bears (``core/bearing.py``, docs/capacity.md):
+the measured, prefix-aware capacity where a fresh probe exists, the typed ``capacity_rps``
+otherwise; the moved traffic counts as cold in its new region. No target is planned
+past capacity utilisation 1.0: what the targets together cannot bear is the plan's
+shortfall, which sets ``headroom_short`` (the ladder then degrades the targets and sheds
+low priority first) and is written in the plan's notes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controlplane.core.bearing import (
+    Target,
+    cbu_now,
+    hit_rate_of,
+    load_of,
+    moved_hit_rate,
+    region_bearing,
+    split,
+    target_of,
+)
 from controlplane.kernel.config import Topology
-from controlplane.kernel.ladder import LOAD_SIGNAL
 from controlplane.kernel.model import FailoverPlan, Health, RegionState, Routing
 from controlplane.kernel.snapshot import RegionView, Snapshot
 
@@ -34,13 +48,8 @@ class PlanRefused(ValueError):
         self.code = code
 
 
-def headroom(view: RegionView, topology: Topology) -> float:
-    cap = topology.region(view.name).capacity_rps
-    return cap - view.health.signals.get(LOAD_SIGNAL, 0.0)
-
-
 def _exclusion(
-    view: RegionView, source: RegionView, topology: Topology, forced: bool
+    view: RegionView, source: RegionView, topology: Topology, forced: bool, now: float
 ) -> str | None:
     """Why ``view`` may not take the source's traffic, or None."""
     if view.record.state is RegionState.FAILING_OVER:
@@ -56,8 +65,8 @@ def _exclusion(
     src_zone = topology.region(source.name).zone
     if topology.region(view.name).zone != src_zone:
         return f"is in zone {topology.region(view.name).zone}, not {src_zone}"
-    if headroom(view, topology) <= 0:
-        return "has no headroom"
+    if cbu_now(view, topology, now) >= 1.0:
+        return f"has no headroom (capacity utilisation {cbu_now(view, topology, now):.2f})"
     return None
 
 
@@ -118,14 +127,14 @@ def plan_failover(
         )
 
     excluded: dict[str, str] = {}
-    room: dict[str, float] = {}
+    targets: list[Target] = []
     for name in _candidates(source, requested, topology):
-        why = _exclusion(snap.regions[name], src, topology, forced)
+        why = _exclusion(snap.regions[name], src, topology, forced, snap.now)
         if why:
             excluded[name] = why
         else:
-            room[name] = max(headroom(snap.regions[name], topology), 0.0)
-    if not room:
+            targets.append(target_of(snap.regions[name], topology, snap.now))
+    if not targets:
         detail = "; ".join(f"{k} {v}" for k, v in excluded.items()) or "no candidate regions"
         raise PlanRefused(
             f"no eligible failover target for {source}: {detail}. "
@@ -147,14 +156,27 @@ def plan_failover(
             code="last_healthy",
         )
 
-    load = src.health.signals.get(LOAD_SIGNAL, 0.0)
+    load = load_of(src)
+    # Cold in its new region: the pre-warm has not run when the plan is made.
+    hit = moved_hit_rate(hit_rate_of(src), None)
+    sp = split(load, hit, targets)
     notes = [f"{k} skipped: {v}" for k, v in excluded.items()]
-    short = sum(room.values()) < load
+    notes += [
+        _capacity_note(snap, topology, t.name, sp.moved_rps[t.name], sp.cbu_after[t.name])
+        for t in targets
+    ]
+    short = not sp.fits
     if short:
-        notes.append(f"targets' headroom {sum(room.values()):.1f} rps < source load {load:.1f} rps")
+        borne = load - sp.shortfall_rps
+        notes.append(
+            f"targets bear {borne:.1f} of the source's {load:.1f} rps at capacity "
+            f"utilisation 1.0: short by {sp.shortfall_rps:.1f} rps; the degradation ladder "
+            "degrades the targets, shedding low priority first"
+        )
+    weights = sp.moved_rps if load > 0 else sp.rooms
     return FailoverPlan(
         source=source,
-        targets=normalise(room),
+        targets=normalise(weights),
         forced=forced,
         manual=manual,
         warm_first=manual or src.health.verdict is not Health.UNHEALTHY,
@@ -162,6 +184,18 @@ def plan_failover(
         actor=actor,
         headroom_short=short,
         notes=notes,
+        cbu_after={k: round(v, 4) for k, v in sp.cbu_after.items()},
+        shortfall_rps=round(sp.shortfall_rps, 3),
+    )
+
+
+def _capacity_note(snap: Snapshot, topology: Topology, name: str, moved: float, cbu: float) -> str:
+    view = snap.regions[name]
+    b = region_bearing(view, topology, snap.now)
+    return (
+        f"{name}: {b.source.value} capacity ({b.reason}), allowed "
+        f"{b.allowed(hit_rate_of(view)):.1f} rps at hit rate {hit_rate_of(view):.2f}; "
+        f"takes {moved:.1f} rps cold, capacity utilisation after {cbu:.2f}"
     )
 
 

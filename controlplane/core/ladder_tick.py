@@ -12,6 +12,7 @@ the record's revision, with its audit entry. The gateways and agents watch
 from __future__ import annotations
 
 from controlplane.core.actions import LadderWrite
+from controlplane.core.bearing import allowed_now
 from controlplane.core.ladder_executor import LadderMode, mode_for, next_ladder_action
 from controlplane.kernel.config import Topology
 from controlplane.kernel.degradation import DegradationRecord
@@ -41,7 +42,7 @@ def ladder_moves(
         if view.ladder is None and mode is not LadderMode.DEGRADING:
             continue  # nothing applied and nothing to apply: no record needed
         record = view.ladder or DegradationRecord(region=region.name)
-        signals = with_headroom(view.health.signals, region.capacity_rps)
+        signals = with_headroom(view.health.signals, allowed_now(view, topology, snap.now))
         action = next_ladder_action(ladder, record, signals, mode, snap.now)
         if not action.changed:
             if action.kind.value == "hold":

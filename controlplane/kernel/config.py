@@ -14,6 +14,8 @@ from typing import Annotated, Self
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from controlplane.kernel.capacity import CapacitySLO
+from controlplane.kernel.capacity_record import CapacityPolicy
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.prefixes import FingerprintParams
 from controlplane.kernel.security import SecurityConfig
@@ -76,6 +78,11 @@ class RegionConfig(Frozen):
         ),
     ] = ()
     degraded_when: DegradedWhen = DegradedWhen()
+    # Bearing capacity (docs/capacity.md): the SLA a capacity probe holds the region to,
+    # and the factor of safety its allowed load keeps under the measured ultimate one
+    # (1.5 for a forgiving service, 3 for a critical one).
+    slo: CapacitySLO = CapacitySLO(ttft_p99_s=2.0)
+    factor_of_safety: Annotated[float, Field(ge=1, le=10)] = 2.0
     entry: Annotated[
         str | None,
         Field(
@@ -256,6 +263,7 @@ class Topology(Frozen):
     # file; None: no ladder, degraded regions keep every feature.
     degradation_ladder: str | None = None
     prefixes: PrefixesConfig = PrefixesConfig()
+    capacity: CapacityPolicy = CapacityPolicy()
     # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
     security: SecurityConfig | None = None
 

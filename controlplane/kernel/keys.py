@@ -102,6 +102,23 @@ class Keys:
         route to) as its agent last published them; no lease, the replicas outlive it."""
         return f"{self.root}pools/{region}"
 
+    def capacity_prefix(self) -> str:
+        return self.root + "capacity/"
+
+    def capacity(self, region: str) -> str:
+        """The region's measured bearing capacity (``CapacityRecord``), written with an
+        audit entry by the capacity probe; no lease: it is kept until the next probe."""
+        return f"{self.root}capacity/{region}"
+
+    def pool_loans_prefix(self, region: str | None = None) -> str:
+        return self.root + "pool-loans/" + (f"{region}/" if region else "")
+
+    def pool_loan(self, region: str, loan_id: str) -> str:
+        """A replica of the region's warm pool lent out of rotation (``PoolLoan``), on
+        the borrower's lease: if the borrower dies, the loan ends and the agent puts
+        the replica back to sleep."""
+        return f"{self.root}pool-loans/{region}/{loan_id}"
+
     def intents_prefix(self) -> str:
         return self.root + "intents/"
 

@@ -28,6 +28,7 @@ AUTH_ERROR_SIGNAL = "auth_error_rate"
 QUEUE_SIGNAL = "queue_depth"
 LOAD_SIGNAL = "load_rps"  # requests per second the region serves now, from its agent
 HEADROOM_SIGNAL = "headroom_fraction"  # derived: (capacity - load) / capacity, see with_headroom
+CBU_SIGNAL = "capacity_utilization"  # derived: load / capacity (CBU), see with_headroom
 
 NAME = r"^[a-z][a-z0-9_-]{0,62}$"
 
@@ -38,11 +39,14 @@ def headroom_fraction(capacity_rps: float, load_rps: float) -> float:
 
 
 def with_headroom(signals: Mapping[str, float], capacity_rps: float) -> dict[str, float]:
-    """The region's signals plus ``headroom_fraction``, computed like
-    ``core.failover.headroom`` (capacity minus ``load_rps``); left out without a load."""
+    """The region's signals plus ``headroom_fraction`` and ``capacity_utilization``
+    against ``capacity_rps`` (what the region bears now: ``core.bearing.allowed_now``);
+    both left out without a load."""
     out = dict(signals)
     if LOAD_SIGNAL in signals:
-        out[HEADROOM_SIGNAL] = headroom_fraction(capacity_rps, signals[LOAD_SIGNAL])
+        load = signals[LOAD_SIGNAL]
+        out[HEADROOM_SIGNAL] = headroom_fraction(capacity_rps, load)
+        out[CBU_SIGNAL] = load / capacity_rps if capacity_rps > 0 else float("inf")
     return out
 
 
@@ -138,6 +142,9 @@ class Conditions(Frozen):
         float | None, Field(gt=0, lt=1, description="(capacity - load) / capacity below this")
     ] = None
     queue_depth_over: Annotated[float | None, Field(gt=0, description="waiting requests")] = None
+    cbu_over: Annotated[
+        float | None, Field(gt=0, le=10, description="capacity utilisation (load / capacity)")
+    ] = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> Self:
@@ -152,7 +159,7 @@ class Conditions(Frozen):
         out = []
         ttft, errors = signals.get(TTFT_SIGNAL), signals.get(ERROR_SIGNAL)
         auth, room = signals.get(AUTH_ERROR_SIGNAL), signals.get(HEADROOM_SIGNAL)
-        queue = signals.get(QUEUE_SIGNAL)
+        queue, cbu = signals.get(QUEUE_SIGNAL), signals.get(CBU_SIGNAL)
         if (k := self.ttft_p99_over_baseline) and ttft is not None and ttft > k * baseline_ttft_s:
             out.append(f"ttft p99 {ttft:.3g}s > {k:g} x baseline {baseline_ttft_s:g}s")
         if (e := self.error_rate_over) and errors is not None and errors > e:
@@ -163,6 +170,8 @@ class Conditions(Frozen):
             out.append(f"headroom {room:.0%} < {h:.0%}")
         if (q := self.queue_depth_over) and queue is not None and queue > q:
             out.append(f"queue depth {queue:g} > {q:g}")
+        if (c := self.cbu_over) and cbu is not None and cbu > c:
+            out.append(f"capacity utilisation {cbu:.2f} > {c:g}")
         return tuple(out)
 
 

@@ -94,6 +94,10 @@ class FailoverPlan(Frozen):
     actor: str
     headroom_short: bool = False  # targets together cannot absorb the source's load
     notes: list[str] = Field(default_factory=list)
+    # By what each target bears (docs/capacity.md): its capacity utilisation once it
+    # carries its share, and the load no target could take (0: it fits).
+    cbu_after: dict[str, float] = Field(default_factory=dict)
+    shortfall_rps: float = Field(0.0, ge=0)
 
 
 class FailoverStep(StrEnum):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controlplane.kernel.capacity_record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.model import (
@@ -33,6 +34,10 @@ class RegionView(Frozen):
     # degradation/<r> itself and its mod revision; None with a revision: unreadable.
     ladder: DegradationRecord | None = None
     ladder_rev: int = 0
+    # The last capacity probe (capacity/<r>), and how many replicas serve now: the
+    # warm pool's ACTIVE ones (pools/<r>), else the topology's static list (None: none).
+    capacity: CapacityRecord | None = None
+    active_replicas: int | None = None
 
     @property
     def barred(self) -> bool:

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from controlplane.kernel.capacity_record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
@@ -21,6 +22,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
+from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.store.port import KeyValue, Store
 
@@ -34,6 +36,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
     regions_kv = {kv.key: kv for kv in (await store.get_prefix(keys.regions_prefix())).kvs}
     routing_kv = {kv.key: kv for kv in (await store.get_prefix(keys.routing_prefix())).kvs}
     ladder_kv = {kv.key: kv for kv in (await store.get_prefix(keys.degradation_prefix())).kvs}
+    capacity_kv = {kv.key: kv for kv in (await store.get_prefix(keys.capacity_prefix())).kvs}
+    pools_kv = {kv.key: kv for kv in (await store.get_prefix(keys.pools_prefix())).kvs}
     reports_page = await store.get_prefix(keys.reports_prefix())
     intents_page = await store.get_prefix(keys.intents_prefix())
     control_kv = await store.get(keys.control())
@@ -49,6 +53,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
         ladder_at = ladder_kv.get(keys.degradation(name))
         ladder = _parse(DegradationRecord, ladder_at)
         record = _parse(RegionRecord, rec_kv) or RegionRecord(region=name, since=now)
+        pool = _parse(PoolMembers, pools_kv.get(keys.pool(name)))
+        static = len(topology.region(name).replicas)
         views[name] = RegionView(
             name=name,
             record=record,
@@ -60,6 +66,8 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
             degradation=ladder.applied if ladder else (),
             ladder=ladder,
             ladder_rev=ladder_at.mod_revision if ladder_at else 0,
+            capacity=_parse(CapacityRecord, capacity_kv.get(keys.capacity(name))),
+            active_replicas=len(pool.active) if pool else (static or None),
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))

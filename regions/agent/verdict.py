@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controlplane.kernel.ladder import LOAD_SIGNAL
 from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.replica_signals import ReplicaWindow, fold_windows, replica_window
 from regions.agent.probe_vllm import ReplicaProbe
@@ -84,6 +85,8 @@ def fold_verdict(
         "running": running,
         **window.as_signals(),
     }
+    if window.request_rate is not None:  # the served load failover headroom and CBU read
+        signals[LOAD_SIGNAL] = window.request_rate
     detail = "; ".join(notes)[:MAX_DETAIL]
     return RegionVerdict(
         region=region, health=verdict, signals=signals, detail=detail, probes=tuple(probes)

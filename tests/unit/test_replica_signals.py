@@ -315,6 +315,7 @@ def test_verdict_judges_ttft_and_errors_over_the_window() -> None:
         "running": 0,
         "ttft_p99_s": pytest.approx(0.995),
         "request_rate": 20.0,
+        "load_rps": 20.0,  # what failover headroom and CBU read as the served load
         "error_rate": pytest.approx(0.15),
         "kv_usage_max": 0.5,
         "kv_usage_mean": pytest.approx(0.3),
@@ -330,3 +331,4 @@ def test_verdict_without_a_previous_round_judges_nothing_it_cannot_know() -> Non
     view = fold_verdict("eu", now, max_ttft_p99_s=0.1, max_error_rate=0.0)
     assert view.health is Health.HEALTHY
     assert "ttft_p99_s" not in view.signals and "error_rate" not in view.signals
+    assert "load_rps" not in view.signals  # no rate from one scrape: no load, not zero

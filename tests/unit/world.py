@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from controlplane.core.actions import JobKind, TickResult, Write
 from controlplane.core.decide import decide
 from controlplane.core.intents import IntentOutcome
+from controlplane.kernel.capacity_record import CapacityRecord
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
@@ -41,6 +42,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
+from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore
@@ -131,6 +133,8 @@ class World:
     failover_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # failover pre-warms
     recovery_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # recovery pre-warms
     run_recovery_steps: bool = True  # False: recovery pre-warms never report (stuck agent)
+    capacity: dict[str, CapacityRecord] = field(default_factory=dict)  # capacity/<r>
+    active_replicas: dict[str, int] = field(default_factory=dict)  # len(pools/<r>.active)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.topo.cluster)
@@ -171,6 +175,8 @@ class World:
                 readiness=self.readiness.get(r),
                 routing=route[0] if route else None,
                 routing_rev=route[1] if route else 0,
+                capacity=self.capacity.get(r),
+                active_replicas=self.active_replicas.get(r),
             )
         return Snapshot(
             now=self.now,
@@ -238,6 +244,12 @@ class World:
         for i in self.intents.values():
             out[k.intent(i.id)] = encode(i)
         out[k.control()] = encode(self.control)
+        for r, cap in self.capacity.items():
+            out[k.capacity(r)] = encode(cap)
+        for r, n in self.active_replicas.items():
+            urls = tuple(f"http://{r}-{i}:8000" for i in range(n))
+            members = PoolMembers(region=r, active=urls, warm=0, at=self.now, agent="t")
+            out[k.pool(r)] = encode(members)
         for key, value in out.items():
             if self._pulled.get(key) != value:
                 await self.store.put(key, value)

@@ -1,0 +1,213 @@
+"""A region's measured bearing capacity, as stored at ``capacity/<region>`` (docs/capacity.md).
+
+A capacity probe (``chaos/capacity/``) step-loads one replica that is out of rotation at
+two hit rates or more; what it finds is kept here: the curve of each probe (its steps,
+knee, ultimate), the cache effect fitted over them (``R(h) = R_base / (1 - beta h)``,
+per replica), the overload recovery time, the wasted work, the workload it was shaped
+like, and the engine it ran on. The region's capacity is the replica's times its ACTIVE
+replicas times the scaling efficiency (measured by probing two replicas at once, or
+assumed: ``scaling_measured`` says which).
+
+:func:`resolve` is how the planner and the status read it: the allowed capacity at a hit
+rate, from the record when it is fresh and from the same engine, else from the
+topology's typed ``capacity_rps`` (the fallback), with the reason. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from controlplane.kernel.capacity import CapacitySLO, Curve, HitEffect, Step
+from controlplane.kernel.model import Frozen
+
+
+class ProbeStep(Frozen):
+    """One step of a probe as stored: what was offered, what came back."""
+
+    offered_rps: Annotated[float, Field(gt=0)]
+    p99_ttft_s: Annotated[float, Field(ge=0)]
+    error_rate: Annotated[float, Field(ge=0, le=1)]
+    throughput_rps: Annotated[float, Field(ge=0)]
+    timeouts: Annotated[int, Field(ge=0)] = 0
+    duration_s: Annotated[float, Field(gt=0)] = 1.0
+
+    @classmethod
+    def of(cls, step: Step, duration_s: float) -> ProbeStep:
+        return cls(
+            offered_rps=step.offered_rps,
+            p99_ttft_s=step.p99_ttft_s,
+            error_rate=step.error_rate,
+            throughput_rps=step.throughput_rps,
+            timeouts=step.timeouts,
+            duration_s=duration_s,
+        )
+
+    def step(self) -> Step:
+        return Step(
+            self.offered_rps, self.p99_ttft_s, self.error_rate, self.throughput_rps, self.timeouts
+        )
+
+
+class HitProbe(Frozen):
+    """The curve of one probe at one hit rate (read from the replica's own counters)."""
+
+    hit_rate: Annotated[float, Field(ge=0, le=1)]
+    baseline_p99_s: Annotated[float, Field(ge=0)]
+    knee_rps: Annotated[float | None, Field(gt=0)] = None
+    ultimate_rps: Annotated[float, Field(gt=0)]
+    ultimate_bounded: bool  # False: no step broke the SLA, the ultimate is a lower bound
+    failure_rps: Annotated[float | None, Field(gt=0)] = None
+    steps: tuple[ProbeStep, ...] = ()
+
+    @classmethod
+    def of(cls, hit_rate: float, curve: Curve, step_s: float) -> HitProbe:
+        return cls(
+            hit_rate=hit_rate,
+            baseline_p99_s=curve.baseline_p99_s,
+            knee_rps=curve.knee_rps,
+            ultimate_rps=curve.ultimate_rps,
+            ultimate_bounded=curve.ultimate_bounded,
+            failure_rps=curve.failure_rps,
+            steps=tuple(ProbeStep.of(s, step_s) for s in curve.steps),
+        )
+
+
+class WorkloadProfile(Frozen):
+    """What the probe's requests looked like, shaped like the region's own traffic."""
+
+    prompt_tokens_p50: Annotated[int, Field(ge=1)]
+    prompt_tokens_p90: Annotated[int, Field(ge=1)]
+    output_tokens: Annotated[int, Field(ge=1)]
+    shared_prefix_share: Annotated[float, Field(ge=0, le=1)]  # of requests, in the warm probe
+    stream_share: Annotated[float, Field(ge=0, le=1)] = 1.0
+    source: str = "default"  # "exports": from the region's prefix catalog
+
+
+class CapacityRecord(Frozen):
+    """``capacity/<region>``: the last probe's findings (per replica unless named region)."""
+
+    region: str
+    measured_at: float  # seconds since the epoch, the prober's clock
+    engine_version: str  # vLLM's /version of the probed replica ("" when it has none)
+    model: str = ""
+    replica: str  # the probed replica's URL
+    slo: CapacitySLO
+    factor_of_safety: Annotated[float, Field(ge=1, le=10)]
+    probes: Annotated[tuple[HitProbe, ...], Field(min_length=1)]
+    r_base_rps: Annotated[float, Field(gt=0)]  # one replica, cold prompts
+    beta: Annotated[float, Field(ge=0, lt=1)]
+    t_recover_s: Annotated[float | None, Field(ge=0)] = None  # None: not measured
+    wasted_work_share: Annotated[float | None, Field(ge=0, le=1)] = None
+    scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
+    scaling_measured: bool = False  # False: assumed (one replica probed)
+    active_replicas: Annotated[int, Field(ge=0)] = 1  # ACTIVE when it was measured
+    profile: WorkloadProfile
+    probe_s: Annotated[float, Field(ge=0)] = 0.0  # how long the probe ran
+    prober: str = ""  # who ran it (the drill service's id, or failoverctl's user)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CapacityRecord:
+        if not math.isfinite(self.r_base_rps):
+            raise ValueError("r_base_rps must be finite")
+        return self
+
+    @property
+    def effect(self) -> HitEffect:
+        """One replica's capacity as a function of the hit rate."""
+        return HitEffect(self.r_base_rps, self.beta)
+
+    def region_effect(self, active_replicas: int) -> HitEffect:
+        """The region's: the replica's x ACTIVE replicas x the scaling efficiency (one
+        replica scales at 1.0 by definition)."""
+        n = max(0, active_replicas)
+        eff = 1.0 if n <= 1 else self.scaling_efficiency
+        return HitEffect(self.r_base_rps * n * eff, self.beta)
+
+    def allowed_rps(self, hit_rate: float, active_replicas: int) -> float:
+        return self.region_effect(active_replicas).capacity(hit_rate) / self.factor_of_safety
+
+
+class CapacityPolicy(Frozen):
+    """The topology's ``capacity`` section: when a measurement may be used, and the CBU
+    thresholds of the status, alerts and the ladder trigger."""
+
+    max_age_s: Annotated[float, Field(gt=0)] = 14 * 86400.0  # two weekly probe windows
+    warn_cbu: Annotated[float, Field(gt=0)] = 0.8
+    page_cbu: Annotated[float, Field(gt=0)] = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CapacityPolicy:
+        if self.page_cbu <= self.warn_cbu:
+            raise ValueError("page_cbu must be above warn_cbu")
+        return self
+
+
+class CapacitySource(StrEnum):
+    MEASURED = "measured"  # a fresh probe of this engine
+    STALE = "stale"  # a probe exists but is too old or of another engine: fallback used
+    TYPED = "typed"  # no probe: the topology's capacity_rps
+
+
+@dataclass(frozen=True, slots=True)
+class Bearing:
+    """What a region bears, as the planner reads it: ``effect`` is the region's whole
+    capacity (before the factor of safety) as a function of the hit rate."""
+
+    region: str
+    source: CapacitySource
+    effect: HitEffect
+    factor_of_safety: float
+    reason: str  # why this source (the stale measurement's age or engine, ...)
+    record: CapacityRecord | None = None
+
+    def allowed(self, hit_rate: float) -> float:
+        return self.effect.capacity(hit_rate) / self.factor_of_safety
+
+    @property
+    def stale(self) -> bool:
+        return self.source is CapacitySource.STALE
+
+
+def resolve(
+    region: str,
+    record: CapacityRecord | None,
+    *,
+    capacity_rps: float,
+    policy: CapacityPolicy,
+    now: float,
+    active_replicas: int | None,
+    engine_version: str | None = None,
+) -> Bearing:
+    """The region's bearing capacity: measured when ``record`` is fresh (younger than
+    ``policy.max_age_s``) and of the engine the region runs now (``engine_version``;
+    None: not known, not judged); otherwise the typed ``capacity_rps``, stale when a
+    record exists. ``active_replicas`` None: as many as when it was measured."""
+    fallback = HitEffect(capacity_rps, 0.0)
+    if record is None:
+        return Bearing(region, CapacitySource.TYPED, fallback, 1.0, "no capacity probe yet")
+    age = now - record.measured_at
+    why_stale = None
+    if age > policy.max_age_s:
+        why_stale = f"measured {age / 86400:.1f} days ago (max {policy.max_age_s / 86400:g})"
+    elif engine_version is not None and engine_version != record.engine_version:
+        why_stale = (
+            f"measured on engine {record.engine_version!r}, the region runs {engine_version!r}"
+        )
+    if why_stale is not None:
+        return Bearing(region, CapacitySource.STALE, fallback, 1.0, why_stale, record)
+    n = record.active_replicas if active_replicas is None else active_replicas
+    how = "measured" if record.scaling_measured else "assumed"
+    return Bearing(
+        region,
+        CapacitySource.MEASURED,
+        record.region_effect(n),
+        record.factor_of_safety,
+        f"probed {age / 3600:.1f} h ago; {n} ACTIVE replica(s), scaling efficiency "
+        f"{record.scaling_efficiency:g} ({how})",
+        record,
+    )
