@@ -475,7 +475,7 @@ def decide(
     awaiting = tuple(awaited(name, view.record) for name, view in regions.items())
     started: list[Job] = []
     for name in snap.regions:
-        w, new_jobs, note = next_steps(snap, name, writes.get(name), jobs, actor)
+        w, new_jobs, note = next_steps(snap, name, writes.get(name), jobs, actor, topology)
         if w is not None:
             writes[name] = w
             snap = snap.with_record(w.record)

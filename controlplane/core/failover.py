@@ -199,6 +199,37 @@ def _capacity_note(snap: Snapshot, topology: Topology, name: str, moved: float, 
     )
 
 
+def resplit_after_prewarm(
+    snap: Snapshot, topology: Topology, plan: FailoverPlan, attained: float | None
+) -> FailoverPlan:
+    """``plan`` split again at its switch, once the pre-warm ran before it (a planned
+    failover): the moved traffic arrives at the source's hit rate times the pre-warm's
+    verified attainment instead of cold, so the targets bear more of it. Unchanged
+    without an attainment, a load, or targets still in the snapshot."""
+    src = snap.regions.get(plan.source)
+    names = [t for t in plan.targets if t in snap.regions]
+    if attained is None or src is None or load_of(src) <= 0 or not names:
+        return plan
+    hit = moved_hit_rate(hit_rate_of(src), attained)
+    if hit <= 0:
+        return plan
+    targets = [target_of(snap.regions[n], topology, snap.now) for n in names]
+    sp = split(load_of(src), hit, targets)
+    note = (
+        f"split again after the pre-warm: the moved traffic at hit rate {hit:.2f} "
+        f"(attainment {attained:.2f}), short by {sp.shortfall_rps:.1f} rps"
+    )
+    return plan.model_copy(
+        update={
+            "targets": normalise(sp.moved_rps),
+            "cbu_after": {k: round(v, 4) for k, v in sp.cbu_after.items()},
+            "shortfall_rps": round(sp.shortfall_rps, 3),
+            "headroom_short": not sp.fits,
+            "notes": [*plan.notes, note],
+        }
+    )
+
+
 def routing_after_switch(snap: Snapshot, plan: FailoverPlan) -> dict[str, Routing]:
     """New routing values: the source's traffic goes to the plan's targets, and any other
     region whose traffic was sent to the source is redirected the same way.

@@ -11,8 +11,9 @@ job's result with ``failover_step_write`` or ``recovery_step_write``.
 from __future__ import annotations
 
 from controlplane.core.actions import Job, JobKind, Jobs, Write
-from controlplane.core.failover import routing_after_switch
+from controlplane.core.failover import resplit_after_prewarm, routing_after_switch
 from controlplane.core.recovery import pending_recovery_steps
+from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_details
 from controlplane.kernel.model import (
     AuditAction,
@@ -63,9 +64,12 @@ def failover_step_write(
     step: FailoverStep,
     actor: str,
     prewarm_result: PrewarmFigures | None = None,
+    topology: Topology | None = None,
 ) -> Write:
     """The write that records ``step`` of ``region``'s failover as done (with the routing
-    switch itself, for SWITCH). Raises ValueError if the step is not pending."""
+    switch itself, for SWITCH). With ``topology``, a switch after the pre-warm splits
+    the load again by what the targets bear warm (``resplit_after_prewarm``). Raises
+    ValueError if the step is not pending."""
     view = snap.regions[region]
     rec = view.record
     if step not in pending_steps(rec) or rec.failover is None:
@@ -113,6 +117,8 @@ def failover_step_write(
             update={"targets": {k: v / sum(live.values()) for k, v in live.items()}}
         )
     )
+    if topology is not None and fo.prewarm_result is not None:
+        plan = resplit_after_prewarm(snap, topology, plan, fo.prewarm_result.attained_fraction)
     routes = routing_after_switch(snap, plan)
     new = rec.model_copy(
         update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
@@ -187,7 +193,12 @@ def recovery_step_write(
 
 
 def next_steps(
-    snap: Snapshot, name: str, first: Write | None, jobs: Jobs, actor: str
+    snap: Snapshot,
+    name: str,
+    first: Write | None,
+    jobs: Jobs,
+    actor: str,
+    topology: Topology | None = None,
 ) -> tuple[Write | None, list[Job], str | None]:
     """The region's failover or recovery steps that can be taken now, after ``first``
     (this tick's write of the region, if any): merged into one write with it, and the
@@ -202,7 +213,9 @@ def next_steps(
             started.append(Job(kind=JobKind.FAILOVER_PREWARM, region=name, id=fid, plan=fo.plan))
             break
         try:
-            w = failover_step_write(snap, name, steps[0], actor, jobs.results.get(fid))
+            w = failover_step_write(
+                snap, name, steps[0], actor, jobs.results.get(fid), topology=topology
+            )
         except ValueError as e:  # every target failed over since: the next tick retries
             return out, started, str(e)
         out = w if out is None else out.merged(w)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.bearing import allowed_now, cbu_now
-from controlplane.core.failover import plan_failover
+from controlplane.core.failover import plan_failover, resplit_after_prewarm
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.kernel.capacity import CapacitySLO
 from controlplane.kernel.capacity_record import (
@@ -150,3 +150,20 @@ def test_capacity_utilisation_is_a_ladder_signal_and_trigger() -> None:
     assert Conditions(cbu_over=1.0).holding(signals, 0.5) == ("capacity utilisation 1.10 > 1",)
     assert Conditions(cbu_over=1.2).holding(signals, 0.5) == ()
     assert CBU_SIGNAL not in with_headroom({}, capacity_rps=100.0)  # no load: no evidence
+
+
+def test_a_planned_failover_splits_again_at_its_switch_by_what_the_prewarm_warmed() -> None:
+    w = world({"us-east": 60.0}, hit={"us-east": 0.8})
+    w.capacity = {"us-west": record("us-west", 20.0), "us-central": record("us-central", 20.0)}
+    w.active_replicas = {"us-west": 2, "us-central": 1}
+    cold = plan(w)  # bears 30 of 60 cold
+    assert cold.shortfall_rps == pytest.approx(30.0)
+    snap = w.snapshot()
+    warm = resplit_after_prewarm(snap, w.topo, cold, attained=1.0)
+    # warm at h = 0.8: each bears 1 / (1 - 0.85 x 0.8) = 3.125 x as much: 93.75 in all.
+    assert warm.shortfall_rps == 0 and not warm.headroom_short
+    assert max(warm.cbu_after.values()) <= 1.0
+    assert warm.notes[-1].startswith("split again after the pre-warm: the moved traffic at hit")
+    half = resplit_after_prewarm(snap, w.topo, cold, attained=0.5)  # h = 0.4: x 1.515
+    assert half.shortfall_rps == pytest.approx(60 - 30 / (1 - 0.85 * 0.4), rel=1e-3)
+    assert resplit_after_prewarm(snap, w.topo, cold, attained=None) == cold
