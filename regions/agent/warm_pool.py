@@ -26,8 +26,12 @@ The file (every field but ``launcher`` is optional; see regions/pool/README.md):
             budget_s: 30}  # only for the sizing report logged at start
 
 Publication is a plain put (no lease: the replicas outlive the agent), at start and
-whenever the ACTIVE set or the WARM count changes, from a background task that retries
-with backoff while etcd is unreachable.
+whenever the ACTIVE set, the WARM count or the loans' answers change, from a background
+task that retries with backoff while etcd is unreachable.
+
+Loans: the agent follows ``pool-loans/<region>/`` (:mod:`regions.agent.pool_lender`) and
+lends WARM standby out of rotation to a borrower such as the capacity probe; what is lent
+and what is refused go into ``pools/<region>`` (``lent``, ``loan_refusals``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from controlplane.kernel.model import Frozen
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
+from regions.agent.pool_lender import PoolLender
 from regions.agent.spec_decode_actuator import SpecDecodeActuator
 from regions.pool.client import ReplicaError
 from regions.pool.launchers import (
@@ -387,6 +392,10 @@ class AgentPool:
                 on_switch=self._kick.set,
                 retry_s=retry_s,
             )
+        # Loans of WARM standby out of rotation (the capacity probe's replica).
+        self.lender = PoolLender(
+            region, self.pool, self.store, keys, interval_s=self.interval_s, retry_s=retry_s
+        )
 
     # -- what the agent calls ----------------------------------------------------------
     async def start(self, agent_id: str) -> None:
@@ -428,6 +437,7 @@ class AgentPool:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._reconcile_loop(), name=f"pool:{self.region}")
             tg.create_task(self._publish_loop(), name=f"pool-publish:{self.region}")
+            tg.create_task(self.lender.run(), name=f"pool-lender:{self.region}")
             if self.spec_decode is not None:
                 tg.create_task(self.spec_decode.run(), name=f"spec-decode:{self.region}")
 
@@ -457,6 +467,8 @@ class AgentPool:
             warm=self.pool.warm_count(),
             at=self._wall_clock(),
             agent=self.agent_id,
+            lent=self.pool.lent(),
+            loan_refusals=self.pool.loan_refusals(),
         )
 
     async def _publish(self) -> None:
@@ -468,6 +480,13 @@ class AgentPool:
                 self.key,
                 ", ".join(members.active) or "(none)",
                 members.warm,
+            )
+        was_lent = {} if self.published is None else self.published.lent
+        if was_lent != members.lent:
+            log.info(
+                "published %s: lent %s",
+                self.key,
+                ", ".join(f"{u} (loan {k})" for k, u in members.lent.items()) or "(none)",
             )
         self.published = members
 

@@ -38,6 +38,7 @@ _VALUES = {
     ReplicaState.ACTIVE: "active",
     ReplicaState.WARM: "warm",
     ReplicaState.IDLE: "idle",
+    ReplicaState.LENT: "lent",  # awake, out of rotation, for a capacity probe
     ReplicaState.COLD: None,  # no label: nothing runs there for the pool
 }
 

@@ -1,4 +1,5 @@
-"""``WarmPool``: the I/O adapter that keeps one region's replicas COLD/WARM/ACTIVE/IDLE.
+"""``WarmPool``: the I/O adapter that keeps one region's replicas COLD/WARM/ACTIVE/IDLE
+(and LENT: out of rotation, lent to a borrower).
 
 It holds the replicas (with ``since`` timestamps), asks the pure planner
 (:func:`regions.pool.states.plan`) what to do and does it over vLLM's HTTP API:
@@ -12,6 +13,9 @@ API (what the region agent uses)::
     urls = await pool.activate(3)         # at least 3 ACTIVE: IDLE first, then WARM
     urls = await pool.set_active(1)       # desired level; extras drain after the dwell
     pool.set_variant("no-spec-decode")    # roll to it, one replica at a time (reconcile)
+    await pool.set_loans({"l1": None})    # lend a WARM replica out of rotation (or refuse)
+    pool.lent() -> dict[str, str]         # loan id -> the URL lent for it
+    pool.loan_refusals() -> dict[str, str]  # loan id -> why it was refused
     pool.active() -> list[str]            # ACTIVE base URLs (what gateways route to)
     pool.warm_count() -> int              # WARM + IDLE: activatable without a launch
     pool.snapshot() -> PoolSnapshot       # per replica url/state/since/managed, notes
@@ -19,10 +23,10 @@ API (what the region agent uses)::
     await pool.stop()                     # stop managed replicas; static ones untouched
 
 ``on_change(snapshot)`` is called (synchronously, keep it short) whenever the set of
-ACTIVE URLs changes; ``on_activation(kind, ok, seconds)`` after each wake (``"wake"``,
-ok or failed) and resume (``"resume"``) of a replica, for metrics; ``on_state(before,
-after)`` (synchronous too) whenever a replica changes state (the pod labels on
-Kubernetes, regions/kube/pod_labels.py).
+ACTIVE URLs, what is lent or the loan refusals change; ``on_activation(kind, ok,
+seconds)`` after each wake (``"wake"``, ok or failed) and resume (``"resume"``) of a
+replica, for metrics; ``on_state(before, after)`` (synchronous too) whenever a replica
+changes state (the pod labels on Kubernetes, regions/kube/pod_labels.py).
 ``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
 snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
 A replica is COLD after ``dead_after`` failed probes in a row.
@@ -32,6 +36,13 @@ Variants: a launcher that knows several (``Launcher.variants``, e.g. with and wi
 ``--speculative-config``) launches the target's; ``set_variant`` changes it and each
 ``reconcile`` then rolls the pool over, one replica at a time, never with fewer ACTIVE
 than the target (:func:`regions.pool.states.plan`).
+
+Loans: ``set_loans`` gives the loans wanted now (level-triggered; loan id -> the URL it
+names, or None for any WARM replica). The planner picks WARM standby for each; lending
+is ``/wake_up`` + ``/reset_prefix_cache`` and the replica is LENT, awake and never in
+``active()``; a loan gone returns it (``/reset_prefix_cache``, then ``/sleep?level=1``:
+WARM). A loan that cannot be served (or whose replica failed to wake, or died while
+lent) is in ``loan_refusals()`` with the reason until it is gone from the loans.
 """
 
 from __future__ import annotations
@@ -40,10 +51,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import aiohttp
+from pydantic import Field
 
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.model import Frozen
@@ -64,6 +76,7 @@ from regions.pool.states import (
 
 log = logging.getLogger("tectonic.pool")
 ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
+COLD, LENT = ReplicaState.COLD, ReplicaState.LENT
 ActivationKind = Literal["wake", "resume"]
 OnActivation = Callable[[ActivationKind, bool, float], None]  # kind, ok, seconds
 OnState = Callable[[Replica, Replica], None]  # a replica before and after a state change
@@ -77,9 +90,18 @@ class PoolSnapshot(Frozen):
     shortfall: int = 0  # ACTIVE replicas wanted and not yet reachable
     notes: tuple[str, ...] = ()  # the last plan's deferred moves and shortages
     size: PoolSizeReport | None = None  # configured warm count vs the configured burst
+    loan_refusals: dict[str, str] = Field(default_factory=dict)  # loan id -> why not
 
     def urls(self, state: ReplicaState) -> list[str]:
         return [r.url for r in self.replicas if r.state is state and r.url is not None]
+
+    def lent(self) -> dict[str, str]:
+        """Loan id -> the URL of the replica lent for it."""
+        return {
+            r.loan: r.url
+            for r in self.replicas
+            if r.state is LENT and r.loan is not None and r.url is not None
+        }
 
 
 class WarmPool:
@@ -133,6 +155,9 @@ class WarmPool:
         self._lock = asyncio.Lock()  # one planner/actor at a time; launches run outside
         self._client: ReplicaClient | None = None
         self._closing = False
+        # None until set_loans first runs: LENT replicas are then neither lent nor returned
+        self._loans: dict[str, str | None] | None = None
+        self._refused: dict[str, str] = {}  # loans that will not be served, and why
 
     # -- the API ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -170,6 +195,25 @@ class WarmPool:
             )
         self._target = self._target.model_copy(update={"variant": variant})
 
+    async def set_loans(self, loans: Mapping[str, str | None]) -> None:
+        """The loans wanted now (loan id -> the replica URL it names, None: any WARM
+        one), level-triggered: new ones are lent WARM standby (woken, never routed) or
+        refused, replicas of loans gone are put back to sleep. Never launches."""
+        async with self._lock:
+            was = self._view()
+            self._loans = dict(loans)
+            self._refused = {k: why for k, why in self._refused.items() if k in loans}
+            self._notify(was)
+            await self._apply(self._plan(self._clock.now()), None, launch=False)
+
+    def lent(self) -> dict[str, str]:
+        """Loan id -> the URL of the replica lent for it (awake, out of rotation)."""
+        return self.snapshot().lent()
+
+    def loan_refusals(self) -> dict[str, str]:
+        """Loan id -> why it is not served (only loans still wanted)."""
+        return dict(self._refused)
+
     @property
     def variant(self) -> str | None:
         """The variant replicas should run (None: the launcher has one kind only)."""
@@ -189,6 +233,7 @@ class WarmPool:
             shortfall=self._last.shortfall,
             notes=(*self._last.deferred, *self._last.notes),
             size=self._size,
+            loan_refusals=dict(self._refused),
         )
 
     async def reconcile(self, now: float | None = None) -> PoolSnapshot:
@@ -237,7 +282,11 @@ class WarmPool:
         return r.url
 
     def _plan(self, now: float) -> Plan:
-        self._last = plan(list(self._replicas.values()), self._target, now, self.config.dwell)
+        loans = None
+        if self._loans is not None:  # a refused loan holds nothing and is not asked again
+            loans = {k: url for k, url in self._loans.items() if k not in self._refused}
+        replicas = list(self._replicas.values())
+        self._last = plan(replicas, self._target, now, self.config.dwell, loans)
         for why in self._last.deferred:
             log.debug("deferred: %s", why)
         return self._last
@@ -245,16 +294,23 @@ class WarmPool:
     async def _apply(self, p: Plan, now: float | None, *, launch: bool) -> list[str]:
         """Do the plan's quick actions (wakes first: capacity before anything else);
         mark launches busy and return their names for the caller to run."""
-        await asyncio.gather(*(self._wake_one(a, now) for a in p.of("wake")))
+        for loan, why in p.loan_refusals.items():
+            self._refuse(loan, why)
+        await asyncio.gather(
+            *(self._wake_one(a, now) for a in p.of("wake")),
+            *(self._lend_one(a, now) for a in p.of("lend")),
+        )
         for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
             self._move(a, self._at(now))
             if a.kind == "resume":
                 self._activated("resume", True, 0.0)
-        for a in p.of("sleep", "stop"):
+        for a in p.of("sleep", "stop", "return"):
             r = self._replicas[a.replica]
             try:
                 if a.kind == "sleep":
                     await self._http.sleep(self._url(r))
+                elif a.kind == "return":
+                    await self._return_one(self._url(r))
                 else:
                     await self.launcher.stop(self._url(r))
             except ReplicaError as e:
@@ -272,12 +328,40 @@ class WarmPool:
 
     def _move(self, a: Action, t: float, url: str | None = None) -> None:
         r = transition(
-            self._replicas[a.replica], a.to, t, self.config.dwell, url, retiring=a.retire
+            self._replicas[a.replica],
+            a.to,
+            t,
+            self.config.dwell,
+            url,
+            retiring=a.retire,
+            loan=a.loan,
         )
         self._put(r, a.reason)
 
+    def _view(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """What ``on_change`` tells: the ACTIVE URLs, what is lent, the loan refusals."""
+        return self.active(), self.lent(), dict(self._refused)
+
+    def _notify(self, was: tuple[list[str], dict[str, str], dict[str, str]]) -> None:
+        if self._on_change is not None and self._view() != was:
+            try:
+                self._on_change(self.snapshot())
+            except Exception:  # a publishing bug must not wedge the pool; it is logged
+                log.exception("warm pool on_change callback failed")
+
+    def _refuse(self, loan: str | None, why: str) -> None:
+        """Loan ``loan`` will not be served (or no longer is): say why until it is gone."""
+        if loan is None or self._loans is None or loan not in self._loans:
+            return
+        if loan in self._refused:
+            return
+        was = self._view()
+        self._refused[loan] = why
+        log.warning("loan %s refused: %s", loan, why)
+        self._notify(was)
+
     def _put(self, r: Replica, why: str) -> None:
-        before, was = self._replicas[r.name], self.active()
+        before, was = self._replicas[r.name], self._view()
         self._replicas[r.name] = r
         if before.state is not r.state:
             kind = f" [{r.variant or before.variant}]" if self._target.variant else ""
@@ -291,11 +375,9 @@ class WarmPool:
                 why,
             )
             self._state_changed(before, r)
-        if self._on_change is not None and self.active() != was:
-            try:
-                self._on_change(self.snapshot())
-            except Exception:  # a publishing bug must not wedge the pool; it is logged
-                log.exception("warm pool on_change callback failed")
+        if before.state is LENT and r.state is COLD:  # the borrower's replica is gone
+            self._refuse(before.loan, f"{before.url} ({r.name}) went COLD while lent: {why}")
+        self._notify(was)
 
     def _state_changed(self, before: Replica, after: Replica) -> None:
         if self._on_state is not None:
@@ -317,6 +399,30 @@ class WarmPool:
             return
         self._move(a, self._at(now))
         self._activated("wake", True, time.monotonic() - started)
+
+    async def _lend_one(self, a: Action, now: float | None) -> None:
+        """WARM -> LENT: woken like an activation (its prefix cache reset), not routed."""
+        r = self._replicas[a.replica]
+        try:
+            await self._http.wake(self._url(r))
+        except ReplicaError as e:
+            with contextlib.suppress(ReplicaError):
+                await self._http.sleep(self._url(r))  # back to the state we record
+            self._refuse(a.loan, f"waking {r.url} ({r.name}) to lend it failed: {e}")
+            return
+        self._move(a, self._at(now))
+
+    async def _return_one(self, url: str) -> None:
+        """LENT -> WARM: the borrower's prefixes reset, then asleep. The reset is
+        ``wake`` (``/wake_up`` is a no-op on an awake replica; then
+        ``/reset_prefix_cache``, retried while requests hold blocks); it may fail while
+        a dead borrower's requests still run, and the sleep, which aborts them, is what
+        the return needs."""
+        try:
+            await self._http.wake(url)
+        except ReplicaError as e:
+            log.warning("resetting the prefix cache of %s before its return failed: %s", url, e)
+        await self._http.sleep(url)
 
     def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
         if self._on_activation is not None:
@@ -393,7 +499,7 @@ class WarmPool:
                 if r.state is WARM and not sleeping:
                     log.warning("%s %s is WARM but awake: sleeping it", r.name, r.url)
                     await self._http.sleep(self._url(r))
-                elif r.state in (ACTIVE, IDLE) and sleeping:
+                elif r.state in (ACTIVE, IDLE, LENT) and sleeping:
                     log.warning("%s %s is %s but asleep: waking it", r.name, r.url, r.state)
                     await self._http.wake(self._url(r))
             except ReplicaError as e:

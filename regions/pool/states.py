@@ -2,13 +2,15 @@
 no clock; every function takes ``now`` (seconds on the caller's clock).
 
 States: COLD (no process / static endpoint unreachable), WARM (up, model loaded,
-asleep), ACTIVE (awake and routed), IDLE (awake, drained from routing).
+asleep), ACTIVE (awake and routed), IDLE (awake, drained from routing), LENT (awake, out
+of rotation, lent to a borrower such as the capacity probe).
 
 Edges (anything else is refused, with a reason)::
 
     COLD --launch--> WARM --wake--> ACTIVE --drain--> IDLE --sleep--> WARM --stop--> COLD
                                       ^                 |
                                       +-----resume------+
+    WARM --lend--> LENT --return--> WARM
     any --died (observed)--> COLD
 
 - never COLD -> ACTIVE: a launched replica is put to sleep first and woken like any
@@ -26,8 +28,17 @@ stays at or above the target, and retires stale standby replicas (IDLE -> WARM a
 ``drain_s``, then WARM -> COLD without the standby dwells: they are no one's standby).
 Stale replicas are never woken, resumed or counted as standby.
 
+Loans (``loans``: loan id -> the replica URL it names, or None for any WARM one): a loan
+takes a WARM standby replica out of rotation (woken, never routed) and gives it back
+(asleep again) when the loan is gone. Lending comes after scale-up, so it never takes a
+replica the ACTIVE target needs; a named replica in rotation (ACTIVE or IDLE), unknown,
+COLD, being retired or lent already is refused with the reason, and so is a loan for any
+replica when no WARM one is left. A LENT replica is never woken, drained, stopped or
+counted as standby. ``loans=None`` (not known yet, e.g. before the agent first read
+them): nothing is lent or returned.
+
 :func:`plan` turns the replicas and a :class:`PoolTarget` into a :class:`Plan` of
-actions, phase by phase (:data:`PHASES`: activate, drain, retire, sleep, launch, stop;
+actions, phase by phase (:data:`PHASES`: activate, lend, drain, retire, sleep, launch, stop;
 each a small function of the pool as read and of scale-up's choice); the I/O adapter
 (:mod:`regions.pool.manager`) carries them out.
 """
@@ -48,12 +59,13 @@ class ReplicaState(StrEnum):
     WARM = "WARM"
     ACTIVE = "ACTIVE"
     IDLE = "IDLE"
+    LENT = "LENT"
 
 
 COLD, WARM = ReplicaState.COLD, ReplicaState.WARM  # short names for the tables below
-ACTIVE, IDLE = ReplicaState.ACTIVE, ReplicaState.IDLE
+ACTIVE, IDLE, LENT = ReplicaState.ACTIVE, ReplicaState.IDLE, ReplicaState.LENT
 
-ActionKind = Literal["launch", "wake", "drain", "resume", "sleep", "stop"]
+ActionKind = Literal["launch", "wake", "drain", "resume", "sleep", "stop", "lend", "return"]
 EDGES: dict[tuple[ReplicaState, ReplicaState], ActionKind] = {
     (COLD, WARM): "launch",  # managed: launch + sleep; static: reachable again + sleep
     (WARM, ACTIVE): "wake",  # /wake_up then /reset_prefix_cache, then routed
@@ -61,6 +73,8 @@ EDGES: dict[tuple[ReplicaState, ReplicaState], ActionKind] = {
     (IDLE, ACTIVE): "resume",  # back into routing, no wake needed
     (IDLE, WARM): "sleep",  # /sleep?level=1 after the IDLE dwell
     (WARM, COLD): "stop",  # managed only, after the WARM dwell
+    (WARM, LENT): "lend",  # /wake_up then /reset_prefix_cache, never routed
+    (LENT, WARM): "return",  # /reset_prefix_cache then /sleep?level=1, once the loan is gone
 }
 
 
@@ -116,7 +130,8 @@ class Replica(Frozen):
     """One replica slot. ``since`` is when it entered ``state``; ``url`` is None while a
     managed slot has no process; ``busy`` while an action on it is in flight (the
     planner leaves it alone and counts a busy COLD slot as becoming WARM); ``variant``
-    is what it was launched as (None: unknown or the launcher's only kind)."""
+    is what it was launched as (None: unknown or the launcher's only kind); ``loan`` the
+    loan a LENT replica serves."""
 
     name: str
     url: str | None = None
@@ -125,6 +140,7 @@ class Replica(Frozen):
     managed: bool = True
     busy: bool = False
     variant: str | None = None
+    loan: str | None = None
 
 
 def is_stale(r: Replica, target: PoolTarget) -> bool:
@@ -185,24 +201,34 @@ def transition(
     url: str | None = None,
     *,
     retiring: bool = False,
+    loan: str | None = None,
 ) -> Replica:
     """``r`` in state ``to`` since ``now``; raises :class:`TransitionRefused`. ``url``
     gives a freshly launched replica its address; stopping clears a managed url (and
-    its variant: the slot is empty)."""
+    its variant: the slot is empty). ``loan``: the loan a replica going LENT serves
+    (any other move ends it)."""
     reason = refusal(r, to, now, dwell, retiring=retiring)
     if reason is not None:
         raise TransitionRefused(reason)
     emptied = to is COLD and r.managed
     new_url = url if url is not None else (None if emptied else r.url)
     variant = None if emptied else r.variant
-    return r.model_copy(update={"state": to, "since": now, "url": new_url, "variant": variant})
+    update = {"state": to, "since": now, "url": new_url, "variant": variant}
+    return r.model_copy(update={**update, "loan": loan if to is LENT else None})
 
 
 def died(r: Replica, now: float) -> Replica:
     """Any -> COLD, observed: the process is gone (a static endpoint keeps its url)."""
     url, variant = (r.url, r.variant) if not r.managed else (None, None)
     return r.model_copy(
-        update={"state": COLD, "since": now, "url": url, "busy": False, "variant": variant}
+        update={
+            "state": COLD,
+            "since": now,
+            "url": url,
+            "busy": False,
+            "variant": variant,
+            "loan": None,
+        }
     )
 
 
@@ -212,17 +238,20 @@ class Action(Frozen):
     to: ReplicaState
     reason: str
     retire: bool = False  # a stale replica leaving: see ``refusal(retiring=True)``
+    loan: str | None = None  # the loan a lend serves, or a return ends
 
 
 class Plan(Frozen):
     """What to do now. ``deferred`` says which wanted moves a dwell holds back and why;
     ``shortfall`` is how many ACTIVE replicas the target wants beyond what this plan
-    reaches (launched slots are woken by a later plan)."""
+    reaches (launched slots are woken by a later plan); ``loan_refusals`` the loans
+    this plan cannot serve, each with its reason (loan id -> reason)."""
 
     actions: tuple[Action, ...] = ()
     deferred: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     shortfall: int = 0
+    loan_refusals: dict[str, str] = Field(default_factory=dict)
 
     def of(self, *kinds: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.kind in kinds]
@@ -232,6 +261,7 @@ class PlanPhase(StrEnum):
     """The planner's phases, in the order their moves come in a :class:`Plan`."""
 
     ACTIVATE = "activate"  # scale-up: resume IDLE, then wake WARM; never held back
+    LEND = "lend"  # loans: WARM standby out of rotation, and back once a loan is gone
     DRAIN = "drain"  # scale-down: ACTIVE beyond the target, after the anti-flap dwell
     RETIRE = "retire"  # the roll: stale standby sleeps (after drain_s) or stops
     SLEEP = "sleep"  # IDLE past its dwell back to WARM
@@ -246,11 +276,14 @@ class _Pool(NamedTuple):
     target: PoolTarget
     now: float
     dwell: DwellPolicy
+    every: list[Replica]  # all of them, busy ones included
     stale: list[Replica]  # free replicas of another variant
     of: dict[ReplicaState, list[Replica]]  # the other free replicas, by state
+    lent: list[Replica]  # every free LENT replica, stale ones included
     launching: int  # busy COLD slots, being launched as a wanted variant
     n_active: int  # every ACTIVE replica, busy and stale ones included
     n_stale_active: int
+    loans: Mapping[str, str | None] | None  # loan id -> the URL it names (None: any)
 
     @property
     def need(self) -> int:
@@ -258,14 +291,17 @@ class _Pool(NamedTuple):
 
 
 class _Lift(NamedTuple):
-    """Scale-up's choice, which the later phases plan around."""
+    """Scale-up's choice, then the loans' (which take only what scale-up left), which
+    the later phases plan around."""
 
     resumed: list[Replica]
     woken: list[Replica]
     still_idle: list[Replica]  # IDLE not resumed
-    still_warm: list[Replica]  # WARM not woken
+    still_warm: list[Replica]  # WARM not woken (nor lent)
     to_bring_up: int  # wanted ACTIVE beyond this plan's: the shortfall, the roll's surge
     shortfall: int
+    lending: tuple[tuple[Replica, str], ...] = ()  # (WARM replica, loan id)
+    loan_refusals: Mapping[str, str] = {}
 
 
 class _Step(NamedTuple):
@@ -276,38 +312,55 @@ class _Step(NamedTuple):
     notes: tuple[str, ...] = ()
 
 
-def plan(replicas: Sequence[Replica], target: PoolTarget, now: float, dwell: DwellPolicy) -> Plan:
+def plan(
+    replicas: Sequence[Replica],
+    target: PoolTarget,
+    now: float,
+    dwell: DwellPolicy,
+    loans: Mapping[str, str | None] | None = None,
+) -> Plan:
     """Decide which replicas to wake, resume, drain, sleep, stop or launch to reach
     ``target``. Scale-up is immediate (IDLE first: they are awake), scale-down waits
     for the dwell times; COLD slots are launched to WARM for the standby target and
     for any ACTIVE shortfall. Replicas of another variant than the target's are rolled
-    out one at a time (module docstring). The phases (:data:`PHASES`) run in order,
-    each on the pool as it was read and on scale-up's choice."""
-    pool = _read(replicas, target, now, dwell)
-    lift = _lift(pool)
+    out one at a time; ``loans`` lend WARM standby out of rotation (module docstring).
+    The phases (:data:`PHASES`) run in order, each on the pool as it was read and on
+    scale-up's and the loans' choice."""
+    pool = _read(replicas, target, now, dwell, loans)
+    lift = _lend(pool, _lift(pool))
     steps = [phase(pool, lift) for phase in PHASES.values()]
     return Plan(
         actions=tuple(a for s in steps for a in s.actions),
         deferred=tuple(d for s in steps for d in s.deferred),
         notes=tuple(n for s in steps for n in s.notes) + _outlook(pool, lift),
         shortfall=lift.shortfall,
+        loan_refusals=dict(lift.loan_refusals),
     )
 
 
-def _read(replicas: Sequence[Replica], target: PoolTarget, now: float, dwell: DwellPolicy) -> _Pool:
+def _read(
+    replicas: Sequence[Replica],
+    target: PoolTarget,
+    now: float,
+    dwell: DwellPolicy,
+    loans: Mapping[str, str | None] | None,
+) -> _Pool:
     free = sorted((r for r in replicas if not r.busy), key=lambda r: (r.since, r.name))
     stale = [r for r in free if is_stale(r, target)]
     return _Pool(
         target=target,
         now=now,
         dwell=dwell,
+        every=sorted(replicas, key=lambda r: (r.since, r.name)),
         stale=stale,
         of={s: [r for r in free if r.state is s and r not in stale] for s in ReplicaState},
+        lent=[r for r in free if r.state is LENT],
         launching=sum(
             1 for r in replicas if r.busy and r.state is COLD and not is_stale(r, target)
         ),
         n_active=sum(1 for r in replicas if r.state is ACTIVE),
         n_stale_active=sum(1 for r in replicas if r.state is ACTIVE and is_stale(r, target)),
+        loans=loans,
     )
 
 
@@ -331,9 +384,79 @@ def _lift(p: _Pool) -> _Lift:
     )
 
 
-def _move(r: Replica, to: ReplicaState, why: str, *, retire: bool = False) -> Action:
+def _lend(p: _Pool, lift: _Lift) -> _Lift:
+    """The loans' choice, after scale-up's (capacity first): each loan not served yet
+    takes the WARM replica it names, or else the longest WARM one that scale-up left;
+    what cannot be served is refused with the reason. Loans naming a replica choose
+    first, so that a loan for any replica never takes one another loan names."""
+    if not p.loans:
+        return lift
+    served = {r.loan for r in p.lent}
+    pending = sorted(
+        ((loan, url) for loan, url in p.loans.items() if loan not in served),
+        key=lambda lu: (lu[1] is None, lu[0]),
+    )
+    free = list(lift.still_warm)
+    lending: list[tuple[Replica, str]] = []
+    refused: dict[str, str] = {}
+    for loan, url in pending:
+        if url is None:
+            if free:
+                lending.append((free.pop(0), loan))
+            else:
+                refused[loan] = _nothing_to_lend(p, lift)
+            continue
+        r = _named(p, lift, url)
+        if isinstance(r, str):
+            refused[loan] = r
+        elif r not in free:
+            refused[loan] = f"{url} ({r.name}) is named by another loan, lent in this plan"
+        else:
+            free.remove(r)
+            lending.append((r, loan))
+    return lift._replace(still_warm=free, lending=tuple(lending), loan_refusals=refused)
+
+
+def _named(p: _Pool, lift: _Lift, url: str) -> Replica | str:
+    """The WARM replica a loan names, or why it cannot be lent."""
+    found = [r for r in p.every if r.url is not None and r.url.rstrip("/") == url.rstrip("/")]
+    if not found:
+        urls = ", ".join(sorted(r.url for r in p.every if r.url is not None)) or "none"
+        return f"{url} is not a replica of this pool (its replicas: {urls})"
+    r = found[0]
+    here = f"{url} ({r.name}) is {r.state}"
+    if r.state in (ACTIVE, IDLE):
+        return f"{here}: in rotation; only a WARM replica out of rotation is lent"
+    if r.state is LENT:
+        return f"{here}: lent already (loan {r.loan})"
+    if r.busy:
+        return f"{here} with an action in flight"
+    if r.state is COLD:
+        return f"{here}: not running"
+    if r in lift.woken:
+        return f"{here}: being woken into rotation (ACTIVE target {p.target.active})"
+    if is_stale(r, p.target):
+        return f"{here}: runs {r.variant}, being retired ({p.target.variant} wanted)"
+    return r
+
+
+def _nothing_to_lend(p: _Pool, lift: _Lift) -> str:
+    """Why a loan for any replica finds none: what the pool holds instead."""
+    held = ", ".join(f"{n} {s}" for s in ReplicaState if (n := sum(r.state is s for r in p.every)))
+    why = f"no WARM replica to lend (the pool has {held or 'no replicas'})"
+    if lift.woken:
+        why += f"; {len(lift.woken)} WARM being woken into rotation"
+    if p.launching:
+        why += f"; {p.launching} launching"
+    return why
+
+
+def _move(
+    r: Replica, to: ReplicaState, why: str, *, retire: bool = False, loan: str | None = None
+) -> Action:
     """``r`` to ``to``; the edge table names the action."""
-    return Action(kind=EDGES[(r.state, to)], replica=r.name, to=to, reason=why, retire=retire)
+    kind = EDGES[(r.state, to)]
+    return Action(kind=kind, replica=r.name, to=to, reason=why, retire=retire, loan=loan)
 
 
 def _activate(p: _Pool, lift: _Lift) -> _Step:
@@ -344,6 +467,18 @@ def _activate(p: _Pool, lift: _Lift) -> _Step:
         "on another variant"
     )
     return _Step(actions=tuple(_move(r, ACTIVE, why) for r in (*lift.resumed, *lift.woken)))
+
+
+def _loans(p: _Pool, lift: _Lift) -> _Step:
+    """Lend what the loans chose; return each LENT replica whose loan is gone (never
+    held back: the borrower is done, or dead)."""
+    lend = tuple(_move(r, LENT, f"lent for loan {loan}", loan=loan) for r, loan in lift.lending)
+    if p.loans is None:
+        return _Step(lend)  # loans not known: nothing ends
+    back = tuple(
+        _move(r, WARM, f"loan {r.loan} ended", loan=r.loan) for r in p.lent if r.loan not in p.loans
+    )
+    return _Step(lend + back)
 
 
 def _drain(p: _Pool, lift: _Lift) -> _Step:
@@ -463,6 +598,9 @@ def _outlook(p: _Pool, lift: _Lift) -> tuple[str, ...]:
             f"roll to {p.target.variant}: {p.n_stale_active} ACTIVE and "
             f"{sum(r.state is not ACTIVE for r in p.stale)} other replica(s) on another variant"
         )
+    if p.lent:
+        loans = ", ".join(f"{r.name} for loan {r.loan}" for r in p.lent)
+        notes.append(f"{len(p.lent)} LENT out of rotation, not standby: {loans}")
     return tuple(notes)
 
 
@@ -470,6 +608,7 @@ def _outlook(p: _Pool, lift: _Lift) -> tuple[str, ...]:
 # returns its own moves, so a phase added or moved is one row here.
 PHASES: Mapping[PlanPhase, Callable[[_Pool, _Lift], _Step]] = {
     PlanPhase.ACTIVATE: _activate,
+    PlanPhase.LEND: _loans,
     PlanPhase.DRAIN: _drain,
     PlanPhase.RETIRE: _retire,
     PlanPhase.SLEEP: _sleep,

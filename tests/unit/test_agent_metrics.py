@@ -113,7 +113,7 @@ def test_pool_snapshot_counts_replicas_per_state() -> None:
     counts = {
         s.value: value(m, "tectonic_agent_pool_replicas", state=s.value) for s in ReplicaState
     }
-    assert counts == {"COLD": 1, "WARM": 2, "ACTIVE": 1, "IDLE": 0}
+    assert counts == {"COLD": 1, "WARM": 2, "ACTIVE": 1, "IDLE": 0, "LENT": 0}
     assert value(m, "tectonic_agent_pool_shortfall") == 1
 
 

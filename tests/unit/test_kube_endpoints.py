@@ -160,7 +160,7 @@ def test_a_workload_is_kind_slash_name() -> None:
 
 
 def test_pool_states_become_a_label_and_cold_removes_it() -> None:
-    assert [pool_state_label(s) for s in ReplicaState] == [None, "warm", "active", "idle"]
+    assert [pool_state_label(s) for s in ReplicaState] == [None, "warm", "active", "idle", "lent"]
     assert label_patch("active") == {"metadata": {"labels": {POOL_STATE_LABEL: "active"}}}
     assert label_patch(None) == {"metadata": {"labels": {POOL_STATE_LABEL: None}}}
 
