@@ -6,12 +6,12 @@ process-wide default, so that replicas sharing a test process do not share serie
 decided on and the result it applied), and the orchestrator calls ``transitioned`` /
 ``failover_step_done`` after each write that succeeded.
 
-Region gauges (state, health, pre-warm attainment, routing weights, drill readiness)
-are exported by the leader only: a follower reads no snapshot, so it drops them rather
-than export stale values, and ``max by (region, state) (tectonic_region_state)`` over
-all replicas has exactly one answer. Counters and the histograms count what each
-replica did while it led. Session moves are counted by the gateways
-(``tectonic_gateway_*``), not here.
+Region gauges (state, health, pre-warm attainment, routing weights, drill readiness,
+capacity utilisation and the capacity behind it) are exported by the leader only: a
+follower reads no snapshot, so it drops them rather than export stale values, and
+``max by (region, state) (tectonic_region_state)`` over all replicas has exactly one
+answer. Counters and the histograms count what each replica did while it led. Session
+moves are counted by the gateways (``tectonic_gateway_*``), not here.
 
 Given the topology's regions, every transition the state machine allows exists from
 the start at 0 for each: a series born at its first event hides that event from
@@ -28,7 +28,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.core.actions import TickResult
+from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
 from controlplane.core.machine import TRANSITIONS
+from controlplane.kernel.capacity import utilization
+from controlplane.kernel.config import Topology
 from controlplane.kernel.model import (
     Decision,
     FailoverProgress,
@@ -63,8 +66,10 @@ def prewarm_fraction(result: PrewarmFigures) -> float | None:
 
 
 class ControlPlaneMetrics:
-    def __init__(self, regions: Iterable[str] = ()) -> None:
-        """``regions``: the topology's, whose transition series start at 0."""
+    def __init__(self, regions: Iterable[str] = (), topology: Topology | None = None) -> None:
+        """``regions``: the topology's, whose transition series start at 0;
+        ``topology``: what the capacity gauges are judged by (None: none exported)."""
+        self.topology = topology
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.region_state = Gauge(
@@ -140,9 +145,38 @@ class ControlPlaneMetrics:
             "recovery steps), else 0 (a follower says 0)",
             registry=r,
         )
+        self.capacity_utilization = Gauge(
+            "tectonic_region_capacity_utilization",
+            "Capacity utilisation (CBU): served load over the load the region bears at the "
+            "hit rate of what it serves; +Inf when it serves load and bears none (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.allowed_rps = Gauge(
+            "tectonic_region_allowed_rps",
+            "Requests/s the region bears now at its hit rate: its capacity probe's allowed "
+            "load when fresh, else the topology's capacity_rps (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.capacity_stale = Gauge(
+            "tectonic_region_capacity_stale",
+            "1 while the region's capacity probe is too old or of another engine (the "
+            "typed capacity_rps is used instead), else 0, also without a probe (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.capacity_age = Gauge(
+            "tectonic_region_capacity_age_seconds",
+            "Age of the region's last capacity probe (capacity/<region>); absent while it "
+            "has none (leader only)",
+            ["region"],
+            registry=r,
+        )
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
         self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
         self._drilled: set[str] = set()  # regions drill_timestamp shows
+        self._probed: set[str] = set()  # regions capacity_age shows
         for region in regions:
             for trigger, sources, dest in TRANSITIONS:
                 for source in sources:
@@ -184,6 +218,7 @@ class ControlPlaneMetrics:
                 self._set_prewarm(name, rec.failover.prewarm_result)
             self._set_routing(name, view.effective_routing().targets)
             self._set_readiness(name, view)
+            self._set_capacity(name, view, snap.now)
         self.automation_paused.set(1 if snap.control.paused else 0)
 
     def _drop_region_gauges(self) -> None:
@@ -194,9 +229,14 @@ class ControlPlaneMetrics:
             self.routing_weight.clear()
             self.region_barred.clear()
             self.drill_timestamp.clear()
+            self.capacity_utilization.clear()
+            self.allowed_rps.clear()
+            self.capacity_stale.clear()
+            self.capacity_age.clear()
             self._epochs.clear()
             self._targets.clear()
             self._drilled.clear()
+            self._probed.clear()
 
     def _set_routing(self, region: str, targets: dict[str, float]) -> None:
         for gone in self._targets.get(region, set()) - targets.keys():
@@ -214,6 +254,23 @@ class ControlPlaneMetrics:
         elif region in self._drilled:
             self.drill_timestamp.remove(region)
             self._drilled.discard(region)
+
+    def _set_capacity(self, region: str, view: RegionView, now: float) -> None:
+        """CBU against the bearing the planner uses (``core.bearing``), so that the alert
+        and the failover plan never disagree about what a region bears."""
+        if self.topology is None:
+            return
+        bearing = region_bearing(view, self.topology, now)
+        allowed = bearing.allowed(hit_rate_of(view))
+        self.capacity_utilization.labels(region).set(utilization(load_of(view), allowed))
+        self.allowed_rps.labels(region).set(allowed)
+        self.capacity_stale.labels(region).set(1 if bearing.stale else 0)
+        if bearing.record is not None:
+            self.capacity_age.labels(region).set(max(0.0, now - bearing.record.measured_at))
+            self._probed.add(region)
+        elif region in self._probed:
+            self.capacity_age.remove(region)
+            self._probed.discard(region)
 
     def _set_state(self, region: str, state: RegionState, epoch: int) -> None:
         self._epochs[region] = epoch

@@ -87,7 +87,7 @@ class ControlPlaneReplica:
                 )
             self.topology = self.topology.model_copy(update={"recovery": pace})
         self.keys = Keys(self.topology.cluster)
-        self.metrics = ControlPlaneMetrics(self.topology.names)
+        self.metrics = ControlPlaneMetrics(self.topology.names, self.topology)
         self.stopping = asyncio.Event()
         t = self.topology
         self.election = LeaderElection(

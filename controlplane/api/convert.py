@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from controlplane.api.reads import CapacityView, RegionCapacity
 from controlplane.core.intents import IntentOutcome, IntentStatus
+from controlplane.kernel.codec import encode
 from controlplane.kernel.health_report import health_to_pb
 from controlplane.kernel.model import (
     AuditEntry,
@@ -35,7 +39,46 @@ def state_to_pb(s: RegionState) -> int:
     return int(pb.RegionState.Value(s.value))
 
 
-def region_status(view: RegionView, zone: str) -> pb.RegionStatus:
+def capacity_to_pb(c: CapacityView) -> pb.RegionCapacity:
+    """The figures of the last probe stay unset while there is none (fields with
+    presence), so that no client reads a missing knee as 0 rps."""
+    msg = pb.RegionCapacity(
+        source=c.source.value,
+        reason=c.reason,
+        cbu=math.inf if c.cbu is None else c.cbu,
+        allowed_rps=c.allowed_rps,
+        load_rps=c.load_rps,
+        hit_rate=c.hit_rate,
+        warn_cbu=c.warn_cbu,
+        page_cbu=c.page_cbu,
+        engine_version=c.engine_version,
+    )
+    optional = {
+        "active_replicas": c.active_replicas,
+        "measured_at": c.measured_at,
+        "knee_rps": c.knee_rps,
+        "ultimate_rps": c.ultimate_rps,
+        "ultimate_bounded": c.ultimate_bounded,
+        "r_base_rps": c.r_base_rps,
+        "beta": c.beta,
+        "factor_of_safety": c.factor_of_safety,
+        "t_recover_s": c.t_recover_s,
+    }
+    for name, value in optional.items():
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def capacity_record_to_pb(c: RegionCapacity) -> pb.RegionCapacityRecord:
+    return pb.RegionCapacityRecord(
+        region=c.region,
+        bearing=capacity_to_pb(c.bearing),
+        record_json=encode(c.record) if c.record is not None else b"",
+    )
+
+
+def region_status(view: RegionView, zone: str, capacity: CapacityView) -> pb.RegionStatus:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return pb.RegionStatus(
         name=view.name,
@@ -53,6 +96,7 @@ def region_status(view: RegionView, zone: str) -> pb.RegionStatus:
         recovery_step=rc.step if rc else 0,
         recovery_steps=rc.steps if rc else 0,
         degradation_steps=list(view.degradation),
+        capacity=capacity_to_pb(capacity),
     )
 
 

@@ -25,6 +25,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.api.convert import (
+    capacity_record_to_pb,
     event_to_pb,
     intent_status_to_pb,
     kind_from_pb,
@@ -32,7 +33,7 @@ from controlplane.api.convert import (
     region_status,
 )
 from controlplane.api.grpc_drills import DrillMethods
-from controlplane.api.reads import BadRead, Reads
+from controlplane.api.reads import BadRead, Reads, capacity_view
 from controlplane.api.rpc_checks import (
     abort,
     bad_request,
@@ -114,15 +115,32 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
-        snap = await self.reads.snapshot()
+        snap, t = await self.reads.snapshot(), self.topology
         return pb.StatusResponse(
-            regions=[region_status(snap.regions[r.name], r.zone) for r in self.topology.regions],
+            regions=[
+                region_status(
+                    snap.regions[r.name], r.zone, capacity_view(snap.regions[r.name], t, snap.now)
+                )
+                for r in t.regions
+            ],
             paused=snap.control.paused,
             pause_reason=snap.control.reason,
             leader=snap.leader,
             responder=self.replica_id,
             responder_is_leader=self.reads.is_leader(),
             generated_at=snap.now,
+        )
+
+    @store_errors
+    async def GetCapacity(
+        self, request: pb.CapacityRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CapacityResponse:
+        try:
+            regions, at = await self.reads.capacity(request.region)
+        except BadRead as e:
+            await bad_request(context, str(e))
+        return pb.CapacityResponse(
+            regions=[capacity_record_to_pb(c) for c in regions], generated_at=at
         )
 
     @store_errors

@@ -1,7 +1,7 @@
-"""Read paths shared by every API transport: status, history and the event stream.
+"""Read paths shared by every API transport: status, capacity, history and events.
 
-The gRPC service and the HTTP API answer the same three questions from the same etcd
-reads; this module is that logic, free of any transport. It validates requests
+The gRPC service and the HTTP API answer the same questions from the same etcd reads;
+this module is that logic, free of any transport. It validates requests
 (``BadRead``: the transport answers INVALID_ARGUMENT or 400 with the message as is),
 reads the snapshot and the append-only audit prefix, and returns either the domain
 objects (``AuditRecord`` wraps an ``AuditEntry``) for a transport that converts them
@@ -13,11 +13,15 @@ itself (gRPC, via ``controlplane.api.convert``), or the pydantic view models bel
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
+from controlplane.kernel.capacity import utilization
+from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, HitProbe
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
@@ -72,6 +76,88 @@ class RecoveryView(BaseModel):
     last_step_at: float
 
 
+class CapacityView(BaseModel):
+    """What the region bears now (docs/capacity.md), and the figures of its last probe
+    (per replica; unset while there is none)."""
+
+    source: CapacitySource = Field(
+        description="measured: a fresh probe; stale: a probe too old or of another engine, "
+        "the typed capacity_rps used instead; typed: no probe yet"
+    )
+    reason: str = Field(description="why this source")
+    cbu: float | None = Field(
+        description="capacity utilisation: load_rps / allowed_rps (null: it serves load "
+        "and bears nothing)"
+    )
+    allowed_rps: float = Field(description="what the region bears now, at hit_rate")
+    load_rps: float
+    hit_rate: float = Field(description="prefix-cache hit rate of what it serves")
+    warn_cbu: float = Field(description="the topology's capacity.warn_cbu")
+    page_cbu: float = Field(description="the topology's capacity.page_cbu")
+    active_replicas: int | None = Field(description="ACTIVE replicas now (null: not known)")
+    measured_at: float | None = None
+    knee_rps: float | None = Field(None, description="the coldest probe's knee")
+    ultimate_rps: float | None = Field(None, description="the coldest probe's ultimate load")
+    ultimate_bounded: bool | None = Field(
+        None, description="false: no step broke the SLA, the ultimate load is a lower bound"
+    )
+    r_base_rps: float | None = Field(None, description="cold prompts")
+    beta: float | None = Field(None, description="R(h) = r_base_rps / (1 - beta h)")
+    factor_of_safety: float | None = None
+    t_recover_s: float | None = Field(None, description="overload recovery time")
+    engine_version: str = ""
+
+
+def coldest_probe(record: CapacityRecord) -> HitProbe:
+    """The probe at the lowest hit rate: what moved (cold) traffic meets."""
+    return min(record.probes, key=lambda p: p.hit_rate)
+
+
+def capacity_view(view: RegionView, topology: Topology, now: float) -> CapacityView:
+    bearing = region_bearing(view, topology, now)
+    hit_rate, load = hit_rate_of(view), load_of(view)
+    allowed = bearing.allowed(hit_rate)
+    cbu = utilization(load, allowed)
+    policy = topology.capacity
+    out = CapacityView(
+        source=bearing.source,
+        reason=bearing.reason,
+        cbu=cbu if math.isfinite(cbu) else None,  # JSON has no infinity
+        allowed_rps=allowed,
+        load_rps=load,
+        hit_rate=hit_rate,
+        warn_cbu=policy.warn_cbu,
+        page_cbu=policy.page_cbu,
+        active_replicas=view.active_replicas,
+    )
+    rec = bearing.record
+    if rec is None:
+        return out
+    cold = coldest_probe(rec)
+    return out.model_copy(
+        update={
+            "measured_at": rec.measured_at,
+            "knee_rps": cold.knee_rps,
+            "ultimate_rps": cold.ultimate_rps,
+            "ultimate_bounded": cold.ultimate_bounded,
+            "r_base_rps": rec.r_base_rps,
+            "beta": rec.beta,
+            "factor_of_safety": rec.factor_of_safety,
+            "t_recover_s": rec.t_recover_s,
+            "engine_version": rec.engine_version,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class RegionCapacity:
+    """A region's bearing and the probe record behind it (None: no probe yet)."""
+
+    region: str
+    bearing: CapacityView
+    record: CapacityRecord | None
+
+
 class RegionStatusView(BaseModel):
     name: str
     zone: str
@@ -89,6 +175,7 @@ class RegionStatusView(BaseModel):
     failover: FailoverView | None
     recovery: RecoveryView | None
     last_decision: Decision | None
+    capacity: CapacityView = Field(description="what the region bears now, and its CBU")
 
 
 class StatusView(BaseModel):
@@ -138,7 +225,7 @@ class HistoryView(BaseModel):
     events: list[EventView] = Field(description="oldest first")
 
 
-def region_view(view: RegionView, zone: str) -> RegionStatusView:
+def region_view(view: RegionView, zone: str, capacity: CapacityView) -> RegionStatusView:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return RegionStatusView(
         name=view.name,
@@ -171,6 +258,7 @@ def region_view(view: RegionView, zone: str) -> RegionStatusView:
         if rc
         else None,
         last_decision=rec.last_decision,
+        capacity=capacity,
     )
 
 
@@ -207,10 +295,15 @@ class Reads:
         return await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
 
     async def status(self) -> StatusView:
-        snap = await self.snapshot()
+        snap, t = await self.snapshot(), self.topology
         return StatusView(
             cluster=self.topology.cluster,
-            regions=[region_view(snap.regions[r.name], r.zone) for r in self.topology.regions],
+            regions=[
+                region_view(
+                    snap.regions[r.name], r.zone, capacity_view(snap.regions[r.name], t, snap.now)
+                )
+                for r in t.regions
+            ],
             paused=snap.control.paused,
             pause_reason=snap.control.reason,
             leader=snap.leader,
@@ -219,6 +312,22 @@ class Reads:
             generated_at=snap.now,
             revision=snap.revision,
         )
+
+    # capacity
+    async def capacity(self, region: str = "") -> tuple[list[RegionCapacity], float]:
+        """Each region's bearing (or ("") every region's) with its probe record, and the
+        time it was read at. Raises BadRead."""
+        names = [self.known_region(region)] if region else list(self.topology.names)
+        snap = await self.snapshot()
+        out = [
+            RegionCapacity(
+                name,
+                capacity_view(snap.regions[name], self.topology, snap.now),
+                snap.regions[name].capacity,
+            )
+            for name in names
+        ]
+        return out, snap.now
 
     # history
     async def history(self, region: str = "", limit: int = 0) -> list[AuditRecord]:

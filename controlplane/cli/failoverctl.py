@@ -16,6 +16,7 @@ import typer
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import render
+from controlplane.cli.capacity_cmds import capacity_app
 from controlplane.cli.client import (
     DEFAULT_SERVER,
     EXIT_BAD_INPUT,
@@ -105,7 +106,7 @@ def _status(c: Ctx) -> pb.StatusResponse:
 
 @app.command()
 def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """Every region's state, health, routing and progress.
+    """Every region's state, health, capacity utilisation (CBU), routing and progress.
 
     Example: failoverctl status --json | jq '.regions[] | select(.state != "NORMAL")'
     """
@@ -391,10 +392,11 @@ def sessions_pin(
     _show(c, info, lambda: out.print(f"{session_id}: pinned to {info.region}"))
 
 
-# The readiness, prefixes and drill commands (drill_cmds.py).
+# The readiness, prefixes and drill commands (drill_cmds.py), capacity (capacity_cmds.py).
 app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")
+app.add_typer(capacity_app, name="capacity")
 
 
 def run() -> None:

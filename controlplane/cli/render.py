@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -61,13 +62,34 @@ def routing_text(routing: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(routing.items(), key=lambda kv: -kv[1]))
 
 
+def cbu_style(c: pb.RegionCapacity) -> str:
+    """Past page_cbu the region carries more than it bears (red, the page alert's
+    threshold); past warn_cbu a warning (yellow); else green."""
+    if c.cbu > c.page_cbu:
+        return "bold red"
+    return "yellow" if c.cbu > c.warn_cbu else "green"
+
+
+def cbu_text(c: pb.RegionCapacity) -> str:
+    """The CBU, coloured by the topology's thresholds, and where the capacity comes
+    from when it is not a fresh probe (typed, or stale: the probe is not used)."""
+    figure = "∞" if math.isinf(c.cbu) else f"{c.cbu:.2f}"
+    text = f"[{cbu_style(c)}]{figure}[/]"
+    if c.source == "stale":
+        text += " [yellow](stale)[/]"
+    elif c.source == "typed":
+        text += " [dim](typed)[/]"
+    return text
+
+
 def status_table(st: pb.StatusResponse) -> Table:
     leader = st.leader or "[red]none[/red]"
     title = f"leader {leader} · answered by {st.responder}"
     if st.paused:
         title += f" · [bold yellow]AUTOMATION PAUSED[/bold yellow] ({st.pause_reason})"
     t = Table(title=title, title_justify="left")
-    for col in ("region", "zone", "state", "health", "since", "routing", "progress", "reason"):
+    cols = ("region", "zone", "state", "health", "cbu", "since", "routing", "progress", "reason")
+    for col in cols:
         t.add_column(col)
     for r in st.regions:
         state, health = state_name(r.state), HEALTH_NAME.get(r.health, "?")
@@ -83,6 +105,7 @@ def status_table(st: pb.StatusResponse) -> Table:
             r.zone,
             f"[{STATE_STYLE[state]}]{state}[/]",
             f"[{HEALTH_STYLE.get(health, 'white')}]{health}[/]",
+            cbu_text(r.capacity) if r.HasField("capacity") else "-",
             ago(r.since),
             routing_text(dict(r.routing)),
             progress,

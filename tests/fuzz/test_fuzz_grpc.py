@@ -53,6 +53,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulator
 from controlplane.core.intents import IntentOutcome
+from controlplane.kernel.capacity import CapacitySLO
+from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.drills import DrillCatalog, DrillRequest, ScenarioInfo
@@ -104,6 +106,7 @@ READ_ONLY = frozenset(
         "tectonic.v1.ControlPlane.GetReadiness",
         "tectonic.v1.ControlPlane.TopPrefixes",
         "tectonic.v1.ControlPlane.ListDrills",
+        "tectonic.v1.ControlPlane.GetCapacity",
         "tectonic.v1.RegionAgent.Describe",
     }
 )
@@ -457,8 +460,8 @@ def _model_of(keys: Keys, key: str) -> type[BaseModel] | None:
 
 async def _seed(store: EtcdStore, keys: Keys) -> None:
     """State for the deeper paths: a failed drill verdict (OverrideReadiness), a region
-    failing over (RequestRecovery), a drill catalog (RequestDrill) and a prefix catalog
-    (TopPrefixes)."""
+    failing over (RequestRecovery), a drill catalog (RequestDrill), a prefix catalog
+    (TopPrefixes) and a capacity probe (GetCapacity, GetStatus)."""
     payload = replay_payload()
     await store.put(keys.readiness(FAILED_REGION), encode(Readiness(passed=False, drill="d-1")))
     await store.put(keys.readiness("east"), encode(Readiness(passed=True, drill="d-2")))
@@ -483,6 +486,22 @@ async def _seed(store: EtcdStore, keys: Keys) -> None:
         ),
     )
     await store.put(keys.prefixes("east"), encode(prefixes))
+    probe = HitProbe(hit_rate=0.0, baseline_p99_s=0.1, ultimate_rps=20.0, ultimate_bounded=True)
+    capacity = CapacityRecord(
+        region="east",
+        measured_at=1.0,
+        engine_version="fuzz",
+        replica="http://east-0:8000",
+        slo=CapacitySLO(ttft_p99_s=1.0),
+        factor_of_safety=2.0,
+        probes=(probe,),
+        r_base_rps=20.0,
+        beta=0.8,
+        profile=WorkloadProfile(
+            prompt_tokens_p50=100, prompt_tokens_p90=400, output_tokens=16, shared_prefix_share=0.5
+        ),
+    )
+    await store.put(keys.capacity("east"), encode(capacity))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -32,6 +33,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from controlplane.cli.failoverctl import app as failoverctl_app
+from controlplane.kernel.capacity import CapacitySLO
+from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.model import (
     ControlFlags,
     Decision,
@@ -74,7 +78,41 @@ REQUIRED_ALERTS = {
     "TectonicGatewayPinBacklog",
     "TectonicRegionBarred",
     "TectonicDrillOverdue",
+    "TectonicCapacityHigh",
+    "TectonicCapacityExceeded",
+    "TectonicCapacityStale",
 }
+DAY = 86400.0
+
+
+def capacity_topology(names: tuple[str, ...] = ("east", "west", "north")) -> Topology:
+    return parse_topology(
+        {
+            "cluster": "alerts",
+            "regions": [
+                {"name": n, "zone": "us", "agent": "127.0.0.1:1", "capacity_rps": 50} for n in names
+            ],
+        }
+    )
+
+
+def capacity_record(region: str, measured_at: float, r_base: float = 10.0) -> CapacityRecord:
+    probe = HitProbe(hit_rate=0.0, baseline_p99_s=0.1, ultimate_rps=r_base, ultimate_bounded=True)
+    return CapacityRecord(
+        region=region,
+        measured_at=measured_at,
+        engine_version="0.11.0",
+        replica=f"http://{region}-0:8000",
+        slo=CapacitySLO(ttft_p99_s=1.0),
+        factor_of_safety=2.0,
+        probes=(probe,),
+        r_base_rps=r_base,
+        beta=0.5,
+        profile=WorkloadProfile(
+            prompt_tokens_p50=500, prompt_tokens_p90=2000, output_tokens=64, shared_prefix_share=0.5
+        ),
+    )
+
 
 # ---- what the code exports -----------------------------------------------------------
 
@@ -82,7 +120,7 @@ REQUIRED_ALERTS = {
 def _exercised_registries() -> list[CollectorRegistry]:
     """The real registries, with a child of every labelled metric created by the code
     paths that create them (a labelled family without children has no samples)."""
-    cp = ControlPlaneMetrics(["east", "west"])
+    cp = ControlPlaneMetrics(["east", "west"], capacity_topology(("east", "west")))
     plan = FailoverPlan(source="east", targets={"west": 1.0}, reason="down", actor="cp")
     progress = FailoverProgress(
         plan=plan, started_at=10.0, prewarm_result={"prefixes_total": 4, "prefixes_warmed": 3}
@@ -93,6 +131,7 @@ def _exercised_registries() -> list[CollectorRegistry]:
         health=RegionHealth(region="east", verdict=Health.UNHEALTHY),
         readiness=Readiness(passed=False, drill="blackout", at=5.0),
         routing=Routing(targets={"west": 1.0}, epoch=1),
+        capacity=capacity_record("east", measured_at=10.0),
     )
     west = RegionView(
         name="west", record=RegionRecord(region="west"), health=RegionHealth(region="west")
@@ -739,3 +778,62 @@ def test_leader_exports_routing_readiness_and_pause() -> None:
     assert get("tectonic_region_barred", {"region": "west"}) is None
     assert get("tectonic_region_drill_timestamp_seconds", {"region": "west"}) is None
     assert get("tectonic_automation_paused") == 0
+
+
+def test_leader_exports_capacity_utilisation_against_the_planners_bearing() -> None:
+    topo = capacity_topology()
+    m = ControlPlaneMetrics(topo.names, topo)
+    get = m.registry.get_sample_value
+    now = 100 * DAY
+
+    def view(name: str, load: float, hit: float = 0.0, **kw: Any) -> RegionView:
+        signals = {"load_rps": load, "prefix_hit_rate": hit}
+        return RegionView(
+            name=name,
+            record=RegionRecord(region=name),
+            health=RegionHealth(region=name, signals=signals),
+            **kw,
+        )
+
+    # east: probed an hour ago, 2 ACTIVE replicas of R_base 10, beta 0.5, FOS 2: at hit
+    # rate 0.5 it bears 2 x 10 / (1 - 0.25) / 2 = 13.33 rps, and serves 9.
+    east = view("east", 9.0, 0.5, capacity=capacity_record("east", now - 3600), active_replicas=2)
+    # west: probed 30 days ago (max 14): stale, the typed 50 rps used; it serves 60.
+    west = view("west", 60.0, capacity=capacity_record("west", now - 30 * DAY))
+    north = view("north", 0.0)  # never probed: typed, not stale, no age
+    regions = {"east": east, "west": west, "north": north}
+    m.tick_done(leader=True, snapshot=Snapshot(now=now, regions=regions))
+    assert get("tectonic_region_allowed_rps", {"region": "east"}) == pytest.approx(40 / 3)
+    assert get("tectonic_region_capacity_utilization", {"region": "east"}) == pytest.approx(0.675)
+    assert get("tectonic_region_capacity_stale", {"region": "east"}) == 0
+    assert get("tectonic_region_capacity_age_seconds", {"region": "east"}) == 3600
+    assert get("tectonic_region_allowed_rps", {"region": "west"}) == 50
+    assert get("tectonic_region_capacity_utilization", {"region": "west"}) == pytest.approx(1.2)
+    assert get("tectonic_region_capacity_stale", {"region": "west"}) == 1
+    assert get("tectonic_region_capacity_age_seconds", {"region": "west"}) == 30 * DAY
+    assert get("tectonic_region_capacity_utilization", {"region": "north"}) == 0
+    assert get("tectonic_region_capacity_stale", {"region": "north"}) == 0
+    assert get("tectonic_region_capacity_age_seconds", {"region": "north"}) is None
+
+    # No ACTIVE replica left in east while it still serves: it bears nothing (+Inf, which
+    # the page alert's "> 1.0" catches); west's record deleted: its age goes.
+    regions["east"] = east.model_copy(update={"active_replicas": 0})
+    regions["west"] = west.model_copy(update={"capacity": None})
+    m.tick_done(leader=True, snapshot=Snapshot(now=now + 1, regions=regions))
+    assert math.isinf(get("tectonic_region_capacity_utilization", {"region": "east"}) or 0)
+    assert get("tectonic_region_allowed_rps", {"region": "east"}) == 0
+    assert get("tectonic_region_capacity_stale", {"region": "west"}) == 0
+    assert get("tectonic_region_capacity_age_seconds", {"region": "west"}) is None
+
+    m.tick_done(leader=False, snapshot=None)  # a follower exports none of them
+    for name in ("utilization", "stale"):
+        assert get(f"tectonic_region_capacity_{name}", {"region": "east"}) is None
+    assert get("tectonic_region_allowed_rps", {"region": "east"}) is None
+    assert get("tectonic_region_capacity_age_seconds", {"region": "east"}) is None
+    # Without a topology (nothing to judge by) no capacity gauge is exported at all.
+    bare = ControlPlaneMetrics(topo.names)
+    bare.tick_done(leader=True, snapshot=Snapshot(now=now, regions=regions))
+    assert (
+        bare.registry.get_sample_value("tectonic_region_capacity_utilization", {"region": "west"})
+        is None
+    )

@@ -56,7 +56,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class RegionStatus(_message.Message):
     RECOVERY_STEP_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
     DEGRADATION_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -108,7 +109,48 @@ class RegionStatus(_message.Message):
     recovery_step: int
     recovery_steps: int
     degradation_steps: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ...) -> None: ...
+    capacity: RegionCapacity
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ...) -> None: ...
+
+class RegionCapacity(_message.Message):
+    __slots__ = ("source", "reason", "cbu", "allowed_rps", "load_rps", "hit_rate", "warn_cbu", "page_cbu", "active_replicas", "measured_at", "knee_rps", "ultimate_rps", "ultimate_bounded", "r_base_rps", "beta", "factor_of_safety", "t_recover_s", "engine_version")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CBU_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_RPS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_RPS_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    WARN_CBU_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CBU_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    KNEE_RPS_FIELD_NUMBER: _ClassVar[int]
+    ULTIMATE_RPS_FIELD_NUMBER: _ClassVar[int]
+    ULTIMATE_BOUNDED_FIELD_NUMBER: _ClassVar[int]
+    R_BASE_RPS_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_OF_SAFETY_FIELD_NUMBER: _ClassVar[int]
+    T_RECOVER_S_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    reason: str
+    cbu: float
+    allowed_rps: float
+    load_rps: float
+    hit_rate: float
+    warn_cbu: float
+    page_cbu: float
+    active_replicas: int
+    measured_at: float
+    knee_rps: float
+    ultimate_rps: float
+    ultimate_bounded: bool
+    r_base_rps: float
+    beta: float
+    factor_of_safety: float
+    t_recover_s: float
+    engine_version: str
+    def __init__(self, source: _Optional[str] = ..., reason: _Optional[str] = ..., cbu: _Optional[float] = ..., allowed_rps: _Optional[float] = ..., load_rps: _Optional[float] = ..., hit_rate: _Optional[float] = ..., warn_cbu: _Optional[float] = ..., page_cbu: _Optional[float] = ..., active_replicas: _Optional[int] = ..., measured_at: _Optional[float] = ..., knee_rps: _Optional[float] = ..., ultimate_rps: _Optional[float] = ..., ultimate_bounded: _Optional[bool] = ..., r_base_rps: _Optional[float] = ..., beta: _Optional[float] = ..., factor_of_safety: _Optional[float] = ..., t_recover_s: _Optional[float] = ..., engine_version: _Optional[str] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
@@ -597,3 +639,27 @@ class DrillRequest(_message.Message):
     reason: str
     actor: str
     def __init__(self, scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class CapacityRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class RegionCapacityRecord(_message.Message):
+    __slots__ = ("region", "bearing", "record_json")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    BEARING_FIELD_NUMBER: _ClassVar[int]
+    RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    bearing: RegionCapacity
+    record_json: bytes
+    def __init__(self, region: _Optional[str] = ..., bearing: _Optional[_Union[RegionCapacity, _Mapping]] = ..., record_json: _Optional[bytes] = ...) -> None: ...
+
+class CapacityResponse(_message.Message):
+    __slots__ = ("regions", "generated_at")
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[RegionCapacityRecord]
+    generated_at: float
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionCapacityRecord, _Mapping]]] = ..., generated_at: _Optional[float] = ...) -> None: ...
