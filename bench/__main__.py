@@ -13,7 +13,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench import epp, failover, gateway, leader, prefixes, prewarm, recovery, sessions, soak
+from bench import (
+    capacity,
+    epp,
+    failover,
+    gateway,
+    leader,
+    overload,
+    placement,
+    prefixes,
+    prewarm,
+    recovery,
+    sessions,
+    soak,
+)
 
 
 class BenchModule(Protocol):
@@ -92,6 +105,27 @@ BENCHES = (
         "A region takes its traffic back after a failover with cold caches, through a real "
         "gateway on simulators under load: first-token p99 during graduated recovery and "
         "when restoring everything at once, each over the steady-state p99.",
+    ),
+    BenchInfo(
+        "placement",
+        placement,
+        "Replica choice on two simulators with the same prompts (vllm bench serve, shared "
+        "prefixes): first-token p50/p99, throughput and prefix hit rate through the "
+        "gateway, plain round robin and vllm-router's cache-aware policy.",
+    ),
+    BenchInfo(
+        "capacity",
+        capacity,
+        "The capacity probe on a simulator whose latency model fixes the truth: its knee, "
+        "ultimate load and cache effect (beta) against a discrete-event model of the "
+        "simulator's scheduler, the probe's duration and T_recover.",
+    ),
+    BenchInfo(
+        "overload",
+        overload,
+        "Twice the allowed load (from a queue model of the simulators) through a real "
+        "gateway for 60 s, with and without admission control: goodput within the SLO, "
+        "first-token p99 of admitted requests, and the share refused, interactive vs batch.",
     ),
 )
 

@@ -17,13 +17,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from chaos.capacity.service import CapacityProber
 from chaos.drills import requests as requests
 from chaos.drills.lock import DrillBusy
 from chaos.drills.scenario import SCENARIO_DIR, load_all
 from chaos.drills.schedule import SCHEDULE_FILE, load_schedule
-from chaos.drills.service import MANUAL, DrillService, RunDrill, history
+from chaos.drills.service import MANUAL, DrillService, RunDrill, default_holder, history
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
+from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.port import StoreError
 
@@ -55,6 +57,24 @@ def _parser(targets: Sequence[str] = ("lab",)) -> argparse.ArgumentParser:
     p.add_argument("--history", type=int, metavar="N", help="print the last N drills and exit")
     p.add_argument("--run", metavar="SCENARIO", help="run this drill once now and exit")
     p.add_argument("--region", help="with --run: target region (default the scenario's)")
+    p.add_argument(
+        "--replica",
+        metavar="URL",
+        help=f"with --run {CAPACITY_PROBE}: the replica to probe (not in rotation); "
+        "default: a WARM one of the region's warm pool",
+    )
+    p.add_argument(
+        "--reports",
+        type=Path,
+        default=Path("drill-reports"),
+        help="where capacity probes write their reports (default %(default)s)",
+    )
+    p.add_argument(
+        "--probe-step-s",
+        type=float,
+        default=5.0,
+        help="seconds per step of a capacity probe (default %(default)s)",
+    )
     p.add_argument(
         "--target",
         choices=targets,
@@ -91,6 +111,17 @@ async def _main(args: argparse.Namespace, load_runner: RunnerLoader) -> int:
         directory = args.scenarios or SCENARIO_DIR
         scenarios = load_all(directory) if directory.is_dir() else []
         durations = {s.name: s.abort.max_duration_s for s in scenarios}
+        holder = args.holder or default_holder()
+        # A capacity probe needs each region's SLA and factor of safety: the topology's.
+        prober = (
+            CapacityProber(
+                store, keys, topo, holder=holder, reports=args.reports, step_s=args.probe_step_s
+            )
+            if topo is not None
+            else None
+        )
+        if durations:  # without --topology a scheduled probe fails, saying so
+            durations[CAPACITY_PROBE] = CAPACITY_PROBE_MAX_S
         schedule = load_schedule(args.schedule, durations or None)
         service = DrillService(
             store,
@@ -98,17 +129,18 @@ async def _main(args: argparse.Namespace, load_runner: RunnerLoader) -> int:
             schedule,
             run_drill,
             SystemClock(),
-            holder=args.holder,
+            holder=holder,
             tick_s=args.tick_s,
             lock_ttl_s=args.lock_ttl_s,
             default_regions={s.name: s.region for s in scenarios},
             scenarios=requests.scenario_infos(scenarios),
+            probe=prober,
         )
         task = asyncio.current_task()
         if task is not None:  # SIGTERM: stop like Ctrl-C (the drill's rollbacks run)
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         if args.run:
-            summary = await service.run_once(args.run, args.region, MANUAL)
+            summary = await service.run_once(args.run, args.region, MANUAL, replica=args.replica)
             print(summary.model_dump_json())
             return 0 if summary.passed else 1
         await service.serve()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NoReturn
@@ -168,9 +168,10 @@ class DrillLocker:
         except StoreError as e:
             raise LockLost(f"cannot keep the drill lock: {e}") from e
 
-    async def record(self, held: HeldLock, summary: DrillSummary) -> None:
-        """History row + audit entry, one sortable id, and the lock deleted if still
-        ours, in one transaction (safe to retry: same keys, same values)."""
+    async def record(self, held: HeldLock, summary: DrillSummary, also: Sequence[Put] = ()) -> None:
+        """History row + audit entry, one sortable id, ``also`` (a capacity probe's
+        record and its audit entry), and the lock deleted if still ours, in one
+        transaction (safe to retry: same keys, same values)."""
         entry = AuditEntry(
             at=summary.ended_at,
             actor=self.holder,
@@ -192,8 +193,8 @@ class DrillLocker:
             self._deadline,
             self._store.txn,
             [Compare.created_at(lock, held.create_revision)],
-            [audit, history, Delete(lock)],
-            [audit, history],
+            [audit, history, *also, Delete(lock)],
+            [audit, history, *also],
         )
 
 

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaos.drills.scenario import NAME, SCENARIO_DIR, load_all
 from controlplane.kernel.config import ConfigError, describe_errors, read_yaml
+from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 from controlplane.kernel.model import Frozen
 
 SCHEDULE_FILE = Path(__file__).resolve().parents[1] / "schedule.yaml"
@@ -249,11 +250,12 @@ def parse_schedule(data: object, source: str = "<schedule>") -> Schedule:
 
 
 def known_scenarios(directory: Path = SCENARIO_DIR) -> dict[str, float] | None:
-    """Each scenario's name → its ``abort.max_duration_s``; None when there are no
-    scenario files to check against."""
+    """Each scenario's name → its ``abort.max_duration_s``, and the capacity probe's;
+    None when there are no scenario files to check against."""
     if not directory.is_dir() or not any(directory.glob("*.yaml")):
         return None
-    return {s.name: s.abort.max_duration_s for s in load_all(directory)}
+    known = {s.name: s.abort.max_duration_s for s in load_all(directory)}
+    return {**known, CAPACITY_PROBE: CAPACITY_PROBE_MAX_S}  # the service's own
 
 
 def load_schedule(

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -43,10 +43,10 @@ from chaos.drills.result import DrillResult, DrillSummary, summarize
 from chaos.drills.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
-from controlplane.kernel.drills import DrillRequest, ScenarioInfo
+from controlplane.kernel.drills import CAPACITY_PROBE, DrillRequest, ScenarioInfo
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.store.port import Store, StoreError
+from controlplane.kernel.store.port import Put, Store, StoreError
 
 # DrillBusy, DrillLock and LockLost moved to chaos/drills/lock.py: importable from here too.
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "LockLost",
     "RunDrill",
     "TickReport",
+    "default_holder",
     "history",
 ]
 
@@ -73,8 +74,30 @@ class RunDrill(Protocol):
     ) -> Awaitable[DrillResult]: ...
 
 
+def default_holder() -> str:
+    """Who the lock, the history and the audit name: drills-HOST-PID."""
+    return f"drills-{socket.gethostname()}-{os.getpid()}"
+
+
+class ProbeOutcome(Frozen):
+    """A capacity probe's run: its result as a drill's, and the writes (``capacity/<r>``
+    and its audit entry) recorded with its history row, in the same transaction."""
+
+    result: DrillResult
+    writes: tuple[Put, ...] = ()
+
+
+class RunProbe(Protocol):
+    """Runs a capacity probe of ``region`` (``replica``: the one named, else any WARM)."""
+
+    def __call__(
+        self, region: str, replica: str | None, *, dry_run: bool = False
+    ) -> Awaitable[ProbeOutcome]: ...
+
+
 SCHEDULE = "schedule"
 MANUAL = "manual"
+PROBE_TITLE = "Capacity probe: the region's bearing capacity, on a replica out of rotation"
 REQUEST = "request"
 
 
@@ -102,6 +125,7 @@ class DrillService:
         store_deadline_s: float = 10.0,
         default_regions: Mapping[str, str] | None = None,
         scenarios: Sequence[ScenarioInfo] = (),
+        probe: RunProbe | None = None,
     ) -> None:
         # The keep-alive runs every ttl/3 and gives up at ttl - ttl/5: needs ttl >= 2.
         if lock_ttl_s < 2:
@@ -113,9 +137,12 @@ class DrillService:
         self._schedule = schedule
         self._run_drill = run_drill
         self._clock = clock
-        self.holder = holder or f"drills-{socket.gethostname()}-{os.getpid()}"
+        self.holder = holder or default_holder()
         self._tick_s = tick_s
         self._default_regions = dict(default_regions or {})
+        self._probe = probe  # runs CAPACITY_PROBE; None: this service has no prober
+        if probe is not None and scenarios:
+            scenarios = (*scenarios, ScenarioInfo(name=CAPACITY_PROBE, title=PROBE_TITLE))
         self._scenarios = tuple(scenarios)  # published in drills/catalog; () = unchecked
         self._wake = asyncio.Event()  # set by the watch on drills/requests/
         self._lock = DrillLocker(store, keys, clock, self.holder, lock_ttl_s, store_deadline_s)
@@ -132,13 +159,21 @@ class DrillService:
         *,
         dry_run: bool = False,
         request_id: str = "",
+        replica: str | None = None,
     ) -> DrillSummary:
-        """Run one drill now under the lock and record it. Raises DrillBusy if another
-        drill runs, LockLost if the lock was lost meanwhile, or whatever the drill
-        raised (after recording it as failed)."""
+        """Run one drill (or the capacity probe, ``CAPACITY_PROBE``, of ``replica`` if
+        named) now under the lock and record it. Raises DrillBusy if another drill
+        runs, LockLost if the lock was lost meanwhile, or whatever the drill raised
+        (after recording it as failed)."""
         async with self._locked(name, region, trigger) as held:
             return await self._run_locked(
-                held, name, region, trigger, dry_run=dry_run, request_id=request_id
+                held,
+                name,
+                region,
+                trigger,
+                dry_run=dry_run,
+                request_id=request_id,
+                replica=replica,
             )
 
     async def _run_locked(
@@ -150,10 +185,11 @@ class DrillService:
         *,
         dry_run: bool = False,
         request_id: str = "",
+        replica: str | None = None,
     ) -> DrillSummary:
         started = self._clock.now()
         try:
-            result = await self._hold(held, name, region, dry_run)
+            outcome = await self._hold(held, self._runner(name, region, replica, dry_run))
         except Exception as e:
             summary = self._failed(name, region, trigger, started, e).model_copy(
                 update={"dry_run": dry_run, "request_id": request_id}
@@ -163,8 +199,8 @@ class DrillService:
             except StoreError as store_error:  # the drill's error is the one to raise
                 log.error("could not record the failed drill %s: %s", name, store_error)
             raise
-        summary = summarize(result, trigger=trigger, request_id=request_id)
-        await self._lock.record(held, summary)
+        summary = summarize(outcome.result, trigger=trigger, request_id=request_id)
+        await self._lock.record(held, summary, outcome.writes)
         verdict = "PASSED" if summary.passed else f"FAILED ({', '.join(summary.failed)})"
         log.info("drill %s on %s %s", summary.scenario, summary.region, verdict)
         return summary
@@ -194,14 +230,33 @@ class DrillService:
     ) -> contextlib.AbstractAsyncContextManager[HeldLock]:
         return self._lock.locked(name, self._region(name, region), trigger)
 
+    def _runner(
+        self, name: str, region: str | None, replica: str | None, dry_run: bool
+    ) -> Callable[[], Awaitable[ProbeOutcome]]:
+        """What runs ``name``: the capacity prober, or the drill runner."""
+        if name == CAPACITY_PROBE:
+            probe = self._probe
+            if probe is None:
+                raise ValueError(
+                    f"this drill service runs no {CAPACITY_PROBE}: start it with --topology"
+                )
+            if not region:
+                raise ValueError(f"{CAPACITY_PROBE} needs a region")
+            return lambda: probe(region, replica, dry_run=dry_run)
+
+        async def drill() -> ProbeOutcome:
+            return ProbeOutcome(result=await self._run_drill(name, region, dry_run=dry_run))
+
+        return drill
+
     async def _hold(
-        self, held: HeldLock, name: str, region: str | None, dry_run: bool = False
-    ) -> DrillResult:
+        self, held: HeldLock, run: Callable[[], Awaitable[ProbeOutcome]]
+    ) -> ProbeOutcome:
         """Run the drill while keeping the lease alive; whichever ends first ends both."""
-        results: list[DrillResult] = []
+        results: list[ProbeOutcome] = []
 
         async def drill() -> None:
-            results.append(await self._run_drill(name, region, dry_run=dry_run))
+            results.append(await run())
             keeper.cancel()  # a cancelled task does not fail its TaskGroup
 
         failure: BaseException | None = None
@@ -287,6 +342,7 @@ class DrillService:
                 REQUEST,
                 dry_run=req.dry_run,
                 request_id=req.id,
+                replica=req.replica or None,
             )
         except DrillBusy:
             return "busy"  # kept: the next tick tries again

@@ -26,7 +26,13 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag
-from controlplane.kernel.drills import SCENARIO_NAME, DrillCatalog, DrillRequest, DrillSummary
+from controlplane.kernel.drills import (
+    CAPACITY_PROBE,
+    SCENARIO_NAME,
+    DrillCatalog,
+    DrillRequest,
+    DrillSummary,
+)
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
 from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
@@ -273,6 +279,17 @@ class DrillMethods:
         region = request.region
         if region:
             await known_region(context, self.topology, region)
+        replica = request.replica.strip()
+        if replica and request.scenario != CAPACITY_PROBE:
+            await bad_request(
+                context, f"replica names what {CAPACITY_PROBE} probes; a drill has none"
+            )
+        if replica and not re.match(r"^https?://[^/\s]+$", replica):
+            await bad_request(
+                context, f"replica must be a base URL like http://host:8000, got {replica[:64]!r}"
+            )
+        if request.scenario == CAPACITY_PROBE and not region:
+            await bad_request(context, f"{CAPACITY_PROBE} needs a region")
         reason, actor = await reason_and_actor(context, request.reason, request.actor)
         catalog = await self._catalog()
         if catalog is None:
@@ -305,6 +322,7 @@ class DrillMethods:
             reason=reason,
             actor=actor,
             requested_at=now,
+            replica=replica,
         )
         entry = AuditEntry(
             at=now,
@@ -312,7 +330,12 @@ class DrillMethods:
             action=AuditAction.DRILL_REQUESTED,
             region=region,
             reason=reason,
-            details={"request": req.id, "scenario": req.scenario, "dry_run": flag(req.dry_run)},
+            details={
+                "request": req.id,
+                "scenario": req.scenario,
+                "dry_run": flag(req.dry_run),
+                **({"replica": replica} if replica else {}),
+            },
         )
         key = self.keys.drill_request(req.id)
         ok = (

@@ -1,6 +1,7 @@
 """failoverctl's capacity commands: what each region bears (docs/capacity.md).
 
     failoverctl capacity show [REGION]   its CBU, the capacity behind it, the last probe
+    failoverctl capacity probe REGION    measure it: a WARM replica out of rotation, step-loaded
 
 The bearing is the one the failover planner and the status use (``GetCapacity``
 computes it on the same snapshot); the probe record is ``capacity/<region>`` as the
@@ -19,17 +20,18 @@ from rich.table import Table
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import render
-from controlplane.cli.common import JsonOpt, _call, _ctx, err, out
+from controlplane.cli.client import EXIT_REFUSED
+from controlplane.cli.common import JsonOpt, ReasonOpt, _call, _ctx, _show, err, out
+from controlplane.cli.drill_cmds import runs_table, wait_for_run
 from controlplane.kernel.capacity import failed, meets_sla
 from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, ProbeStep
+from controlplane.kernel.drills import CAPACITY_PROBE
 
 capacity_app = typer.Typer(
     help="What each region bears: its capacity utilisation (CBU), the capacity behind "
     "it (a fresh probe, else the topology's capacity_rps) and its last capacity probe.",
     no_args_is_help=True,
 )
-# `failoverctl capacity probe REGION` (run a probe on a WARM replica out of rotation)
-# joins this sub-app as its own command; `show` only reads.
 
 
 def _when(ts: float) -> str:
@@ -149,3 +151,56 @@ def capacity_show(
         if i:
             out.print()
         show_region(e)
+
+
+@capacity_app.command("probe")
+def capacity_probe(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="The region to measure.")],
+    reason: ReasonOpt,
+    replica: Annotated[
+        str,
+        typer.Option(
+            help="Probe this replica (base URL; refused if in rotation). "
+            "Default: a WARM replica of the region's warm pool."
+        ),
+    ] = "",
+    wait: Annotated[bool, typer.Option(help="Wait for the result (progress shown).")] = True,
+    wait_s: Annotated[float, typer.Option(help="How long to wait.")] = 1800.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure what REGION bears: the drill service step-loads one replica out of rotation.
+
+    It never loads production: it borrows a WARM replica from the region's warm pool
+    (woken, kept out of rotation, put back to sleep afterwards) or the replica named,
+    which must not be in rotation. It runs under the drill lock (never beside a drill),
+    stores the result at capacity/<region> (audited) and writes an HTML report. Waits
+    for it, then shows the region's capacity: exit 0 when it measured, 1 when it aborted.
+
+    Example: failoverctl capacity probe us-east -r "after the vLLM upgrade"
+    """
+    c = _ctx(ctx, json_out)
+    req = pb.DrillRequest(
+        scenario=CAPACITY_PROBE, region=region, reason=reason, actor=c.actor, replica=replica
+    )
+    resp = _call(c, lambda s: s.RequestDrill, req)
+    if not wait:
+        _show(c, resp, lambda: err.print(f"queued: request {resp.intent_id}"))
+        return
+    if not c.json:
+        err.print(f"queued: request {resp.intent_id}; waiting for the drill service ...")
+    run = wait_for_run(c, resp.intent_id, wait_s)
+    cap = _call(c, lambda s: s.GetCapacity, pb.CapacityRequest(region=region))
+    if c.json:
+        render.print_json(
+            out,
+            {"run": render.to_dict(run), "capacity": [entry_json(e) for e in cap.regions]},
+        )
+    else:
+        out.print(runs_table([run], "Capacity probe"))
+        if run.report_path:
+            out.print(f"report: {run.report_path}")
+        for e in cap.regions:
+            show_region(e)
+    if not run.passed:
+        raise typer.Exit(EXIT_REFUSED)

@@ -307,13 +307,13 @@ def drill_run(
         return
     if not c.json:
         err.print(f"queued: request {resp.intent_id}; waiting for the drill service ...")
-    run = _wait_for_run(c, resp.intent_id, wait_s)
+    run = wait_for_run(c, resp.intent_id, wait_s)
     _show(c, run, lambda: out.print(runs_table([run], "Drill")))
     if not run.passed:
         raise typer.Exit(EXIT_REFUSED)
 
 
-def _wait_for_run(c: Ctx, request_id: str, wait_s: float) -> pb.DrillRun:
+def wait_for_run(c: Ctx, request_id: str, wait_s: float) -> pb.DrillRun:
     deadline = time.monotonic() + wait_s
     said = ""
     while time.monotonic() < deadline:

@@ -29,6 +29,15 @@ class DrillSummary(Frozen):
     request_id: str = ""  # the operator's request it answered, if any
 
 
+# Not a scenario file: the drill service's capacity probe (docs/capacity.md), requested,
+# scheduled, locked and recorded like a drill, run by the service itself on the region's
+# warm pool (chaos/capacity/service.py).
+CAPACITY_PROBE = "capacity-probe"
+# What a schedule reserves for one in its window: two probes of ~15 steps each, the
+# drains between them, the recovery measurement and the loan (a GPU wakes in seconds).
+CAPACITY_PROBE_MAX_S = 1800.0
+
+
 class DrillRequest(Frozen):
     """Value of ``drills/requests/<id>``: an operator asked for a drill; the drill
     service runs it (one at a time, like every drill) and deletes the request."""
@@ -40,6 +49,7 @@ class DrillRequest(Frozen):
     reason: str
     actor: str
     requested_at: float
+    replica: str = ""  # a capacity probe's named replica (its base URL); "" = any WARM one
 
 
 class ScenarioInfo(Frozen):

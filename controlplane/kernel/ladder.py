@@ -105,7 +105,9 @@ class ShedLowPriority(_Actuator):
     feature: ClassVar[str] = "low_priority_requests"
     where: ClassVar[str] = "gateway"
     kind: Literal["shed_low_priority"]
-    below_priority: Annotated[int, Field(ge=1, le=1000)]
+    # 0 sheds batch traffic only (x-priority: batch, or a negative priority); 1 and up
+    # also sheds unmarked requests (priority 0).
+    below_priority: Annotated[int, Field(ge=0, le=1000)]
 
     def apply(self, flags: FeatureFlags) -> FeatureFlags:
         below = max(self.below_priority, flags.shed_priority_below or 0)

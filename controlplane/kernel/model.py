@@ -317,6 +317,7 @@ class AuditAction(StrEnum):
     DRILL_RUN = "drill_run"
     DRILL_VERDICT = "drill_verdict"
     SPEC_PUBLISHED = "spec_published"  # the leader wrote the cluster spec; changes in details
+    CAPACITY_MEASURED = "capacity_measured"  # a capacity probe wrote capacity/<r>
 
     @classmethod
     def of_intent(cls, kind: IntentKind) -> AuditAction:

@@ -99,13 +99,22 @@ def degrades_requests(flags: FeatureFlags) -> bool:
     )
 
 
+BATCH_PRIORITY = -1  # ``x-priority: batch`` (or ``low``): below every unmarked request
+BATCH_NAMES = frozenset({"batch", "low"})  # as admission control reads them
+
+
 def priority(header: str | None, default: int) -> int:
-    """The request's priority; a missing or malformed header is the default, so that a
-    client's unrelated header never turns into errors only while a region is degraded."""
+    """The request's priority: an integer, or ``batch`` / ``low`` (``BATCH_PRIORITY``, so
+    a shedding step with ``below_priority: 0`` sheds batch traffic and nothing else);
+    a missing or malformed header is the default, so that a client's unrelated header
+    never turns into errors only while a region is degraded."""
     if header is None:
         return default
+    value = header.strip()
+    if value.lower() in BATCH_NAMES:
+        return BATCH_PRIORITY
     try:
-        return int(header.strip())
+        return int(value)
     except ValueError:
         return default
 

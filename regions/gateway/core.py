@@ -30,6 +30,7 @@ from regions.gateway.observe import PrefixObserver, TrackerObserver
 from regions.gateway.options import GatewayOptions
 from regions.gateway.pool_cache import PoolCache
 from regions.gateway.prefix_export import PrefixExporter
+from regions.gateway.replica_load import ReplicaLoadPoller
 from regions.gateway.replicas import ReplicaBalancer
 from regions.gateway.report import HealthReporter
 from regions.gateway.routing_cache import RoutingCache
@@ -91,9 +92,15 @@ class DataPlaneCore:
             on_moved=self.moves.moved,
         )
         self.balancers = {
-            r.name: ReplicaBalancer(r.replicas, load_factor=options.load_factor)
+            r.name: ReplicaBalancer(
+                r.replicas, load_factor=options.load_factor, slots=options.replica_slots
+            )
             for r in topo.regions
         }
+        # what each replica bears (its running/waiting), for the balancers' bounds
+        self.replica_load: ReplicaLoadPoller | None = None
+        if options.replica_poll_s > 0:
+            self.replica_load = ReplicaLoadPoller(self.balancers, interval_s=options.replica_poll_s)
         self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
         self.degradation = DegradationCache(self.store, self.keys)
         self.spec_watch = SpecWatch(
@@ -186,7 +193,8 @@ class DataPlaneCore:
         """A pooled region routes to its ACTIVE replicas; without a pool entry, to the
         topology's. The balancer is replaced (readers look it up in the same dict):
         in-flight counts restart at 0, also for replicas that stay, and requests in
-        flight release on the balancer they started on; both are harmless."""
+        flight release on the balancer they started on; both are harmless. The slots
+        learned of the replicas that stay carry over."""
         current = self.balancers.get(region)
         if current is None:  # not a region of this topology: nothing routes there
             return
@@ -194,7 +202,7 @@ class DataPlaneCore:
         replicas = tuple(dict.fromkeys(members.active)) if members is not None else static
         if set(replicas) == set(current.replicas):  # the ring ignores order
             return  # e.g. only the WARM count or the timestamp changed
-        self.balancers[region] = ReplicaBalancer(replicas, load_factor=self.options.load_factor)
+        self.balancers[region] = current.rebuilt(replicas)
         source = f"pools/{region} from {members.agent}" if members else "the topology"
         log.info(
             "region %s replicas (%s): %s",
@@ -210,6 +218,8 @@ class DataPlaneCore:
             tg.create_task(self.degradation.run(), name="degradation-watch")
             tg.create_task(self.resolver.run(), name="pin-reconcile")
             tg.create_task(self.moves.run(), name="session-moves")
+            if self.replica_load is not None:
+                tg.create_task(self.replica_load.run(), name="replica-load")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
             if self.exporter is not None:

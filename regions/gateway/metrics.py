@@ -12,10 +12,12 @@ from ``increase()`` and ``rate()``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from controlplane.kernel.admission_limit import PRIORITIES, REFUSAL_REASONS
 from regions.gateway.actuators import Action
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -156,12 +158,86 @@ class GatewayMetrics:
             ["region", "outcome"],
             registry=r,
         )
+        self._admission(r)
         self._requests: dict[tuple[str, int], Counter] = {}
         self._errors: dict[tuple[str, str], Counter] = {}
         self._first: dict[str, Histogram] = {}
         self._retries: dict[str, Counter] = {}
         if zones:
             self._start_at_zero(zones)
+
+    def _admission(self, r: CollectorRegistry) -> None:
+        """Admission control's series (admission_gate.py); they start at 0 only on a
+        gateway that runs it (``admission_started``)."""
+        self.admission_admitted_total = Counter(
+            "tectonic_gateway_admission_admitted",
+            "Requests admission control let through to a replica, by region and priority "
+            "partition (interactive, batch), whether they waited first or not",
+            ["region", "priority"],
+            registry=r,
+        )
+        self.admission_queued_total = Counter(
+            "tectonic_gateway_admission_queued",
+            "Requests that found every replica of their region at its in-flight limit and "
+            "waited (then admitted, or refused on timeout or eviction)",
+            ["region", "priority"],
+            registry=r,
+        )
+        self.admission_refused_total = Counter(
+            "tectonic_gateway_admission_refused",
+            "Requests answered 429 with Retry-After by admission control, by region, "
+            "priority and reason (queue_full, timeout: waited the queue's wait, evicted: a "
+            "batch waiter dropped for an interactive arrival)",
+            ["region", "priority", "reason"],
+            registry=r,
+        )
+        self.admission_limit_gauge = Gauge(
+            "tectonic_gateway_admission_limit",
+            "Each replica's current in-flight limit (adaptive: grows while first tokens "
+            "come within the target, shrinks when they do not)",
+            ["region", "replica"],
+            registry=r,
+        )
+        self._admission_counts: dict[tuple[str, ...], Counter] = {}  # (kind, *labels)
+        self._admission_limits: dict[tuple[str, str], Gauge] = {}
+
+    def admission_started(self, regions: Iterable[str]) -> None:
+        regions = list(regions)
+        for counter in (self.admission_admitted_total, self.admission_queued_total):
+            start_at_zero(counter, [(g, p.value) for g in regions for p in PRIORITIES])
+        start_at_zero(
+            self.admission_refused_total,
+            [(g, p.value, why) for g in regions for p in PRIORITIES for why in REFUSAL_REASONS],
+        )
+
+    def _admission_count(self, kind: str, counter: Counter, *labels: str) -> None:
+        child = self._admission_counts.get((kind, *labels))
+        if child is None:
+            child = self._admission_counts[kind, *labels] = counter.labels(*labels)
+        child.inc()
+
+    def admitted(self, region: str, priority: str) -> None:
+        self._admission_count("admitted", self.admission_admitted_total, region, priority)
+
+    def admission_queued(self, region: str, priority: str) -> None:
+        self._admission_count("queued", self.admission_queued_total, region, priority)
+
+    def admission_refused(self, region: str, priority: str, reason: str) -> None:
+        self._admission_count("refused", self.admission_refused_total, region, priority, reason)
+
+    def admission_limit(self, region: str, replica: str, limit: float) -> None:
+        child = self._admission_limits.get((region, replica))
+        if child is None:
+            child = self._admission_limits[region, replica] = self.admission_limit_gauge.labels(
+                region, replica
+            )
+        child.set(round(limit, 2))
+
+    def admission_replica_gone(self, region: str, replica: str) -> None:
+        """A replica that left its region: its limit's series goes with it."""
+        self._admission_limits.pop((region, replica), None)
+        with contextlib.suppress(KeyError):
+            self.admission_limit_gauge.remove(region, replica)
 
     def _start_at_zero(self, zones: Mapping[str, str]) -> None:
         regions = list(zones)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field, replace
 
 from controlplane.kernel.config import EtcdConfig, Topology
 from controlplane.kernel.prefix_tracker import TrackerConfig
+from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig
 from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig
+from regions.gateway.replica_load import DEFAULT_POLL_S
 from regions.gateway.replicas import DEFAULT_LOAD_FACTOR
 
 
@@ -24,7 +26,9 @@ class GatewayOptions:
     store_timeout_s: float = 1.0  # how long a request waits for etcd before fail-static
     revalidate_s: float = 300.0  # re-read a cached pin this often (also extends its TTL)
     max_pins: int = 100_000
-    load_factor: float = DEFAULT_LOAD_FACTOR
+    load_factor: float = DEFAULT_LOAD_FACTOR  # bounds replicas whose slots are unknown
+    replica_slots: int | None = None  # requests a replica runs at once; None: learned
+    replica_poll_s: float = DEFAULT_POLL_S  # read replicas' running/waiting; 0: never
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     session_ttl_s: int = 3600
     grace_s: float = 5.0
@@ -34,6 +38,9 @@ class GatewayOptions:
     prefix_tracking: bool = True  # count prompt prefixes and export them for pre-warm
     tracker: TrackerConfig | None = None  # None: from the topology's ``prefixes``
     prefix_export: ExportOptions | None = None  # None: from the topology's ``prefixes``
+    # per-replica in-flight limits steered by first-token time (admission_gate.py); off
+    # unless enabled
+    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
 
     def etcd(self) -> EtcdConfig:
         endpoints = self.etcd_endpoints or self.topology.etcd.endpoints

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from aiohttp import web
 from multidict import CIMultiDict
 
+from regions.gateway.admission_gate import AdmissionGates, Grant, Refusal
 from regions.gateway.continuation import Continuer
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.requests import error_body
+from regions.gateway.requests import error_body, error_type
 from regions.gateway.resume import (
     SSE,
     STREAM_BROKEN_STATUS,
@@ -168,7 +169,10 @@ class Forwarder:
         monotonic: Callable[[], float] = time.monotonic,
         on_attempt: Callable[[str, bool, int], None] | None = None,
         time_first_byte: bool = True,
+        admission: AdmissionGates | None = None,
     ) -> None:
+        # None: admission control off (admission_gate.py)
+        self._admission = admission
         # (region, answered, status or 0): the gateway's health vote (report.py)
         self._on_attempt = on_attempt
         # False: answers that are no generation stay out of the first-token histogram
@@ -216,6 +220,15 @@ class Forwarder:
                 break
             if tried:
                 self._metrics.retry(region)
+            grant = None
+            if self._admission is not None:  # may wait for a slot, here or on another replica
+                entered = await self._admission.enter(
+                    region, request.headers, balancer, key, replica, tried, now
+                )
+                if isinstance(entered, Refusal):
+                    return self._overloaded(region, entered)
+                if entered is not None:
+                    grant, replica = entered, entered.replica
             tried.add(replica)
             balancer.acquire(replica)
             try:
@@ -227,9 +240,12 @@ class Forwarder:
                     headers,
                     started,
                     Resume(continuer, key, tried, headers) if continuer else None,
+                    grant,
                 )
             finally:
                 balancer.release(replica)
+                if grant is not None and self._admission is not None:
+                    self._admission.leave(region, grant)
             if not isinstance(outcome, _Failed):
                 balancer.readmit(replica)
                 return outcome
@@ -262,6 +278,7 @@ class Forwarder:
         headers: Sequence[tuple[str, str]],
         started: float,
         resume: Resume | None = None,
+        grant: Grant | None = None,
     ) -> web.StreamResponse | _Failed:
         try:
             up = await self._pool.request(replica, request.method, request.path_qs, headers, body)
@@ -276,7 +293,7 @@ class Forwarder:
                     await up.read(),
                     _response_headers(up),
                 )
-            return await self._relay(request, up, region, started, resume)
+            return await self._relay(request, up, region, started, resume, grant)
         except UpstreamError as e:  # raised by _relay only before the first byte
             return _Failed(e.kind, e.detail)
         finally:
@@ -289,9 +306,11 @@ class Forwarder:
         region: str,
         started: float,
         resume: Resume | None = None,
+        grant: Grant | None = None,
     ) -> web.StreamResponse:
         """Pass the replica's answer through. Until the first bytes are written, errors
-        propagate (the caller retries); after them, they end the stream here."""
+        propagate (the caller retries); after them, they end the stream here. ``grant``:
+        admission control's, told the first token of a streamed answer."""
         hdrs = _response_headers(up)
         hdrs[REGION_HEADER] = region
         length = up.content_length
@@ -310,6 +329,8 @@ class Forwarder:
             self._metrics.error(region, "client_gone")  # nobody left to tell
             return resp
         self._first_byte(region, up.status, started)
+        if grant is not None and up.status == 200 and self._admission is not None:
+            self._admission.first_token(region, grant)
         if resume is not None and up.status == 200 and up.content_type == SSE:
             status = await self._resumer.stream(request, resp, up, region, first, resume)
         else:
@@ -352,6 +373,19 @@ class Forwarder:
         self._observe_first_byte(region, self._monotonic() - started)
         if self._on_attempt is not None:
             self._on_attempt(region, True, status)
+
+    def _overloaded(self, region: str, refusal: Refusal) -> web.Response:
+        """429 with Retry-After: every replica of the region is at its in-flight limit
+        (and the queue had no room or time for this request). Not an error of the
+        region: no health vote, as for a degradation actuator's refusal."""
+        self._metrics.request(region, 429)
+        retry = str(refusal.retry_after_s)
+        message = (
+            f"region {region} is at its admission limit ({refusal.reason}, "
+            f"{refusal.priority.value} request); retry after {retry} s"
+        )
+        headers = {"Retry-After": retry, REGION_HEADER: region}
+        return json_error(429, message, error_type(429), headers=headers)
 
     def _relay_failure(self, failed: _Failed, region: str) -> web.Response:
         hdrs = failed.headers if failed.headers is not None else CIMultiDict[str]()

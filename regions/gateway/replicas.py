@@ -1,21 +1,43 @@
-"""Replica choice inside a region: prefix-aware consistent hashing with bounded load.
+"""Replica choice inside a region: prefix affinity bounded by what each replica bears.
 
 vLLM's prefix cache lives in each replica, so requests that share a prompt prefix
 should land on the same replica (a hit saves the whole prefill). A consistent-hash
 ring keyed by a hash of the prompt's first characters gives that, and adding or
-removing a replica moves only about 1/n of the keys. Pure hashing alone would let
-one hot prefix swamp a replica, so the choice is bounded (Mirrokni, Thorup and
-Zadimoghaddam, "Consistent Hashing with Bounded Loads"): a replica takes a new
-request only while its in-flight count is below ``ceil(c x (total + 1) / n)``;
-otherwise the request spills to the next replica clockwise, so a prefix keeps its
-replica unless that replica is overloaded, and then moves to a stable second choice.
+removing a replica moves only about 1/n of the keys. A request goes to the first
+replica in ring order from its key (its owner, then a stable second choice...) that
+has room for it, so a prefix keeps its replica unless that replica is full.
+
+What "room" means is the replica's own capacity: a vLLM engine runs at most
+``max_num_seqs`` requests at once (fewer when its KV cache is short) and queues the
+rest. A request queued behind full slots waits until one of them finishes its whole
+decode, tens to hundreds of milliseconds, while a prefix hit saves only the prefill of
+the shared part (a few to tens of milliseconds): so the owner takes a request while
+it has a free slot, and it spills to the next replica in ring order that has one. Only
+when every replica is full does the request queue, where the queue is shortest for
+the slots behind it. A replica's load is our requests in flight on it plus, as of its
+last report, those it holds that this process did not send (other gateways').
+
+A replica's slots are given (``slots``, e.g. vLLM's ``max_num_seqs``) or learned from
+the ``vllm:num_requests_running`` / ``_waiting`` it reports (``observe``, fed by
+``replica_load.py``): running N with a queue in two reports in a row is its limit, N
+(one report could catch a request between arrival and the next engine step); running
+more than its slots without a queue raises them. A replica not seen at its limit yet
+bears what the fewest of its region's others was seen to bear (one deployment).
+
+A replica of unknown slots (before anything is learned) is bounded as before: it takes
+a request while its in-flight count is below ``ceil(c x (total + 1) / n)`` (Mirrokni,
+Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads"), which spreads one
+hot prefix without knowing what a replica bears, and so may queue on one that bears
+less: ten of sixteen requests on a replica that runs eight.
 
 Everything here is pure and synchronous (no I/O, no clock): the proxy tells the
-balancer when a request starts and ends, and passes ``now`` for passive ejection.
+balancer when a request starts and ends, ``replica_load.py`` what each replica
+reports, and passes ``now`` for passive ejection.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 
@@ -26,10 +48,14 @@ from controlplane.kernel.ring import (
 
 DEFAULT_LOAD_FACTOR = 1.25
 
+log = logging.getLogger("tectonic.gateway")
+
 
 class ReplicaBalancer:
-    """Bounded-load choice over one region's replicas, with in-flight counts and
-    passive ejection of replicas that just failed to connect."""
+    """Capacity-bounded choice over one region's replicas, with in-flight counts, the
+    slots each replica bears, and passive ejection of replicas that just failed to
+    connect. ``slots``: the requests each replica runs at once, for all of them (an
+    int) or per replica; None or a missing replica: unknown until ``observe`` learns it."""
 
     def __init__(
         self,
@@ -37,6 +63,7 @@ class ReplicaBalancer:
         *,
         load_factor: float = DEFAULT_LOAD_FACTOR,
         vnodes: int = DEFAULT_VNODES,
+        slots: int | Mapping[str, int] | None = None,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1, got {load_factor}")
@@ -45,6 +72,11 @@ class ReplicaBalancer:
         self._inflight = dict.fromkeys(self.ring.replicas, 0)
         self._total = 0
         self._down_until: dict[str, float] = {}
+        self._given = _given_slots(slots, self.ring.replicas)
+        self._learned: dict[str, int] = {}
+        self._queued: dict[str, int] = {}  # running, when its last report showed a queue
+        self._others = dict.fromkeys(self.ring.replicas, 0)  # requests we did not send
+        self._others_total = 0
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -54,29 +86,121 @@ class ReplicaBalancer:
     def inflight(self) -> Mapping[str, int]:
         return self._inflight
 
+    def rebuilt(self, replicas: Sequence[str]) -> ReplicaBalancer:
+        """A balancer over ``replicas`` with these settings and the slots given and
+        learned of the replicas that stay (a pool change must not forget them)."""
+        stay = set(replicas)
+        new = ReplicaBalancer(
+            replicas,
+            load_factor=self.load_factor,
+            slots={r: n for r, n in self._given.items() if r in stay},
+        )
+        new._learned = {r: n for r, n in self._learned.items() if r in stay}
+        return new
+
+    # ---- what a replica bears --------------------------------------------------------
+
+    def slots(self, replica: str) -> int | None:
+        """How many requests ``replica`` runs at once: learned, else given, else the
+        fewest learned of another replica of the region (one deployment's replicas are
+        alike, and a replica that bears more shows it), else None (unknown)."""
+        own = self._learned.get(replica, self._given.get(replica))
+        if own is None and self._learned:
+            return min(self._learned.values())
+        return own
+
+    def load(self, replica: str) -> int:
+        """The requests ``replica`` holds: ours in flight and, as of its last report,
+        those others sent it."""
+        return self._inflight[replica] + self._others[replica]
+
     def capacity(self) -> int:
-        """The most in-flight requests a replica may hold when taking one more."""
+        """The most requests a replica of unknown slots may hold when taking one more:
+        the bounded-load ring's ``ceil(c x (total + 1) / n)``."""
         n = len(self._inflight)
-        return math.ceil(self.load_factor * (self._total + 1) / n) if n else 0
+        total = self._total + self._others_total
+        return math.ceil(self.load_factor * (total + 1) / n) if n else 0
+
+    def bound(self, replica: str, capacity: int | None = None) -> int:
+        """The load below which ``replica`` takes one more request without queueing it:
+        its slots when known, else the bounded-load ring's ``capacity``."""
+        slots = self.slots(replica)
+        if slots is not None:
+            return slots
+        return self.capacity() if capacity is None else capacity
+
+    def observe(
+        self, replica: str, running: int, waiting: int, *, ours_asked: int | None = None
+    ) -> None:
+        """What ``replica`` reports: vLLM's ``num_requests_running`` and
+        ``num_requests_waiting``. A queue in two reports in a row (not a request in
+        transit to the next engine step) means it runs all it can: that many are its
+        slots, up or down. Running more than its slots without one means it bears
+        more. Nothing running (asleep, paused) says nothing about slots.
+        ``ours_asked``: our in-flight count on it when the report was asked for (ours
+        at the report's moment were at most the more of that and the count now)."""
+        if replica not in self._inflight or running < 0 or waiting < 0:
+            return
+        # what it holds beyond our in-flight requests: other gateways' (ours reach it
+        # after we count them and leave it before, so ours never show as others')
+        ours = max(self._inflight[replica], ours_asked or 0)
+        self._set_others(replica, max(0, running + waiting - ours))
+        queued_before = self._queued.pop(replica, None)
+        if waiting > 0 and running > 0:
+            self._queued[replica] = running
+        known = self.slots(replica)
+        if queued_before is not None and replica in self._queued:
+            self._learn(replica, max(running, queued_before))
+        elif known is not None and running > known:
+            self._learn(replica, running)
+
+    def unreported(self, replica: str) -> None:
+        """``replica``'s report could not be read: what others hold there is unknown
+        again (counted as nothing), and a queue seen before is not seen twice."""
+        if replica in self._inflight:
+            self._set_others(replica, 0)
+            self._queued.pop(replica, None)
+
+    def _set_others(self, replica: str, n: int) -> None:
+        self._others_total += n - self._others[replica]
+        self._others[replica] = n
+
+    def _learn(self, replica: str, slots: int) -> None:
+        was = self.slots(replica)
+        if slots != was:
+            self._learned[replica] = slots
+            log.info("replica %s runs %d requests at once (was %s)", replica, slots, was)
+
+    # ---- the choice ------------------------------------------------------------------
 
     def choose(self, key: int, *, now: float = 0.0, exclude: Collection[str] = ()) -> str | None:
-        """The replica for ``key``: the first in ring order under the load bound, skipping
-        ``exclude`` and ejected replicas. If every eligible replica is at the bound (only
-        possible when some are excluded), the least loaded eligible one; if all are
-        ejected, ejection is ignored (a guess beats a refusal). None if none is left."""
+        """The replica for ``key``: the first in ring order that has room (its load
+        below its ``bound``), skipping ``exclude`` and ejected replicas. If none has,
+        the one whose queue is shortest for its slots (the first in ring order among
+        equals); if all are ejected, ejection is ignored (a guess beats a refusal).
+        None if none is left."""
         cap = self.capacity()
         down = self._down_until
-        for r in self.ring.walk(key):  # the common case: the first candidate takes it
-            if r not in exclude and self._inflight[r] < cap and down.get(r, 0.0) <= now:
+        for r in self.ring.walk(key):  # the common case: an early candidate has room
+            if r not in exclude and down.get(r, 0.0) <= now and self.load(r) < self.bound(r, cap):
                 return r
         eligible = [r for r in self.ring.walk(key) if r not in exclude]
         live = [r for r in eligible if down.get(r, 0.0) <= now]
         if not live:  # every eligible replica is ejected: ignore ejection
-            return next(
-                (r for r in eligible if self._inflight[r] < cap),
-                min(eligible, key=lambda r: self._inflight[r], default=None),
-            )
-        return min(live, key=lambda r: self._inflight[r])
+            with_room = (r for r in eligible if self.load(r) < self.bound(r, cap))
+            return next(with_room, None) or self._shortest_queue(eligible, cap)
+        return self._shortest_queue(live, cap)
+
+    def _shortest_queue(self, candidates: Sequence[str], cap: int) -> str | None:
+        """Where one more request waits least: the fewest held per slot, counting it
+        (min keeps the first of equals: ring order, so affinity breaks the tie)."""
+        return min(
+            candidates,
+            key=lambda r: (self.load(r) + 1) / max(self.bound(r, cap), 1),
+            default=None,
+        )
+
+    # ---- the proxy's bookkeeping -----------------------------------------------------
 
     def acquire(self, replica: str) -> None:
         self._inflight[replica] += 1
@@ -94,3 +218,15 @@ class ReplicaBalancer:
 
     def readmit(self, replica: str) -> None:
         self._down_until.pop(replica, None)
+
+
+def _given_slots(slots: int | Mapping[str, int] | None, replicas: Sequence[str]) -> dict[str, int]:
+    """``slots`` per replica; refuses a count below 1 (a replica that runs nothing is
+    not in rotation)."""
+    if slots is None:
+        return {}
+    given = dict.fromkeys(replicas, slots) if isinstance(slots, int) else dict(slots)
+    bad = {r: n for r, n in given.items() if n < 1}
+    if bad:
+        raise ValueError(f"slots must be at least 1, got {bad}")
+    return {r: n for r, n in given.items() if r in replicas}

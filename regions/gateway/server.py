@@ -16,6 +16,9 @@ raise SpecDisagreement, for the caller to stop the gateway.
 
 Warm first (``warmth.py``, on unless ``AppConfig.warm_first`` is off) places a new
 session on a target warm for its prompt while routing splits its home.
+
+Admission control (``admission_gate.py``, off unless ``GatewayOptions.admission`` is
+enabled) bounds what each replica holds at once and answers 429 beyond it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import socket
 from aiohttp import web
 
 from controlplane.kernel.store.port import Store
+from regions.gateway.admission_gate import AdmissionGates
 from regions.gateway.app import GatewayApp
 from regions.gateway.core import SPEC_SECTIONS, DataPlaneCore
 from regions.gateway.observe import PrefixObserver
@@ -58,8 +62,16 @@ class GatewayServer:
         self.tracker, self.exporter = core.tracker, core.exporter
         self.pool = new_pool(options.proxy)
         vote = self.reporter.record if self.reporter else None
+        self.admission: AdmissionGates | None = None  # per-replica in-flight limits
+        if options.admission.enabled:
+            self.admission = AdmissionGates(options.admission, options.topology, self.metrics)
         self.forwarder = Forwarder(
-            self.pool, self.balancers, self.metrics, options.proxy, on_attempt=vote
+            self.pool,
+            self.balancers,
+            self.metrics,
+            options.proxy,
+            on_attempt=vote,
+            admission=self.admission,
         )
         # /tokenize, /detokenize: the same replicas, counts and votes, but no first token
         tokenizer_forwarder = Forwarder(

@@ -13,14 +13,23 @@ import pytest
 
 from chaos.drills.result import DrillResult
 from chaos.drills.schedule import Schedule, parse_schedule
-from chaos.drills.service import DrillBusy, DrillLock, DrillService, LockLost, history
+from chaos.drills.service import (
+    DrillBusy,
+    DrillLock,
+    DrillService,
+    LockLost,
+    ProbeOutcome,
+    history,
+)
 from chaos.lab.local_etcd import EtcdServer
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import EtcdConfig
+from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditEntry
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import Put
 
 pytestmark = pytest.mark.etcd
 
@@ -299,3 +308,67 @@ async def test_tick_waits_for_a_running_drill_then_runs(
 
     clock.advance(2 * 3600)  # 05:01: past the window, nothing more to do this week
     assert (await scheduler.tick()).outcome == "idle"
+
+
+class FakeProber:
+    """Stands in for chaos.capacity.service.CapacityProber: records calls and returns a
+    passing probe whose writes (a stand-in for capacity/<r>) go in with its history."""
+
+    def __init__(self, clock: FakeClock, keys: Keys, lock_seen: list[bool], store: EtcdStore):
+        self.clock, self.keys, self.lock_seen, self.store = clock, keys, lock_seen, store
+        self.calls: list[tuple[str, str | None]] = []
+
+    async def __call__(self, region: str, replica: str | None, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
+        self.calls.append((region, replica))
+        self.lock_seen.append(await self.store.get(self.keys.drill_lock()) is not None)
+        result = DrillResult(
+            id=f"probe-{len(self.calls)}",
+            scenario=CAPACITY_PROBE,
+            title="probe",
+            region=region,
+            started_at=self.clock.now(),
+            ended_at=self.clock.now() + 1.0,
+            passed=True,
+        )
+        return ProbeOutcome(result=result, writes=(Put(self.keys.capacity(region), b"{}"),))
+
+
+async def test_a_scheduled_capacity_probe_runs_in_its_window_under_the_drill_lock(
+    connect: Callable[[], Awaitable[EtcdStore]], keys: Keys
+) -> None:
+    store = await connect()
+    clock = FakeClock(TUESDAY_0300 + 10)
+    schedule = parse_schedule(
+        {
+            "windows": [{"days": "tue", "start": "02:00", "end": "05:00"}],
+            "entries": [{"scenario": CAPACITY_PROBE, "region": "eu-west", "cron": "0 3 * * 2"}],
+        }
+    )
+    lock_seen: list[bool] = []
+    prober = FakeProber(clock, keys, lock_seen, store)
+    runner = FakeRunner(clock)
+    svc = DrillService(
+        store, keys, schedule, runner, clock, holder="svc", tick_s=0.05, lock_ttl_s=2, probe=prober
+    )
+    report = await svc.tick()
+    assert report.ran == f"{CAPACITY_PROBE}@eu-west" and report.outcome == "passed"
+    assert prober.calls == [("eu-west", None)] and not runner.calls  # not a drill's runner
+    assert lock_seen == [True]  # never beside a drill: it held the lock
+    # its writes went in with its history row, and the lock is released
+    assert await store.get(keys.capacity("eu-west")) is not None
+    [row] = await history(store, keys, None)
+    assert (row.scenario, row.region, row.trigger) == (CAPACITY_PROBE, "eu-west", "schedule")
+    assert await store.get(keys.drill_lock()) is None
+    assert (await svc.tick()).outcome == "idle"  # once per occurrence
+
+
+async def test_a_capacity_probe_without_a_prober_fails_saying_what_to_do(
+    connect: Callable[[], Awaitable[EtcdStore]], keys: Keys
+) -> None:
+    store = await connect()
+    clock = FakeClock(TUESDAY_0300 + 10)
+    svc = service(store, keys, FakeRunner(clock), "svc")
+    with pytest.raises(ValueError, match="start it with --topology"):
+        await svc.run_once(CAPACITY_PROBE, "eu-west")
+    [row] = await history(store, keys, None)
+    assert not row.passed and "--topology" in row.aborted

@@ -96,10 +96,20 @@ def test_nothing_is_shed_without_the_flag() -> None:
 
 
 @pytest.mark.parametrize(
-    ("header", "expected"), [(None, 7), ("3", 3), (" -2 ", -2), ("high", 7), ("", 7)]
+    ("header", "expected"),
+    [(None, 7), ("3", 3), (" -2 ", -2), ("high", 7), ("", 7), ("batch", -1), ("Low", -1)],
 )
 def test_priority_comes_from_the_header_else_the_default(header: str | None, expected: int) -> None:
     assert priority(header, 7) == expected
+
+
+def test_the_ladders_last_step_sheds_batch_and_nothing_unmarked() -> None:
+    # shed-batch in runbooks/degradation.yaml: below_priority 0.
+    flags = FeatureFlags(shed_priority_below=0)
+    req = chat([{"role": "user", "content": "hi"}])
+    assert isinstance(actuate(req, "east", flags, priority("batch", 0), CFG), Refusal)
+    assert isinstance(actuate(req, "east", flags, priority(None, 0), CFG), Actuated)
+    assert isinstance(actuate(req, "east", flags, priority("interactive", 0), CFG), Actuated)
 
 
 # ---- context cap ------------------------------------------------------------------------

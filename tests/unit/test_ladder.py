@@ -136,6 +136,7 @@ def test_committed_file_loads_and_schema_is_fresh() -> None:
         "speculative_decoding_off",
         "context_cap",
         "parallel_tool_calls_off",
+        "shed_low_priority",
     ]
     committed = (REPO / "runbooks" / "degradation.schema.json").read_text()
     assert committed == schema_text(), (

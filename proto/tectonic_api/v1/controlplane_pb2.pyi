@@ -627,18 +627,20 @@ class DrillsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[DrillRun, _Mapping]]] = ..., scenarios: _Optional[_Iterable[_Union[DrillScenario, _Mapping]]] = ..., upcoming: _Optional[_Iterable[_Union[ScheduledDrill, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingDrill, _Mapping]]] = ..., service: _Optional[str] = ..., published_at: _Optional[float] = ..., running: _Optional[str] = ...) -> None: ...
 
 class DrillRequest(_message.Message):
-    __slots__ = ("scenario", "region", "dry_run", "reason", "actor")
+    __slots__ = ("scenario", "region", "dry_run", "reason", "actor", "replica")
     SCENARIO_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     scenario: str
     region: str
     dry_run: bool
     reason: str
     actor: str
-    def __init__(self, scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+    replica: str
+    def __init__(self, scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class CapacityRequest(_message.Message):
     __slots__ = ("region",)

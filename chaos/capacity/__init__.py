@@ -1,0 +1,12 @@
+"""The capacity probe: step-load one replica that is out of rotation and read what it
+bears under its SLO (the model is ``controlplane.kernel.capacity``; the stored result
+``controlplane.kernel.capacity_record.CapacityRecord``).
+
+- ``workload``: requests shaped like a region's traffic (prompt lengths, shared
+  prefixes for the warm workload, every prompt unique for the cold one), seeded;
+- ``load``: an open-loop Poisson load generator of streaming chat completions;
+- ``stats``: what a step's requests say (p99, errors, throughput, recovery, waste);
+- ``probe``: the I/O loop around ``ProbePlan`` that returns a ``CapacityRecord``.
+
+It never picks, wakes or parks a replica: it is given a URL.
+"""

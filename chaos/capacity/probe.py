@@ -1,0 +1,550 @@
+"""The capacity probe: the I/O loop around ``ProbePlan`` (controlplane.kernel.capacity).
+
+Given one replica's URL (out of rotation: this module neither picks, wakes nor parks
+it), :func:`probe_capacity`
+
+1. probes the **cold** workload (every prompt unique): steps of ``step_s`` at the
+   rates ``ProbePlan`` asks for, each turned into a ``Step`` (first-token p99 over
+   the step, error rate, throughput, timeouts); between steps the replica drains to
+   idle (``running`` and ``waiting`` from its ``/metrics``), timed; a failure step
+   ends the climb (the plan offers nothing at or above it again);
+2. probes the **warm** workload (shared prefixes) the same way, starting from the same
+   low rate (the knee's baseline) and then the cold ultimate;
+3. reads each probe's hit rate from the replica's own prefix-cache counters (their
+   deltas over the probe) and fits ``R(h) = R_base / (1 - beta h)`` over the two
+   ultimates (``fit_hit_effect``);
+4. measures **T_recover**: one step at ``overload_factor`` x the cold ultimate, then
+   the allowed rate (ultimate / factor of safety) for ``recover_s``, timed until
+   sliding windows of first-token p99 and errors are within the SLA again;
+5. with a second URL, probes both replicas at once (the same rate each, cold) for
+   the scaling efficiency (the pair's ultimate per replica over the single one's);
+6. returns a ``CapacityRecord`` (the wasted-work share over every request it sent).
+
+It stops with :class:`ProbeAborted` (a clear outcome, with the steps so far) when a
+probe's lowest step already misses the SLA or meets the failure criteria, when the
+replica is not idle before it starts (in rotation?), does not drain, restarts, or
+exposes no prefix-cache counters.
+
+Every step of a probe sends the same requests at the same unit arrivals scaled by
+its rate (``chaos.capacity.workload``): steps differ only by the rate, and a model
+can be fed the very requests the probe sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+import aiohttp
+
+from chaos.capacity.load import LoadGenerator, Planned, RequestResult
+from chaos.capacity.stats import StepFigures, recovery_time, step_figures, wasted_share
+from chaos.capacity.workload import Workload, arrivals, requests
+from controlplane.kernel.capacity import (
+    CapacitySLO,
+    Curve,
+    ProbePlan,
+    Step,
+    analyze,
+    failed,
+    fit_hit_effect,
+    meets_sla,
+)
+from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
+from controlplane.kernel.replica_signals import ReplicaMetrics
+from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
+
+log = logging.getLogger("tectonic.capacity")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    region: str
+    slo: CapacitySLO
+    factor_of_safety: float = 2.0
+    step_s: float = 5.0
+    start_rps: float = 1.0  # the lowest step: the knee's low-load baseline
+    hint_rps: float | None = None  # a rate to try second (a former probe's ultimate)
+    growth: float = 2.0
+    precision: float = 0.05
+    max_rps: float = 10_000.0
+    max_steps: int = 24
+    request_timeout_s: float = 30.0
+    drain_timeout_s: float = 60.0
+    poll_s: float = 0.05
+    max_lag_s: float = 0.02  # a step whose generator's lag p99 is above is flagged,
+    behind_retries: int = 2  # and run again up to this many times (its arrivals were late)
+    overload_factor: float = 1.5
+    recover_s: float = 10.0  # the allowed load after the overload step
+    recover_window_s: float = 1.0
+    measure_recovery: bool = True
+    min_hit_spread: float = 0.1  # warm minus cold hit rate below this: no beta fitted
+    seed: int = 0
+    model: str | None = None  # None: the first of the replica's /v1/models
+    prober: str = ""
+    active_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.step_s <= 0 or self.recover_s <= 0 or self.recover_window_s <= 0:
+            raise ValueError("step_s, recover_s and recover_window_s must be positive")
+        if self.recover_window_s >= self.recover_s:
+            raise ValueError("the recovery window must be shorter than recover_s")
+        if self.overload_factor <= 1 or self.factor_of_safety < 1:
+            raise ValueError("overload_factor > 1 and factor_of_safety >= 1 are required")
+        if self.behind_retries < 0 or self.max_lag_s <= 0:
+            raise ValueError("behind_retries >= 0 and max_lag_s > 0 are required")
+        ProbePlan(self.start_rps, self.growth, self.precision, self.max_rps, self.max_steps)
+
+    def plan(self) -> ProbePlan:
+        return ProbePlan(self.start_rps, self.growth, self.precision, self.max_rps, self.max_steps)
+
+
+class Phase(StrEnum):
+    COLD = "cold"
+    WARM = "warm"
+    PAIR = "pair"  # two replicas at once, cold
+    OVERLOAD = "overload"  # T_recover's step over the ultimate
+    RECOVER = "recover"  # then the allowed load
+
+
+class Verdict(StrEnum):
+    ELASTIC = "elastic"
+    PAST_KNEE = "past the knee"
+    OVER_SLA = "over the SLA"
+    FAILURE = "failure"
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What the progress callback gets after each step."""
+
+    phase: Phase
+    index: int  # within the phase
+    offered_rps: float  # per replica
+    p99_ttft_s: float
+    error_rate: float
+    throughput_rps: float  # per replica
+    timeouts: int
+    requests: int
+    lag_p99_s: float
+    generator_behind: bool  # lag p99 over max_lag_s: the step's arrivals were late
+    drain_s: float  # until the replica was idle again
+    verdict: Verdict
+    attempt: int = 0  # > 0: the step ran again, the generator was behind before
+
+
+Progress = Callable[[StepReport], None]
+
+
+class AbortCause(StrEnum):
+    FAILURE = "failure"  # the failure criteria (errors, timeouts) at the lowest step
+    SLA = "sla"  # the lowest step already misses the SLA
+    BUSY = "busy"  # the replica serves other requests
+    STUCK = "stuck"  # it did not drain
+    RESTARTED = "restarted"
+    UNREADABLE = "unreadable"  # no model, metrics or prefix-cache counters
+
+
+class ProbeAborted(RuntimeError):
+    """The probe stopped without a result; ``steps`` are those of ``phase`` so far."""
+
+    def __init__(
+        self, cause: AbortCause, phase: Phase | None, reason: str, steps: Sequence[Step] = ()
+    ) -> None:
+        where = f" ({phase.value} probe)" if phase is not None else ""
+        super().__init__(f"capacity probe aborted{where}: {reason}")
+        self.cause = cause
+        self.phase = phase
+        self.reason = reason
+        self.steps = tuple(steps)
+
+
+def verdict(step: Step, baseline_p99_s: float, slo: CapacitySLO) -> Verdict:
+    if failed(step, slo):
+        return Verdict.FAILURE
+    if not meets_sla(step, slo):
+        return Verdict.OVER_SLA
+    if step.p99_ttft_s > slo.knee_factor * baseline_p99_s:
+        return Verdict.PAST_KNEE
+    return Verdict.ELASTIC
+
+
+def recovery_offsets(config: ProbeConfig, ultimate_rps: float) -> tuple[list[float], list[float]]:
+    """T_recover's arrivals: the overload step's (``overload_factor`` x the ultimate,
+    ``step_s`` long) and the allowed load's after it (offsets from the overload's start)."""
+    over = arrivals(config.overload_factor * ultimate_rps, config.step_s, config.seed)
+    allowed_rps = ultimate_rps / config.factor_of_safety
+    after = [config.step_s + t for t in arrivals(allowed_rps, config.recover_s, config.seed + 1)]
+    return over, after
+
+
+def _abort_for_lowest(phase: Phase, steps: Sequence[Step], slo: CapacitySLO) -> ProbeAborted:
+    lowest = min(steps, key=lambda s: s.offered_rps)
+    figures = (
+        f"{lowest.offered_rps:g} rps: first-token p99 {lowest.p99_ttft_s:.3f} s, errors "
+        f"{lowest.error_rate:.1%}, {lowest.timeouts} timeout(s)"
+    )
+    if failed(lowest, slo):
+        return ProbeAborted(
+            AbortCause.FAILURE,
+            phase,
+            f"the failure criteria hold at the lowest step ({figures}; errors over "
+            f"{slo.failure_error_rate:.0%} or timeouts)",
+            steps,
+        )
+    return ProbeAborted(
+        AbortCause.SLA,
+        phase,
+        f"the lowest step already misses the SLA ({figures}; SLO p99 {slo.ttft_p99_s:g} s, "
+        f"errors {slo.error_rate:.1%}): probe from a lower rate",
+        steps,
+    )
+
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*enable_prefix_caching="(\w+)"', re.M)
+
+
+def prefix_caching(metrics_text: str) -> bool | None:
+    """Whether the server caches prefixes, from vLLM's ``cache_config_info``; None
+    when it does not say."""
+    found = _CACHE_INFO.search(metrics_text)
+    return None if found is None else found.group(1).lower() == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrape:
+    gauges: dict[str, float]
+    metrics: ReplicaMetrics
+    prefix_caching: bool | None
+
+
+def _hit_rate(before: Sequence[_Scrape], after: Sequence[_Scrape], phase: Phase) -> float:
+    """Prefix-cache hits over queries (tokens) between two scrapes of each replica. A
+    server that caches nothing counts no queries: its hit rate is 0 when its cache
+    config says caching is off, and unknown (an abort) otherwise."""
+    queries = hits = 0.0
+    for b, a in zip(before, after, strict=True):
+        queries += (a.metrics.prefix_queries or 0.0) - (b.metrics.prefix_queries or 0.0)
+        hits += (a.metrics.prefix_hits or 0.0) - (b.metrics.prefix_hits or 0.0)
+    if queries > 0:
+        return min(1.0, max(0.0, hits / queries))
+    if all(a.prefix_caching is False for a in after):
+        return 0.0
+    raise ProbeAborted(AbortCause.UNREADABLE, phase, "the prefix-cache query counter did not move")
+
+
+@dataclass
+class _PhaseResult:
+    curve: Curve
+    hit_rate: float
+
+
+@dataclass
+class _Prober:
+    url: str
+    config: ProbeConfig
+    workload: Workload
+    gen: LoadGenerator
+    progress: Progress | None
+    model: str = ""
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    results: list[RequestResult] = field(default_factory=list)
+    _since: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        return self.gen.http
+
+    # ---- the replica's /metrics ------------------------------------------------------
+
+    async def _scrape(self, url: str) -> _Scrape:
+        try:
+            async with self.http.get(url + "/metrics") as r:
+                if r.status != 200:
+                    raise ProbeAborted(
+                        AbortCause.UNREADABLE, None, f"{url}/metrics answered {r.status}"
+                    )
+                text = await r.text()
+            gauges, metrics = parse_metrics(text, time.monotonic())
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            raise ProbeAborted(AbortCause.UNREADABLE, None, f"{url}/metrics: {e}") from e
+        known = self._since.setdefault(url, metrics.since)
+        if metrics.since is not None and known is not None and metrics.since != known:
+            raise ProbeAborted(AbortCause.RESTARTED, None, f"{url} restarted during the probe")
+        return _Scrape(gauges, metrics, prefix_caching(text))
+
+    async def _drain(self, urls: Sequence[str], phase: Phase | None) -> float:
+        """Wait until every replica in ``urls`` is idle; the seconds it took."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            busy = []
+            for url in urls:
+                gauges = (await self._scrape(url)).gauges
+                if gauges.get(RUNNING, 0) + gauges.get(WAITING, 0) > 0:
+                    busy.append(
+                        f"{url} (running {gauges.get(RUNNING, 0):g}, "
+                        f"waiting {gauges.get(WAITING, 0):g})"
+                    )
+            if not busy:
+                return loop.time() - start
+            if loop.time() - start > self.config.drain_timeout_s:
+                # before the first step a busy replica serves someone else's requests
+                cause, what = (
+                    (AbortCause.BUSY, "is serving other requests: is it in rotation?")
+                    if phase is None
+                    else (AbortCause.STUCK, "did not drain")
+                )
+                raise ProbeAborted(
+                    cause,
+                    phase,
+                    f"{', '.join(busy)} {what} (waited {self.config.drain_timeout_s:g} s)",
+                )
+            await asyncio.sleep(self.config.poll_s)
+
+    async def _counters(self, url: str, phase: Phase) -> _Scrape:
+        scrape = await self._scrape(url)
+        m = scrape.metrics
+        if m.prefix_queries is None or m.prefix_hits is None:
+            raise ProbeAborted(
+                AbortCause.UNREADABLE,
+                phase,
+                f"{url} exposes no prefix-cache counters: the hit rate cannot be read",
+            )
+        return scrape
+
+    # ---- steps and probes ----------------------------------------------------------
+
+    def _plan(
+        self, urls: Sequence[str], offsets: Sequence[float], warm: bool, tag: str
+    ) -> list[Planned]:
+        reqs = requests(self.workload, len(offsets), warm=warm, seed=self.config.seed, tag=tag)
+        bodies = [(r.body(self.model), r.prompt_tokens) for r in reqs]
+        return [
+            Planned(at, url, body, tokens)
+            for url in urls
+            for at, (body, tokens) in zip(offsets, bodies, strict=True)
+        ]
+
+    def _report(
+        self,
+        phase: Phase,
+        index: int,
+        figs: StepFigures,
+        drain_s: float,
+        baseline: float,
+        attempt: int = 0,
+    ) -> StepReport:
+        s = figs.step
+        report = StepReport(
+            phase=phase,
+            index=index,
+            offered_rps=s.offered_rps,
+            p99_ttft_s=s.p99_ttft_s,
+            error_rate=s.error_rate,
+            throughput_rps=s.throughput_rps,
+            timeouts=s.timeouts,
+            requests=figs.requests,
+            lag_p99_s=figs.lag_p99_s,
+            generator_behind=figs.lag_p99_s > self.config.max_lag_s,
+            drain_s=drain_s,
+            verdict=verdict(s, baseline, self.config.slo),
+            attempt=attempt,
+        )
+        if self.progress is not None:
+            self.progress(report)
+        return report
+
+    def _behind(self, figs: StepFigures) -> bool:
+        return figs.lag_p99_s > self.config.max_lag_s
+
+    async def _step(
+        self,
+        phase: Phase,
+        index: int,
+        urls: Sequence[str],
+        rate: float,
+        warm: bool,
+        baseline: float | None,
+    ) -> Step:
+        """One step at ``rate`` per replica, run again (up to ``behind_retries`` times)
+        while the generator falls behind: late arrivals do not measure the replica."""
+        c = self.config
+        offsets = arrivals(rate, c.step_s, c.seed)
+        for attempt in range(c.behind_retries + 1):
+            tag = f"{self.run_id}:{phase.value}:{index}:{attempt}"
+            results = await self.gen.run(self._plan(urls, offsets, warm, tag))
+            self.results += results
+            figs = step_figures(results, rate, c.step_s, c.request_timeout_s)
+            drain_s = await self._drain(urls, phase)
+            s = figs.step
+            step = Step(rate, s.p99_ttft_s, s.error_rate, s.throughput_rps / len(urls), s.timeouts)
+            figs = StepFigures(step, figs.requests, figs.lag_p99_s, figs.lag_max_s)
+            base = step.p99_ttft_s if baseline is None else baseline
+            self._report(phase, index, figs, drain_s, base, attempt)
+            if not self._behind(figs):
+                break
+        return step
+
+    async def run_phase(
+        self, phase: Phase, urls: Sequence[str], warm: bool, second_rps: float | None
+    ) -> _PhaseResult:
+        """One probe: the plan's steps, then its curve and the hit rate it saw."""
+        c = self.config
+        before = [await self._counters(u, phase) for u in urls]
+        plan = c.plan()
+        steps: list[Step] = []
+        forced = [c.start_rps]
+        if second_rps is not None and second_rps > c.start_rps * c.growth:
+            forced.append(min(second_rps, c.max_rps))
+        while True:
+            rate = forced.pop(0) if forced else plan.next_rate(steps, c.slo)
+            if rate is None:
+                break
+            baseline = min(steps, key=lambda s: s.offered_rps).p99_ttft_s if steps else None
+            step = await self._step(phase, len(steps), urls, rate, warm, baseline)
+            steps.append(step)
+            if not meets_sla(step, c.slo):
+                forced.clear()  # a hint that missed: the plan brackets below it
+        if not any(meets_sla(s, c.slo) for s in steps):
+            raise _abort_for_lowest(phase, steps, c.slo)
+        try:
+            curve = analyze(steps, c.slo)
+        except ValueError as e:  # the lowest step missed the SLA, a higher one met it
+            raise _abort_for_lowest(phase, steps, c.slo) from e
+        after = [await self._counters(u, phase) for u in urls]
+        return _PhaseResult(curve, _hit_rate(before, after, phase))
+
+    async def recovery(self, ultimate_rps: float, baseline: float) -> float | None:
+        """T_recover after a step at ``overload_factor`` x the ultimate (cold), run again
+        like a step while the generator falls behind."""
+        c = self.config
+        over, after = recovery_offsets(c, ultimate_rps)
+        segments = (
+            (Phase.OVERLOAD, c.overload_factor * ultimate_rps, c.step_s),
+            (Phase.RECOVER, ultimate_rps / c.factor_of_safety, c.recover_s),
+        )
+        for attempt in range(c.behind_retries + 1):
+            tag = f"{self.run_id}:recover:{attempt}"
+            results = await self.gen.run(self._plan([self.url], [*over, *after], False, tag))
+            self.results += results
+            drain_s = await self._drain([self.url], Phase.RECOVER)
+            parts = (results[: len(over)], [_shift(r, -c.step_s) for r in results[len(over) :]])
+            behind = False
+            for index, ((phase, rate, span), part) in enumerate(zip(segments, parts, strict=True)):
+                figs = step_figures(part, rate, span, c.request_timeout_s)
+                behind = behind or self._behind(figs)
+                self._report(phase, index, figs, drain_s if index else 0.0, baseline, attempt)
+            if not behind:
+                break
+        return recovery_time(results, c.step_s, c.step_s + c.recover_s, c.recover_window_s, c.slo)
+
+
+def _shift(r: RequestResult, by: float) -> RequestResult:
+    """A result with its times moved by ``by`` (a later segment read as its own step)."""
+    first = None if r.first_token_s is None else r.first_token_s + by
+    return replace(
+        r,
+        planned_s=r.planned_s + by,
+        sent_s=r.sent_s + by,
+        first_token_s=first,
+        done_s=r.done_s + by,
+    )
+
+
+async def _model_and_version(
+    http: aiohttp.ClientSession, url: str, model: str | None
+) -> tuple[str, str]:
+    """The model to ask for (the first of /v1/models unless given) and the engine's
+    version from /version ("" when it does not answer)."""
+    version = ""
+    try:
+        async with http.get(url + "/version") as r:
+            if r.status == 200:
+                version = str((await r.json(content_type=None)).get("version", ""))
+    except (aiohttp.ClientError, OSError, ValueError, AttributeError):
+        version = ""
+    if model is not None:
+        return model, version
+    try:
+        async with http.get(url + "/v1/models") as r:
+            data = (await r.json(content_type=None)).get("data") or []
+            return str(data[0]["id"]), version
+    except (aiohttp.ClientError, OSError, ValueError, AttributeError, IndexError, KeyError) as e:
+        raise ProbeAborted(AbortCause.UNREADABLE, None, f"{url}/v1/models: no model ({e})") from e
+
+
+async def probe_capacity(
+    url: str,
+    config: ProbeConfig,
+    workload: Workload,
+    *,
+    pair_url: str | None = None,
+    progress: Progress | None = None,
+) -> CapacityRecord:
+    """Probe the replica at ``url`` (see the module doc); raises :class:`ProbeAborted`."""
+    started = time.monotonic()
+    async with LoadGenerator(config.request_timeout_s) as gen:
+        model, version = await _model_and_version(gen.http, url, config.model)
+        prober = _Prober(url, config, workload, gen, progress, model)
+        urls = [url] if pair_url is None else [url, pair_url]
+        await prober._drain(urls, None)
+        cold = await prober.run_phase(Phase.COLD, [url], False, config.hint_rps)
+        warm = await prober.run_phase(Phase.WARM, [url], True, cold.curve.ultimate_rps)
+        r_base, beta = _fit(cold, warm, config.min_hit_spread)
+        t_recover = None
+        if config.measure_recovery:
+            t_recover = await prober.recovery(cold.curve.ultimate_rps, cold.curve.baseline_p99_s)
+        efficiency, measured = 1.0, False
+        if pair_url is not None:
+            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * cold.curve.ultimate_rps)
+            efficiency = min(1.0, pair.curve.ultimate_rps / cold.curve.ultimate_rps)
+            measured = True
+    return CapacityRecord(
+        region=config.region,
+        measured_at=time.time(),
+        engine_version=version,
+        model=model,
+        replica=url,
+        slo=config.slo,
+        factor_of_safety=config.factor_of_safety,
+        probes=(
+            HitProbe.of(cold.hit_rate, cold.curve, config.step_s),
+            HitProbe.of(warm.hit_rate, warm.curve, config.step_s),
+        ),
+        r_base_rps=r_base,
+        beta=beta,
+        t_recover_s=t_recover,
+        wasted_work_share=wasted_share(prober.results),
+        scaling_efficiency=efficiency,
+        scaling_measured=measured,
+        active_replicas=config.active_replicas,
+        profile=workload.profile,
+        probe_s=time.monotonic() - started,
+        prober=config.prober,
+    )
+
+
+def _fit(cold: _PhaseResult, warm: _PhaseResult, min_spread: float) -> tuple[float, float]:
+    """R_base and beta over the two probes; with too close hit rates (caching off, a
+    workload without shared prefixes) beta is not measurable: 0, the cold ultimate."""
+    if warm.hit_rate - cold.hit_rate < min_spread:
+        log.warning(
+            "hit rates %.2f (cold) and %.2f (warm) are too close to fit the cache effect",
+            cold.hit_rate,
+            warm.hit_rate,
+        )
+        return cold.curve.ultimate_rps, 0.0
+    points = [(cold.hit_rate, cold.curve.ultimate_rps), (warm.hit_rate, warm.curve.ultimate_rps)]
+    try:
+        effect = fit_hit_effect(points)
+    except ValueError as e:
+        log.warning("the cache effect does not fit (%s): beta 0", e)
+        return cold.curve.ultimate_rps, 0.0
+    return effect.r_base, effect.beta

@@ -1,0 +1,177 @@
+"""The capacity probe (chaos/capacity/probe.py) against real simulator processes.
+
+The simulator's latency model fixes what a replica bears: 4 slots, FIFO, prefill at
+1,000 tokens/s, 3 more output tokens at 100 tokens/s. The probe must find a knee and
+an ultimate load near those of a model of that scheduler fed the same requests
+(``bench.capacity.simulate``; a loose band: steps of 0.8 s on a shared machine),
+read each probe's hit rate from the replica's counters (0 where caching is off: never
+assumed), and stop with a clear outcome at the failure criteria.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+
+from bench.capacity import Options, model_curve, services
+from chaos.capacity.probe import (
+    AbortCause,
+    Phase,
+    ProbeAborted,
+    ProbeConfig,
+    StepReport,
+    probe_capacity,
+)
+from chaos.capacity.workload import Workload
+from chaos.lab.procs import Proc, start_simulator
+from controlplane.kernel.capacity import CapacitySLO
+from controlplane.kernel.capacity_record import CapacityRecord, WorkloadProfile
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+SLOTS, PREFILL, DECODE = 4, 1000.0, 100.0
+PROFILE = WorkloadProfile(
+    prompt_tokens_p50=200,
+    prompt_tokens_p90=200,
+    output_tokens=4,
+    shared_prefix_share=0.9,
+    source="test",
+)
+WORKLOAD = Workload(PROFILE, prefix_tokens=150, prefixes=2)
+SLO = CapacitySLO(ttft_p99_s=0.6)
+SERVICE_S = 200 / PREFILL + 3 / DECODE  # a cold request's time in its slot
+SATURATION = SLOTS / SERVICE_S  # cold requests per second the slots can serve
+MODEL = Options(
+    step_s=0.8, slots=SLOTS, prefill_rate=PREFILL, decode_rate=DECODE, prompt_p50=200,
+    prompt_p90=200, output_tokens=4, shared_share=0.9, prefix_tokens=150, prefixes=2,
+    slo_s=SLO.ttft_p99_s, seed=7,
+)  # fmt: skip
+
+
+def sim_args(*extra: str) -> list[str]:
+    return [
+        "--max-num-seqs", str(SLOTS),
+        "--prefill-tokens-per-s", str(PREFILL),
+        "--decode-tokens-per-s", str(DECODE),
+        "--log-level", "WARNING",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[dict[str, Proc]]:
+    procs = {
+        "cache": start_simulator(extra_args=sim_args(), name="sim-cache"),
+        "nocache": start_simulator(
+            extra_args=sim_args("--no-enable-prefix-caching"), name="sim-nocache"
+        ),
+    }
+    yield procs
+    for p in procs.values():
+        p.terminate()
+
+
+def config(**changes: object) -> ProbeConfig:
+    base: dict[str, object] = {
+        "region": "r",
+        "slo": SLO,
+        "step_s": 0.8,
+        "start_rps": 4.0,
+        "precision": 0.2,
+        "max_steps": 8,
+        "request_timeout_s": 10.0,
+        "drain_timeout_s": 20.0,
+        "recover_s": 2.0,
+        "recover_window_s": 0.5,
+        "seed": 7,
+        "prober": "test",
+    }
+    return ProbeConfig(**{**base, **changes})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+async def probed(sims: dict[str, Proc]) -> AsyncIterator[tuple[CapacityRecord, list[StepReport]]]:
+    reports: list[StepReport] = []
+    record = await probe_capacity(sims["cache"].url, config(), WORKLOAD, progress=reports.append)
+    yield record, reports
+
+
+async def test_the_probe_finds_the_models_knee_and_ultimate(
+    probed: tuple[CapacityRecord, list[StepReport]],
+) -> None:
+    record, reports = probed
+    cold, warm = record.probes
+    truth_cold = model_curve(MODEL, services(MODEL, WORKLOAD, 400, warm=False, tag="m"), 4.0)
+    truth_warm = model_curve(MODEL, services(MODEL, WORKLOAD, 400, warm=True, tag="m"), 4.0)
+    for measured, truth in ((cold, truth_cold), (warm, truth_warm)):
+        assert measured.ultimate_bounded
+        assert 0.5 * truth.ultimate_rps <= measured.ultimate_rps <= 1.3 * truth.ultimate_rps
+        assert measured.knee_rps is not None and truth.knee_rps is not None
+        assert 0.4 * truth.knee_rps <= measured.knee_rps <= 1.4 * truth.knee_rps
+        assert measured.knee_rps <= measured.ultimate_rps * 1.0001
+    # short steps end before an overload's queue builds far: past saturation a
+    # step can still meet the SLO, but not by much
+    assert cold.ultimate_rps <= 1.6 * SATURATION
+    assert warm.ultimate_rps > cold.ultimate_rps
+    # with short steps and the SLO ~3 cold service times, the fast warm requests
+    # gain more than R(h) says (the fit is clamped at 0.99); the bench's settings do not
+    assert 0.3 < record.beta <= 0.99
+    assert record.r_base_rps == pytest.approx(cold.ultimate_rps, rel=0.2)
+    assert record.allowed_rps(0.0, 1) == pytest.approx(record.r_base_rps / 2)
+    assert record.t_recover_s is not None and record.t_recover_s >= 0
+    assert record.wasted_work_share == 0.0  # nothing failed
+    assert record.engine_version == "0.32.0+sim" and record.model == "tiny"
+    assert (record.scaling_measured, record.scaling_efficiency) == (False, 1.0)
+    assert record.profile == PROFILE and record.probe_s > 0
+    # progress: every step of every phase, in order, with its verdict
+    phases = [r.phase for r in reports if r.attempt == 0]  # not the steps run again
+    assert phases[0] is Phase.COLD and phases[-2:] == [Phase.OVERLOAD, Phase.RECOVER]
+    assert phases.count(Phase.COLD) == len(cold.steps)
+    assert phases.count(Phase.WARM) == len(warm.steps)
+    assert {r.verdict.value for r in reports} >= {"elastic", "over the SLA"}
+    # what etcd would store reads back the same
+    assert CapacityRecord.model_validate_json(record.model_dump_json()) == record
+    json.dumps(record.model_dump(mode="json"))
+
+
+async def test_the_hit_rates_are_read_from_the_replicas_counters(
+    probed: tuple[CapacityRecord, list[StepReport]], sims: dict[str, Proc]
+) -> None:
+    record, _ = probed
+    cold, warm = record.probes
+    expected = services(MODEL, WORKLOAD, 400, warm=True, tag="m")
+    share = sum(s.hit_tokens for s in expected) / sum(s.prompt_tokens for s in expected)
+    assert cold.hit_rate < 0.02  # unique prompts
+    assert warm.hit_rate == pytest.approx(share, abs=0.05)
+    # the same workload on a replica that caches nothing: 0 at both, no cache effect
+    flat = await probe_capacity(
+        sims["nocache"].url,
+        config(step_s=0.4, max_steps=3, measure_recovery=False),
+        WORKLOAD,
+    )
+    assert [p.hit_rate for p in flat.probes] == [0.0, 0.0]
+    assert flat.beta == 0.0 and flat.r_base_rps == flat.probes[0].ultimate_rps
+
+
+async def test_the_probe_aborts_at_the_failure_criteria(sims: dict[str, Proc]) -> None:
+    url = sims["nocache"].url
+    reports: list[StepReport] = []
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/_sim/fault", json={"error_rate": 0.5}) as r:
+            assert r.status == 200
+        try:
+            with pytest.raises(ProbeAborted) as caught:
+                await probe_capacity(url, config(step_s=2.0), WORKLOAD, progress=reports.append)
+        finally:
+            async with http.delete(url + "/_sim/fault") as r:
+                assert r.status == 200
+    aborted = caught.value
+    assert aborted.cause is AbortCause.FAILURE and aborted.phase is Phase.COLD
+    assert "failure criteria" in str(aborted)
+    # it stopped at the first step: nothing higher was offered
+    assert [s.offered_rps for s in aborted.steps] == [4.0]
+    assert aborted.steps[0].error_rate > 0.05
+    assert {r.verdict.value for r in reports} == {"failure"}  # each attempt of that step

@@ -1,0 +1,199 @@
+"""``failoverctl capacity probe`` end to end: the installed CLI, a real control-plane
+replica, a real drill service running the real ``CapacityProber``, and a region agent
+whose warm pool (one ACTIVE, one WARM simulator) lends the WARM one out of rotation.
+
+The probe borrows the WARM replica, step-loads it, and the service commits
+``capacity/<region>`` with its audit entry and history row; the HTML report is written;
+the replica is asleep and WARM again; the status reads the measured capacity. A named
+replica in rotation is refused before anything is written, and the record stays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from chaos.capacity.service import CapacityProber
+from chaos.drills.requests import scenario_infos
+from chaos.drills.scenario import load_all
+from chaos.drills.schedule import parse_schedule
+from chaos.drills.service import DrillService, history
+from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.procs import until
+from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.codec import decode
+from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.drills import CAPACITY_PROBE
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.pool_loans import read_members
+from controlplane.kernel.store.etcd import EtcdStore
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.warm_pool import AgentPoolConfig
+from regions.pool.states import ReplicaState
+from tests.integration.cp_harness import fast_topology, running_replica
+from tests.integration.test_failoverctl import ctl
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(300)]
+REGION = "east"
+# 4 slots; the default workload's ~600-token prompts and 128 output tokens at 400/s:
+# about 0.35 s a request, ~11 requests/s saturate a replica.
+SIM_ARGS = ("--max-num-seqs", "4", "--decode-tokens-per-s", "400", "--log-level", "WARNING")
+TUNE = {
+    "step_s": 0.8,
+    "start_rps": 2.0,
+    "precision": 0.25,
+    "max_steps": 8,
+    "request_timeout_s": 10.0,
+    "drain_timeout_s": 20.0,
+    "recover_s": 2.0,
+    "recover_window_s": 0.5,
+    "seed": 3,
+}
+
+
+@pytest.fixture
+def topology(etcd: EtcdServer) -> Topology:
+    data = fast_topology(etcd.endpoints, f"c{uuid.uuid4().hex[:8]}").model_dump(mode="json")
+    data["regions"] = [
+        {**r, "replicas": [], "slo": {"ttft_p99_s": 0.8}, "factor_of_safety": 2.0}
+        if r["name"] == REGION
+        else r
+        for r in data["regions"]
+    ]
+    return parse_topology(data)
+
+
+@pytest.fixture
+async def agent(topology: Topology) -> AsyncIterator[AgentHandle]:
+    pool = AgentPoolConfig.model_validate(
+        {
+            "launcher": {"kind": "simulator", "extra_args": list(SIM_ARGS)},
+            "active": 1,
+            "warm": 1,
+            "reconcile_interval_s": 0.5,
+        }
+    )
+    config = AgentConfig(
+        region=REGION,
+        pool=pool,
+        etcd=topology.etcd.endpoints,
+        cluster=topology.cluster,
+        interval=0.5,
+    )
+    handle = await serve_agent(config)
+    keys = Keys(topology.cluster)
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    try:
+
+        async def one_warm() -> bool:
+            m = await read_members(store, keys, REGION)
+            return m is not None and len(m.active) == 1 and m.warm == 1
+
+        await until(one_warm, within=30, every=0.1, what="the pool's ACTIVE and WARM replicas")
+        yield handle
+    finally:
+        await store.close()
+        await handle.stop(grace=0)
+
+
+def replica_states(agent: AgentHandle) -> dict[str, ReplicaState]:
+    assert agent.pool is not None
+    return {r.url: r.state for r in agent.pool.pool.snapshot().replicas if r.url}
+
+
+async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_back(
+    topology: Topology, agent: AgentHandle, tmp_path: Path
+) -> None:
+    keys = Keys(topology.cluster)
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    prober = CapacityProber(
+        store, keys, topology, holder="drills-test", reports=tmp_path, tune=TUNE
+    )
+    service = DrillService(
+        store,
+        keys,
+        parse_schedule({"entries": []}),
+        _no_drills,
+        SystemClock(),
+        holder="drills-test",
+        tick_s=0.3,
+        scenarios=scenario_infos(load_all()),
+        probe=prober,
+    )
+    serving = asyncio.create_task(service.serve())
+    try:
+        async with running_replica(topology) as run:
+            warm_before = {u for u, s in replica_states(agent).items() if s is ReplicaState.WARM}
+            active = {u for u, s in replica_states(agent).items() if s is ReplicaState.ACTIVE}
+            code, out, err = await _ctl_when_published(
+                run.target,
+                "capacity",
+                "probe",
+                REGION,
+                "--replica",
+                next(iter(active)),
+                "-r",
+                "in rotation",
+                "--json",
+            )
+            assert code == 1, err  # the service ran it and refused the ACTIVE replica
+            refused = json.loads(out)["run"]
+            assert not refused["passed"] and "in rotation" in refused["aborted"]
+            assert await store.get(keys.capacity(REGION)) is None  # nothing written
+
+            code, out, err = await ctl(
+                run.target, "capacity", "probe", REGION, "-r", "after the upgrade", "--json"
+            )
+            assert code == 0, err
+            shown = json.loads(out)
+            assert shown["run"]["scenario"] == CAPACITY_PROBE and shown["run"]["passed"]
+            [entry] = shown["capacity"]
+            assert entry["bearing"]["source"] == "measured"
+
+            kv = await store.get(keys.capacity(REGION))
+            assert kv is not None
+            record = decode(CapacityRecord, kv.value, kv.key)
+            assert record.replica in warm_before and record.region == REGION
+            assert record.probes[0].hit_rate < record.probes[1].hit_rate  # cold, then warm
+            assert record.r_base_rps > 0 and record.slo.ttft_p99_s == 0.8
+            assert Path(shown["run"]["report_path"]).is_file()  # noqa: ASYNC240
+
+            code, out, _ = await ctl(run.target, "history", "--json")
+            actions = [e["action"] for e in json.loads(out)]
+            assert "capacity_measured" in actions and actions.count("drill_run") == 2
+            rows = await history(store, keys, None)
+            assert [r.scenario for r in rows] == [CAPACITY_PROBE] * 2
+
+            async def back_asleep() -> bool:
+                m = await read_members(store, keys, REGION)
+                states = replica_states(agent)
+                return m is not None and not m.lent and states[record.replica] is ReplicaState.WARM
+
+            await until(back_asleep, within=30, every=0.2, what="the probed replica WARM again")
+            code, out, _ = await ctl(run.target, "capacity", "show", REGION)
+            assert code == 0 and "measured" in out and "probe at hit rate" in out
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await store.close()
+
+
+async def _no_drills(name: str, region: str | None, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
+    raise AssertionError(f"no drill should run here, got {name}")
+
+
+async def _ctl_when_published(target: str, *args: str) -> tuple[int, str, str]:
+    """The first command waits for the drill service to publish its catalog."""
+    for _ in range(50):
+        code, out, err = await ctl(target, *args)
+        if "no drill service has published" not in err:
+            return code, out, err
+        await asyncio.sleep(0.2)
+    raise AssertionError("the drill service never published its catalog")

@@ -1,0 +1,478 @@
+"""The admission limiter (controlplane.kernel.admission_limit), driven with a fake clock:
+its limit stays within bounds and is never admitted past, batch is refused before
+interactive, the limit grows under good first-token times and shrinks under bad ones,
+and the queue waits, times out and stands as its docstring says."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from controlplane.kernel.admission_limit import (
+    AdmissionLimiter,
+    Events,
+    Grant,
+    LimitConfig,
+    Priority,
+    Refusal,
+    Waiting,
+    priority_of,
+)
+from regions.gateway.__main__ import parse_args as gateway_args
+from regions.gateway.admission_gate import AdmissionOptions
+
+INTER, BATCH = Priority.INTERACTIVE, Priority.BATCH
+TARGET = 1.0
+
+
+def limiter(replicas: Sequence[str] = ("a",), **config: object) -> AdmissionLimiter:
+    return AdmissionLimiter(LimitConfig(target_s=TARGET, **config), replicas)  # type: ignore[arg-type]
+
+
+def admit(lim: AdmissionLimiter, priority: Priority, now: float = 0.0) -> Grant:
+    got, _ = lim.acquire(priority, lim.limits(), now)
+    assert isinstance(got, Grant), got
+    return got
+
+
+# ---- the state machine: any sequence of calls keeps the invariants ----------------------
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """Arrivals, first tokens, releases, replica changes and time passing, in any order;
+    every call's outcome is checked against the rules it must keep."""
+
+    @initialize(
+        max_limit=st.one_of(st.none(), st.integers(1, 12)),
+        initial=st.one_of(st.none(), st.integers(1, 20)),
+        max_queue=st.integers(0, 6),
+        share=st.sampled_from([0.5, 0.75, 0.9]),
+    )
+    def build(
+        self, max_limit: int | None, initial: int | None, max_queue: int, share: float
+    ) -> None:
+        self.config = LimitConfig(
+            target_s=TARGET,
+            max_limit=max_limit,
+            initial_limit=initial,
+            max_queue=max_queue,
+            interactive_share=share,
+            max_wait_s=1.0,
+        )
+        self.lim = AdmissionLimiter(self.config, ["a", "b"])
+        self.replicas = ["a", "b"]
+        self.now = 0.0
+        self.grants: list[Grant] = []
+        self.waiters: dict[int, Waiting] = {}
+
+    def _apply(self, events: Events) -> None:
+        for g in events.granted:
+            assert self.waiters.pop(g.ticket, None) is not None, "granted a ticket nobody queued"
+            self.grants.append(g)
+        for r in events.refused:
+            assert self.waiters.pop(r.ticket, None) is not None, "refused a ticket nobody queued"
+            assert 1 <= r.retry_after_s <= self.config.retry_after_max_s
+        self._check_grants(events.granted)
+
+    def _check_grants(self, granted: Sequence[Grant]) -> None:
+        limits = self.lim.limits()
+        for g in granted:
+            # never admitted past the limit: nothing lowers a limit while it grants
+            assert self.lim.inflight(g.replica) <= max(1, int(limits[g.replica]))
+        for g in granted:
+            if g.priority is BATCH and g.queued and self._interactive_may_take(g.replica):
+                # batch got a slot from the queue while interactive waited: only when
+                # interactive already held its share of that replica
+                held = self.lim.inflight_of(g.replica, INTER)
+                assert held >= self.config.share(INTER) * limits[g.replica]
+
+    def _interactive_may_take(self, replica: str) -> bool:
+        return any(w.priority is INTER and replica not in w.avoid for w in self.waiters.values())
+
+    @rule(batch=st.booleans(), order=st.permutations(["a", "b"]), avoid_first=st.booleans())
+    def arrive(self, batch: bool, order: list[str], avoid_first: bool) -> None:
+        priority = BATCH if batch else INTER
+        avoid = {order[0]} if avoid_first else set()
+        had_batch_waiter = self.lim.waiting(BATCH) > 0
+        got, events = self.lim.acquire(
+            priority, [r for r in order if r not in avoid], self.now, avoid
+        )
+        self._apply(events)
+        if isinstance(got, Grant):
+            assert got.replica not in avoid
+            self.grants.append(got)
+            self._check_grants([got])
+        elif isinstance(got, Waiting):
+            self.waiters[got.ticket] = got
+        else:
+            assert isinstance(got, Refusal)
+            if priority is INTER and got.reason == "queue_full" and self.config.max_queue:
+                assert not had_batch_waiter, "interactive refused while batch waited"
+        evicted = [r for r in events.refused if r.reason == "evicted"]
+        assert all(r.priority is BATCH for r in evicted), "only batch is evicted"
+
+    @precondition(lambda self: self.grants)
+    @rule(pick=st.integers(0, 1000), seconds=st.floats(0.0, 4.0))
+    def first_token(self, pick: int, seconds: float) -> None:
+        g = self.grants[pick % len(self.grants)]
+        self._apply(self.lim.observe(g, seconds, self.now))
+
+    @precondition(lambda self: self.grants)
+    @rule(pick=st.integers(0, 1000))
+    def release(self, pick: int) -> None:
+        g = self.grants.pop(pick % len(self.grants))
+        self._apply(self.lim.release(g, self.now))
+
+    @precondition(lambda self: self.waiters)
+    @rule(pick=st.integers(0, 1000))
+    def client_leaves(self, pick: int) -> None:
+        ticket = sorted(self.waiters)[pick % len(self.waiters)]
+        del self.waiters[ticket]
+        self._apply(self.lim.withdraw(ticket, self.now))
+
+    @rule(seconds=st.floats(0.0, 1.5))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        self._apply(self.lim.expire(self.now))
+
+    @rule(replicas=st.sampled_from([["a"], ["a", "b"], ["b", "c"], ["a", "b", "c"]]))
+    def replicas_change(self, replicas: list[str]) -> None:
+        self.replicas = replicas
+        self._apply(self.lim.set_replicas(replicas, self.now))
+
+    @invariant()
+    def limits_stay_within_bounds(self) -> None:
+        upper = self.config.max_limit or float("inf")
+        for value in self.lim.limits().values():
+            assert 1.0 <= value <= upper
+
+    @invariant()
+    def in_flight_counts_match_the_grants(self) -> None:
+        for name in {*self.replicas, *(g.replica for g in self.grants)}:
+            held = [g for g in self.grants if g.replica == name]
+            assert self.lim.inflight(name) == len(held)
+            for p in (INTER, BATCH):
+                assert self.lim.inflight_of(name, p) == sum(g.priority is p for g in held)
+
+    @invariant()
+    def the_queue_is_bounded_and_known(self) -> None:
+        assert self.lim.waiting() == len(self.waiters) <= self.config.max_queue
+
+    @invariant()
+    def nobody_waits_beside_a_free_slot(self) -> None:
+        limits = self.lim.limits()
+        for name, value in limits.items():
+            if self.lim.inflight(name) < max(1, int(value)):
+                assert not any(name not in w.avoid for w in self.waiters.values())
+
+
+TestLimiterMachine = LimiterMachine.TestCase
+TestLimiterMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+# ---- growing and shrinking ---------------------------------------------------------------
+
+
+@given(
+    start=st.integers(1, 40),
+    answers=st.lists(st.floats(0.0, TARGET), min_size=1, max_size=200),
+    bound=st.one_of(st.none(), st.integers(1, 60)),
+)
+def test_the_limit_grows_while_first_tokens_stay_under_the_target(
+    start: int, answers: list[float], bound: int | None
+) -> None:
+    lim = limiter(initial_limit=start, max_limit=bound)
+    upper = bound or float("inf")
+    held = [admit(lim, INTER) for _ in range(int(lim.limits()["a"]))]  # the replica is busy
+    before = lim.limits()["a"]
+    for i, seconds in enumerate(answers):
+        lim.observe(held[i % len(held)], seconds, 0.0)
+    after = lim.limits()["a"]
+    assert after <= upper
+    assert after > before or before == upper
+
+
+@given(
+    start=st.integers(1, 64),
+    late=st.lists(st.floats(TARGET * 1.01, 30.0), min_size=1, max_size=30),
+)
+def test_the_limit_shrinks_when_first_tokens_pass_the_target(start: int, late: list[float]) -> None:
+    lim = limiter(initial_limit=start)
+    for seconds in late:
+        before = lim.limits()["a"]
+        g = admit(lim, INTER)  # admitted under the current limit: its answer is news
+        lim.observe(g, seconds, 0.0)
+        lim.release(g, 0.0)
+        after = lim.limits()["a"]
+        assert after >= 1.0
+        assert after < before or before == 1.0
+        # multiplicative: between min_backoff and backoff of what it was
+        assert after >= max(1.0, before * 0.5) - 1e-9
+        assert after <= max(1.0, before * 0.9) + 1e-9
+
+
+def test_late_answers_to_requests_admitted_before_a_cut_make_no_second_cut() -> None:
+    lim = limiter(initial_limit=10)
+    old = [admit(lim, INTER) for _ in range(5)]
+    lim.observe(old[0], 2 * TARGET, 0.0)  # halves: 10 -> 5
+    assert lim.limits()["a"] == pytest.approx(5)
+    for g in old[1:]:
+        lim.observe(g, 3 * TARGET, 0.0)  # admitted under 10: old news
+    assert lim.limits()["a"] == pytest.approx(5)
+
+
+def test_an_idle_replica_does_not_grow_its_limit() -> None:
+    lim = limiter(initial_limit=10)
+    g = admit(lim, INTER)  # 1 of 10 in flight
+    for _ in range(50):
+        lim.observe(g, 0.1, 0.0)
+    assert lim.limits()["a"] == 10
+
+
+def test_the_start_limit_is_the_bound_when_one_is_given() -> None:
+    assert limiter(max_limit=40).limits()["a"] == 40
+    assert limiter().limits()["a"] == 16  # unbounded: starts at 16
+    assert limiter(initial_limit=8, max_limit=4).limits()["a"] == 4
+
+
+# ---- partitions -------------------------------------------------------------------------
+
+
+def test_batch_borrows_only_while_the_replica_is_under_its_limit() -> None:
+    lim = limiter(initial_limit=10, max_queue=10)
+    batch = [admit(lim, BATCH) for _ in range(10)]  # interactive is quiet: batch borrows it all
+    got, _ = lim.acquire(INTER, ["a"], 0.0)
+    assert isinstance(got, Waiting)  # never past the limit, even for interactive
+    events = lim.release(batch[0], 0.0)
+    assert [g.ticket for g in events.granted] == [got.ticket]  # the freed slot goes back
+
+
+@given(
+    limit=st.integers(2, 30),
+    share=st.sampled_from([0.5, 0.8, 0.9]),
+    waiting=st.lists(st.booleans(), min_size=1, max_size=40),
+)
+def test_a_freed_slot_goes_to_batch_only_within_its_share(
+    limit: int, share: float, waiting: list[bool]
+) -> None:
+    lim = limiter(initial_limit=limit, max_queue=100, interactive_share=share)
+    held = [admit(lim, INTER) for _ in range(limit)]
+    for batch in waiting:
+        lim.acquire(BATCH if batch else INTER, ["a"], 0.0)
+    for g in held:
+        events = lim.release(g, 0.0)
+        for granted in events.granted:
+            if granted.priority is BATCH and lim.waiting(INTER):
+                assert lim.inflight_of("a", BATCH) <= (1 - share) * limit + 1
+
+
+def test_batch_keeps_its_reserved_share_while_interactive_overloads() -> None:
+    lim = limiter(initial_limit=10, max_queue=100)  # batch reserves 0.1 x 10: one slot
+    held = [admit(lim, INTER) for _ in range(10)]
+    for _ in range(5):
+        lim.acquire(INTER, ["a"], 0.0)
+    batch, _ = lim.acquire(BATCH, ["a"], 0.0)
+    first = lim.release(held[0], 0.0)  # interactive holds 9 of its 9: batch's turn
+    assert [g.ticket for g in first.granted] == [batch.ticket]
+    second = lim.release(held[1], 0.0)  # batch holds its 1: back to interactive
+    assert [g.priority for g in second.granted] == [INTER]
+
+
+def overload_run(
+    seed: int, offered: float, batch_mix: float, hold_s: float, steps: int
+) -> dict[Priority, float]:
+    """Poisson-ish arrivals at ``offered`` x the replicas' capacity, each request holding
+    its slot ``hold_s``; the share of each partition refused."""
+    rng = random.Random(seed)
+    lim = limiter(("a", "b"), initial_limit=10, max_queue=20, max_wait_s=0.5)
+    capacity = 2 * 10 / hold_s
+    dt = 0.01
+    now = 0.0
+    ends: list[tuple[float, Grant]] = []
+    sent = dict.fromkeys((INTER, BATCH), 0)
+    refused = dict.fromkeys((INTER, BATCH), 0)
+
+    def settle(events: Events) -> None:
+        ends.extend((now + hold_s, g) for g in events.granted)
+        for r in events.refused:
+            refused[r.priority] += 1
+
+    for _ in range(steps):
+        now += dt
+        for end, g in [e for e in ends if e[0] <= now]:
+            ends.remove((end, g))
+            settle(lim.release(g, now))
+        for _ in range(_poisson(rng, offered * capacity * dt)):
+            p = BATCH if rng.random() < batch_mix else INTER
+            sent[p] += 1
+            got, events = lim.acquire(p, ["a", "b"], now)
+            settle(events)
+            if isinstance(got, Grant):
+                settle(Events(granted=(got,)))
+            elif isinstance(got, Refusal):
+                refused[p] += 1
+        settle(lim.expire(now))
+    return {p: refused[p] / sent[p] for p in (INTER, BATCH) if sent[p]}
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n += 1
+        t += rng.expovariate(1.0)
+    return n
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    offered=st.floats(1.5, 3.0),
+    batch_mix=st.floats(0.2, 0.5),
+)
+def test_under_overload_batch_is_refused_before_interactive(
+    seed: int, offered: float, batch_mix: float
+) -> None:
+    shares = overload_run(seed, offered, batch_mix, hold_s=0.2, steps=600)
+    assert shares[BATCH] > shares[INTER]
+
+
+# ---- the queue ----------------------------------------------------------------------------
+
+
+def test_a_waiter_times_out_after_the_max_wait_with_a_retry_after() -> None:
+    lim = limiter(initial_limit=1, max_wait_s=1.0)
+    admit(lim, INTER)
+    got, _ = lim.acquire(INTER, ["a"], 0.0)
+    assert isinstance(got, Waiting)
+    assert lim.next_deadline(0.5) == pytest.approx(1.0)
+    assert not lim.expire(0.9)
+    [refusal] = lim.expire(1.1).refused
+    assert (refusal.ticket, refusal.reason) == (got.ticket, "timeout")
+    assert refusal.retry_after_s >= 1
+
+
+def test_a_standing_queue_shortens_the_wait() -> None:
+    lim = limiter(initial_limit=1, max_wait_s=1.0, standing_wait_s=0.1)
+    admit(lim, INTER)
+    now = 0.0
+    while now < 1.0:  # a waiter every 50 ms, each timing out: the queue never empties
+        lim.acquire(INTER, ["a"], now)
+        now += 0.05
+    assert lim.standing(now)
+    got, _ = lim.acquire(INTER, ["a"], now)
+    assert isinstance(got, Waiting)
+    deadline = lim.next_deadline(now)
+    assert deadline is not None and deadline <= now + 0.1 + 1e-9  # not since + 1 s
+    assert got.ticket in {r.ticket for r in lim.expire(now + 0.15).refused}
+
+
+def test_a_queue_stays_standing_through_a_moment_empty_after_a_timeout() -> None:
+    lim = limiter(initial_limit=1, max_wait_s=1.0, standing_wait_s=0.1)
+    admit(lim, INTER)
+    lim.acquire(INTER, ["a"], 0.0)
+    assert lim.expire(1.01).refused  # timed out: the queue is empty again, but
+    assert lim.waiting() == 0 and lim.standing(1.5)  # the region is still overloaded
+    got, _ = lim.acquire(INTER, ["a"], 1.5)
+    assert isinstance(got, Waiting)
+    assert lim.next_deadline(1.5) == pytest.approx(1.6)  # a short wait only
+    assert [r.ticket for r in lim.expire(1.61).refused] == [got.ticket]
+    assert lim.standing(2.6) and not lim.standing(2.62)  # a quiet second ends it
+
+
+def test_a_full_queue_drops_its_newest_batch_waiter_for_an_interactive_arrival() -> None:
+    lim = limiter(initial_limit=1, max_queue=2)
+    admit(lim, INTER)
+    first, _ = lim.acquire(BATCH, ["a"], 0.0)
+    newest, _ = lim.acquire(BATCH, ["a"], 0.0)
+    got, events = lim.acquire(INTER, ["a"], 0.0)
+    assert isinstance(got, Waiting)
+    assert [(r.ticket, r.reason) for r in events.refused] == [(newest.ticket, "evicted")]
+    refused, _ = lim.acquire(BATCH, ["a"], 0.0)
+    assert isinstance(refused, Refusal) and refused.reason == "queue_full"
+    assert isinstance(first, Waiting) and lim.waiting(BATCH) == 1
+
+
+def test_a_replica_that_left_takes_nothing_new_and_is_forgotten_when_empty() -> None:
+    lim = limiter(("a", "b"), initial_limit=1)
+    g = admit(lim, INTER)
+    lim.set_replicas(["b"] if g.replica == "a" else ["a"], 0.0)
+    assert g.replica not in lim.limits()
+    assert lim.inflight(g.replica) == 1
+    lim.release(g, 0.0)
+    assert lim.inflight(g.replica) == 0
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("batch", BATCH),
+        (" Low ", BATCH),
+        ("interactive", INTER),
+        ("7", INTER),
+        ("0", INTER),
+        ("-1", BATCH),  # the shedding actuator's scale: unmarked is 0, batch below it
+        ("", INTER),
+        (None, INTER),
+        ("x", INTER),
+    ],
+)
+def test_priority_of_the_header_unknown_values_are_interactive(
+    header: str | None, expected: Priority
+) -> None:
+    assert priority_of(header) is expected
+
+
+def test_bad_settings_are_refused_naming_them() -> None:
+    with pytest.raises(ValueError, match="interactive_share"):
+        LimitConfig(target_s=1.0, interactive_share=1.0)
+    with pytest.raises(ValueError, match="target_s"):
+        LimitConfig(target_s=0.0)
+
+
+# ---- the gateway's settings: the target from the SLO, the flags --------------------------
+
+
+def test_the_default_target_leaves_the_queue_wait_within_the_slo() -> None:
+    assert AdmissionOptions().target_for(2.0) == 1.0  # 2 s SLO less the 1 s wait
+    assert AdmissionOptions(max_queue_wait_s=0.5).target_for(2.0) == 1.5
+    assert AdmissionOptions(max_queue_wait_s=1.5).target_for(2.0) == 1.0  # half the SLO
+    assert AdmissionOptions(first_token_target_s=0.3).target_for(2.0) == 0.3
+    config = AdmissionOptions(max_inflight=32, interactive_share=0.8).limit_config(2.0)
+    assert (config.target_s, config.max_limit) == (1.0, 32)
+    assert config.share(BATCH) == pytest.approx(0.2)
+
+
+GATEWAY = ["--topology", "examples/topology.yaml", "--region", "us-east"]
+
+
+def test_admission_is_off_unless_the_flag_turns_it_on() -> None:
+    off, _ = gateway_args(GATEWAY)
+    assert off.admission == AdmissionOptions()
+    assert not off.admission.enabled
+    on, _ = gateway_args(
+        [*GATEWAY, "--admission", "--admission-max-wait", "0.5", "--admission-max-inflight", "64"]
+    )
+    assert on.admission.enabled
+    assert (on.admission.max_queue_wait_s, on.admission.max_inflight) == (0.5, 64)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--admission-interactive-share", "1"], "--admission-interactive-share"),
+        (["--admission-max-inflight", "0"], "--admission-max-inflight must be positive"),
+        (["--admission-target", "0"], "--admission-target must be positive"),
+    ],
+)
+def test_bad_admission_flags_are_refused_naming_the_flag(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        gateway_args([*GATEWAY, *flags])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
