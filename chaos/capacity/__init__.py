@@ -5,6 +5,7 @@ bears under its SLO (the model is ``controlplane.kernel.capacity``; the stored r
 - ``workload``: requests shaped like a region's traffic (prompt lengths, shared
   prefixes for the warm workload, every prompt unique for the cold one), seeded;
 - ``load``: an open-loop Poisson load generator of streaming chat completions;
+- ``results``: what one request came to;
 - ``stats``: what a step's requests say (p99, errors, throughput, recovery, waste);
 - ``probe``: the I/O loop around ``ProbePlan`` that returns a ``CapacityRecord``.
 

@@ -23,21 +23,20 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import aiohttp
+
+from chaos.capacity.results import Outcome, RequestResult
+
+# The results live in ``chaos.capacity.results`` (pure); named here too, where callers
+# of the generator find them.
+__all__ = ["CHAT_PATH", "LoadGenerator", "Outcome", "Planned", "RequestResult"]
 
 CHAT_PATH = "/v1/chat/completions"
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _DATA = b"data: "
 _DONE = b"data: [DONE]"
 _EMPTY = re.compile(rb'"content":\s*""')  # a chunk without text (compact or spaced JSON)
-
-
-class Outcome(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,33 +47,6 @@ class Planned:
     url: str  # the replica's base URL
     body: bytes
     prompt_tokens: int  # the workload's estimate, used when no usage comes back
-
-
-@dataclass(frozen=True, slots=True)
-class RequestResult:
-    planned_s: float  # offsets from the run's start
-    sent_s: float
-    first_token_s: float | None  # None: no content came
-    done_s: float
-    outcome: Outcome
-    status: int  # HTTP status (0: no answer)
-    detail: str  # why it failed ("" when ok)
-    prompt_tokens: int  # spent on it: 0 unless a first token came (prefill done)
-    generated_tokens: int
-    cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens when reported
-    url: str
-
-    @property
-    def lag_s(self) -> float:
-        return self.sent_s - self.planned_s
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.sent_s
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is Outcome.OK
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaos.capacity.load import Outcome, RequestResult
+from chaos.capacity.results import Outcome, RequestResult
 from controlplane.kernel.capacity import CapacitySLO, Step
 
 

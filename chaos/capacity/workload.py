@@ -254,3 +254,23 @@ def requests(
             )
         )
     return out
+
+
+def warmup_requests(workload: Workload, *, seed: int, tag: str) -> list[ProbeRequest]:
+    """One request per shared prefix, carrying all of it: what the warm probe sends
+    first, so that its steps meet the prefixes cached (as the region's traffic keeps
+    them) rather than one cold start each."""
+    out = []
+    for k in range(workload.prefixes):
+        words = [*prefix_words(k, seed, workload.prefix_tokens), *nonce(tag, k), WORDS[0]]
+        out.append(
+            ProbeRequest(
+                index=k,
+                prompt_tokens=len(words) + TEMPLATE_TOKENS,
+                prefix=k,
+                prefix_words=workload.prefix_tokens,
+                content=" ".join(words),
+                max_tokens=1,
+            )
+        )
+    return out

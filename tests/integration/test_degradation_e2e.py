@@ -36,8 +36,12 @@ def sim() -> Iterator[Proc]:
 
 
 def fast_ladder(tmp_path: Path) -> Path:
-    """The real file with a test baseline and short intervals: same steps, same order."""
+    """The real file with a test baseline and short intervals: same steps, same order,
+    but for those a latency fault cannot fire: shed-batch waits for the region to be
+    past what it bears (``cbu_over``; tests/test_degradation_order.py walks it)."""
     data = yaml.safe_load(DEFAULT_PATH.read_text())
+    data["steps"] = [s for s in data["steps"] if "cbu_over" not in s["trigger"]]
+    assert len(data["steps"]) == 3
     data["baseline"]["ttft_p99_s"] = BASELINE_S
     data["degrade"]["step_interval_s"] = 1
     data["recovery"]["step_interval_s"] = 1
@@ -64,6 +68,9 @@ async def test_a_latency_fault_walks_the_ladder_in_file_order_and_back(
     data["regions"][0]["replicas"] = [sim.url]  # east
     # The control plane hands the agent this threshold in the answers to its reports.
     data["regions"][0]["degraded_when"] = {"ttft_p99_over_s": 0.5}
+    # The fault here is latency alone: room enough that the test's own traffic (four
+    # senders, ~100 rps once the fault is gone) never fires a step by load.
+    data["regions"][0]["capacity_rps"] = 100_000
     data["timing"]["quorum"] = 1
     topo = parse_topology(data)
     async with running_replica(topo, ladder=ladder) as cp, aiohttp.ClientSession() as http:

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from chaos.capacity.load import Outcome, RequestResult, _Stream
+from chaos.capacity.load import _Stream
 from chaos.capacity.probe import (
     ProbeConfig,
     Verdict,
@@ -19,6 +19,7 @@ from chaos.capacity.probe import (
     recovery_offsets,
     verdict,
 )
+from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import percentile, recovery_time, step_figures, wasted_share
 from chaos.capacity.workload import (
     DEFAULT_PROFILE,
@@ -29,6 +30,7 @@ from chaos.capacity.workload import (
     default_workload,
     prompt_length,
     requests,
+    warmup_requests,
     workload_from_catalog,
 )
 from controlplane.kernel.capacity import CapacitySLO, Step
@@ -110,6 +112,20 @@ def test_the_token_estimate_is_exact_on_the_simulators_tokenizer() -> None:
     for r in requests(WORKLOAD, 50, warm=True, seed=2, tag="t"):
         assert len(tok.encode(render_chat([("user", r.content)]))) == r.prompt_tokens
     assert all(len(w) <= 4 for w in WORDS) and TEMPLATE_TOKENS == 8
+
+
+def test_the_warm_up_carries_each_whole_shared_prefix_once() -> None:
+    warm = requests(WORKLOAD, 200, warm=True, seed=2, tag="t")
+    ups = warmup_requests(WORKLOAD, seed=2, tag="t")
+    assert [u.prefix for u in ups] == [0, 1, 2] and all(u.max_tokens == 1 for u in ups)
+    tok = Tokenizer()
+    for u in ups:
+        assert len(tok.encode(render_chat([("user", u.content)]))) == u.prompt_tokens
+        head = u.content.split()[: u.prefix_words]
+        # every shared prompt of the workload starts with (a cut of) this prefix
+        for r in warm:
+            if r.prefix == u.prefix:
+                assert r.content.split()[: r.prefix_words] == head[: r.prefix_words]
 
 
 def test_the_body_asks_for_a_stream_with_usage_and_a_fixed_output() -> None:
