@@ -43,13 +43,18 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry
-from controlplane.kernel.pool_loans import LoanLost, LoanRefused, LoanTimedOut, borrow
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool_loans import (
+    LoanLost,
+    LoanRefused,
+    LoanTimedOut,
+    borrow,
+    read_members,
+)
 from controlplane.kernel.prefix_catalog import PrefixCatalog
 from controlplane.kernel.store.port import Put, Store
 
 log = logging.getLogger("tectonic.capacity")
-M = TypeVar("M", CapacityRecord, PoolMembers, PrefixCatalog)
+M = TypeVar("M", CapacityRecord, PrefixCatalog)
 LOAN_FAILURES = (LoanRefused, LoanTimedOut, LoanLost)
 
 
@@ -116,7 +121,7 @@ class CapacityProber:
     async def _config(self, region: str) -> ProbeConfig:
         cfg = self._topology.region(region)
         last = await self._read(self._keys.capacity(region), CapacityRecord)
-        pool = await self._read(self._keys.pool(region), PoolMembers)
+        pool = await read_members(self._store, self._keys, region)
         active = len(pool.active) if pool else len(cfg.replicas)
         hint = min((p.ultimate_rps for p in last.probes), default=None) if last else None
         config = ProbeConfig(

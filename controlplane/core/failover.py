@@ -65,8 +65,8 @@ def _exclusion(
     src_zone = topology.region(source.name).zone
     if topology.region(view.name).zone != src_zone:
         return f"is in zone {topology.region(view.name).zone}, not {src_zone}"
-    if cbu_now(view, topology, now) >= 1.0:
-        return f"has no headroom (capacity utilisation {cbu_now(view, topology, now):.2f})"
+    if (cbu := cbu_now(view, topology, now)) >= 1.0:
+        return f"has no headroom (capacity utilisation {cbu:.2f})"
     return None
 
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controlplane.kernel.admission_limit import DEFAULT_BATCH_VALUES
 from controlplane.kernel.degradation import FeatureFlags
 from controlplane.kernel.prompts import BadRequest, chat_messages
 from regions.gateway.requests import Endpoint, ProxyRequest
@@ -100,7 +101,6 @@ def degrades_requests(flags: FeatureFlags) -> bool:
 
 
 BATCH_PRIORITY = -1  # ``x-priority: batch`` (or ``low``): below every unmarked request
-BATCH_NAMES = frozenset({"batch", "low"})  # as admission control reads them
 
 
 def priority(header: str | None, default: int) -> int:
@@ -111,7 +111,7 @@ def priority(header: str | None, default: int) -> int:
     if header is None:
         return default
     value = header.strip()
-    if value.lower() in BATCH_NAMES:
+    if value.lower() in DEFAULT_BATCH_VALUES:  # the names admission control reads
         return BATCH_PRIORITY
     try:
         return int(value)
