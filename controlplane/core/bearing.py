@@ -44,7 +44,6 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    shares: dict[str, float]  # target -> fraction of the moved load (sums to <= 1)
     moved_rps: dict[str, float]  # target -> rps it takes
     rooms: dict[str, float]  # target -> rps it could take at that hit rate
     cbu_after: dict[str, float]  # target -> CBU once it carries its part
@@ -83,9 +82,8 @@ def split(
     moved = {
         name: (take * room / total_room if total_room > 0 else 0.0) for name, room in rooms.items()
     }
-    shares = {name: (rps / moved_rps if moved_rps > 0 else 0.0) for name, rps in moved.items()}
     cbu_after = {t.name: t.cbu(moved[t.name], hit_rate) for t in targets}
-    return Split(shares, moved, rooms, cbu_after, max(0.0, moved_rps - take))
+    return Split(moved, rooms, cbu_after, max(0.0, moved_rps - take))
 
 
 # ---- a region as the planner reads it ------------------------------------------------
