@@ -35,7 +35,8 @@ from chaos.drills.result import DrillResult
 from chaos.drills.scenario import find_scenario
 from chaos.drills.service import RunDrill
 from chaos.drills.traffic import Traffic
-from chaos.kube.target import KubernetesDrillRunner, KubernetesDrillTarget, PodGroup, RegionPods
+from chaos.kube.pods import PodGroup, RegionPods
+from chaos.kube.target import KubernetesDrillRunner, KubernetesDrillTarget
 from controlplane.kernel.config import ConfigError, describe_errors, load_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Frozen

@@ -37,11 +37,14 @@ client, in a loop of its own, and closes it):
   does not. ``clear_faults`` deletes every object the drill made for the region (found
   by label, so also after the drill process restarted).
 
-Every API call is recorded (:meth:`take_calls`, :meth:`take_detail`);
-:class:`KubernetesDrillRunner` adds them to the journal entry of each fault and
-rollback, with what was deleted or created. The DrillTarget methods return what the
-Protocol says: pods have no PIDs, so ``stop_servers`` and ``kill_controlplane`` return
-positions (one number per pod deleted); the names are in the journal.
+The pieces: chaos/kube/pods.py (the pods, listed and deleted), chaos/kube/workloads.py
+(scale and Service endpoints), chaos/kube/blackout.py (the NetworkPolicy blackout),
+chaos/kube/chaos_mesh.py (injected faults). Every API call is recorded
+(:meth:`take_calls`, :meth:`take_detail`); :class:`KubernetesDrillRunner` adds them
+to the journal entry of each fault and rollback, with what was deleted or created. The
+DrillTarget methods return what the Protocol says: pods have no PIDs, so
+``stop_servers`` and ``kill_controlplane`` return positions (one number per pod
+deleted); the names are in the journal.
 """
 
 from __future__ import annotations
@@ -51,82 +54,36 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-import aiohttp
-from kubernetes_asyncio.client import (
-    ApiClient,
-    AppsV1Api,
-    CoreV1Api,
-    CustomObjectsApi,
-    DiscoveryV1Api,
-    NetworkingV1Api,
-    V1Pod,
-)
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client import ApiClient
 
 from chaos.drills.runner import DrillRunner, DrillTarget
 from chaos.drills.scenario import Fault
-from chaos.kube.manifests import (
-    CHAOS_GROUP,
-    CHAOS_VERSION,
-    FaultRefused,
-    blackout_policy,
-    chaos_objects,
-    drill_selector,
-    object_name,
+from chaos.kube import blackout as netpol
+from chaos.kube import chaos_mesh
+from chaos.kube.pods import (
+    KubeDrillError,
+    PodGroup,
+    RegionPods,
+    delete_pod,
+    leader_pod,
+    list_pods,
+    ordinal,
+    ready,
+    running,
 )
+from chaos.kube.workloads import read_replicas, routable, set_replicas, wait_routable
 from controlplane.kernel.keys import Keys
 from regions.kube.client import ApiCall, new_api_client
-from regions.kube.endpoints import fold_slices, service_selector
 from regions.kube.workload import Workload
 
 log = logging.getLogger("chaos.kube.target")
 T = TypeVar("T")
 Blackout = Literal["delete-pods", "scale-to-zero", "network-policy"]
-CHAOS_PLURALS = ("httpchaos", "networkchaos")
-NOT_ENFORCED = (
-    "a NetworkPolicy isolates pods only where the cluster's network plugin enforces "
-    "NetworkPolicies (Calico, Cilium, Antrea...; not flannel alone); the Kubernetes API "
-    "cannot tell which plugin runs, so Tectonic cannot detect it: the drill checks "
-    "whether the pods still answer from where it runs, and its own observations say "
-    "whether the region went dark"
-)
-
-
-class KubeDrillError(RuntimeError):
-    """A drill action the cluster refused or that did not complete (said why)."""
-
-
-@dataclass(frozen=True)
-class RegionPods:
-    """A region's model pods: their workload, the Service in front of them, and the
-    labels that select exactly them."""
-
-    namespace: str
-    workload: str  # deployment/NAME or statefulset/NAME
-    service: str
-    labels: Mapping[str, str]
-    port_name: str | None = "http"
-
-    @property
-    def selector(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.labels.items())
-
-
-@dataclass(frozen=True)
-class PodGroup:
-    """Pods selected by labels (the control plane's, etcd's)."""
-
-    namespace: str
-    labels: Mapping[str, str]
-
-    @property
-    def selector(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.labels.items())
 
 
 @dataclass
@@ -173,7 +130,7 @@ class KubernetesDrillTarget:
         self._scaled_from: dict[str, int] = {}  # region -> replicas before scale-to-zero
         self._ready_before: dict[str, int] = {}  # pod group -> ready pods before a kill
         if blackout == "network-policy":
-            log.warning("region blackout by NetworkPolicy: %s", NOT_ENFORCED)
+            log.warning("region blackout by NetworkPolicy: %s", netpol.NOT_ENFORCED)
 
     # -- the record (for the runner's journal) -----------------------------------------
     def take_calls(self) -> list[ApiCall]:
@@ -241,13 +198,22 @@ class KubernetesDrillTarget:
         if region not in self.regions:
             return []
         r = self.regions[region]
-        return self._run(lambda api: self._routable(api, r))
+        return self._run(lambda api: routable(api, r, self.request_timeout_s))
 
     # -- DrillTarget: the region's servers -------------------------------------------------
     def stop_servers(self, region: str, count: int | None = None) -> list[int]:
         r = self._region(region)
         if count is None and self.blackout == "network-policy":
-            self._run(lambda api: self._isolate(api, region, r))
+            self._run(
+                lambda api: netpol.isolate(
+                    api,
+                    region,
+                    r,
+                    timeout_s=self.request_timeout_s,
+                    check_after_s=self.check_blackout_s,
+                    note=self._note,
+                )
+            )
             return []
         if count is None and self.blackout == "scale-to-zero":
             self._run(lambda api: self._scale_to_zero(api, region, r))
@@ -262,11 +228,25 @@ class KubernetesDrillTarget:
     # -- DrillTarget: faults ---------------------------------------------------------------
     def inject(self, region: str, fault: dict[str, object]) -> list[str]:
         r = self._region(region)
-        return self._run(lambda api: self._inject(api, region, r, fault))
+        return self._run(
+            lambda api: chaos_mesh.inject(
+                api,
+                region,
+                r,
+                fault,
+                timeout_s=self.request_timeout_s,
+                duration_s=self.fault_duration_s,
+                note=self._note,
+            )
+        )
 
     def clear_faults(self, region: str) -> list[str]:
         r = self._region(region)
-        return self._run(lambda api: self._clear(api, region, r))
+        return self._run(
+            lambda api: chaos_mesh.clear(
+                api, region, r, timeout_s=self.request_timeout_s, note=self._note
+            )
+        )
 
     # -- DrillTarget: control plane and etcd -----------------------------------------------
     def kill_controlplane(self, rid: str) -> int:
@@ -284,7 +264,7 @@ class KubernetesDrillTarget:
     def start_etcd_members(self) -> list[int]:
         group = self._group(self.etcd, "etcd")
         names = self._run(lambda api: self._wait_group(api, group, "etcd"))
-        return [_ordinal(n, i) for i, n in enumerate(names)]
+        return [ordinal(n, i) for i, n in enumerate(names)]
 
     @staticmethod
     def _group(group: PodGroup | None, what: str) -> PodGroup:
@@ -293,237 +273,48 @@ class KubernetesDrillTarget:
         return group
 
     # -- pods ------------------------------------------------------------------------------
-    async def _pods(self, api: ApiClient, namespace: str, selector: str) -> list[V1Pod]:
-        page = await CoreV1Api(api).list_namespaced_pod(
-            namespace, label_selector=selector, _request_timeout=self.request_timeout_s
-        )
-        return sorted(page.items or (), key=lambda p: str(p.metadata.name))
-
-    async def _delete_pod(self, api: ApiClient, namespace: str, name: str) -> bool:
-        """DELETE with zero grace; False when it was gone already."""
-        try:
-            await CoreV1Api(api).delete_namespaced_pod(
-                name, namespace, grace_period_seconds=0, _request_timeout=self.request_timeout_s
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeDrillError(_refused(f"delete pod {namespace}/{name}", e)) from e
-        return True
-
     async def _delete_pods(self, api: ApiClient, r: RegionPods, count: int | None) -> list[str]:
-        live = [p for p in await self._pods(api, r.namespace, r.selector) if _running(p)]
+        t = self.request_timeout_s
+        live = [p for p in await list_pods(api, r.namespace, r.selector, t) if running(p)]
         chosen = live if count is None else live[:count]
         if not chosen:
             raise KubeDrillError(f"no running pod matches {r.selector} in namespace {r.namespace}")
         deleted = [
             p.metadata.name
             for p in chosen
-            if await self._delete_pod(api, r.namespace, p.metadata.name)
+            if await delete_pod(api, r.namespace, p.metadata.name, t)
         ]
         self._note("deleted_pods", deleted)
         return deleted
 
-    # -- scale -----------------------------------------------------------------------------
-    async def _replicas(self, api: ApiClient, w: Workload) -> tuple[int, str]:
-        apps = AppsV1Api(api)
-        try:
-            if w.kind == "deployment":
-                s = await apps.read_namespaced_deployment_scale(
-                    w.name, w.namespace, _request_timeout=self.request_timeout_s
-                )
-            else:
-                s = await apps.read_namespaced_stateful_set_scale(
-                    w.name, w.namespace, _request_timeout=self.request_timeout_s
-                )
-        except ApiException as e:
-            raise KubeDrillError(_refused(f"read the scale of {w}", e)) from e
-        return int(s.spec.replicas or 0), str(s.metadata.resource_version)
-
-    async def _set_replicas(self, api: ApiClient, w: Workload, replicas: int) -> None:
-        apps, body = AppsV1Api(api), {"spec": {"replicas": replicas}}
-        try:
-            if w.kind == "deployment":
-                await apps.patch_namespaced_deployment_scale(
-                    w.name, w.namespace, body, _request_timeout=self.request_timeout_s
-                )
-            else:
-                await apps.patch_namespaced_stateful_set_scale(
-                    w.name, w.namespace, body, _request_timeout=self.request_timeout_s
-                )
-        except ApiException as e:
-            raise KubeDrillError(_refused(f"scale {w} to {replicas}", e)) from e
-
+    # -- the region's blackout and its undoing ---------------------------------------------
     async def _scale_to_zero(self, api: ApiClient, region: str, r: RegionPods) -> None:
         w = Workload.parse(r.workload, r.namespace)
-        replicas, _ = await self._replicas(api, w)
+        replicas, _ = await read_replicas(api, w, self.request_timeout_s)
         self._scaled_from.setdefault(region, replicas)  # a second stop keeps the first count
-        await self._set_replicas(api, w, 0)
+        await set_replicas(api, w, 0, self.request_timeout_s)
         self._note("scaled", f"{w}: {replicas} -> 0")
 
-    # -- blackout by NetworkPolicy ---------------------------------------------------------
-    async def _isolate(self, api: ApiClient, region: str, r: RegionPods) -> None:
-        urls = await self._routable(api, r)
-        policy = blackout_policy(region, r.namespace, r.labels)
-        try:
-            await NetworkingV1Api(api).create_namespaced_network_policy(
-                r.namespace, policy, _request_timeout=self.request_timeout_s
-            )
-        except ApiException as e:
-            if e.status != 409:  # there already (a blackout not rolled back): keep it
-                raise KubeDrillError(
-                    _refused(f"create NetworkPolicy {policy.metadata.name}", e)
-                ) from e
-        self._note("network_policy", f"{r.namespace}/{policy.metadata.name}")
-        self._note("enforcement", NOT_ENFORCED)
-        answering = await _still_answering(urls, self.check_blackout_s)
-        self._note(
-            "blackout_check",
-            f"{len(answering)} of {len(urls)} pod(s) still answer /health from the drill "
-            f"after {self.check_blackout_s:g}s"
-            + (": the network plugin may not enforce NetworkPolicy" if answering else ""),
-        )
-
-    async def _unisolate(self, api: ApiClient, region: str, r: RegionPods) -> None:
-        name = object_name("tectonic-blackout", region)
-        try:
-            await NetworkingV1Api(api).delete_namespaced_network_policy(
-                name, r.namespace, _request_timeout=self.request_timeout_s
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise KubeDrillError(_refused(f"delete NetworkPolicy {name}", e)) from e
-            return
-        self._note("network_policy_deleted", f"{r.namespace}/{name}")
-
-    # -- back to normal --------------------------------------------------------------------
     async def _restore(self, api: ApiClient, region: str, r: RegionPods) -> list[str]:
         if self.blackout == "network-policy":
-            await self._unisolate(api, region, r)
+            await netpol.unisolate(
+                api, region, r, timeout_s=self.request_timeout_s, note=self._note
+            )
         w = Workload.parse(r.workload, r.namespace)
         if region in self._scaled_from:
             replicas = self._scaled_from.pop(region)
-            await self._set_replicas(api, w, replicas)
+            await set_replicas(api, w, replicas, self.request_timeout_s)
             self._note("scaled", f"{w}: 0 -> {replicas}")
-        urls = await self._wait_routable(api, r, w)
+        urls = await wait_routable(
+            api, r, w, timeout_s=self.request_timeout_s, ready_timeout_s=self.ready_timeout_s
+        )
         self._note("ready", urls)
         return urls
 
-    async def _routable(self, api: ApiClient, r: RegionPods) -> list[str]:
-        page = await DiscoveryV1Api(api).list_namespaced_endpoint_slice(
-            r.namespace,
-            label_selector=service_selector(r.service),
-            _request_timeout=self.request_timeout_s,
-        )
-        endpoints = fold_slices(page.items or (), port_name=r.port_name)
-        return [e.url for e in endpoints if e.routable]
-
-    async def _wait_routable(self, api: ApiClient, r: RegionPods, w: Workload) -> list[str]:
-        """Until the Service lists the workload's ``replicas`` routable endpoints and no
-        other (the deleted pods' are gone)."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            replicas, _ = await self._replicas(api, w)
-            page = await DiscoveryV1Api(api).list_namespaced_endpoint_slice(
-                r.namespace,
-                label_selector=service_selector(r.service),
-                _request_timeout=self.request_timeout_s,
-            )
-            endpoints = fold_slices(page.items or (), port_name=r.port_name)
-            urls = [e.url for e in endpoints if e.routable]
-            if len(urls) >= replicas and len(endpoints) == len(urls):
-                return urls
-            if time.monotonic() > deadline:
-                raise KubeDrillError(
-                    f"{w}: {len(urls)} of {replicas} endpoint(s) routable in Service "
-                    f"{r.namespace}/{r.service} after {self.ready_timeout_s:g}s"
-                )
-            await asyncio.sleep(0.25)
-
-    # -- Chaos Mesh ------------------------------------------------------------------------
-    async def _chaos_mesh(self, api: ApiClient) -> bool:
-        try:
-            await CustomObjectsApi(api).get_api_resources(
-                CHAOS_GROUP, CHAOS_VERSION, _request_timeout=self.request_timeout_s
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise KubeDrillError(_refused(f"discover {CHAOS_GROUP}/{CHAOS_VERSION}", e)) from e
-        return True
-
-    async def _inject(
-        self, api: ApiClient, region: str, r: RegionPods, fault: Mapping[str, object]
-    ) -> list[str]:
-        if not await self._chaos_mesh(api):
-            raise KubeDrillError(
-                f"Chaos Mesh is not installed in this cluster (GET /apis/{CHAOS_GROUP}/"
-                f"{CHAOS_VERSION} answered 404): latency and 5xx faults on pods need its "
-                "HTTPChaos and NetworkChaos CRDs; install Chaos Mesh, or drill on the "
-                "lab's simulators"
-            )
-        slices = await DiscoveryV1Api(api).list_namespaced_endpoint_slice(
-            r.namespace,
-            label_selector=service_selector(r.service),
-            _request_timeout=self.request_timeout_s,
-        )
-        endpoints = fold_slices(slices.items or (), port_name=r.port_name)
-        if not endpoints:
-            raise KubeDrillError(f"Service {r.namespace}/{r.service} has no endpoints to fault")
-        try:
-            objects = chaos_objects(
-                region,
-                r.namespace,
-                r.labels,
-                fault,
-                pods=sum(e.routable for e in endpoints),
-                port=endpoints[0].port,
-                duration_s=self.fault_duration_s,
-            )
-        except FaultRefused as e:
-            raise KubeDrillError(str(e)) from e
-        custom, made = CustomObjectsApi(api), []
-        for obj in objects:
-            try:
-                await custom.create_namespaced_custom_object(
-                    CHAOS_GROUP, CHAOS_VERSION, r.namespace, obj.plural, obj.body,
-                    _request_timeout=self.request_timeout_s,
-                )  # fmt: skip
-            except ApiException as e:
-                raise KubeDrillError(_refused(f"create {obj.plural} {obj.name}", e)) from e
-            made.append(f"{obj.plural}/{obj.name}")
-        self._note("chaos_objects", made)
-        if notes := [o.note for o in objects if o.note]:
-            self._note("notes", notes)
-        return made
-
-    async def _clear(self, api: ApiClient, region: str, r: RegionPods) -> list[str]:
-        if not await self._chaos_mesh(api):
-            return []  # nothing can have been injected
-        custom, cleared = CustomObjectsApi(api), []
-        for plural in CHAOS_PLURALS:
-            page = await custom.list_namespaced_custom_object(
-                CHAOS_GROUP, CHAOS_VERSION, r.namespace, plural,
-                label_selector=drill_selector(region), _request_timeout=self.request_timeout_s,
-            )  # fmt: skip
-            for item in _items(page):
-                name = str(item["metadata"]["name"])
-                try:
-                    await custom.delete_namespaced_custom_object(
-                        CHAOS_GROUP, CHAOS_VERSION, r.namespace, plural, name,
-                        _request_timeout=self.request_timeout_s,
-                    )  # fmt: skip
-                except ApiException as e:
-                    if e.status != 404:
-                        raise KubeDrillError(_refused(f"delete {plural} {name}", e)) from e
-                    continue
-                cleared.append(f"{plural}/{name}")
-        self._note("chaos_objects_deleted", cleared)
-        return cleared
-
     # -- control plane and etcd ------------------------------------------------------------
     async def _kill_leader(self, api: ApiClient, group: PodGroup, rid: str) -> int:
-        pods = await self._pods(api, group.namespace, group.selector)
+        t = self.request_timeout_s
+        pods = await list_pods(api, group.namespace, group.selector, t)
         names = [str(p.metadata.name) for p in pods]
         pod = leader_pod(rid, names)
         if pod is None:
@@ -532,24 +323,25 @@ class KubernetesDrillTarget:
                 f"({', '.join(names) or 'none'} match {group.selector} in {group.namespace}): "
                 "run the control plane with --id=$(POD_NAME)"
             )
-        self._ready_before.setdefault("controlplane", sum(_ready(p) for p in pods))
-        await self._delete_pod(api, group.namespace, pod)
+        self._ready_before.setdefault("controlplane", sum(ready(p) for p in pods))
+        await delete_pod(api, group.namespace, pod, t)
         self._note("deleted_pods", [pod])
         return names.index(pod)
 
     async def _kill_etcd(self, api: ApiClient, group: PodGroup) -> int:
-        pods = await self._pods(api, group.namespace, group.selector)
-        ready = [p for p in pods if _ready(p)]
-        if len(ready) < 3:
+        t = self.request_timeout_s
+        pods = await list_pods(api, group.namespace, group.selector, t)
+        up = [p for p in pods if ready(p)]
+        if len(up) < 3:
             raise KubeDrillError(
-                f"killing an etcd member needs 3 ready etcd pods ({len(ready)} match "
+                f"killing an etcd member needs 3 ready etcd pods ({len(up)} match "
                 f"{group.selector} in {group.namespace}): one of fewer is the whole quorum"
             )
-        self._ready_before.setdefault("etcd", len(ready))
-        victim = str(ready[0].metadata.name)
-        await self._delete_pod(api, group.namespace, victim)
+        self._ready_before.setdefault("etcd", len(up))
+        victim = str(up[0].metadata.name)
+        await delete_pod(api, group.namespace, victim, t)
         self._note("deleted_pods", [victim])
-        return _ordinal(victim, 0)
+        return ordinal(victim, 0)
 
     async def _wait_group(self, api: ApiClient, group: PodGroup, key: str) -> list[str]:
         """Until the group has as many ready pods as before the kill (nothing killed:
@@ -557,70 +349,16 @@ class KubernetesDrillTarget:
         wanted = self._ready_before.pop(key, 0)
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
-            pods = await self._pods(api, group.namespace, group.selector)
-            ready = [str(p.metadata.name) for p in pods if _ready(p)]
-            if len(ready) >= wanted:
-                self._note("ready", ready)
-                return ready
+            pods = await list_pods(api, group.namespace, group.selector, self.request_timeout_s)
+            up = [str(p.metadata.name) for p in pods if ready(p)]
+            if len(up) >= wanted:
+                self._note("ready", up)
+                return up
             if time.monotonic() > deadline:
                 raise KubeDrillError(
-                    f"{len(ready)} of {wanted} {key} pod(s) ready after {self.ready_timeout_s:g}s"
+                    f"{len(up)} of {wanted} {key} pod(s) ready after {self.ready_timeout_s:g}s"
                 )
             await asyncio.sleep(0.25)
-
-
-def leader_pod(rid: str, pods: Sequence[str]) -> str | None:
-    """The pod of the replica id ``rid``: the pod named so, or the one whose name is
-    ``rid`` less its ``-<pid>`` tail (the default id is ``<hostname>-<pid>``)."""
-    if rid in pods:
-        return rid
-    head, _, tail = rid.rpartition("-")
-    return head if tail.isdigit() and head in pods else None
-
-
-def _running(p: V1Pod) -> bool:
-    return p.metadata.deletion_timestamp is None and (p.status.phase if p.status else "") in (
-        "Running",
-        "Pending",
-    )
-
-
-def _ready(p: V1Pod) -> bool:
-    if p.metadata.deletion_timestamp is not None or p.status is None:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
-
-
-def _ordinal(name: str, default: int) -> int:
-    tail = name.rpartition("-")[2]
-    return int(tail) if tail.isdigit() else default
-
-
-def _items(page: Any) -> list[dict[str, Any]]:
-    items = page.get("items") if isinstance(page, dict) else None
-    return [i for i in items or () if isinstance(i, dict)]
-
-
-def _refused(what: str, e: ApiException) -> str:
-    hint = " (the drill's service account needs the drill Role)" if e.status in (401, 403) else ""
-    return f"cannot {what}: HTTP {e.status} {e.reason}{hint}"
-
-
-async def _still_answering(urls: Sequence[str], after_s: float) -> list[str]:
-    """The URLs whose /health still answers ``after_s`` seconds from now."""
-    await asyncio.sleep(after_s)
-    limit = aiohttp.ClientTimeout(total=1.0)
-
-    async def answers(http: aiohttp.ClientSession, url: str) -> bool:
-        try:
-            async with http.get(url + "/health") as r:
-                return r.status < 500
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
-
-    async with aiohttp.ClientSession(timeout=limit) as http:
-        results = await asyncio.gather(*(answers(http, u) for u in urls))
-    return [u for u, ok in zip(urls, results, strict=True) if ok]
 
 
 class KubernetesDrillRunner(DrillRunner):

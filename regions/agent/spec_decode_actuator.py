@@ -6,7 +6,7 @@ It keeps a local copy of the ``degradation/`` prefix
 while etcd is away, so a lost etcd never triggers a roll) and, level-triggered - every
 ``interval_s`` and whenever a record changes - sets the pool's target variant from the
 region's flags. The pool's reconcile loop then rolls the replicas over, one at a time
-(:func:`regions.pool.states.plan`); this actuator logs the story from what runs and
+(:func:`regions.pool.planner.plan`); this actuator logs the story from what runs and
 exposes its progress as agent signals:
 
 - ``spec_decode_wanted``: 1 while the region should run speculative decoding, else 0;

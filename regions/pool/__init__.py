@@ -1,6 +1,8 @@
 """The warm pool: one region's replicas kept COLD / WARM / ACTIVE / IDLE (README.md).
 
-- :mod:`regions.pool.states`   pure: states, edges, dwell times, the planner
+- :mod:`regions.pool.states`   pure: states, edges, dwell times, the moves (``Action``)
+- :mod:`regions.pool.planner`  pure: the planner, ``plan`` (its phases in
+  :mod:`regions.pool.plan_phases`, its loans in :mod:`regions.pool.lending`)
 - :mod:`regions.pool.sizing`   pure: WARM replicas needed for a burst, ``PoolSizeReport``
 - :mod:`regions.pool.launchers` simulator / vLLM (GPU, CPU) launchers, static endpoints
 - :mod:`regions.pool.client`   vLLM's admin HTTP API (sleep, wake + reset, probe)

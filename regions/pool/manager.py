@@ -2,7 +2,7 @@
 (and LENT: out of rotation, lent to a borrower).
 
 It holds the replicas (with ``since`` timestamps), asks the pure planner
-(:func:`regions.pool.states.plan`) what to do and does it over vLLM's HTTP API:
+(:func:`regions.pool.planner.plan`) what to do and does it over vLLM's HTTP API:
 ``POST /sleep?level=1`` (verified with ``GET /is_sleeping``), ``POST /wake_up`` then
 ``POST /reset_prefix_cache`` (retried while running requests hold blocks), ``GET /health``.
 
@@ -35,7 +35,7 @@ A replica is COLD after ``dead_after`` failed probes in a row.
 Variants: a launcher that knows several (``Launcher.variants``, e.g. with and without
 ``--speculative-config``) launches the target's; ``set_variant`` changes it and each
 ``reconcile`` then rolls the pool over, one replica at a time, never with fewer ACTIVE
-than the target (:func:`regions.pool.states.plan`).
+than the target (:func:`regions.pool.planner.plan`).
 
 Loans: ``set_loans`` gives the loans wanted now (level-triggered; loan id -> the URL it
 names, or None for any WARM replica). The planner picks WARM standby for each; lending
@@ -61,16 +61,15 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.model import Frozen
 from regions.pool.client import ReplicaClient, ReplicaError
 from regions.pool.launchers import Launcher, StaticEndpoints
+from regions.pool.planner import Plan, plan
 from regions.pool.sizing import BurstProfile, PoolSizeReport, check_pool
 from regions.pool.states import (
     Action,
-    Plan,
     PoolConfig,
     PoolTarget,
     Replica,
     ReplicaState,
     died,
-    plan,
     transition,
 )
 

@@ -6,7 +6,7 @@ The leader writes ``degradation/<region>`` (:class:`DegradationRecord`); its
 replicas: the warm pool runs two *variants* (:data:`SPEC_DECODE`, the default, and
 :data:`NO_SPEC_DECODE`) and rolls from one to the other, one replica at a time, never
 with fewer ACTIVE replicas than its target (the roll itself is the pool planner's:
-:func:`regions.pool.states.plan`).
+:func:`regions.pool.planner.plan`).
 
 This module decides which variant is wanted (:func:`wanted_variant`), measures how far
 a roll has got from what runs (:func:`roll_progress`, so an agent restart picks up

@@ -7,31 +7,30 @@ first ``ceil(num_speculative_tokens / 2)`` draft tokens accepted. What speculati
 decoding costs under load (verification takes batch slots from other sequences) is
 not modelled. Without one the ``spec_decode`` metrics are absent, as in vLLM, so an
 observer can tell which variant serves.
+
+Requests are read in request_body.py, streams written in streaming.py, errors and
+``http_requests_total`` handled by middleware.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
-from aiohttp import hdrs, web
-from aiohttp.typedefs import Middleware
-from pydantic import BaseModel, ValidationError
+from aiohttp import web
 
 from regions.http_expect import expect_handler
 from regions.simulator.admin import AdminApi
 from regions.simulator.engine import Engine, EngineConfig, GenRequest, Token, generated
 from regions.simulator.faults import FaultSpec, FaultState, Verdict
 from regions.simulator.limits import check_max_tokens, output_budget
-from regions.simulator.metrics import EngineStats, SpecDecodeStats
+from regions.simulator.metrics import SpecDecodeStats
+from regions.simulator.middleware import counting, errors, json_response
 from regions.simulator.protocol import (
     ApiError,
-    ChatMessage,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -41,24 +40,22 @@ from regions.simulator.protocol import (
     chat_delta,
     check_generation_prompt,
     completion_choice,
-    dumps,
-    error_body,
     models_body,
     new_id,
     now,
     usage,
 )
-from regions.simulator.tokenizer import render_chat
+from regions.simulator.request_body import (
+    completion_prompt,
+    natural_length,
+    parse_body,
+    render_messages,
+)
+from regions.simulator.streaming import count_drafts, stream_events
 
 CRASH_EXIT_CODE = 70  # EX_SOFTWARE
 log = logging.getLogger("tectonic.simulator")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-M = TypeVar("M", bound=BaseModel)
 VERSION = "0.32.0+sim"
-# vLLM's instrumentator leaves its probe endpoints out of http_requests_total; /_sim/* is ours.
-_UNCOUNTED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
-# Without a limit the simulated model ends a chat message by itself after this many words.
-_NATURAL_WORDS = 16
 
 
 @dataclass(frozen=True)
@@ -80,91 +77,6 @@ def spec_decode_stats(config: Mapping[str, object] | None) -> SpecDecodeStats | 
     return SpecDecodeStats(num_spec_tokens=k, accepted_per_draft=(k + 1) // 2)
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as e:
-        return _json(e.body, status=e.code)
-    except web.HTTPNotFound:
-        return _json({"detail": "Not Found"}, status=404)
-    except web.HTTPMethodNotAllowed as e:
-        resp = _json({"detail": "Method Not Allowed"}, status=405)
-        resp.headers[hdrs.ALLOW] = ", ".join(sorted(e.allowed_methods))
-        return resp
-
-
-def _counting(stats: EngineStats) -> Middleware:
-    """vLLM's ``http_requests_total{handler,method,status}``: one count per answer, the
-    handler as its route template ("none" when no route matched), the status grouped."""
-
-    def count(request: web.Request, status: int) -> None:
-        resource = request.match_info.route.resource
-        path = "none" if resource is None else resource.canonical
-        if path in _UNCOUNTED or path.startswith("/_sim/"):
-            return
-        key = (path, request.method, f"{status // 100}xx")
-        stats.http_requests[key] = stats.http_requests.get(key, 0) + 1
-
-    @web.middleware
-    async def counting(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            resp = await handler(request)
-        except web.HTTPException as e:
-            count(request, e.status)
-            raise
-        except Exception:
-            count(request, 500)  # aiohttp answers an unhandled error with a 500
-            raise
-        count(request, resp.status)
-        return resp
-
-    return counting
-
-
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status, dumps=dumps)
-
-
-def _sse(payload: Json) -> bytes:
-    return b"data: " + dumps(payload).encode() + b"\n\n"
-
-
-def _stream_error_event() -> bytes:
-    """vLLM's in-band error for an engine error mid-stream (its
-    ``create_streaming_error_response``), spaced as its ``json.dumps`` writes it."""
-    body = error_body("Internal server error (injected)", "InternalServerError", 500)
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-def _render_messages(
-    messages: Sequence[ChatMessage], *, add_generation_prompt: bool, continue_final_message: bool
-) -> str:
-    try:
-        return render_chat(
-            [(m.role, m.text()) for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-        )
-    except ValueError as e:  # the template refuses the two flags together, as vLLM's does
-        raise ApiError(str(e), "BadRequestError", 400) from e
-
-
-def _natural_length(req: ChatRequest) -> int:
-    """The tokens (one word each) the simulated model writes before it stops by itself: a
-    continued message gets what it lacks of the usual length (at least one), so a reply
-    cut and continued ends where the uncut one does."""
-    begun = len(req.messages[-1].text().split()) if req.continue_final_message else 0
-    return max(1, _NATURAL_WORDS - begun)
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    ids: list[int]
-    text: str  # what the model continues; a token-id prompt's decoded text
-    from_text: bool  # given as text (vLLM's context-length error counts it differently)
-
-
 class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
@@ -179,7 +91,7 @@ class Simulator:
         self.created = now()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_counting(self.engine.stats), _errors])
+        app = web.Application(middlewares=[counting(self.engine.stats), errors])
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/ping", self.health)
@@ -198,26 +110,6 @@ class Simulator:
         return app
 
     # -- helpers -------------------------------------------------------------
-    async def _parse(self, request: web.Request, model: type[M]) -> M:
-        try:
-            data = await request.json()
-            json.dumps(data, ensure_ascii=False).encode()  # no lone surrogates: our tokenizer
-            return model.model_validate(data)  # cannot encode them (nor can vLLM's HF one)
-        except UnicodeEncodeError as e:
-            raise ApiError(
-                f"Invalid JSON body: a string holds a lone UTF-16 surrogate ({e.reason})",
-                "BadRequestError",
-                400,
-            ) from e
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(f"Invalid JSON body: {e}", "BadRequestError", 400) from e
-        except RecursionError as e:
-            raise ApiError("Invalid JSON body: nested too deeply", "BadRequestError", 400) from e
-        except web.RequestPayloadError as e:  # e.g. a Content-Encoding the body does not have
-            raise ApiError(f"Cannot read the body: {e}", "BadRequestError", 400) from e
-        except ValidationError as e:
-            raise ApiError(str(e), "BadRequestError", 400) from e
-
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.engine.model:
             raise ApiError(f"The model `{name}` does not exist.", "NotFoundError", 404, "model")
@@ -241,36 +133,18 @@ class Simulator:
         return web.Response(status=503 if self.faults.spec.health_down else 200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return _json({"version": VERSION})
+        return json_response({"version": VERSION})
 
     async def models(self, request: web.Request) -> web.Response:
         c = self.config.engine
-        return _json(models_body(c.model, c.max_model_len, self.created))
-
-    def _completion_prompt(self, req: CompletionRequest) -> _Prompt:
-        p = req.prompt
-        if isinstance(p, list) and p and isinstance(p[0], list | str):
-            if len(p) != 1:
-                raise ApiError(
-                    "The simulator takes one prompt per request.", "BadRequestError", 400, "prompt"
-                )
-            p = p[0]
-        tok = self.engine.tokenizer
-        if isinstance(p, str):
-            ids, text = tok.encode(p, add_special_tokens=req.add_special_tokens), p
-        else:
-            ids = [int(t) for t in p if isinstance(t, int)]
-            text = tok.decode(ids)
-        if not ids:
-            raise ApiError("Prompt cannot be empty", "BadRequestError", 400, "prompt")
-        return _Prompt(ids, text, from_text=isinstance(p, str))
+        return json_response(models_body(c.model, c.max_model_len, self.created))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        req = await self._parse(request, CompletionRequest)
+        req = await parse_body(request, CompletionRequest)
         self._check_model(req.model)
         context = self.config.engine.max_model_len
         check_max_tokens(req.max_tokens, context)
-        prompt = self._completion_prompt(req)
+        prompt = completion_prompt(req, self.engine.tokenizer)
         requested = req.max_tokens if req.max_tokens is not None else 16
         max_tokens = output_budget(len(prompt.ids), requested, context, from_text=prompt.from_text)
         latency = await self._faults()
@@ -313,10 +187,10 @@ class Simulator:
             "usage": usage(len(prompt.ids), req.n * generated(tokens), self._cached(tokens)),
             "kv_transfer_params": None,
         }
-        return _json(body)
+        return json_response(body)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        req = await self._parse(request, ChatRequest)
+        req = await parse_body(request, ChatRequest)
         check_generation_prompt(req)
         self._check_model(req.model)
         context = self.config.engine.max_model_len
@@ -324,14 +198,14 @@ class Simulator:
             check_max_tokens(req.max_completion_tokens, context, "max_completion_tokens")
         else:
             check_max_tokens(req.max_tokens, context)
-        text = _render_messages(
+        text = render_messages(
             req.messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
         )
         prompt = self.engine.tokenizer.encode(text)
         limit = req.max_completion_tokens or req.max_tokens
-        natural = _natural_length(req)
+        natural = natural_length(req)
         max_tokens = output_budget(len(prompt), limit or natural, context, from_text=True)
         # Without a limit the simulated model stops by itself, unless the context ends
         # first (vLLM's default max_tokens is what is left of the context).
@@ -385,7 +259,7 @@ class Simulator:
             "prompt_logprobs": None,
             "kv_transfer_params": None,
         }
-        return _json(body)
+        return json_response(body)
 
     async def _collect(self, gen: GenRequest) -> list[Token]:
         return [t async for t in self._generate(gen)]
@@ -393,7 +267,7 @@ class Simulator:
     def _generate(self, gen: GenRequest) -> AsyncGenerator[Token]:
         spec = self.engine.stats.spec_decode
         stream = self.engine.generate(gen)
-        return stream if spec is None else _count_drafts(stream, spec)
+        return stream if spec is None else count_drafts(stream, spec)
 
     async def _stream(
         self,
@@ -405,44 +279,25 @@ class Simulator:
         include_usage: bool,
         n: int,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
-        tokens: list[Token] = []
-        sent = 0  # output tokens written
-        failed = False
-        stream: AsyncGenerator[Token] = self._generate(gen)
-        try:
-            async for t in stream:
-                if t.token_id is not None and self._stream_error_due(sent):
-                    await resp.write(_stream_error_event())
-                    failed = True
-                    break
-                if first is not None and not tokens:
-                    # vLLM sends the role chunk with the first engine output, i.e. after
-                    # queueing and prefill: a client's first byte includes the prefill.
-                    await resp.write(_sse(first))
-                tokens.append(t)
-                if t.token_id is not None:
-                    sent += 1
-                for payload in chunk(t):
-                    await resp.write(_sse(payload))
-            if include_usage and not failed:  # vLLM's usage chunk never follows an error
-                u = usage(len(gen.prompt_ids), n * generated(tokens), self._cached(tokens))
-                await resp.write(_sse({**head, "choices": [], "usage": u}))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except ConnectionError:
-            log.debug("client went away mid-stream")
-        finally:
-            await stream.aclose()
-        return resp
+        def usage_chunk(tokens: list[Token]) -> Json:
+            u = usage(len(gen.prompt_ids), n * generated(tokens), self._cached(tokens))
+            return {**head, "choices": [], "usage": u}
+
+        return await stream_events(
+            request,
+            lambda: self._generate(gen),
+            first=first,
+            chunk=chunk,
+            usage_chunk=usage_chunk if include_usage else None,
+            error_due=self._stream_error_due,
+        )
 
     def _stream_error_due(self, sent: int) -> bool:
         limit = self.faults.spec.stream_error_after
         return limit is not None and sent >= limit
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        req = await self._parse(request, TokenizeRequest)
+        req = await parse_body(request, TokenizeRequest)
         if req.messages is not None:  # vLLM's chat variant of the request validates this
             check_generation_prompt(req)
         self._check_model(req.model)
@@ -452,7 +307,7 @@ class Simulator:
                 "Either 'prompt' or 'messages' must be provided, not both.", "BadRequestError", 400
             )
         if req.messages is not None:
-            text = _render_messages(
+            text = render_messages(
                 req.messages,
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
@@ -461,7 +316,7 @@ class Simulator:
         else:
             ids = tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
         strs = [tok.token_str(i) for i in ids] if req.return_token_strs else None
-        return _json(
+        return json_response(
             {
                 "count": len(ids),
                 "max_model_len": self.config.engine.max_model_len,
@@ -471,11 +326,11 @@ class Simulator:
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        req = await self._parse(request, DetokenizeRequest)
+        req = await parse_body(request, DetokenizeRequest)
         self._check_model(req.model)
         # vLLM renders special tokens (a BOS shows as its text), it does not skip them.
         text = self.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)
-        return _json({"prompt": text})
+        return json_response({"prompt": text})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -487,40 +342,23 @@ class Simulator:
 
     # -- fault injection -----------------------------------------------------
     async def get_fault(self, request: web.Request) -> web.Response:
-        return _json(self.faults.spec.model_dump())
+        return json_response(self.faults.spec.model_dump())
 
     async def set_fault(self, request: web.Request) -> web.Response:
-        spec = await self._parse(request, FaultSpec)
+        spec = await parse_body(request, FaultSpec)
         if spec.crash:
             log.error("fault injected: crash; exiting now")
             # Let the answer go out first, then die without any clean-up.
             asyncio.get_running_loop().call_later(0.05, os._exit, CRASH_EXIT_CODE)
-            return _json(spec.model_dump())
+            return json_response(spec.model_dump())
         self.faults.set(spec)
         log.warning("fault injected: %s", spec.model_dump_json())
-        return _json(spec.model_dump())
+        return json_response(spec.model_dump())
 
     async def clear_fault(self, request: web.Request) -> web.Response:
         self.faults.clear()
         log.info("faults cleared")
-        return _json(self.faults.spec.model_dump())
-
-
-async def _count_drafts(
-    stream: AsyncGenerator[Token], spec: SpecDecodeStats
-) -> AsyncGenerator[Token]:
-    """Pass the tokens on, counting every decode token into its draft (vLLM counts per
-    step; the totals agree)."""
-    n = 0
-    try:
-        async for t in stream:
-            if t.token_id is not None:
-                if n:  # the first token comes from prefill, not from a draft
-                    spec.observe_decode_token(n - 1)
-                n += 1
-            yield t
-    finally:
-        await stream.aclose()  # the engine releases the sequence now, not at GC
+        return json_response(self.faults.spec.model_dump())
 
 
 async def serve(

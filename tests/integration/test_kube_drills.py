@@ -26,14 +26,9 @@ import yaml
 
 from chaos.drills.result import JournalEntry
 from chaos.drills.scenario import find_scenario
+from chaos.kube.pods import KubeDrillError, PodGroup, RegionPods
 from chaos.kube.service import kube_run_drill
-from chaos.kube.target import (
-    KubeDrillError,
-    KubernetesDrillRunner,
-    KubernetesDrillTarget,
-    PodGroup,
-    RegionPods,
-)
+from chaos.kube.target import KubernetesDrillRunner, KubernetesDrillTarget
 from chaos.lab.local_etcd import EtcdServer
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import ConfigError, parse_topology

@@ -18,7 +18,7 @@ from kubernetes_asyncio.client import (
 )
 
 from chaos.kube.manifests import FaultRefused, blackout_policy, chaos_objects, drill_selector
-from chaos.kube.target import leader_pod
+from chaos.kube.pods import leader_pod
 from regions.kube.endpoints import (
     KubeEndpoint,
     PortNotFound,

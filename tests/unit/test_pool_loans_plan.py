@@ -1,4 +1,4 @@
-"""Loans in the warm pool's planner (regions.pool.states: WARM --lend--> LENT --return-->
+"""Loans in the warm pool's planner (regions.pool.lending: WARM --lend--> LENT --return-->
 WARM), pure with a plain float ``now``; and what the agent publishes about them
 (``PoolMembers.lent`` / ``loan_refusals``) and the borrower's refusals before it writes
 anything (controlplane.kernel.pool_loans.early_refusal)."""
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.pool_loans import PoolLoan, early_refusal
 from controlplane.kernel.pool_members import PoolMembers
+from regions.pool.planner import Plan, plan
 from regions.pool.states import (
     ACTIVE,
     COLD,
@@ -22,13 +23,11 @@ from regions.pool.states import (
     LENT,
     WARM,
     DwellPolicy,
-    Plan,
     PoolTarget,
     Replica,
     ReplicaState,
     died,
     is_stale,
-    plan,
     refusal,
     transition,
 )

@@ -1,4 +1,4 @@
-"""The warm pool's planner (regions.pool.states.plan) as a whole: exact plans for mixed
+"""The warm pool's planner (regions.pool.planner.plan) as a whole: exact plans for mixed
 pools (every phase's moves, in order, with their reasons), and invariants over random
 pools (phase order, input order, scale-up's picks, the shortfall, held moves)."""
 
@@ -11,21 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from regions.pool.planner import PHASES, Plan, PlanPhase, plan
 from regions.pool.states import (
     ACTIVE,
     COLD,
     IDLE,
-    PHASES,
     WARM,
     Action,
     DwellPolicy,
-    Plan,
-    PlanPhase,
     PoolTarget,
     Replica,
     ReplicaState,
     is_stale,
-    plan,
     transition,
 )
 

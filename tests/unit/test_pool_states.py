@@ -1,4 +1,4 @@
-"""Warm-pool states, edges, dwell times and the planner (regions.pool.states): pure,
+"""Warm-pool states, edges, dwell times and the planner (regions.pool.states, .planner): pure,
 with a fake clock (a plain float ``now``)."""
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from regions.pool.planner import Plan, plan
 from regions.pool.states import (
     EDGES,
     DwellPolicy,
-    Plan,
     PoolConfig,
     PoolTarget,
     Replica,
     ReplicaState,
     TransitionRefused,
     died,
-    plan,
     refusal,
     transition,
 )
@@ -268,7 +267,8 @@ def test_the_pure_modules_import_no_io() -> None:
         "regions",
         "controlplane",
     }
-    for name in ("states.py", "sizing.py"):
+    pure = ("states", "planner", "plan_phases", "lending", "sizing")
+    for name in (f"{m}.py" for m in pure):
         tree = ast.parse((Path(__file__).parents[2] / "regions" / "pool" / name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -276,7 +276,7 @@ def test_the_pure_modules_import_no_io() -> None:
             elif isinstance(node, ast.ImportFrom):
                 roots = {(node.module or "").split(".")[0]}
                 if node.module and node.module.startswith("regions."):
-                    assert node.module in {"regions.pool.states", "regions.pool.sizing"}
+                    assert node.module in {f"regions.pool.{m}" for m in pure}
                 if node.module and node.module.startswith("controlplane."):
                     assert node.module == "controlplane.kernel.model"  # Frozen only
             else:

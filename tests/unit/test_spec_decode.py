@@ -20,6 +20,7 @@ from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.warm_pool import AgentPool, parse_pool_config
 from regions.pool.launchers import SimulatorLauncher, VllmSpec, vllm_command
 from regions.pool.manager import WarmPool
+from regions.pool.planner import Plan, plan
 from regions.pool.spec_decode import (
     NO_SPEC_DECODE,
     SPEC_DECODE,
@@ -31,13 +32,11 @@ from regions.pool.spec_decode import (
 )
 from regions.pool.states import (
     DwellPolicy,
-    Plan,
     PoolConfig,
     PoolTarget,
     Replica,
     ReplicaState,
     is_stale,
-    plan,
     refusal,
     transition,
 )
