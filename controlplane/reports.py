@@ -14,6 +14,7 @@ from controlplane.kernel.store.port import Store
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
 MAX_SIGNALS = 64
 MAX_DETAIL = 1024
+MAX_ENGINE_VERSION = 128
 PROBE_OBSERVER = "probe:controlplane"  # one vantage point, whichever replica leads
 
 
@@ -31,6 +32,7 @@ def validate_report(
     signals: dict[str, float],
     detail: str,
     now: float,
+    engine_version: str = "",
 ) -> HealthReport:
     if region not in topology.names:
         raise BadReport(f"unknown region {region!r}; known regions: {list(topology.names)}")
@@ -50,6 +52,11 @@ def validate_report(
         raise BadReport(f"signal values must be finite numbers; not: {bad[:8]}")
     if len(detail) > MAX_DETAIL:
         raise BadReport(f"detail is at most {MAX_DETAIL} characters, got {len(detail)}")
+    if len(engine_version) > MAX_ENGINE_VERSION or not engine_version.isprintable():
+        raise BadReport(
+            f"engine_version is at most {MAX_ENGINE_VERSION} printable characters "
+            f"(vLLM's /version), got {engine_version[:40]!r}"
+        )
     return HealthReport(
         region=region,
         observer=observer,
@@ -58,6 +65,7 @@ def validate_report(
         signals=dict(signals),
         received_at=now,
         detail=detail,
+        engine_version=engine_version,
     )
 
 

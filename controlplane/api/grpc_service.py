@@ -182,6 +182,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                 health=health,
                 signals=dict(request.signals),
                 detail=request.detail,
+                engine_version=request.engine_version,
                 now=self.clock.now(),
             )
         except BadReport as e:

@@ -106,6 +106,7 @@ def region_bearing(view: RegionView, topology: Topology, now: float) -> Bearing:
         policy=topology.capacity,
         now=now,
         active_replicas=view.active_replicas,
+        engine_version=view.health.engine_version or None,
     )
 
 

@@ -63,6 +63,13 @@ def merged_signals(votes: list[HealthReport]) -> Signals:
     return out
 
 
+def engine_version_of(votes: list[HealthReport]) -> str:
+    """The engine the region runs, as its agents (who read their replicas' /version)
+    last said; "" when none of the fresh votes knows."""
+    known = [v for v in votes if v.kind is ObserverKind.AGENT and v.engine_version]
+    return max(known, key=lambda v: v.received_at).engine_version if known else ""
+
+
 def fold_health(
     prev: RegionHealth, reports: Iterable[HealthReport], now: float, timing: TimingConfig
 ) -> RegionHealth:
@@ -93,6 +100,7 @@ def fold_health(
         since=prev.since if verdict is prev.verdict else now,
         votes={v.observer: v.health for v in votes},
         signals=merged_signals(votes),
+        engine_version=engine_version_of(votes),
         evaluated_at=now,
     )
 

@@ -185,8 +185,9 @@ def resolve(
 ) -> Bearing:
     """The region's bearing capacity: measured when ``record`` is fresh (younger than
     ``policy.max_age_s``) and of the engine the region runs now (``engine_version``;
-    None: not known, not judged); otherwise the typed ``capacity_rps``, stale when a
-    record exists. ``active_replicas`` None: as many as when it was measured."""
+    None or "", or a record that does not know its engine: not judged); otherwise the
+    typed ``capacity_rps``, stale when a record exists. ``active_replicas`` None: as
+    many as when it was measured."""
     fallback = HitEffect(capacity_rps, 0.0)
     if record is None:
         return Bearing(region, CapacitySource.TYPED, fallback, 1.0, "no capacity probe yet")
@@ -194,7 +195,7 @@ def resolve(
     why_stale = None
     if age > policy.max_age_s:
         why_stale = f"measured {age / 86400:.1f} days ago (max {policy.max_age_s / 86400:g})"
-    elif engine_version is not None and engine_version != record.engine_version:
+    elif engine_version and record.engine_version and engine_version != record.engine_version:
         why_stale = (
             f"measured on engine {record.engine_version!r}, the region runs {engine_version!r}"
         )

@@ -54,6 +54,8 @@ class HealthReport(Frozen):
     signals: Signals = Field(default_factory=dict)
     received_at: float
     detail: str = ""
+    # vLLM's /version of the region's replicas, as its agent read them ("" unknown)
+    engine_version: str = ""
 
 
 class RegionHealth(Frozen):
@@ -67,6 +69,9 @@ class RegionHealth(Frozen):
     since: float = 0.0
     votes: dict[str, Health] = Field(default_factory=dict)
     signals: Signals = Field(default_factory=dict)
+    # The engine the region runs, from its agents' latest fresh report ("" unknown):
+    # a capacity probe of another engine is stale.
+    engine_version: str = ""
     evaluated_at: float = 0.0  # hysteresis counts evaluations, at most one per probe interval
 
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,7 @@ from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.reflection import enable_reflection
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.tls import server_credentials
+from regions.agent.engine_version import EngineVersions, refresh_versions
 from regions.agent.metrics import AgentMetrics, MetricsHttp
 from regions.agent.probe_vllm import ReplicaProbe, probe_replica
 from regions.agent.service import (
@@ -201,6 +203,8 @@ class AgentHandle:
         self.port = 0
         self.reports_sent = 0
         self.ticks = 0  # completed probe rounds
+        self.versions = EngineVersions()  # the replicas' engine (vLLM's /version)
+        self.engine_version = ""  # the region's, as the last round read it
         # The DEGRADED thresholds in effect: the last ones a control plane sent (None
         # before the first answer: none judged).
         self.thresholds: DegradedWhen | None = None
@@ -320,6 +324,7 @@ class AgentHandle:
             *(probe_replica(self._session, url, c.timeout) for url in self._replicas())
         )
         self._log_replicas(probes)
+        await self._read_engine(probes)
         self.metrics.probed(probes)
         self.ticks += 1
         # The previous round's probes (in the view) start the counter-delta windows.
@@ -378,6 +383,16 @@ class AgentHandle:
             elif not p.up and (prev is None or prev.up):
                 log.warning("replica %s down (%s)", p.url, p.reason)
 
+    async def _read_engine(self, probes: Sequence[ReplicaProbe]) -> None:
+        assert self._session is not None
+        await refresh_versions(
+            self.versions, self._session, probes, time.monotonic(), self.config.timeout
+        )
+        version = self.versions.region_version(probes)
+        if version != self.engine_version:
+            log.info("engine: %s -> %s", self.engine_version or "unknown", version or "unknown")
+            self.engine_version = version
+
     async def _report_loop(self) -> None:
         while True:
             self._wake.clear()
@@ -396,6 +411,7 @@ class AgentHandle:
             health=health_to_pb(view.health),
             signals=view.signals,
             detail=view.detail,
+            engine_version=self.engine_version,
         )
         resp = await self._reporter.send(req)
         if resp is not None:

@@ -140,6 +140,19 @@ def test_a_stale_or_foreign_engine_measurement_falls_back_to_the_typed_capacity(
         "eu", rec, capacity_rps=10, policy=policy, now=DAY, active_replicas=2, engine_version="0.12"
     )
     assert other.source is CapacitySource.STALE and "0.12" in other.reason
+    # An engine not known (no agent said; a probe of an engine without /version) is
+    # not judged: only age makes such a probe stale.
+    for rec_engine, region_engine in (("0.11.0", ""), ("", "0.12")):
+        unknown = resolve(
+            "eu",
+            rec.model_copy(update={"engine_version": rec_engine}),
+            capacity_rps=10,
+            policy=policy,
+            now=DAY,
+            active_replicas=2,
+            engine_version=region_engine,
+        )
+        assert unknown.source is CapacitySource.MEASURED
     none = resolve("eu", None, capacity_rps=10, policy=policy, now=DAY, active_replicas=2)
     assert none.source is CapacitySource.TYPED and none.allowed(0.5) == 10.0
 

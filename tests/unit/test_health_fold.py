@@ -89,3 +89,19 @@ def test_stale_reports_do_not_vote() -> None:
     old = [rep("agent:a", Health.UNHEALTHY, 10.0), rep("probe:cp", Health.UNHEALTHY, 10.0)]
     h = fold_health(RegionHealth(region="us-east", verdict=Health.HEALTHY), old, 100.0, T)
     assert h.raw is Health.UNKNOWN and h.votes == {}
+
+
+def test_the_region_runs_the_engine_its_agents_last_said() -> None:
+    def agent(obs: str, version: str, at: float) -> HealthReport:
+        return rep(obs, Health.HEALTHY, at).model_copy(update={"engine_version": version})
+
+    prev = RegionHealth(region="us-east", verdict=Health.HEALTHY)
+    reports = [
+        agent("agent:a", "0.11.0", 99.0),
+        agent("agent:b", "0.12.0", 99.5),  # the later word wins
+        agent("agent:c", "", 99.8),  # one that does not know says nothing
+        rep("gateway:g1", Health.HEALTHY, 99.9).model_copy(update={"engine_version": "x"}),
+    ]
+    assert fold_health(prev, reports, 100.0, T).engine_version == "0.12.0"
+    # Stale votes do not count: nobody knows, "" (not judged).
+    assert fold_health(prev, reports, 100.0 + T.report_stale_s + 1, T).engine_version == ""

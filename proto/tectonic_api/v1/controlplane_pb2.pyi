@@ -175,7 +175,7 @@ class StatusResponse(_message.Message):
     def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ...) -> None: ...
 
 class HealthReport(_message.Message):
-    __slots__ = ("region", "observer", "kind", "health", "signals", "detail")
+    __slots__ = ("region", "observer", "kind", "health", "signals", "detail", "engine_version")
     class SignalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,13 +189,15 @@ class HealthReport(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     region: str
     observer: str
     kind: ObserverKind
     health: Health
     signals: _containers.ScalarMap[str, float]
     detail: str
-    def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ...) -> None: ...
+    engine_version: str
+    def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ..., engine_version: _Optional[str] = ...) -> None: ...
 
 class ReportHealthResponse(_message.Message):
     __slots__ = ("accepted", "thresholds")

@@ -1,0 +1,95 @@
+"""Which engine the region's replicas run: vLLM's ``GET /version``, read by the agent and
+sent with its health reports, so that the leader can tell a capacity probe of another
+engine from a fresh one (``controlplane.kernel.capacity_record.resolve``).
+
+An engine changes only when a replica restarts, so a replica's version is read when it
+is first seen up, again when it comes back after being down (a restart may bring a new
+image), and otherwise every ``refresh_s``: not on every probe round. :class:`EngineVersions`
+decides (pure, callers pass ``now``); :func:`refresh_versions` reads the ones due.
+
+The region's version is its up replicas' one version; while they differ (a rolling
+upgrade) it names each, sorted ("0.8.5, 0.9.0"), which no probe matches: the probe was
+of one engine, and the region is not all of it. A replica that never answered
+``/version`` (an engine without it) does not count; none known: "" (not judged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from regions.agent.probe_vllm import ReplicaProbe
+
+DEFAULT_REFRESH_S = 300.0
+MAX_VERSION_CHARS = 128  # the control plane refuses longer ones
+
+
+@dataclass
+class EngineVersions:
+    """The last read version of each replica, and when to read it again."""
+
+    refresh_s: float = DEFAULT_REFRESH_S
+    _known: dict[str, str] = field(default_factory=dict)  # url -> version ("" none)
+    _read_at: dict[str, float] = field(default_factory=dict)
+
+    def due(self, probes: Iterable[ReplicaProbe], now: float) -> list[str]:
+        """The up replicas whose version to read now. A replica seen down is forgotten,
+        so that it is read again when it is back."""
+        out = []
+        for p in probes:
+            if not p.up:
+                self._known.pop(p.url, None)
+                self._read_at.pop(p.url, None)
+            elif p.url not in self._read_at or now - self._read_at[p.url] >= self.refresh_s:
+                out.append(p.url)
+        return out
+
+    def record(self, url: str, version: str | None, now: float) -> None:
+        """What ``url`` answered (None: it could not be read; tried again next round)."""
+        if version is None:
+            return
+        self._known[url] = version[:MAX_VERSION_CHARS]
+        self._read_at[url] = now
+
+    def region_version(self, probes: Iterable[ReplicaProbe]) -> str:
+        """The engine the up replicas run (see the module doc); "" when none is known."""
+        seen = sorted({v for p in probes if p.up and (v := self._known.get(p.url))})
+        return ", ".join(seen)[:MAX_VERSION_CHARS]
+
+
+async def read_version(
+    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+) -> str | None:
+    """The replica's ``/version`` ("" for an engine that has none: a 404, or an answer
+    without a version); None when it could not be read now (timeout, refused, 5xx)."""
+    try:
+        limit = aiohttp.ClientTimeout(total=request_timeout)
+        async with session.get(base_url.rstrip("/") + "/version", timeout=limit) as resp:
+            if resp.status == 404:
+                return ""
+            if resp.status != 200:
+                return None
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return str(version).strip() if version is not None else ""
+
+
+async def refresh_versions(
+    versions: EngineVersions,
+    session: aiohttp.ClientSession,
+    probes: Sequence[ReplicaProbe],
+    now: float,
+    request_timeout: float,
+) -> None:
+    """Read the versions that are due (at once), and record them."""
+    due = versions.due(probes, now)
+    if not due:
+        return
+    answers = await asyncio.gather(*(read_version(session, u, request_timeout) for u in due))
+    for url, version in zip(due, answers, strict=True):
+        versions.record(url, version, now)
