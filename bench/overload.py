@@ -58,6 +58,7 @@ from bench._common import (
     write_routing,
     write_topology,
 )
+from bench.overload_checks import Lag, Pace, completed, cpu_seconds, tick, validity, watch_slots
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_simulators
 from regions.pool.processes import read_ready
@@ -173,6 +174,7 @@ def admission_args(o: Options) -> list[str]:
 class Deployed:
     gateway: str
     replicas: list[str]
+    gateway_pid: int = 0
 
 
 @contextlib.contextmanager
@@ -218,7 +220,7 @@ def deployment(o: Options, etcd: EtcdServer, tmp: Path, admission: bool) -> Iter
         )
         procs.append(gw)
         gw.url = read_ready(gw, time.monotonic() + 30)
-        yield Deployed(gw.url, [s.url for s in sims])
+        yield Deployed(gw.url, [s.url for s in sims], gw.pid)
     finally:
         kill_all(procs)
 
@@ -270,9 +272,23 @@ async def one_request(
         return Rec(priority, 0, ttft)
 
 
-async def offer(url: str, o: Options, rate: float, say: Reporter) -> list[Rec]:
+@dataclass
+class Checks:
+    """What the phase says of the machine (bench/overload_checks.py)."""
+
+    send: Lag = field(default_factory=Lag)
+    loop: Lag = field(default_factory=Lag)
+    pace: Pace = field(default_factory=Pace)
+
+
+async def offer(
+    d: Deployed, o: Options, rate: float, say: Reporter, checks: Checks | None = None
+) -> list[Rec]:
     """Open loop: Poisson arrivals at ``rate`` for ``duration`` s, never waiting for
-    answers; each request is given up ``cutoff`` x the SLO after it was sent."""
+    answers; each request is given up ``cutoff`` x the SLO after it was sent. ``checks``
+    gets the generator's lag and the replicas' pace over the window."""
+    url = d.gateway
+    checks = checks or Checks()
     rng = random.Random(o.seed)
     timeout = aiohttp.ClientTimeout(total=o.cutoff * o.slo_s + 10, sock_read=o.cutoff * o.slo_s)
     connector = aiohttp.TCPConnector(limit=0)
@@ -284,6 +300,11 @@ async def offer(url: str, o: Options, rate: float, say: Reporter) -> list[Rec]:
             records.append(await one_request(http, url, i, priority, o))
 
         await _warm(http, url, o)
+        (done0, tokens0), cpu0 = await completed(http, d.replicas), cpu_seconds(d.gateway_pid)
+        watchers = [
+            asyncio.create_task(tick(checks.loop)),
+            asyncio.create_task(watch_slots(http, d.replicas, o.engine_seqs, checks.pace)),
+        ]
         loop = asyncio.get_running_loop()
         start = loop.time()
         at, i = 0.0, 0
@@ -292,6 +313,7 @@ async def offer(url: str, o: Options, rate: float, say: Reporter) -> list[Rec]:
             if at >= o.duration:
                 break
             await asyncio.sleep(max(0.0, start + at - loop.time()))
+            checks.send.add(loop.time() - (start + at))
             priority = "batch" if rng.random() < o.batch_share else "interactive"
             task = asyncio.create_task(send(i, priority))
             tasks.add(task)
@@ -299,6 +321,15 @@ async def offer(url: str, o: Options, rate: float, say: Reporter) -> list[Rec]:
             i += 1
             if i % max(1, int(rate * 10)) == 0:
                 say.progress(f"  {at:.0f} s: {i} sent, {len(tasks)} open")
+        await asyncio.sleep(max(0.0, start + o.duration - loop.time()))
+        for w in watchers:
+            w.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        done1, tokens1 = await completed(http, d.replicas)
+        checks.pace.completed, checks.pace.generated = done1 - done0, tokens1 - tokens0
+        cpu1 = cpu_seconds(d.gateway_pid)
+        if cpu0 is not None and cpu1 is not None:
+            checks.pace.gateway_cpu_s = cpu1 - cpu0
         if tasks:
             await asyncio.wait(tasks)
     return records
@@ -349,6 +380,19 @@ class Phase:
     admission: bool
     records: list[Rec]
     gateway: dict[str, object] = field(default_factory=dict)
+    checks: Checks = field(default_factory=Checks)
+    model_rps: float = 0.0  # what the replicas run at most, by their configuration
+
+    def machine(self, o: Options) -> dict[str, object]:
+        """The generator's lag, the replicas' pace, and why the phase is not valid."""
+        send, loop = self.checks.send.summary(), self.checks.loop.summary()
+        pace = self.checks.pace.summary(o.duration, self.model_rps, o.max_tokens)
+        return {
+            "send_lag": send,
+            "loop_lag": loop,
+            **pace,
+            "not_valid_because": validity(send, loop, pace),
+        }
 
     def good(self, slo_s: float) -> int:
         return sum(
@@ -381,6 +425,7 @@ class Phase:
             "refused_count": len(refused_429),
             "refusals_with_retry_after": sum(r.retry_after for r in refused_429),
             "other_statuses": sorted({r.status for r in self.records} - {0, 200, 429}),
+            "machine": self.machine(o),
             **({"gateway": self.gateway} if self.gateway else {}),
         }
 
@@ -412,6 +457,10 @@ def headline(
         "interactive_refused_share": interactive,
         "batch_refused_share": batch,
     }
+    why = {
+        "admission" if p.admission else "none": p.machine(o)["not_valid_because"]
+        for p in (with_, without)
+    }
     goals = Goals()
     met = {
         "goodput_ratio": goodput >= goals.goodput_ratio,
@@ -430,15 +479,22 @@ def headline(
         "phases": [on, off],
         "goals": {**asdict(goals), "batch_refused_first": True},
         "met": met,
+        # a run the machine disturbed says nothing of the gateway, met or not
+        "valid": not any(why.values()),
+        "not_valid_because": {k: v for k, v in why.items() if v},
     }
 
 
 # ---- running ----------------------------------------------------------------------------
 
 
-async def _phase(url: str, o: Options, rate: float, admission: bool, say: Reporter) -> Phase:
-    records = await offer(url, o, rate, say)
-    return Phase(admission, records, await gateway_admission(url) if admission else {})
+async def _phase(
+    d: Deployed, o: Options, rate: float, admission: bool, model_rps: float, say: Reporter
+) -> Phase:
+    checks = Checks()
+    records = await offer(d, o, rate, say, checks)
+    gateway = await gateway_admission(d.gateway) if admission else {}
+    return Phase(admission, records, gateway, checks, model_rps)
 
 
 def run_bench(o: Options, say: Reporter) -> dict[str, object]:
@@ -462,7 +518,7 @@ def run_bench(o: Options, say: Reporter) -> dict[str, object]:
                     f"{'with' if admission else 'without'} admission control: "
                     f"{rate:.1f} requests/s for {o.duration:g} s"
                 )
-                phase = asyncio.run(_phase(deployed.gateway, o, rate, admission, say))
+                phase = asyncio.run(_phase(deployed, o, rate, admission, model.throughput_rps, say))
                 phases[admission] = phase
                 say.line(phase.summary(o, ultimate / o.factor_of_safety))
         assert model is not None

@@ -2,7 +2,9 @@
 the vLLM production stack's router, on the same simulators with the same prompts.
 
 Two simulator replicas (``--max-num-seqs`` each, prefix caching on) serve through
-three front ends, started side by side and loaded one at a time:
+three front ends, started side by side and loaded one at a time, in ``--rounds``
+rounds (each round all three, in an order rotated from round to round, so that none
+always runs first on a machine warming up):
 
 * **tectonic**: Tectonic's gateway (a real etcd holding the region's routing), whose
   replica choice is prefix affinity bounded by what each replica bears
@@ -19,7 +21,8 @@ same concurrency: time for the gateway to see a replica at its limit in its metr
 (the routers learn nothing from it). The load is vLLM's own benchmark
 client, ``vllm bench serve`` from ``.venv-vllm``, on its ``prefix_repetition`` dataset
 (``--prefixes`` shared prefixes of ``--prefix-tokens``, each prompt with its own
-``--suffix-tokens``; the same seed, so the same prompts in the same order for all three)
+``--suffix-tokens``; in round k the seed ``--seed`` + k - 1, the same for all three, so
+the same prompts in the same order for each front end)
 with ``--concurrency`` requests in flight. The defaults: 16 shared prefixes of 1,024
 tokens, and a KV cache per replica that holds about 3/4 of them (768 blocks of 16), so
 that where a prefix goes matters (round robin needs every prefix on every replica;
@@ -35,9 +38,12 @@ samples in which some replica queued. Which prefixes the ring gives each replica
 depends on the replicas' URLs (their ports differ per run), so hit rates vary by a
 few hundredths from run to run.
 
-One JSON object per front end goes to stdout, then the headline: ``p99_ms_*``,
-``p50_ms_*``, ``rps_*``, ``hit_rate_*`` and the goals (Tectonic's p99 at most round
-robin's and the peer's, its hit rate and throughput at least the peer's) with ``met``.
+One JSON object per front end and round goes to stdout, then the headline: for each
+front end the median over the rounds of ``p99_ms_*``, ``p50_ms_*``, ``rps_*``,
+``hit_rate_*`` (a round the shared machine disturbed moves no median), the goals
+(Tectonic's p99 at most round robin's and the peer's, its hit rate and throughput at
+least the peer's) with ``met`` on the medians, and ``met_in_rounds``: in how many
+rounds each goal held (a goal met by luck shows as a split count).
 Needs etcd, ``vllm-router`` (a dev dependency) and ``.venv-vllm``
 (``scripts/setup_vllm_cpu.sh``).
 """
@@ -51,11 +57,12 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import aiohttp
@@ -102,6 +109,7 @@ class Options:
     decode_rate: float = 50.0  # per request: a GPU's, decode outlasts a prefill
     kv_blocks: int = 768  # per simulator, 16 tokens each: 3/4 of the shared prefixes
     warmup_s: float = 5.0
+    rounds: int = 3
     seed: int = 0
     quiet: bool = False
 
@@ -119,7 +127,8 @@ _ARGS: tuple[tuple[str, Callable[[str], object], str], ...] = (
     ("--decode-rate", float, "simulator decode tokens per second"),
     ("--kv-blocks", at_least(1, "blocks"), "KV-cache blocks per simulator (16 tokens)"),
     ("--warmup-s", float, "seconds of one hot prompt before each measured run"),
-    ("--seed", int, "dataset seed (the same prompts for every front end)"),
+    ("--rounds", at_least(1, "rounds"), "rounds of all three front ends (median of each)"),
+    ("--seed", int, "dataset seed of round 1, +1 each round (the same for every front end)"),
 )
 
 
@@ -377,6 +386,7 @@ async def vllm_bench(url: str, o: Options, result_dir: Path, name: str) -> dict[
 @dataclass(frozen=True)
 class Figures:
     system: str
+    round: int
     p50_ttft_ms: float
     p99_ttft_ms: float
     rps: float
@@ -388,9 +398,16 @@ class Figures:
 
 
 async def measure(
-    http: aiohttp.ClientSession, system: str, url: str, d: Deployed, o: Options, tmp: Path
+    http: aiohttp.ClientSession,
+    system: str,
+    url: str,
+    d: Deployed,
+    o: Options,
+    tmp: Path,
+    round_: int = 0,
 ) -> Figures:
-    """One front end: empty caches, warm-up, then the measured run."""
+    """One front end in round ``round_`` (its prompts: seed + round): empty caches,
+    warm-up, then the measured run."""
     await reset_caches(http, d.replicas)
     if o.warmup_s > 0:
         await warm_up(http, url, o)
@@ -398,7 +415,7 @@ async def measure(
     occupancy = Occupancy()
     sampler = asyncio.create_task(sample(http, d.replicas, occupancy))
     try:
-        result = await vllm_bench(url, o, tmp, system)
+        result = await vllm_bench(url, replace(o, seed=o.seed + round_), tmp, system)
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
@@ -410,6 +427,7 @@ async def measure(
     queried = queries1 - queries0
     return Figures(
         system=system,
+        round=round_ + 1,
         p50_ttft_ms=round(float(result["p50_ttft_ms"]), 2),  # type: ignore[arg-type]
         p99_ttft_ms=round(float(result["p99_ttft_ms"]), 2),  # type: ignore[arg-type]
         rps=round(float(result["request_throughput"]), 2),  # type: ignore[arg-type]
@@ -424,7 +442,42 @@ async def measure(
 # ---- the run --------------------------------------------------------------------------
 
 
-def headline(figures: dict[str, Figures], o: Options, elapsed_s: float) -> dict[str, object]:
+def median_figures(rounds: Sequence[Figures]) -> Figures:
+    """One front end's rounds in one: each figure the median of its rounds (a round
+    disturbed by the machine moves no figure), counts summed, extremes kept."""
+    if not rounds:
+        raise ValueError("no rounds")
+
+    def mid(name: str) -> float:
+        return round(float(statistics.median(getattr(f, name) for f in rounds)), 4)
+
+    return Figures(
+        system=rounds[0].system,
+        round=0,
+        p50_ttft_ms=mid("p50_ttft_ms"),
+        p99_ttft_ms=mid("p99_ttft_ms"),
+        rps=mid("rps"),
+        hit_rate=mid("hit_rate"),
+        completed=sum(f.completed for f in rounds),
+        failed=sum(f.failed for f in rounds),
+        max_held_one_replica=max(f.max_held_one_replica for f in rounds),
+        queued_share=mid("queued_share"),
+    )
+
+
+def round_orders(rounds: int) -> list[tuple[str, ...]]:
+    """The front ends' order in each round: rotated, so none always goes first (on a
+    machine warming up) or last."""
+    return [SYSTEMS[i % 3 :] + SYSTEMS[: i % 3] for i in range(rounds)]
+
+
+def headline(
+    figures: dict[str, Figures],
+    o: Options,
+    elapsed_s: float,
+    per_round: dict[str, list[Figures]] | None = None,
+) -> dict[str, object]:
+    """The headline of ``figures`` (per front end, the medians of its rounds)."""
     t, rr, peer = figures["tectonic"], figures["round_robin"], figures["peer"]
     out: dict[str, object] = {"bench": "placement"}
     for f in (t, rr, peer):
@@ -443,19 +496,35 @@ def headline(figures: dict[str, Figures], o: Options, elapsed_s: float) -> dict[
         "hit_rate_tectonic": t.hit_rate >= peer.hit_rate,
         "rps_tectonic": t.rps >= peer.rps,
     }
+    if per_round:  # how often each goal held round by round: luck shows here
+        rounds = list(
+            zip(per_round["tectonic"], per_round["round_robin"], per_round["peer"], strict=True)
+        )
+        out["met_in_rounds"] = {
+            "p99_ms_tectonic": sum(
+                a.p99_ttft_ms <= min(b.p99_ttft_ms, c.p99_ttft_ms) for a, b, c in rounds
+            ),
+            "hit_rate_tectonic": sum(a.hit_rate >= c.hit_rate for a, _, c in rounds),
+            "rps_tectonic": sum(a.rps >= c.rps for a, _, c in rounds),
+        }
     out["settings"] = {k: v for k, v in asdict(o).items() if k != "quiet"}
     out["elapsed_s"] = round(elapsed_s, 1)
     return out
 
 
-async def _all_systems(d: Deployed, o: Options, tmp: Path, rep: Reporter) -> dict[str, Figures]:
-    figures: dict[str, Figures] = {}
+async def _all_systems(
+    d: Deployed, o: Options, tmp: Path, rep: Reporter
+) -> dict[str, list[Figures]]:
+    """Every round, the three front ends in that round's order."""
+    figures: dict[str, list[Figures]] = {s: [] for s in SYSTEMS}
     async with aiohttp.ClientSession() as http:
-        for system in SYSTEMS:
-            url = d.front[system]
-            rep.progress(f"placement: {system} ({url})")
-            figures[system] = f = await measure(http, system, url, d, o, tmp)
-            rep.line(asdict(f))
+        for i, order in enumerate(round_orders(o.rounds)):
+            for system in order:
+                url = d.front[system]
+                rep.progress(f"placement: round {i + 1}/{o.rounds}, {system} ({url})")
+                f = await measure(http, system, url, d, o, tmp, i)
+                figures[system].append(f)
+                rep.line(asdict(f))
     return figures
 
 
@@ -467,8 +536,9 @@ def run_bench(o: Options, rep: Reporter) -> dict[str, object]:
         tempfile.TemporaryDirectory(prefix="bench-placement-") as tmp,
         deployment(o, Path(tmp)) as d,
     ):
-        figures = asyncio.run(_all_systems(d, o, Path(tmp), rep))
-    return headline(figures, o, time.monotonic() - t0)
+        per_round = asyncio.run(_all_systems(d, o, Path(tmp), rep))
+    figures = {s: median_figures(f) for s, f in per_round.items()}
+    return headline(figures, o, time.monotonic() - t0, per_round)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

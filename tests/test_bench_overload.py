@@ -72,3 +72,14 @@ def test_a_short_run_prints_one_headline_with_sane_figures() -> None:
     assert len(gateway["limits"]) == 2 and all(v >= 1 for v in gateway["limits"].values())
     assert set(head["goals"]) == set(head["met"])
     assert all(isinstance(v, bool) for v in head["met"].values())
+    # what the phases say of the machine: the generator's lag, the replicas' pace and
+    # the gateway's CPU, and a verdict that names its reasons
+    for phase in (with_, without):
+        machine = phase["machine"]
+        for lag in ("send_lag", "loop_lag"):
+            assert 0 <= machine[lag]["p99_s"] <= machine[lag]["max_s"]
+        assert machine["replicas_rps"] > 0 and machine["replicas_pace"] > 0
+        assert 0 <= machine["all_slots_busy_share"] <= 1
+        assert 0 < machine["gateway_cpu_share"] <= (os.cpu_count() or 1)
+        assert isinstance(machine["not_valid_because"], list)
+    assert head["valid"] is not any(head["not_valid_because"].values())

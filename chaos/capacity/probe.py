@@ -20,8 +20,10 @@ it), :func:`probe_capacity`
 4. measures **T_recover**: one step at ``overload_factor`` x the cold ultimate, then
    the allowed rate (ultimate / factor of safety) for ``recover_s``, timed until
    sliding windows of first-token p99 and errors are within the SLA again;
-5. with a second URL, probes both replicas at once (the same rate each, cold) for
-   the scaling efficiency (the pair's ultimate per replica over the single one's);
+5. with a second URL, probes both replicas at once for the scaling efficiency: cold,
+   each replica offered the same arrivals at the same per-replica rate as the single
+   probe's steps (its own unique prompts), the SLA judged over both; the pair's
+   ultimate per replica over the single one's, at most 1 (see :func:`scaling`);
 6. returns a ``CapacityRecord`` (the wasted-work share over every request it sent).
 
 It stops with :class:`ProbeAborted` (a clear outcome, with the steps so far) when a
@@ -48,7 +50,7 @@ from enum import StrEnum
 import aiohttp
 
 from chaos.capacity.load import LoadGenerator, Planned
-from chaos.capacity.results import RequestResult
+from chaos.capacity.results import RequestResult, mean_inflight
 from chaos.capacity.stats import StepFigures, recovery_time, step_figures, wasted_share
 from chaos.capacity.workload import Workload, arrivals, requests, warmup_requests
 from controlplane.kernel.capacity import (
@@ -189,6 +191,31 @@ def recovery_offsets(config: ProbeConfig, ultimate_rps: float) -> tuple[list[flo
     return over, after
 
 
+def plan_requests(
+    workload: Workload,
+    model: str,
+    seed: int,
+    urls: Sequence[str],
+    offsets: Sequence[float],
+    *,
+    warm: bool,
+    tag: str,
+) -> list[Planned]:
+    """A step's requests: every replica the same arrivals (``offsets``) and the same
+    request lengths, so that two replicas at once are loaded as one alone was; with
+    several, each its own nonces (the tag), so that cold stays cold even where the
+    replicas share a cache tier."""
+    out = []
+    for i, url in enumerate(urls):
+        own = tag if len(urls) == 1 else f"{tag}:{i}"
+        reqs = requests(workload, len(offsets), warm=warm, seed=seed, tag=own)
+        out += [
+            Planned(at, url, r.body(model), r.prompt_tokens)
+            for at, r in zip(offsets, reqs, strict=True)
+        ]
+    return out
+
+
 def _abort_for_lowest(phase: Phase, steps: Sequence[Step], slo: CapacitySLO) -> ProbeAborted:
     lowest = min(steps, key=lambda s: s.offered_rps)
     figures = (
@@ -248,6 +275,7 @@ def _hit_rate(before: Sequence[_Scrape], after: Sequence[_Scrape], phase: Phase)
 class _PhaseResult:
     curve: Curve
     hit_rate: float
+    inflight: dict[float, float] = field(default_factory=dict)  # per replica, by rate
 
 
 @dataclass
@@ -261,6 +289,8 @@ class _Prober:
     run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     results: list[RequestResult] = field(default_factory=list)
     _since: dict[str, float | None] = field(default_factory=dict)
+    # each step's mean in-flight per replica (its last attempt), by phase and rate
+    inflight: dict[tuple[Phase, float], float] = field(default_factory=dict)
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -329,13 +359,9 @@ class _Prober:
     def _plan(
         self, urls: Sequence[str], offsets: Sequence[float], warm: bool, tag: str
     ) -> list[Planned]:
-        reqs = requests(self.workload, len(offsets), warm=warm, seed=self.config.seed, tag=tag)
-        bodies = [(r.body(self.model), r.prompt_tokens) for r in reqs]
-        return [
-            Planned(at, url, body, tokens)
-            for url in urls
-            for at, (body, tokens) in zip(offsets, bodies, strict=True)
-        ]
+        return plan_requests(
+            self.workload, self.model, self.config.seed, urls, offsets, warm=warm, tag=tag
+        )
 
     def _report(
         self,
@@ -395,6 +421,7 @@ class _Prober:
             results = await self.gen.run(self._plan(urls, offsets, warm, tag))
             self.results += results
             figs = step_figures(results, rate, c.step_s, c.request_timeout_s)
+            self.inflight[(phase, rate)] = mean_inflight(results, c.step_s) / len(urls)
             drain_s = await self._drain(urls, phase)
             s = figs.step
             step = Step(rate, s.p99_ttft_s, s.error_rate, s.throughput_rps / len(urls), s.timeouts)
@@ -413,21 +440,30 @@ class _Prober:
         await self._drain(urls, phase)
 
     async def run_phase(
-        self, phase: Phase, urls: Sequence[str], warm: bool, second_rps: float | None
+        self,
+        phase: Phase,
+        urls: Sequence[str],
+        warm: bool,
+        second_rps: float | None,
+        ceiling_rps: float | None = None,
     ) -> _PhaseResult:
-        """One probe: the plan's steps, then its curve and the hit rate it saw."""
+        """One probe: the plan's steps, then its curve and the hit rate it saw.
+        ``ceiling_rps``: offer nothing above it, and stop once the ultimate is
+        bracketed (the pair's: only its ultimate under the single one's counts)."""
         c = self.config
         if warm:
             await self._warm_up(urls, phase)
         before = [await self._counters(u, phase) for u in urls]
         plan = c.plan()
+        if ceiling_rps is not None:
+            plan = replace(plan, max_rps=min(plan.max_rps, ceiling_rps))
         steps: list[Step] = []
         forced = [c.start_rps]
         if second_rps is not None and second_rps > c.start_rps * c.growth:
-            forced.append(min(second_rps, c.max_rps))
+            forced.append(min(second_rps, plan.max_rps))
         while True:
             rate = forced.pop(0) if forced else plan.next_rate(steps, c.slo)
-            if rate is None:
+            if rate is None or (ceiling_rps is not None and ultimate_bracketed(steps, plan, c.slo)):
                 break
             baseline = min(steps, key=lambda s: s.offered_rps).p99_ttft_s if steps else None
             step = await self._step(phase, len(steps), urls, rate, warm, baseline)
@@ -441,7 +477,8 @@ class _Prober:
         except ValueError as e:  # the lowest step missed the SLA, a higher one met it
             raise _abort_for_lowest(phase, steps, c.slo) from e
         after = [await self._counters(u, phase) for u in urls]
-        return _PhaseResult(curve, _hit_rate(before, after, phase))
+        inflight = {r: v for (p, r), v in self.inflight.items() if p is phase}
+        return _PhaseResult(curve, _hit_rate(before, after, phase), inflight)
 
     async def recovery(self, ultimate_rps: float, baseline: float) -> float | None:
         """T_recover after a step at ``overload_factor`` x the ultimate (cold), run again
@@ -512,6 +549,8 @@ async def probe_capacity(
     progress: Progress | None = None,
 ) -> CapacityRecord:
     """Probe the replica at ``url`` (see the module doc); raises :class:`ProbeAborted`."""
+    if pair_url is not None and pair_url.rstrip("/") == url.rstrip("/"):
+        raise ValueError(f"pair_url must be another replica than {url}")
     started = time.monotonic()
     async with LoadGenerator(config.request_timeout_s) as gen:
         model, version = await _model_and_version(gen.http, url, config.model)
@@ -525,10 +564,16 @@ async def probe_capacity(
         if config.measure_recovery:
             t_recover = await prober.recovery(cold.curve.ultimate_rps, cold.curve.baseline_p99_s)
         efficiency, measured = 1.0, False
-        if pair_url is not None:
-            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * cold.curve.ultimate_rps)
-            efficiency = min(1.0, pair.curve.ultimate_rps / cold.curve.ultimate_rps)
-            measured = True
+        if pair_url is not None and cold.curve.ultimate_bounded:
+            single = cold.curve.ultimate_rps
+            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * single, single)
+            efficiency, measured = scaling(single, pair.curve), True
+        elif pair_url is not None:
+            log.warning(
+                "no step broke the SLA on one replica (ultimate %.4g rps is a lower bound): "
+                "the scaling efficiency cannot be measured against it, 1.0 assumed",
+                cold.curve.ultimate_rps,
+            )
     return CapacityRecord(
         region=config.region,
         measured_at=time.time(),
@@ -538,8 +583,8 @@ async def probe_capacity(
         slo=config.slo,
         factor_of_safety=config.factor_of_safety,
         probes=(
-            HitProbe.of(cold.hit_rate, cold.curve, config.step_s),
-            HitProbe.of(warm.hit_rate, warm.curve, config.step_s),
+            HitProbe.of(cold.hit_rate, cold.curve, config.step_s, cold.inflight),
+            HitProbe.of(warm.hit_rate, warm.curve, config.step_s, warm.inflight),
         ),
         r_base_rps=r_base,
         beta=beta,
@@ -552,6 +597,28 @@ async def probe_capacity(
         probe_s=time.monotonic() - started,
         prober=config.prober,
     )
+
+
+def scaling(single_ultimate_rps: float, pair: Curve) -> float:
+    """The scaling efficiency: the pair's ultimate per replica (both loaded at once,
+    each at the same rate and arrivals the single probe offered, the SLA over both)
+    over one replica's alone. The pair's plan stops at the single ultimate: a pair that
+    still met the SLA there (no step broke it: ``ultimate_bounded`` False) scales at
+    1.0; one bracketed below it at the ratio. It is kept within (0, 1]: two replicas
+    carry at most twice one (what they share, a node, a link, only takes away), so a
+    ratio over 1 is the two ultimates' bracketing error, not capacity."""
+    return min(1.0, pair.ultimate_rps / single_ultimate_rps)
+
+
+def ultimate_bracketed(steps: Sequence[Step], plan: ProbePlan, slo: CapacitySLO) -> bool:
+    """Whether the ultimate is bracketed within the plan's precision (the plan would
+    go on around the knee next)."""
+    passing = [s.offered_rps for s in steps if meets_sla(s, slo)]
+    if not passing:
+        return False
+    lo = max(passing)
+    above = [s.offered_rps for s in steps if not meets_sla(s, slo) and s.offered_rps > lo]
+    return bool(above) and (min(above) - lo) / lo <= plan.precision
 
 
 def _fit(cold: _PhaseResult, warm: _PhaseResult, min_spread: float) -> tuple[float, float]:

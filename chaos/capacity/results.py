@@ -3,6 +3,7 @@ statistics and the bench's model read it)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,3 +39,11 @@ class RequestResult:
     @property
     def ok(self) -> bool:
         return self.outcome is Outcome.OK
+
+
+def mean_inflight(results: Sequence[RequestResult], duration_s: float) -> float:
+    """Requests held at once on average over a step of ``duration_s`` (Little's law:
+    the arrival rate, ``len(results) / duration_s``, times the mean send-to-end time)."""
+    if duration_s <= 0:
+        raise ValueError("the step's duration must be positive")
+    return sum(max(0.0, r.done_s - r.sent_s) for r in results) / duration_s

@@ -7,11 +7,14 @@ one. For the region named:
 
 1. its SLA and factor of safety come from the topology, the workload from its prefix
    catalog (``prefixes/<region>``), a rate to try first from its last probe;
-2. a replica is borrowed from its warm pool (``controlplane.kernel.pool_loans``): any
-   WARM one, or the one named; a replica in rotation is refused before anything is
-   written; the loan ends (and the agent puts the replica back to sleep) however the
-   probe ends;
-3. ``chaos.capacity.probe.probe_capacity`` measures it;
+2. replicas are borrowed from its warm pool (``controlplane.kernel.pool_loans``): the
+   one named, or else two WARM ones when ``pools/<region>`` counts two or more asleep
+   (one alone when the agent lends only one), two loans on one lease
+   (``borrow_together``) so that they are answered, lost and returned together; a
+   replica in rotation is refused before anything is written; the loans end (and the
+   agent puts the replicas back to sleep) however the probe ends;
+3. ``chaos.capacity.probe.probe_capacity`` measures the first, and with a second the
+   scaling efficiency (both at once); with one, 1.0 is assumed and the run says why;
 4. the record and an audit entry (``capacity_measured``) are returned as writes, which
    the service commits with the run's history row in one transaction; the HTML report
    goes to ``reports/<id>/``.
@@ -47,9 +50,10 @@ from controlplane.kernel.pool_loans import (
     LoanLost,
     LoanRefused,
     LoanTimedOut,
-    borrow,
+    borrow_together,
     read_members,
 )
+from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.prefix_catalog import PrefixCatalog
 from controlplane.kernel.store.port import Put, Store
 
@@ -91,20 +95,31 @@ class CapacityProber:
         run_id = f"{datetime.fromtimestamp(started, UTC):%Y%m%dT%H%M%SZ}-{CAPACITY_PROBE}-{region}"
         if dry_run:
             return ProbeOutcome(result=self._result(run_id, region, started, [_dry_run(replica)]))
-        config = await self._config(region)
+        pool = await read_members(self._store, self._keys, region)
+        config = await self._config(region, pool)
         catalog = await self._read(self._keys.prefixes(region), PrefixCatalog)
         workload = workload_from_catalog(catalog)
         try:
-            async with borrow(
+            async with borrow_together(
                 self._store,
                 self._keys,
                 region,
                 borrower=self._holder,
-                replica=replica,
+                wanted=_wanted(pool, replica),
+                at_least=1,
                 timeout_s=self._loan_timeout_s,
-            ) as url:
-                log.info("capacity probe of %s on %s (%s)", region, url, workload.profile.source)
-                record = await probe_capacity(url, config, workload, progress=_tell)
+            ) as got:
+                urls = got.urls
+                log.info(
+                    "capacity probe of %s on %s (%s)",
+                    region,
+                    " and ".join(urls),
+                    workload.profile.source,
+                )
+                pair = urls[1] if len(urls) > 1 else None
+                record = await probe_capacity(
+                    urls[0], config, workload, pair_url=pair, progress=_tell
+                )
         except ProbeAborted as e:
             failed = self._result(run_id, region, started, [_aborted("probe", str(e))], str(e))
             return ProbeOutcome(result=failed)
@@ -113,15 +128,17 @@ class CapacityProber:
             failed = self._result(run_id, region, started, [_aborted("replica", why)], why)
             return ProbeOutcome(result=failed)
         page = write_report(record, self._reports / run_id)
+        scaled = _scaling(record, urls, replica, got.refused)
         return ProbeOutcome(
-            result=self._result(run_id, region, started, _criteria(record), "", record, page),
-            writes=self._writes(record, run_id),
+            result=self._result(
+                run_id, region, started, [*_criteria(record), scaled], "", record, page
+            ),
+            writes=self._writes(record, run_id, urls),
         )
 
-    async def _config(self, region: str) -> ProbeConfig:
+    async def _config(self, region: str, pool: PoolMembers | None) -> ProbeConfig:
         cfg = self._topology.region(region)
         last = await self._read(self._keys.capacity(region), CapacityRecord)
-        pool = await read_members(self._store, self._keys, region)
         active = len(pool.active) if pool else len(cfg.replicas)
         hint = min((p.ultimate_rps for p in last.probes), default=None) if last else None
         config = ProbeConfig(
@@ -145,14 +162,14 @@ class CapacityProber:
             log.warning("ignoring %s: %s", key, e)
             return None
 
-    def _writes(self, record: CapacityRecord, run_id: str) -> tuple[Put, ...]:
+    def _writes(self, record: CapacityRecord, run_id: str, urls: Sequence[str]) -> tuple[Put, ...]:
         cold = min(record.probes, key=lambda p: p.hit_rate)
         entry = AuditEntry(
             at=self._clock.now(),
             actor=self._holder,
             action=AuditAction.CAPACITY_MEASURED,
             region=record.region,
-            reason=f"capacity probe {run_id} of {record.replica}",
+            reason=f"capacity probe {run_id} of {' and '.join(urls)}",
             result="ok",
             details={
                 "run": run_id,
@@ -163,6 +180,9 @@ class CapacityProber:
                 "knee_rps": "" if cold.knee_rps is None else f"{cold.knee_rps:.4g}",
                 "r_base_rps": f"{record.r_base_rps:.4g}",
                 "beta": f"{record.beta:.3f}",
+                "scaling_efficiency": f"{record.scaling_efficiency:.3f}",
+                "scaling_measured": str(record.scaling_measured).lower(),
+                "pair_replica": urls[1] if len(urls) > 1 else "",
             },
         )
         return (
@@ -202,6 +222,7 @@ def _figures(record: CapacityRecord) -> dict[str, float]:
         "allowed_rps": cold.ultimate_rps / record.factor_of_safety,
         "r_base_rps": record.r_base_rps,
         "beta": record.beta,
+        "scaling_efficiency": record.scaling_efficiency,
         "probe_s": record.probe_s,
     }
     if cold.knee_rps is not None:
@@ -228,6 +249,39 @@ def _criteria(record: CapacityRecord) -> list[Criterion]:
     ]
 
 
+def _wanted(pool: PoolMembers | None, replica: str | None) -> tuple[str | None, ...]:
+    """The loans to ask for: the replica named; else two WARM ones for the scaling
+    efficiency when the pool counts two asleep (WARM and IDLE: the agent lends WARM
+    only, and refuses the second loan when one is all it has), else one."""
+    if replica is not None:
+        return (replica,)
+    return (None, None) if pool is not None and pool.warm >= 2 else (None,)
+
+
+def _scaling(
+    record: CapacityRecord, urls: Sequence[str], named: str | None, refused: Sequence[str]
+) -> Criterion:
+    """How the scaling efficiency was had: measured on two replicas at once, or assumed
+    1.0, and why (a replica named, one WARM replica, the second loan refused, no
+    ultimate on one replica to measure against)."""
+    if record.scaling_measured:
+        how = f"measured on {urls[0]} and {urls[1]} at once"
+    elif len(urls) > 1:
+        how = "assumed: no step broke the SLA on one replica, nothing to compare the pair to"
+    elif named is not None:
+        how = f"assumed: the probe ran on {named} alone (named)"
+    elif refused:
+        how = f"assumed: one replica lent, the second refused ({'; '.join(refused)})"
+    else:
+        how = "assumed: fewer than two WARM replicas in the pool"
+    return Criterion(
+        name="scaling efficiency",
+        passed=True,  # assumed is a result too: said here, in the record and the report
+        measured=f"{record.scaling_efficiency:.2f} ({how})",
+        required="two replicas probed at once, or what is assumed said",
+    )
+
+
 def _aborted(what: str, why: str) -> Criterion:
     return Criterion(name=f"{what} ready", passed=False, measured=why, required="no abort")
 
@@ -236,7 +290,7 @@ def _dry_run(replica: str | None) -> Criterion:
     return Criterion(
         name="dry run",
         passed=True,
-        measured=f"would borrow {replica or 'a WARM replica'} and probe it",
+        measured=f"would borrow {replica or 'two WARM replicas (one if one is all)'} and probe",
         required="-",
     )
 

@@ -162,20 +162,23 @@ def capacity_probe(
         str,
         typer.Option(
             help="Probe this replica (base URL; refused if in rotation). "
-            "Default: a WARM replica of the region's warm pool."
+            "Default: a WARM replica of the region's warm pool (two when it has two: "
+            "both are also loaded at once, for the scaling efficiency)."
         ),
     ] = "",
     wait: Annotated[bool, typer.Option(help="Wait for the result (progress shown).")] = True,
     wait_s: Annotated[float, typer.Option(help="How long to wait.")] = 1800.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """Measure what REGION bears: the drill service step-loads one replica out of rotation.
+    """Measure what REGION bears: the drill service step-loads replicas out of rotation.
 
     It never loads production: it borrows a WARM replica from the region's warm pool
     (woken, kept out of rotation, put back to sleep afterwards) or the replica named,
-    which must not be in rotation. It runs under the drill lock (never beside a drill),
-    stores the result at capacity/<region> (audited) and writes an HTML report. Waits
-    for it, then shows the region's capacity: exit 0 when it measured, 1 when it aborted.
+    which must not be in rotation. With two WARM replicas it borrows both and also
+    loads them at once, for the scaling efficiency (else 1.0 is assumed, and said).
+    It runs under the drill lock (never beside a drill), stores the result at
+    capacity/<region> (audited) and writes an HTML report. Waits for it, then shows
+    the region's capacity: exit 0 when it measured, 1 when it aborted.
 
     Example: failoverctl capacity probe us-east -r "after the vLLM upgrade"
     """

@@ -17,7 +17,8 @@ the queue and the prefill that load lengthens.
   admitted since the last decrease count for the next one (the others were admitted
   under the old limit and say nothing new), so a burst of late answers makes one cut.
 * The limit stays within [1, ``max_limit``]; ``max_limit`` (from the measured capacity)
-  None is unbounded. It starts at ``initial_limit``, or, when that is None, at
+  None is unbounded; ``set_max_limit`` moves it (limits above come down at once). It
+  starts at ``initial_limit``, or, when that is None, at
   ``max_limit`` (what the measurement says the replica bears), or at 16 without one.
 
 **Partitions**: each request is interactive or batch (:func:`priority_of`, from the
@@ -50,7 +51,7 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 DEFAULT_INITIAL_LIMIT = 16
@@ -278,6 +279,15 @@ class AdmissionLimiter:
                 r.gone = True
                 if r.inflight == 0:
                     del self._replicas[name]
+        return self._expire(now) + self._dispatch(now)
+
+    def set_max_limit(self, max_limit: int | None, now: float) -> Events:
+        """A new upper bound (the measured capacity changed; None: unbounded). Limits
+        above it come down to it at once; below it they grow to it as answers allow
+        (additive increase), not by a jump a fresh measurement may not yet deserve."""
+        self.config = replace(self.config, max_limit=max_limit)  # checked there
+        for r in self._replicas.values():
+            r.limit = min(r.limit, self.config.upper)
         return self._expire(now) + self._dispatch(now)
 
     def acquire(

@@ -16,6 +16,7 @@ topology's typed ``capacity_rps`` (the fallback), with the reason. Pure.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
@@ -35,9 +36,13 @@ class ProbeStep(Frozen):
     throughput_rps: Annotated[float, Field(ge=0)]
     timeouts: Annotated[int, Field(ge=0)] = 0
     duration_s: Annotated[float, Field(gt=0)] = 1.0
+    # Requests held at once on average over the step (their send-to-end times over its
+    # span): admission control's bound (admission_bound.py). None: probed before it was
+    # recorded.
+    mean_inflight: Annotated[float | None, Field(ge=0)] = None
 
     @classmethod
-    def of(cls, step: Step, duration_s: float) -> ProbeStep:
+    def of(cls, step: Step, duration_s: float, mean_inflight: float | None = None) -> ProbeStep:
         return cls(
             offered_rps=step.offered_rps,
             p99_ttft_s=step.p99_ttft_s,
@@ -45,6 +50,7 @@ class ProbeStep(Frozen):
             throughput_rps=step.throughput_rps,
             timeouts=step.timeouts,
             duration_s=duration_s,
+            mean_inflight=mean_inflight,
         )
 
     def step(self) -> Step:
@@ -65,7 +71,15 @@ class HitProbe(Frozen):
     steps: tuple[ProbeStep, ...] = ()
 
     @classmethod
-    def of(cls, hit_rate: float, curve: Curve, step_s: float) -> HitProbe:
+    def of(
+        cls,
+        hit_rate: float,
+        curve: Curve,
+        step_s: float,
+        inflight: Mapping[float, float] | None = None,
+    ) -> HitProbe:
+        """``inflight``: each step's mean in-flight, by its offered rate."""
+        inflight = inflight or {}
         return cls(
             hit_rate=hit_rate,
             baseline_p99_s=curve.baseline_p99_s,
@@ -73,7 +87,7 @@ class HitProbe(Frozen):
             ultimate_rps=curve.ultimate_rps,
             ultimate_bounded=curve.ultimate_bounded,
             failure_rps=curve.failure_rps,
-            steps=tuple(ProbeStep.of(s, step_s) for s in curve.steps),
+            steps=tuple(ProbeStep.of(s, step_s, inflight.get(s.offered_rps)) for s in curve.steps),
         )
 
 

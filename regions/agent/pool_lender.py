@@ -8,6 +8,9 @@ change, and every ``interval_s`` (level-triggered). The pool lends WARM standby 
 never routed), refuses what it cannot lend, and returns the replica of a loan whose key
 is gone: the borrower is done, or dead and its lease expired. ``AgentPool`` publishes
 what is lent and refused in ``pools/<region>``, where the borrower reads its answer.
+Loans taken together (``borrow_together``: the capacity probe's pair, on one lease) are
+separate keys written in one transaction, so they reach the pool together, each lent or
+refused on its own; the lease's end deletes them all, and every replica goes back.
 
 Fail-static: while etcd is away the copy keeps its loans, so a lost etcd never takes a
 replica from a borrower that is still measuring; a lease that expired meanwhile is seen

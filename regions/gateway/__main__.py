@@ -35,12 +35,14 @@ import logging
 from collections.abc import Sequence
 from functools import partial
 
-from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig
 from regions.gateway.cli_common import (
+    add_admission_flags,
     add_etcd_flags,
     add_prefix_flags,
+    add_replica_flags,
     add_report_flags,
+    admission_options,
     routing_options,
     run_main,
     serve,
@@ -87,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
         "(default: both on; see regions/gateway/warmth.py)",
     )
     add_prefix_flags(p)
+    add_replica_flags(p)
     _add_continuation_flags(p)
-    _add_admission_flags(p)
+    add_admission_flags(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -120,82 +123,6 @@ def _add_continuation_flags(p: argparse.ArgumentParser) -> None:
         default=30.0,
         metavar="SECONDS",
         help="no continuation starts later than this after the cut (default 30)",
-    )
-
-
-def _add_admission_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
-        "admission control",
-        "Each replica gets an in-flight limit that grows while first tokens come within "
-        "a target and shrinks when they do not; over it a request waits briefly in its "
-        "region's queue or gets 429 with Retry-After. x-priority: batch (or low) is the "
-        "batch partition, anything else interactive (regions/gateway/admission_gate.py).",
-    )
-    g.add_argument(
-        "--admission",
-        action="store_true",
-        help="turn admission control on (default off)",
-    )
-    g.add_argument(
-        "--admission-target",
-        type=float,
-        metavar="SECONDS",
-        help="first-token time a replica's answers should stay under; default: the "
-        "region's slo.ttft_p99_s less --admission-max-wait (at least half the SLO)",
-    )
-    g.add_argument(
-        "--admission-max-wait",
-        type=float,
-        default=1.0,
-        metavar="SECONDS",
-        help="the longest a request waits for a slot (default 1; a tenth of it while "
-        "the queue stands: not emptied, or a waiter timed out, within that long)",
-    )
-    g.add_argument(
-        "--admission-max-queue",
-        type=int,
-        default=128,
-        metavar="N",
-        help="requests waiting per region at most (default 128)",
-    )
-    g.add_argument(
-        "--admission-interactive-share",
-        type=float,
-        default=0.9,
-        metavar="SHARE",
-        help="share of each replica's limit reserved for interactive requests; batch "
-        "gets the rest, and each borrows what the other leaves unused (default 0.9)",
-    )
-    g.add_argument(
-        "--admission-max-inflight",
-        type=int,
-        metavar="N",
-        help="upper bound of each replica's limit (from its measured capacity); the "
-        "limit starts there; default: unbounded, starting at 16",
-    )
-
-
-def _admission_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> AdmissionOptions:
-    problems = []
-    if args.admission_target is not None and not args.admission_target > 0:
-        problems.append("--admission-target must be positive")
-    if not args.admission_max_wait >= 0:
-        problems.append("--admission-max-wait must be 0 or more")
-    if args.admission_max_queue < 0:
-        problems.append("--admission-max-queue must be 0 or more")
-    if not 0 < args.admission_interactive_share < 1:
-        problems.append("--admission-interactive-share must be between 0 and 1")
-    if args.admission_max_inflight is not None and args.admission_max_inflight < 1:
-        problems.append("--admission-max-inflight must be positive")
-    if problems:
-        p.error("; ".join(problems))
-    return AdmissionOptions(
-        enabled=args.admission,
-        first_token_target_s=args.admission_target,
-        max_queue_wait_s=args.admission_max_wait,
-        max_queue=args.admission_max_queue,
-        interactive_share=args.admission_interactive_share,
-        max_inflight=args.admission_max_inflight,
     )
 
 
@@ -239,7 +166,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
         listen=args.listen,
         proxy=ProxyConfig(retry_deadline_s=args.retry_deadline, read_timeout_s=args.read_timeout),
         grace_s=args.grace,
-        admission=_admission_options(p, args),
+        admission=admission_options(p, args),
     )
     return options, str(args.log_level).upper()
 

@@ -17,6 +17,11 @@ round admission: they finish a request admitted already.
 The first-token target defaults to the region's ``slo.ttft_p99_s`` less the queue's
 wait (a request may have waited that long here before its replica starts; at least
 half the SLO), so that waiting plus the replica's first token fits the SLO.
+
+Each replica's limit is bounded by ``max_inflight`` when the operator sets it, else by
+the region's measured capacity (``capacity_bounds.py`` calls ``set_max_inflight`` as
+``capacity/<region>`` changes), else not at all. The endpoint picker uses the same
+gates (``regions/picker/pick.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from controlplane.kernel.admission_bound import BoundAt
 from controlplane.kernel.admission_limit import (
     AdmissionLimiter,
     Events,
@@ -52,7 +58,9 @@ class AdmissionOptions:
     standing_wait_s: float | None = None  # None: a tenth of max_queue_wait_s
     max_queue: int = 128  # waiters per region
     interactive_share: float = 0.9  # of each replica's limit; batch gets the rest
-    max_inflight: int | None = None  # per replica (from its measured capacity); None: unbounded
+    # per replica; None: from the measured capacity (capacity_bounds.py), else unbounded
+    max_inflight: int | None = None
+    bound_at: BoundAt = BoundAt.ULTIMATE  # the measured rate the bound is the in-flight of
     initial_inflight: int | None = None  # None: max_inflight, else 16
     priority_header: str = "x-priority"
     batch_values: tuple[str, ...] = ("batch", "low")
@@ -139,6 +147,14 @@ class RegionGate:
             self._waiters.pop(waiter.ticket, None)
             self._settle(self.limiter.withdraw(waiter.ticket, self._monotonic()))
             raise
+
+    def set_max_limit(self, limit: int | None) -> None:
+        """A new bound on each replica's limit (the measured capacity changed)."""
+        if limit == self.limiter.config.max_limit:
+            return
+        self._settle(self.limiter.set_max_limit(limit, self._monotonic()))
+        for name, value in self.limiter.limits().items():
+            self._metrics.admission_limit(self.region, name, value)
 
     def first_token(self, grant: Grant) -> None:
         now = self._monotonic()
@@ -250,6 +266,13 @@ class AdmissionGates:
         gate.sync(balancer.replicas)
         order = candidates(balancer, key, first, tried, now)
         return await gate.enter(self.priority(headers), order, frozenset(tried))
+
+    def set_max_inflight(self, region: str, limit: int | None) -> None:
+        """Bound ``region``'s replica limits (from its measured capacity; None: no
+        bound), unless ``max_inflight`` is set: the operator's figure wins."""
+        gate = self._gates.get(region)
+        if gate is not None and self.options.max_inflight is None:
+            gate.set_max_limit(limit)
 
     def first_token(self, region: str, grant: Grant) -> None:
         gate = self._gates.get(region)

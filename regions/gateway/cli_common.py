@@ -1,6 +1,6 @@
 """What the gateway's and the endpoint picker's command lines share: the etcd, health
-report and prefix tracking flags, and the life of the server process (READY, SIGTERM,
-exit 2 on a topology that disagrees with the cluster spec)."""
+report, prefix tracking and admission control flags, and the life of the server
+process (READY, SIGTERM, exit 2 on a topology that disagrees with the cluster spec)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from typing import Any, Protocol
 import uvloop
 from pydantic import ValidationError
 
+from controlplane.kernel.admission_bound import BoundAt
 from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import HOST_PORT, ConfigError, PrefixesConfig, load_topology
+from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig
 from regions.gateway.options import GatewayOptions
 from regions.gateway.prefix_export import ExportOptions, tracker_config
@@ -83,6 +85,7 @@ def routing_options(
         prefix_tracking=not args.no_prefix_tracking,
         tracker=tracker_config(prefixes, session_key),
         prefix_export=ExportOptions.from_topology(prefixes),
+        replica_slots=replica_slots(p, args.replica_slots),
         **more,
     )
 
@@ -139,6 +142,141 @@ def add_report_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between health reports"
+    )
+
+
+def add_replica_flags(p: argparse.ArgumentParser) -> None:
+    """What each replica bears, when the operator knows it better than the metrics."""
+    p.add_argument(
+        "--replica-slots",
+        action="append",
+        default=[],
+        metavar="N|URL=N[,URL=N...]",
+        help="requests a replica runs at once (vLLM's --max-num-seqs): one number for "
+        "every replica, or URL=N per replica (repeat the flag or join with commas; a "
+        "replica not named is learned). A replica takes a request while it has a free "
+        "slot; default: learned from each replica's num_requests_running/waiting",
+    )
+
+
+def replica_slots(p: argparse.ArgumentParser, values: Sequence[str]) -> int | dict[str, int] | None:
+    """``--replica-slots``: None (learn them), one count for all, or counts per URL."""
+    items = [v.strip() for arg in values for v in arg.split(",") if v.strip()]
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return _slot_count(p, items[0], "--replica-slots")
+    per: dict[str, int] = {}
+    for item in items:
+        url, eq, count = item.rpartition("=")
+        if not eq or not re.match(r"^https?://[^/\s]+", url):
+            p.error(
+                f"--replica-slots: expected one number, or URL=N per replica "
+                f"(URL as http://host:port), got {item!r}"
+            )
+        if url in per:
+            p.error(f"--replica-slots: {url} given twice")
+        per[url] = _slot_count(p, count, f"--replica-slots {url}")
+    return per
+
+
+def _slot_count(p: argparse.ArgumentParser, text: str, name: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        p.error(f"{name}: expected a whole number of at least 1, got {text!r}")
+    return n
+
+
+def add_admission_flags(p: argparse.ArgumentParser, *, max_wait_s: float = 1.0) -> None:
+    """Admission control's flags (the gateway's and the endpoint picker's);
+    ``max_wait_s``: the default of --admission-max-wait."""
+    g = p.add_argument_group(
+        "admission control",
+        "Each replica gets an in-flight limit that grows while first tokens come within "
+        "a target and shrinks when they do not; over it a request waits briefly in its "
+        "region's queue or gets 429 with Retry-After. x-priority: batch (or low) is the "
+        "batch partition, anything else interactive (regions/gateway/admission_gate.py).",
+    )
+    g.add_argument(
+        "--admission",
+        action="store_true",
+        help="turn admission control on (default off)",
+    )
+    g.add_argument(
+        "--admission-target",
+        type=float,
+        metavar="SECONDS",
+        help="first-token time a replica's answers should stay under; default: the "
+        "region's slo.ttft_p99_s less --admission-max-wait (at least half the SLO)",
+    )
+    g.add_argument(
+        "--admission-max-wait",
+        type=float,
+        default=max_wait_s,
+        metavar="SECONDS",
+        help=f"the longest a request waits for a slot (default {max_wait_s:g}; a tenth "
+        "of it while the queue stands: not emptied, or a waiter timed out, within that long)",
+    )
+    g.add_argument(
+        "--admission-max-queue",
+        type=int,
+        default=128,
+        metavar="N",
+        help="requests waiting per region at most (default 128)",
+    )
+    g.add_argument(
+        "--admission-interactive-share",
+        type=float,
+        default=0.9,
+        metavar="SHARE",
+        help="share of each replica's limit reserved for interactive requests; batch "
+        "gets the rest, and each borrows what the other leaves unused (default 0.9)",
+    )
+    g.add_argument(
+        "--admission-max-inflight",
+        type=int,
+        metavar="N",
+        help="upper bound of each replica's limit; the limit starts there. It overrides "
+        "the bound otherwise read from the region's measured capacity (capacity/<region> "
+        "in etcd: the in-flight at the probed rate, see --admission-bound-at); without "
+        "either (no record, a stale one, or one without in-flight figures): unbounded, "
+        "starting at 16",
+    )
+    g.add_argument(
+        "--admission-bound-at",
+        choices=[b.value for b in BoundAt],
+        default=BoundAt.ULTIMATE.value,
+        help="which measured rate the bound is the in-flight of: ultimate (the most "
+        "that met the SLA; default) or allowed (ultimate / factor of safety)",
+    )
+
+
+def admission_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> AdmissionOptions:
+    """The admission flags, checked (a bad value: exit 2 naming each)."""
+    problems = []
+    if args.admission_target is not None and not args.admission_target > 0:
+        problems.append("--admission-target must be positive")
+    if not args.admission_max_wait >= 0:
+        problems.append("--admission-max-wait must be 0 or more")
+    if args.admission_max_queue < 0:
+        problems.append("--admission-max-queue must be 0 or more")
+    if not 0 < args.admission_interactive_share < 1:
+        problems.append("--admission-interactive-share must be between 0 and 1")
+    if args.admission_max_inflight is not None and args.admission_max_inflight < 1:
+        problems.append("--admission-max-inflight must be positive")
+    if problems:
+        p.error("; ".join(problems))
+    return AdmissionOptions(
+        enabled=args.admission,
+        first_token_target_s=args.admission_target,
+        max_queue_wait_s=args.admission_max_wait,
+        max_queue=args.admission_max_queue,
+        interactive_share=args.admission_interactive_share,
+        max_inflight=args.admission_max_inflight,
+        bound_at=BoundAt(args.admission_bound_at),
     )
 
 

@@ -1,8 +1,9 @@
 """What a data plane of Tectonic keeps of the cluster, one implementation for the
 gateway (``server.py``) and the endpoint picker (``regions/picker/``): the etcd store,
 the routing cache, session pins and their resolver, one replica balancer per region,
-the pools, degradation and cluster-spec watches, the health reporter and the prefix
-tracker with its exporter, and the background tasks behind them.
+the pools, degradation and cluster-spec watches, admission control's gates with the
+``capacity/`` watch that bounds them, the health reporter and the prefix tracker with
+its exporter, and the background tasks behind them.
 
 A region whose agent runs a warm pool routes to the ACTIVE replicas in ``pools/<r>``
 (its WARM ones sleep); any other region to the topology's ``regions[].replicas``.
@@ -24,6 +25,8 @@ from controlplane.kernel.prefix_tracker import PrefixTracker
 from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
+from regions.gateway.admission_gate import AdmissionGates
+from regions.gateway.capacity_bounds import CapacityBounds
 from regions.gateway.degradation_cache import DegradationCache
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.observe import PrefixObserver, TrackerObserver
@@ -106,6 +109,22 @@ class DataPlaneCore:
         self.spec_watch = SpecWatch(
             self.store, self.keys, cluster_spec(options.topology), SPEC_SECTIONS
         )
+        # admission control (off unless enabled): per-replica in-flight limits, bounded
+        # by the flag or else by the measured capacity in capacity/<r>
+        self.admission: AdmissionGates | None = None
+        self.capacity: CapacityBounds | None = None
+        if options.admission.enabled:
+            self.admission = AdmissionGates(options.admission, topo, self.metrics)
+            if options.admission.max_inflight is None:
+                self.capacity = CapacityBounds(
+                    self.store, self.keys, topo, self.admission, at=options.admission.bound_at
+                )
+            else:
+                log.info(
+                    "admission bound: %d in flight per replica (--admission-max-inflight; "
+                    "capacity/ is not read)",
+                    options.admission.max_inflight,
+                )
         self.reporter: HealthReporter | None = None
         if options.control_planes:
             self.reporter = HealthReporter(
@@ -220,6 +239,9 @@ class DataPlaneCore:
             tg.create_task(self.moves.run(), name="session-moves")
             if self.replica_load is not None:
                 tg.create_task(self.replica_load.run(), name="replica-load")
+            if self.capacity is not None:
+                tg.create_task(self.capacity.run(), name="capacity-watch")
+                tg.create_task(self.capacity.rechecks(), name="capacity-recheck")
             if self.reporter is not None:
                 tg.create_task(self.reporter.run(), name="health-report")
             if self.exporter is not None:

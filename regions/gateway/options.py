@@ -4,6 +4,7 @@ health reports and the prefix tracking."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from controlplane.kernel.config import EtcdConfig, Topology
@@ -27,7 +28,8 @@ class GatewayOptions:
     revalidate_s: float = 300.0  # re-read a cached pin this often (also extends its TTL)
     max_pins: int = 100_000
     load_factor: float = DEFAULT_LOAD_FACTOR  # bounds replicas whose slots are unknown
-    replica_slots: int | None = None  # requests a replica runs at once; None: learned
+    # requests a replica runs at once, for all or per URL (others learned); None: learned
+    replica_slots: int | Mapping[str, int] | None = None
     replica_poll_s: float = DEFAULT_POLL_S  # read replicas' running/waiting; 0: never
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     session_ttl_s: int = 3600

@@ -230,7 +230,8 @@ class Forwarder:
                 if entered is not None:
                     grant, replica = entered, entered.replica
             tried.add(replica)
-            balancer.acquire(replica)
+            # timed and keyed: the balancer foresees waits and what each replica caches
+            balancer.acquire(replica, now=self._monotonic(), key=key)
             try:
                 outcome = await self._attempt(
                     request,

@@ -4,7 +4,9 @@ Every ``interval_s`` this reads ``vllm:num_requests_running`` and
 ``vllm:num_requests_waiting`` of every replica of every region (the simulator writes
 the same gauges) and hands them to that region's ``ReplicaBalancer.observe``, which
 learns the replica's slots from them and counts the requests other gateways hold
-there. The decision stays in the balancer (pure); this is only the I/O. A replica that
+there, and its latency and prefix-cache counters to a ``CostEstimator`` whose figures
+(mean hold, what a hit saves) tell the balancer when a full prefix owner is worth
+waiting for. The decision stays in the balancer (pure); this is only the I/O. A replica that
 does not answer in ``timeout_s`` is ``unreported``: its balancer goes on with its own
 in-flight counts.
 """
@@ -19,10 +21,11 @@ from collections.abc import Mapping
 import aiohttp
 
 from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_gauges
+from regions.gateway.replica_costs import COST_METRICS, CostEstimator
 from regions.gateway.replicas import ReplicaBalancer
 
 log = logging.getLogger("tectonic.gateway")
-_GAUGES = frozenset({RUNNING, WAITING})
+_READ = frozenset({RUNNING, WAITING}) | COST_METRICS
 DEFAULT_POLL_S = 1.0
 
 
@@ -42,6 +45,7 @@ class ReplicaLoadPoller:
         self._balancers = balancers
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self._estimators: dict[str, CostEstimator] = {}  # per replica URL
 
     async def run(self) -> None:
         """Poll until cancelled."""
@@ -55,23 +59,25 @@ class ReplicaLoadPoller:
         """One round: every replica at once, each answer to its balancer."""
         targets = [(b, r) for b in list(self._balancers.values()) for r in b.replicas]
         asked = [b.inflight[r] for b, r in targets]
-        reports = await asyncio.gather(*(_gauges(http, r) for _, r in targets))
-        for (balancer, replica), ours, gauges in zip(targets, asked, reports, strict=True):
-            if gauges is None:
+        reports = await asyncio.gather(*(_metrics(http, r) for _, r in targets))
+        for (balancer, replica), ours, found in zip(targets, asked, reports, strict=True):
+            if found is None:
                 balancer.unreported(replica)
-            else:
-                balancer.observe(replica, *gauges, ours_asked=ours)
+                continue
+            running, waiting = int(found[RUNNING]), int(found.get(WAITING, 0.0))
+            balancer.observe(replica, running, waiting, ours_asked=ours)
+            estimator = self._estimators.setdefault(replica, CostEstimator())
+            balancer.set_costs(replica, estimator.update(found))
 
 
-async def _gauges(http: aiohttp.ClientSession, replica: str) -> tuple[int, int] | None:
-    """``(running, waiting)`` of ``replica``, or None when it does not say."""
+async def _metrics(http: aiohttp.ClientSession, replica: str) -> dict[str, float] | None:
+    """``replica``'s gauges and cost counters, or None when it does not say how
+    many it runs."""
     with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
         async with http.get(replica.rstrip("/") + "/metrics") as r:
             if r.status != 200:
                 return None
-            found = parse_gauges(await r.text(), _GAUGES)
-            if RUNNING not in found:
-                return None
-            return int(found[RUNNING]), int(found.get(WAITING, 0.0))
+            found = parse_gauges(await r.text(), _READ)
+            return found if RUNNING in found else None
     log.debug("replica %s: /metrics unreadable", replica)
     return None

@@ -24,6 +24,17 @@ the ``vllm:num_requests_running`` / ``_waiting`` it reports (``observe``, fed by
 more than its slots without a queue raises them. A replica not seen at its limit yet
 bears what the fewest of its region's others was seen to bear (one deployment).
 
+A full owner is worth waiting for when its prefix is still in the owner's cache (what
+we sent there since, ``replica_cache.py``) and its next free slot comes within half
+the prefill that saves: the wait is the rest of the mean hold of its oldest request
+(our own requests' start times, ``acquire(now=...)``; the mean hold and the saving are
+the replica's own figures, ``replica_costs.py``), and the other half is left for the
+spread of holds around their mean (a cold request holds its slot a saving longer than
+a warm one). The request then waits in the owner's engine queue instead of spilling
+cold: its first token comes no later than a spilled one's would, and the prefix stays
+on its replica. Only then may a request queue while another replica has a free slot;
+without those figures (or for a wait behind requests we did not send) it spills.
+
 A replica of unknown slots (before anything is learned) is bounded as before: it takes
 a request while its in-flight count is below ``ceil(c x (total + 1) / n)`` (Mirrokni,
 Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads"), which spreads one
@@ -45,6 +56,8 @@ from controlplane.kernel.ring import (
     DEFAULT_VNODES,
     HashRing,
 )
+from regions.gateway.replica_cache import SentKeys
+from regions.gateway.replica_costs import Costs
 
 DEFAULT_LOAD_FACTOR = 1.25
 
@@ -72,7 +85,11 @@ class ReplicaBalancer:
         self._inflight = dict.fromkeys(self.ring.replicas, 0)
         self._total = 0
         self._down_until: dict[str, float] = {}
+        self._spec = slots  # as given: a replica that joins later gets its share too
         self._given = _given_slots(slots, self.ring.replicas)
+        self._started: dict[str, list[float]] = {r: [] for r in self.ring.replicas}
+        self._costs: dict[str, Costs] = {}
+        self._sent = {r: SentKeys() for r in self.ring.replicas}
         self._learned: dict[str, int] = {}
         self._queued: dict[str, int] = {}  # running, when its last report showed a queue
         self._others = dict.fromkeys(self.ring.replicas, 0)  # requests we did not send
@@ -90,12 +107,10 @@ class ReplicaBalancer:
         """A balancer over ``replicas`` with these settings and the slots given and
         learned of the replicas that stay (a pool change must not forget them)."""
         stay = set(replicas)
-        new = ReplicaBalancer(
-            replicas,
-            load_factor=self.load_factor,
-            slots={r: n for r, n in self._given.items() if r in stay},
-        )
+        new = ReplicaBalancer(replicas, load_factor=self.load_factor, slots=self._spec)
         new._learned = {r: n for r, n in self._learned.items() if r in stay}
+        new._costs = {r: c for r, c in self._costs.items() if r in stay}
+        new._sent.update({r: k for r, k in self._sent.items() if r in stay})
         return new
 
     # ---- what a replica bears --------------------------------------------------------
@@ -161,6 +176,19 @@ class ReplicaBalancer:
             self._set_others(replica, 0)
             self._queued.pop(replica, None)
 
+    def set_costs(self, replica: str, costs: Costs | None) -> None:
+        """``replica``'s own figures (``replica_costs.py``): its mean hold and what a
+        prefix hit there saves; None: unknown (a full owner is then never waited for).
+        Their latest hit share teaches what its cache holds."""
+        if replica not in self._inflight:
+            return
+        if costs is None:
+            self._costs.pop(replica, None)
+            return
+        self._costs[replica] = costs
+        if costs.hit_share is not None:
+            self._sent[replica].learn(costs.hit_share)
+
     def _set_others(self, replica: str, n: int) -> None:
         self._others_total += n - self._others[replica]
         self._others[replica] = n
@@ -181,15 +209,48 @@ class ReplicaBalancer:
         None if none is left."""
         cap = self.capacity()
         down = self._down_until
+        owner = None
         for r in self.ring.walk(key):  # the common case: an early candidate has room
-            if r not in exclude and down.get(r, 0.0) <= now and self.load(r) < self.bound(r, cap):
-                return r
+            if r in exclude or down.get(r, 0.0) > now:
+                continue
+            if self.load(r) < self.bound(r, cap):
+                return owner if owner and self._worth_waiting(owner, key, now) else r
+            owner = owner or r
         eligible = [r for r in self.ring.walk(key) if r not in exclude]
         live = [r for r in eligible if down.get(r, 0.0) <= now]
         if not live:  # every eligible replica is ejected: ignore ejection
             with_room = (r for r in eligible if self.load(r) < self.bound(r, cap))
             return next(with_room, None) or self._shortest_queue(eligible, cap)
         return self._shortest_queue(live, cap)
+
+    def wait_s(self, replica: str, now: float) -> float | None:
+        """How long one more request would wait for a slot of ``replica`` (full): the
+        rest of the mean hold of the request whose end frees the slot it gets (the
+        oldest of ours past those already queued), or None when that one is not ours,
+        is overdue by more than a hold (stuck: no estimate), or the hold is unknown."""
+        costs = self._costs.get(replica)
+        slots = self.slots(replica)
+        if costs is None or slots is None:
+            return None
+        ahead = max(0, self.load(replica) - slots)  # already queued there
+        started = self._started[replica]
+        if ahead >= len(started):
+            return None
+        rest = costs.hold_s - (now - started[ahead])
+        return max(0.0, rest) if rest > -costs.hold_s else None
+
+    def likely_cached(self, replica: str, key: int) -> bool:
+        """``key``'s prefix is likely still in ``replica``'s cache (``replica_cache.py``)."""
+        sent = self._sent.get(replica)
+        return sent is not None and sent.likely_cached(key)
+
+    def _worth_waiting(self, owner: str, key: int, now: float) -> bool:
+        """Wait for ``owner`` (full) rather than spill: it likely holds ``key``'s
+        prefix, and its slot comes within half the prefill that saves."""
+        wait = self.wait_s(owner, now)
+        if wait is None or not wait < self._costs[owner].hit_saving_s / 2:
+            return False
+        return self.likely_cached(owner, key)
 
     def _shortest_queue(self, candidates: Sequence[str], cap: int) -> str | None:
         """Where one more request waits least: the fewest held per slot, counting it
@@ -202,14 +263,26 @@ class ReplicaBalancer:
 
     # ---- the proxy's bookkeeping -----------------------------------------------------
 
-    def acquire(self, replica: str) -> None:
+    def acquire(self, replica: str, now: float | None = None, key: int | None = None) -> None:
+        """A request starts on ``replica``; ``now`` (monotonic) times it for the
+        waits of ``wait_s`` (untimed ones still count as load); ``key``, its prefix,
+        is then in that replica's cache for a while."""
         self._inflight[replica] += 1
         self._total += 1
+        if now is not None:
+            self._started[replica].append(now)
+        if key is not None:
+            self._sent[replica].sent(key)
 
     def release(self, replica: str) -> None:
+        """A request on ``replica`` ended. Its start time is not known here: the
+        oldest one goes (requests of one replica end about in the order they began)."""
         if self._inflight[replica] > 0:
             self._inflight[replica] -= 1
             self._total -= 1
+            started = self._started[replica]
+            if len(started) > self._inflight[replica]:
+                started.pop(0)
 
     def eject(self, replica: str, until: float) -> None:
         """Skip ``replica`` until ``until`` (it refused a connection): the next requests

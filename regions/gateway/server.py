@@ -62,9 +62,8 @@ class GatewayServer:
         self.tracker, self.exporter = core.tracker, core.exporter
         self.pool = new_pool(options.proxy)
         vote = self.reporter.record if self.reporter else None
-        self.admission: AdmissionGates | None = None  # per-replica in-flight limits
-        if options.admission.enabled:
-            self.admission = AdmissionGates(options.admission, options.topology, self.metrics)
+        # per-replica in-flight limits (None: off)
+        self.admission: AdmissionGates | None = core.admission
         self.forwarder = Forwarder(
             self.pool,
             self.balancers,

@@ -11,8 +11,13 @@ Envoy sends it to, in order (``x-gateway-destination-endpoint``, header and
 region's routing, prefix-aware bounded-load replica choice, the degradation ladder's
 actuators (shedding answers 429, over-long contexts vLLM's 400), the spill to the
 zone's next region when every replica of the session's region refuses before the
-first byte (the session then moves there for good). Any number of pickers serve one
-Envoy side by side: they share nothing but etcd. Envoy's configuration:
+first byte (the session then moves there for good), and, with ``--admission``, the
+gateway's admission control: per-replica in-flight limits steered by first-token
+time and bounded by the measured capacity; over them a request waits at most
+``--admission-max-wait`` (keep it under Envoy's ext_proc ``message_timeout``, past
+which Envoy fails open), then gets 429 with Retry-After. Any number of pickers serve
+one Envoy side by side: they share nothing but etcd (each admits on its own: give
+each its share of the bound with ``--admission-max-inflight``). Envoy's configuration:
 ``deploy/envoy/envoy.yaml``.
 
 Serves ``grpc.health.v1`` (``liveness``, ``readiness`` and the ext_proc service name:
@@ -30,9 +35,12 @@ from collections.abc import Sequence
 from functools import partial
 
 from regions.gateway.cli_common import (
+    add_admission_flags,
     add_etcd_flags,
     add_prefix_flags,
+    add_replica_flags,
     add_report_flags,
+    admission_options,
     routing_options,
     run_main,
     serve,
@@ -91,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
     add_report_flags(p)
     add_prefix_flags(p)
+    add_replica_flags(p)
+    # under the 1 s message_timeout of deploy/envoy/envoy.yaml: a later answer fails open
+    add_admission_flags(p, max_wait_s=0.5)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -99,7 +110,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
     p = _parser()
     args = p.parse_args(argv)
     routing = routing_options(
-        p, args, listens=(args.listen, args.http_listen), positive=("max_endpoints",)
+        p,
+        args,
+        listens=(args.listen, args.http_listen),
+        positive=("max_endpoints",),
+        admission=admission_options(p, args),
     )
     topology = routing.topology
     picker = PickerConfig(

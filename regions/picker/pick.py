@@ -32,6 +32,8 @@ from controlplane.kernel.session_store import InvalidSessionId
 from controlplane.kernel.sessions import NoRegionServing, spill_region
 from regions.gateway.actuators import Action, Refusal
 from regions.gateway.admission import Admission, Admitted, Refused
+from regions.gateway.admission_gate import AdmissionGates, Grant
+from regions.gateway.admission_gate import Refusal as Overload
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.observe import NoopObserver, PrefixObserver
 from regions.gateway.replicas import ReplicaBalancer
@@ -70,6 +72,7 @@ class Pick:
     replicas: dict[str, str]  # endpoint -> replica URL, for ejection
     held: tuple[ReplicaBalancer, str] | None = None  # the in-flight count it took
     spilled_to: str = ""  # the spill region at the end of the list, if any
+    grant: tuple[str, Grant] | None = None  # admission control's slot: (region, grant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class Picker:
         *,
         observer: PrefixObserver | None = None,
         vote: Vote | None = None,
+        gates: AdmissionGates | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -103,6 +107,7 @@ class Picker:
         self.metrics = metrics
         self.observer = observer or NoopObserver()
         self._vote = vote
+        self.gates = gates  # None: admission control off
         self._monotonic = monotonic
 
     # ---- the request -----------------------------------------------------------------
@@ -154,6 +159,44 @@ class Picker:
         if isinstance(pick, Answer):
             return pick
         pick.body = replacement
+        if self.gates is not None and pick.held is not None:
+            return await self._admit(pick, headers, key, subset)
+        return pick
+
+    async def _admit(
+        self, pick: Pick, headers: Mapping[str, str], key: int, subset: frozenset[str] | None
+    ) -> Pick | Answer:
+        """Admission control (the gateway's gates, ``admission_gate.py``): a slot on the
+        chosen replica, else on another of its region with room (then first in the
+        list), after waiting at most the queue's wait; or 429 with Retry-After."""
+        assert self.gates is not None and pick.held is not None
+        balancer, first = pick.held
+        region = pick.regions[0]
+        outside = set()
+        if subset is not None:  # a waiter must not be given a replica the hint excludes
+            outside = {r for r in balancer.replicas if endpoint_of(r) not in subset}
+        try:
+            entered = await self.gates.enter(
+                region, headers, balancer, key, first, outside, self._monotonic()
+            )
+        except BaseException:  # Envoy gave up on the stream while it waited
+            self.release(pick)
+            raise
+        if entered is None:  # admission does not cover the region
+            return pick
+        if isinstance(entered, Overload):
+            self.release(pick)
+            return self._overloaded(region, entered)
+        pick.grant = (region, entered)
+        if entered.replica != first:
+            balancer.release(first)
+            balancer.acquire(entered.replica)
+            pick.held = (balancer, entered.replica)
+            ep = endpoint_of(entered.replica)
+            pick.replicas[ep] = entered.replica
+            at = [i for i, e in enumerate(pick.endpoints) if e != ep]
+            pick.endpoints = (ep, *(pick.endpoints[i] for i in at))
+            pick.regions = (region, *(pick.regions[i] for i in at))
         return pick
 
     def _observe(self, admitted: Admitted) -> None:
@@ -287,14 +330,25 @@ class Picker:
         if replica is not None and balancer is not None and replica in balancer.inflight:
             balancer.eject(replica, now + self.config.eject_s)
 
+    def first_token(self, pick: Pick) -> None:
+        """The answer's first token (its first body chunk, or its headers when Envoy
+        does not send bodies): admission control steers the replica's limit by it."""
+        if pick.grant is not None and self.gates is not None:
+            region, grant = pick.grant
+            self.gates.first_token(region, grant)
+
     def release(self, pick: Pick) -> None:
         """The request ended (Envoy closes its ext_proc stream then, after the last
         byte of a streamed answer): its in-flight count on the replica it was sent to
-        ends, as the gateway's does. Idempotent."""
+        ends, as the gateway's does, and so does its admission slot. Idempotent."""
         if pick.held is not None:
             balancer, replica = pick.held
             pick.held = None
             balancer.release(replica)
+        if pick.grant is not None and self.gates is not None:
+            region, grant = pick.grant
+            pick.grant = None
+            self.gates.leave(region, grant)
 
     def _record(self, region: str, ok: bool, status: int) -> None:
         if self._vote is not None:
@@ -320,6 +374,17 @@ class Picker:
         if refusal.retry_after_s is not None:
             headers = (("retry-after", str(refusal.retry_after_s)),)
         return _answer(status, refusal.message, refusal.param, headers)
+
+    def _overloaded(self, region: str, refusal: Overload) -> Answer:
+        """Every replica of the region is at its in-flight limit and the queue had no
+        room or time: 429 with Retry-After, as the gateway answers. Not a health vote."""
+        self.metrics.request(region, 429)
+        retry = str(refusal.retry_after_s)
+        message = (
+            f"region {region} is at its admission limit ({refusal.reason}, "
+            f"{refusal.priority.value} request); retry after {retry} s"
+        )
+        return _answer(429, message, None, (("retry-after", retry),))
 
     def _unavailable(self, region: str, kind: str, message: str) -> Answer:
         self.metrics.error(region, kind)

@@ -87,6 +87,7 @@ class PickerServer:
             core.metrics,
             observer=core.observer,
             vote=core.reporter.record if core.reporter else None,
+            gates=core.admission,
         )
         self.service = ExtProcService(
             self.picker, default_body_mode=options.body_mode, max_body_bytes=app.max_body_bytes

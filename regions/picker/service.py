@@ -13,6 +13,14 @@ message (``protocol_config``; the configured default for an Envoy that does not 
 
 The response headers are answered with ``x-tectonic-region`` (the region that served);
 response bodies are not asked for and stream through Envoy untouched.
+
+Admission control (``tectonic-epp --admission``) holds the request's slot from the
+pick until the ext_proc stream ends, which Envoy does when the HTTP request ends (the
+last byte of a streamed answer, or a reset): the one end every configuration shows, as
+response bodies are not sent to the picker by default. The limit is steered by the
+first response body chunk when Envoy sends bodies (``response_body_mode`` other than
+NONE, as ``protocol_config`` says), else by the response headers, which a streaming
+server may send before its first token (then the measured bound does more of the work).
 """
 
 from __future__ import annotations
@@ -57,11 +65,22 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 class _Stream:
     """One HTTP request's exchange."""
 
-    __slots__ = ("body", "headers", "mode", "pick", "service", "subset")
+    __slots__ = (
+        "awaiting_body",
+        "body",
+        "headers",
+        "mode",
+        "pick",
+        "response_mode",
+        "service",
+        "subset",
+    )
 
     def __init__(self, service: ExtProcService) -> None:
         self.service = service
         self.mode = service.default_body_mode
+        self.response_mode = BODY_NONE  # response bodies, when Envoy says it sends them
+        self.awaiting_body = False  # the first response body chunk is the first token
         self.headers: dict[str, str] = {}
         self.subset: frozenset[str] | None = None
         self.body = bytearray()
@@ -76,6 +95,9 @@ class _Stream:
         if kind == "response_headers":
             return await self._response_headers(message)
         if kind == "response_body":
+            if self.awaiting_body and self.pick is not None:
+                self.awaiting_body = False
+                self.service.picker.first_token(self.pick)
             return [extproc.CONTINUE_RESPONSE_BODY]
         if kind == "request_trailers":
             return [extproc.CONTINUE_REQUEST_TRAILERS]
@@ -86,6 +108,7 @@ class _Stream:
     async def _request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if message.HasField("protocol_config"):
             self.mode = message.protocol_config.request_body_mode
+            self.response_mode = message.protocol_config.response_body_mode
         self.headers = extproc.headers_of(message.request_headers)
         self.subset = extproc.subset_of(message.metadata_context)
         if message.request_headers.end_of_stream or self.mode not in (
@@ -138,6 +161,10 @@ class _Stream:
             status = 0
         served = extproc.served_of(message.metadata_context)
         region = await self.service.picker.served(self.pick, served, status)
+        if status == 200 and self.response_mode == BODY_NONE:
+            self.service.picker.first_token(self.pick)
+        elif status == 200:
+            self.awaiting_body = True
         return [extproc.region_header(region)]
 
     def _too_large(self) -> pb.ProcessingResponse:

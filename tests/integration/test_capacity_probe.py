@@ -5,7 +5,8 @@ The simulator's latency model fixes what a replica bears: 4 slots, FIFO, prefill
 an ultimate load near those of a model of that scheduler fed the same requests
 (``bench.capacity.simulate``; a loose band: steps of 0.8 s on a shared machine),
 read each probe's hit rate from the replica's counters (0 where caching is off: never
-assumed), and stop with a clear outcome at the failure criteria.
+assumed), and stop with a clear outcome at the failure criteria. Probed together with
+a replica of half the slots, a replica scales below 1.0, measured.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from chaos.capacity.probe import (
 )
 from chaos.capacity.workload import Workload
 from chaos.lab.procs import Proc, start_simulator
+from controlplane.kernel.admission_bound import InflightBound, inflight_bound
 from controlplane.kernel.capacity import CapacitySLO
 from controlplane.kernel.capacity_record import CapacityRecord, WorkloadProfile
 
@@ -67,6 +69,10 @@ def sims() -> Iterator[dict[str, Proc]]:
         "cache": start_simulator(extra_args=sim_args(), name="sim-cache"),
         "nocache": start_simulator(
             extra_args=sim_args("--no-enable-prefix-caching"), name="sim-nocache"
+        ),
+        # the same model on half the slots: a pair with it bears less per replica
+        "half": start_simulator(
+            extra_args=[*sim_args(), "--max-num-seqs", str(SLOTS // 2)], name="sim-half"
         ),
     }
     yield procs
@@ -137,6 +143,22 @@ async def test_the_probe_finds_the_models_knee_and_ultimate(
     json.dumps(record.model_dump(mode="json"))
 
 
+async def test_each_step_records_its_mean_in_flight_for_admissions_bound(
+    probed: tuple[CapacityRecord, list[StepReport]],
+) -> None:
+    record, _ = probed
+    for probe in record.probes:
+        ordered = sorted(probe.steps, key=lambda s: s.offered_rps)
+        held = [s.mean_inflight for s in ordered if s.mean_inflight is not None]
+        assert len(held) == len(ordered) and all(h > 0 for h in held)
+        # Little's law at low load: in flight ~ rate x an unloaded request's time, so
+        # the highest step holds more than the lowest
+        assert held[-1] > held[0]
+    bound = inflight_bound(record)
+    assert isinstance(bound, InflightBound) and bound.limit >= 1
+    assert bound.rate_rps == pytest.approx(record.r_base_rps)
+
+
 async def test_the_hit_rates_are_read_from_the_replicas_counters(
     probed: tuple[CapacityRecord, list[StepReport]], sims: dict[str, Proc]
 ) -> None:
@@ -175,3 +197,24 @@ async def test_the_probe_aborts_at_the_failure_criteria(sims: dict[str, Proc]) -
     assert [s.offered_rps for s in aborted.steps] == [4.0]
     assert aborted.steps[0].error_rate > 0.05
     assert {r.verdict.value for r in reports} == {"failure"}  # each attempt of that step
+
+
+async def test_a_pair_with_a_weaker_replica_scales_below_one(sims: dict[str, Proc]) -> None:
+    """Both loaded at once at the single probe's per-replica rates, the SLA judged over
+    both: the half-slot replica's queue breaks it below the single ultimate."""
+    reports: list[StepReport] = []
+    with pytest.raises(ValueError, match="another replica"):
+        await probe_capacity(sims["cache"].url, config(), WORKLOAD, pair_url=sims["cache"].url)
+    record = await probe_capacity(
+        sims["cache"].url,
+        config(measure_recovery=False),
+        WORKLOAD,
+        pair_url=sims["half"].url,
+        progress=reports.append,
+    )
+    cold = record.probes[0]
+    assert record.scaling_measured and 0 < record.scaling_efficiency < 0.9
+    pair = [r for r in reports if r.phase is Phase.PAIR]
+    assert pair and max(r.offered_rps for r in pair) <= cold.ultimate_rps  # its ceiling
+    assert any(r.verdict.value == "over the SLA" for r in pair)  # bracketed below it
+    assert record.replica == sims["cache"].url

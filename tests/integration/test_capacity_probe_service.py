@@ -5,7 +5,11 @@ whose warm pool (one ACTIVE, one WARM simulator) lends the WARM one out of rotat
 The probe borrows the WARM replica, step-loads it, and the service commits
 ``capacity/<region>`` with its audit entry and history row; the HTML report is written;
 the replica is asleep and WARM again; the status reads the measured capacity. A named
-replica in rotation is refused before anything is written, and the record stays."""
+replica in rotation is refused before anything is written, and the record stays.
+
+With two WARM replicas the probe borrows both (two loans on one lease), probes them at
+once for the scaling efficiency and records it as measured; both are WARM again after,
+also when the probe aborts."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -24,14 +29,18 @@ from chaos.drills.schedule import parse_schedule
 from chaos.drills.service import DrillService, history
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
+from controlplane.kernel.capacity import CapacitySLO
 from controlplane.kernel.capacity_record import CapacityRecord
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import AuditEntry
 from controlplane.kernel.pool_loans import read_members
+from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.port import EventType
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.warm_pool import AgentPoolConfig
 from regions.pool.states import ReplicaState
@@ -70,11 +79,24 @@ def topology(etcd: EtcdServer) -> Topology:
 
 @pytest.fixture
 async def agent(topology: Topology) -> AsyncIterator[AgentHandle]:
+    async with pool_agent(topology, warm=1) as handle:
+        yield handle
+
+
+@pytest.fixture
+async def agent_two_warm(topology: Topology) -> AsyncIterator[AgentHandle]:
+    async with pool_agent(topology, warm=2) as handle:
+        yield handle
+
+
+@asynccontextmanager
+async def pool_agent(topology: Topology, *, warm: int) -> AsyncIterator[AgentHandle]:
+    """An agent whose pool is one ACTIVE simulator and ``warm`` WARM ones."""
     pool = AgentPoolConfig.model_validate(
         {
             "launcher": {"kind": "simulator", "extra_args": list(SIM_ARGS)},
             "active": 1,
-            "warm": 1,
+            "warm": warm,
             "reconcile_interval_s": 0.5,
         }
     )
@@ -91,11 +113,11 @@ async def agent(topology: Topology) -> AsyncIterator[AgentHandle]:
     await store.connect()
     try:
 
-        async def one_warm() -> bool:
+        async def all_warm() -> bool:
             m = await read_members(store, keys, REGION)
-            return m is not None and len(m.active) == 1 and m.warm == 1
+            return m is not None and len(m.active) == 1 and m.warm == warm
 
-        await until(one_warm, within=30, every=0.1, what="the pool's ACTIVE and WARM replicas")
+        await until(all_warm, within=30, every=0.1, what="the pool's ACTIVE and WARM replicas")
         yield handle
     finally:
         await store.close()
@@ -183,6 +205,102 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await store.close()
+
+
+async def test_two_warm_replicas_are_probed_at_once_for_the_scaling_efficiency(
+    topology: Topology, agent_two_warm: AgentHandle, tmp_path: Path
+) -> None:
+    keys = Keys(topology.cluster)
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    try:
+        warm = {u for u, s in replica_states(agent_two_warm).items() if s is ReplicaState.WARM}
+        assert len(warm) == 2
+        prober = CapacityProber(
+            store, keys, topology, holder="drills-test", reports=tmp_path, tune=TUNE
+        )
+        since = await _pool_revision(store, keys)
+        outcome = await prober(REGION, None)
+        assert outcome.result.passed, outcome.result.criteria
+        record = _written_record(outcome.writes, keys)
+        assert record.scaling_measured and 0 < record.scaling_efficiency <= 1
+        assert record.replica in warm
+        [entry] = [
+            decode(AuditEntry, p.value, p.key)
+            for p in outcome.writes
+            if p.key != keys.capacity(REGION)
+        ]
+        assert {record.replica, entry.details["pair_replica"]} == warm  # both, at once
+        assert entry.details["scaling_measured"] == "true"
+        [scaled] = [c for c in outcome.result.criteria if c.name == "scaling efficiency"]
+        assert "measured on" in scaled.measured and "at once" in scaled.measured
+        assert outcome.result.figures["scaling_efficiency"] == record.scaling_efficiency
+        lent = await _lent_since(store, keys, since)
+        assert max(len(m.lent) for m in lent) == 2 and lent[-1].lent == {}
+
+        async def both_back() -> bool:
+            return _both_warm(agent_two_warm, warm)
+
+        await until(both_back, within=30, every=0.2, what="both probed replicas WARM again")
+    finally:
+        await store.close()
+
+
+async def test_a_probe_of_two_that_aborts_gives_both_back(
+    topology: Topology, agent_two_warm: AgentHandle, tmp_path: Path
+) -> None:
+    keys = Keys(topology.cluster)
+    store = EtcdStore(topology.etcd)
+    await store.connect()
+    try:
+        warm = {u for u, s in replica_states(agent_two_warm).items() if s is ReplicaState.WARM}
+        # an SLO no replica meets: the lowest cold step misses it, and the probe aborts
+        tune = {**TUNE, "slo": CapacitySLO(ttft_p99_s=0.001)}
+        prober = CapacityProber(
+            store, keys, topology, holder="drills-test", reports=tmp_path, tune=tune
+        )
+        since = await _pool_revision(store, keys)
+        outcome = await prober(REGION, None)
+        assert not outcome.result.passed and "already misses the SLA" in outcome.result.aborted
+        assert outcome.writes == () and await store.get(keys.capacity(REGION)) is None
+        lent = await _lent_since(store, keys, since)
+        assert max(len(m.lent) for m in lent) == 2  # both were borrowed
+        assert lent[-1].lent == {}  # and both returned before the prober did
+        assert _both_warm(agent_two_warm, warm)
+    finally:
+        await store.close()
+
+
+def _both_warm(agent: AgentHandle, urls: set[str]) -> bool:
+    states = replica_states(agent)
+    return all(states[u] is ReplicaState.WARM for u in urls)
+
+
+async def _pool_revision(store: EtcdStore, keys: Keys) -> int:
+    kv = await store.get(keys.pool(REGION))
+    assert kv is not None
+    return kv.mod_revision
+
+
+async def _lent_since(store: EtcdStore, keys: Keys, revision: int) -> list[PoolMembers]:
+    """Every value of ``pools/<region>`` written after ``revision``, up to the current
+    one, replayed from etcd's history (none missed, however brief)."""
+    now = await _pool_revision(store, keys)
+    seen: list[PoolMembers] = []
+    if now == revision:
+        return seen
+    async for ev in store.watch_prefix(keys.pool(REGION), start_revision=revision + 1):
+        if ev.type is EventType.PUT and ev.kv.key == keys.pool(REGION):
+            seen.append(decode(PoolMembers, ev.kv.value, ev.kv.key))
+        if ev.kv.mod_revision >= now:
+            return seen
+    raise AssertionError("the watch ended before the current revision")
+
+
+def _written_record(writes: object, keys: Keys) -> CapacityRecord:
+    assert isinstance(writes, tuple)
+    [put] = [p for p in writes if p.key == keys.capacity(REGION)]
+    return decode(CapacityRecord, put.value, put.key)
 
 
 async def _no_drills(name: str, region: str | None, *, dry_run: bool = False):  # type: ignore[no-untyped-def]

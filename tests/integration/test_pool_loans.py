@@ -4,7 +4,9 @@ the WARM replica awake and outside ``pools/east.active`` (requests on it work, t
 gateway never routes to it), and on exit the replica is asleep and WARM again. A named
 ACTIVE replica is refused before anything is written, a second loan finds no WARM
 replica left, a borrower that dies (its lease expires) gets its replica put back to
-sleep, and a lost lease or a lent replica that dies cancels the borrower's body."""
+sleep, and a lost lease or a lent replica that dies cancels the borrower's body. Loans
+taken together (``borrow_together``) get what is WARM: too few lent, the ones lent go
+back; enough, the refused ones are dropped at once."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from controlplane.kernel.pool_loans import (
     LoanTimedOut,
     PoolLoan,
     borrow,
+    borrow_together,
     read_members,
 )
 from controlplane.kernel.pool_members import PoolMembers
@@ -257,3 +260,52 @@ async def test_a_lent_replica_that_dies_cancels_the_borrowers_body(
             reached_the_end = True
     assert lost.value.url == url and not reached_the_end
     assert (await members(etcd_store, keys)).loan_refusals == {}  # the loan is gone
+
+
+async def test_loans_taken_together_that_are_not_all_lent_give_back_what_was(
+    agent: AgentHandle, etcd_store: EtcdStore, keys: Keys, http: aiohttp.ClientSession
+) -> None:
+    """One WARM replica for two loans on one lease: asked for both, the one lent goes
+    back with the refusal; asked for at least one, the body gets it and the refused
+    loan is dropped at once (the agent no longer reports it)."""
+    [warm] = pool_of(agent).pool.snapshot().urls(WARM)
+    with pytest.raises(LoanRefused, match=r"1 of 2 lent, 2 needed.*no WARM replica to lend"):
+        async with borrow_together(
+            etcd_store, keys, REGION, borrower="test", wanted=(None, None), ttl_s=3
+        ):
+            pytest.fail("two replicas lent from a pool with one WARM")
+    assert state_of(agent, warm) is WARM and await is_sleeping(http, warm)
+    assert (await members(etcd_store, keys)).lent == {}  # returned before borrow raised
+    assert (await etcd_store.get_prefix(keys.pool_loans_prefix(REGION))).kvs == []
+
+    async with borrow_together(
+        etcd_store, keys, REGION, borrower="test", wanted=(None, None), at_least=1, ttl_s=3
+    ) as got:
+        assert got.urls == (warm,) and state_of(agent, warm) is LENT
+        [why] = got.refused
+        assert "no WARM replica to lend" in why
+        [kv] = (await etcd_store.get_prefix(keys.pool_loans_prefix(REGION))).kvs
+        assert kv.key.rsplit("/", 1)[-1] in (await members(etcd_store, keys)).lent
+
+        async def refusal_dropped() -> bool:
+            return (await members(etcd_store, keys)).loan_refusals == {}
+
+        await until(refusal_dropped, within=20, every=0.05, what="the refused loan forgotten")
+    assert state_of(agent, warm) is WARM and await is_sleeping(http, warm)
+    assert (await members(etcd_store, keys)).lent == {}
+
+
+async def test_a_replica_named_twice_is_refused_before_anything_is_written(
+    agent: AgentHandle, etcd_store: EtcdStore, keys: Keys
+) -> None:
+    [warm] = pool_of(agent).pool.snapshot().urls(WARM)
+    store = RecordingStore(etcd_store)
+    with pytest.raises(LoanRefused, match="named twice"):
+        async with borrow_together(store, keys, REGION, borrower="t", wanted=(warm, warm)):
+            pytest.fail("one replica lent for two loans")
+    with pytest.raises(ValueError, match=r"at_least must be within 1\.\.2"):
+        async with borrow_together(
+            store, keys, REGION, borrower="t", wanted=(None, None), at_least=3
+        ):
+            pytest.fail("more loans needed than asked for")
+    assert store.writes == []

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.pool_loans import PoolLoan, early_refusal
+from controlplane.kernel.pool_loans import PoolLoan, early_refusal, early_refusals
 from controlplane.kernel.pool_members import PoolMembers
 from regions.pool.planner import Plan, plan
 from regions.pool.states import (
@@ -294,6 +294,18 @@ def test_the_borrower_refuses_before_writing_what_pools_already_says() -> None:
     assert active is not None and "ACTIVE in pools/eu: in rotation" in active
     lent = early_refusal("eu", m, "http://w")
     assert lent is not None and "lent already" in lent
+
+
+def test_loans_taken_together_are_refused_early_for_any_of_them() -> None:
+    m = decode(PoolMembers, OLD).model_copy(update={"lent": {"l0": "http://w"}})
+    assert early_refusals("eu", m, [None, None]) is None  # the agent lends or refuses each
+    assert early_refusals("eu", m, ["http://b", None]) is None
+    twice = early_refusals("eu", m, ["http://b/", "http://b"])
+    assert twice is not None and "http://b named twice" in twice
+    active = early_refusals("eu", m, [None, "http://a"])
+    assert active is not None and "ACTIVE in pools/eu" in active
+    absent = early_refusals("eu", None, [None, None])
+    assert absent is not None and "pools/eu is absent" in absent
 
 
 def test_a_loan_id_is_one_key_segment() -> None:

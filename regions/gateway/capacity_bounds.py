@@ -1,0 +1,108 @@
+"""Admission control's per-replica bound from the measured capacity: a local copy of
+``capacity/<region>`` (one read, then one watch, like routing's) and, whenever a record
+changes and every ``recheck_s`` (a record turns stale with no write), each region's
+bound handed to its admission gate.
+
+A region's bound is :func:`controlplane.kernel.admission_bound.inflight_bound` of its
+record, at the lowest hit rate probed (this process does not know the hit rate the
+region serves now; cold is what a failover's moved traffic has), unless the record is
+stale by the topology's ``capacity`` policy (``capacity_record.resolve``'s rule), or has
+no in-flight figures (probed before they were recorded): then no bound, and a log line
+says why. ``--admission-max-inflight`` overrides all of it (then nothing is watched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from controlplane.kernel.admission_bound import BoundAt, InflightBound, inflight_bound
+from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, resolve
+from controlplane.kernel.config import Topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.watched import WatchedPrefix
+from regions.gateway.admission_gate import AdmissionGates
+
+log = logging.getLogger("tectonic.gateway.capacity")
+RECHECK_S = 60.0
+
+
+def region_bound(
+    region: str,
+    record: CapacityRecord | None,
+    topology: Topology,
+    now: float,
+    at: BoundAt = BoundAt.ULTIMATE,
+) -> InflightBound | str:
+    """The bound for ``region``'s replicas now, or why there is none. Pure."""
+    if record is None:
+        return "no capacity record"
+    bearing = resolve(
+        region,
+        record,
+        capacity_rps=topology.region(region).capacity_rps,
+        policy=topology.capacity,
+        now=now,
+        active_replicas=None,
+    )
+    if bearing.source is not CapacitySource.MEASURED:
+        return f"the capacity record is stale: {bearing.reason}"
+    return inflight_bound(record, at=at)
+
+
+class CapacityBounds(WatchedPrefix[CapacityRecord]):
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        topology: Topology,
+        gates: AdmissionGates,
+        *,
+        at: BoundAt = BoundAt.ULTIMATE,
+        wall: Callable[[], float] = time.time,
+        recheck_s: float = RECHECK_S,
+    ) -> None:
+        super().__init__(
+            store,
+            keys,
+            keys.capacity_prefix(),
+            CapacityRecord,
+            self._changed,
+            log=log,
+            what="capacity",
+        )
+        self._topology, self._gates, self._at, self._wall = topology, gates, at, wall
+        self.recheck_s = recheck_s
+        self._said: dict[str, InflightBound | str] = {}
+
+    def _changed(self, region: str, record: CapacityRecord | None) -> None:
+        self.apply_bound(region, record)
+
+    def apply_bound(self, region: str, record: CapacityRecord | None) -> None:
+        """Hand ``region``'s gate its bound; log when it changes."""
+        if region not in self._topology.names:
+            return
+        bound = region_bound(region, record, self._topology, self._wall(), self._at)
+        limit = bound.limit if isinstance(bound, InflightBound) else None
+        self._gates.set_max_inflight(region, limit)
+        if self._said.get(region) != bound:
+            self._said[region] = bound
+            if isinstance(bound, InflightBound):
+                log.info("region %s admission bound: %s", region, bound.describe())
+            else:
+                log.info("region %s admission limit unbounded: %s", region, bound)
+
+    def recheck(self) -> None:
+        for region in self._topology.names:
+            self.apply_bound(region, self.values.get(region))
+
+    async def rechecks(self) -> None:
+        """After the first read (every region's starting bound, logged), every
+        ``recheck_s`` until cancelled: a record ages into staleness unwritten."""
+        await self.loaded.wait()
+        while True:
+            self.recheck()
+            await asyncio.sleep(self.recheck_s)
