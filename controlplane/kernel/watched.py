@@ -52,6 +52,7 @@ class WatchedPrefix(Generic[M]):
         self._retry_s, self._max_retry_s, self._resync_s = retry_s, max_retry_s, resync_s
         self._values: Mapping[str, M] = MappingProxyType({})
         self.revision = 0  # etcd revision the copy reflects
+        self._read_revision = 0  # of the last full read: events at or below it are in it
         self.loaded = asyncio.Event()
         self.connected = False  # the last read or watch of etcd succeeded
         self.changes = 0  # regions whose value changed, counted per change
@@ -73,14 +74,17 @@ class WatchedPrefix(Generic[M]):
                 values[region] = self._values[region]  # keep the last good value
         self._replace(values)
         self.revision = max(self.revision, page.revision)
+        self._read_revision = max(self._read_revision, page.revision)
         self.connected = True
         self.loaded.set()
 
     def apply(self, event: WatchEvent) -> None:
-        """One watch event; events at or below the copy's revision are already in."""
-        if event.kv.mod_revision <= self.revision:
+        """One watch event; events at or below the last read's revision are already in.
+        Not "at or below the copy's": the events of one transaction share its revision,
+        and each must be applied (two loans, or two regions' routing, written together)."""
+        if event.kv.mod_revision <= self._read_revision:
             return
-        self.revision = event.kv.mod_revision
+        self.revision = max(self.revision, event.kv.mod_revision)
         region = self._keys.region_of(event.kv.key, self._prefix)
         values = dict(self._values)
         if event.type is EventType.DELETE:
