@@ -14,6 +14,7 @@ counted.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tempfile
 from pathlib import Path
@@ -57,7 +58,18 @@ def cut_streams(dep: LocalDeployment) -> list[str]:
     ]
 
 
-def check_envoy_drill(result: DrillResult, dep: LocalDeployment) -> None:
+async def settled_access_log(dep: LocalDeployment, requests: float) -> list[re.Match[str]]:
+    """The access logs once they hold a line for every request, or as they are after
+    10 s: Envoy writes them through a buffer it flushes on a timer (1 s, later on a
+    machine whose cores are busy), so the last requests' lines may not be out yet."""
+    for _ in range(50):
+        if len(lines := access_log(dep)) >= requests:
+            break
+        await asyncio.sleep(0.2)
+    return lines
+
+
+async def check_envoy_drill(result: DrillResult, dep: LocalDeployment) -> None:
     failed = [c for c in result.criteria if not c.passed]
     assert result.passed, failed
     dead = [p.name for ps in dep.pickers.values() for p in ps if not p.alive()]
@@ -66,7 +78,7 @@ def check_envoy_drill(result: DrillResult, dep: LocalDeployment) -> None:
     assert consistency.measured.startswith("0.0000% (0 of "), consistency
     requests, lost = result.figures["requests"], result.figures["requests_failed"]
     assert requests > 100, result.figures
-    lines = access_log(dep)
+    lines = await settled_access_log(dep, requests)
     assert len(lines) >= requests  # the traffic went through the Envoys
     assert {m["code"] for m in lines} == {"200"}, [m.string for m in lines]  # no 5xx
     # The pickers answered (nearly) every request. A picker later than Envoy's
@@ -97,7 +109,7 @@ async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
             result = await drill_on(
                 dep, store, find_scenario(name), reports=tmp_path, sessions=24, say=lambda m: None
             )
-            check_envoy_drill(result, dep)  # while the pickers still run
+            await check_envoy_drill(result, dep)  # while the pickers still run
             return result
         finally:
             await store.close()
