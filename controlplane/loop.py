@@ -214,7 +214,11 @@ class ReconcileLoop:
                     if changed(ev):
                         self.wake.set()
             except StoreUnavailable:
-                await asyncio.sleep(self.topology.timing.loop_period_s)
+                pass
+            except StoreError as e:
+                # A hint must never stop the loop: any broken watch is watched again.
+                log.warning("watch on %s broke (%s); the tick still reads it", prefix, e)
+            await asyncio.sleep(self.topology.timing.loop_period_s)
 
 
 def _any_change(ev: WatchEvent) -> bool:

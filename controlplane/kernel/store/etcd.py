@@ -66,6 +66,10 @@ _NOT_APPLIED_MARKERS = (
     "etcdserver: not capable",
     "etcdserver: unhealthy cluster",
 )
+# gRPC core's own words when the transport failed under a call (measured: a watch's
+# first write while its etcd member was being killed): no etcd answer at all, so it is
+# temporary like UNAVAILABLE. etcd's own INTERNAL errors carry other details.
+_TRANSPORT_FAILED = "Internal error from Core"
 # Only requests whose target member has a leader: a member cut off from the quorum
 # then ends our watch stream instead of going silent (etcd's WithRequireLeader).
 _REQUIRE_LEADER = (("hasleader", "true"),)
@@ -144,7 +148,7 @@ def translate(e: BaseException, what: str) -> StoreError:
             # on its side (measured: a member without quorum); etcd's own permanent
             # errors all carry specific codes.
             grpc.StatusCode.UNKNOWN,
-        ):
+        ) or (code is grpc.StatusCode.INTERNAL and details == _TRANSPORT_FAILED):
             return StoreUnavailable(msg)
         return StoreError(msg)
     if isinstance(
