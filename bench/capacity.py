@@ -41,16 +41,10 @@ from dataclasses import asdict, dataclass, fields
 import aiohttp
 
 from bench._common import BenchError, Reporter, goals_and_met, kill_all, terminate_as_interrupt
-from chaos.capacity.probe import (
-    Phase,
-    ProbeAborted,
-    ProbeConfig,
-    StepReport,
-    probe_capacity,
-    recovery_offsets,
-)
+from chaos.capacity.probe import ProbeConfig, probe_capacity, recovery_offsets
 from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import percentile, recovery_time
+from chaos.capacity.verdicts import Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload, arrivals, prefix_words, requests
 from chaos.lab.procs import Proc, start_simulators
 from controlplane.kernel.capacity import CapacitySLO, Curve, Step, analyze, fit_hit_effect

@@ -43,15 +43,26 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import aiohttp
 
 from chaos.capacity.load import LoadGenerator, Planned
 from chaos.capacity.results import RequestResult, mean_inflight
 from chaos.capacity.stats import StepFigures, recovery_time, step_figures, wasted_share
+from chaos.capacity.verdicts import (
+    AbortCause,
+    Phase,
+    ProbeAborted,
+    Progress,
+    StepReport,
+    abort_for_lowest,
+    fit_cache_effect,
+    scaling,
+    ultimate_bracketed,
+    verdict,
+)
 from chaos.capacity.workload import Workload, arrivals, requests, warmup_requests
 from controlplane.kernel.capacity import (
     CapacitySLO,
@@ -60,7 +71,6 @@ from controlplane.kernel.capacity import (
     Step,
     analyze,
     failed,
-    fit_hit_effect,
     meets_sla,
 )
 from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
@@ -112,76 +122,6 @@ class ProbeConfig:
         return ProbePlan(self.start_rps, self.growth, self.precision, self.max_rps, self.max_steps)
 
 
-class Phase(StrEnum):
-    COLD = "cold"
-    WARM = "warm"
-    PAIR = "pair"  # two replicas at once, cold
-    OVERLOAD = "overload"  # T_recover's step over the ultimate
-    RECOVER = "recover"  # then the allowed load
-
-
-class Verdict(StrEnum):
-    ELASTIC = "elastic"
-    PAST_KNEE = "past the knee"
-    OVER_SLA = "over the SLA"
-    FAILURE = "failure"
-
-
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    """What the progress callback gets after each step."""
-
-    phase: Phase
-    index: int  # within the phase
-    offered_rps: float  # per replica
-    p99_ttft_s: float
-    error_rate: float
-    throughput_rps: float  # per replica
-    timeouts: int
-    requests: int
-    lag_p99_s: float
-    generator_behind: bool  # lag p99 over max_lag_s: the step's arrivals were late
-    drain_s: float  # until the replica was idle again
-    verdict: Verdict
-    attempt: int = 0  # > 0: the step ran again, the generator was behind before
-
-
-Progress = Callable[[StepReport], None]
-
-
-class AbortCause(StrEnum):
-    FAILURE = "failure"  # the failure criteria (errors, timeouts) at the lowest step
-    SLA = "sla"  # the lowest step already misses the SLA
-    BUSY = "busy"  # the replica serves other requests
-    STUCK = "stuck"  # it did not drain
-    RESTARTED = "restarted"
-    UNREADABLE = "unreadable"  # no model, metrics or prefix-cache counters
-
-
-class ProbeAborted(RuntimeError):
-    """The probe stopped without a result; ``steps`` are those of ``phase`` so far."""
-
-    def __init__(
-        self, cause: AbortCause, phase: Phase | None, reason: str, steps: Sequence[Step] = ()
-    ) -> None:
-        where = f" ({phase.value} probe)" if phase is not None else ""
-        super().__init__(f"capacity probe aborted{where}: {reason}")
-        self.cause = cause
-        self.phase = phase
-        self.reason = reason
-        self.steps = tuple(steps)
-
-
-def verdict(step: Step, baseline_p99_s: float, slo: CapacitySLO) -> Verdict:
-    if failed(step, slo):
-        return Verdict.FAILURE
-    if not meets_sla(step, slo):
-        return Verdict.OVER_SLA
-    if step.p99_ttft_s > slo.knee_factor * baseline_p99_s:
-        return Verdict.PAST_KNEE
-    return Verdict.ELASTIC
-
-
 def recovery_offsets(config: ProbeConfig, ultimate_rps: float) -> tuple[list[float], list[float]]:
     """T_recover's arrivals: the overload step's (``overload_factor`` x the ultimate,
     ``step_s`` long) and the allowed load's after it (offsets from the overload's start)."""
@@ -214,29 +154,6 @@ def plan_requests(
             for at, r in zip(offsets, reqs, strict=True)
         ]
     return out
-
-
-def _abort_for_lowest(phase: Phase, steps: Sequence[Step], slo: CapacitySLO) -> ProbeAborted:
-    lowest = min(steps, key=lambda s: s.offered_rps)
-    figures = (
-        f"{lowest.offered_rps:g} rps: first-token p99 {lowest.p99_ttft_s:.3f} s, errors "
-        f"{lowest.error_rate:.1%}, {lowest.timeouts} timeout(s)"
-    )
-    if failed(lowest, slo):
-        return ProbeAborted(
-            AbortCause.FAILURE,
-            phase,
-            f"the failure criteria hold at the lowest step ({figures}; errors over "
-            f"{slo.failure_error_rate:.0%} or timeouts)",
-            steps,
-        )
-    return ProbeAborted(
-        AbortCause.SLA,
-        phase,
-        f"the lowest step already misses the SLA ({figures}; SLO p99 {slo.ttft_p99_s:g} s, "
-        f"errors {slo.error_rate:.1%}): probe from a lower rate",
-        steps,
-    )
 
 
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*enable_prefix_caching="(\w+)"', re.M)
@@ -471,11 +388,11 @@ class _Prober:
             if not meets_sla(step, c.slo):
                 forced.clear()  # a hint that missed: the plan brackets below it
         if not any(meets_sla(s, c.slo) for s in steps):
-            raise _abort_for_lowest(phase, steps, c.slo)
+            raise abort_for_lowest(phase, steps, c.slo)
         try:
             curve = analyze(steps, c.slo)
         except ValueError as e:  # the lowest step missed the SLA, a higher one met it
-            raise _abort_for_lowest(phase, steps, c.slo) from e
+            raise abort_for_lowest(phase, steps, c.slo) from e
         after = [await self._counters(u, phase) for u in urls]
         inflight = {r: v for (p, r), v in self.inflight.items() if p is phase}
         return _PhaseResult(curve, _hit_rate(before, after, phase), inflight)
@@ -504,6 +421,31 @@ class _Prober:
             if not behind:
                 break
         return recovery_time(results, c.step_s, c.step_s + c.recover_s, c.recover_window_s, c.slo)
+
+
+async def _pair_scaling(
+    prober: _Prober, cold: _PhaseResult, urls: Sequence[str]
+) -> tuple[float, bool, str]:
+    """The scaling efficiency, whether it was measured, and why not. A pair probe that
+    aborts (the second replica restarts, will not drain, misses the SLA at once) costs
+    only the efficiency: the single replica's figures stand, 1.0 is assumed and said."""
+    if len(urls) < 2:
+        return 1.0, False, ""
+    single = cold.curve.ultimate_rps
+    if not cold.curve.ultimate_bounded:
+        why = (
+            f"no step broke the SLA on one replica (its ultimate {single:.4g} rps is a lower "
+            "bound): nothing to compare the pair to"
+        )
+    else:
+        try:
+            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * single, single)
+        except ProbeAborted as e:
+            why = f"the pair's probe aborted: {e.reason}"
+        else:
+            return scaling(single, pair.curve), True, ""
+    log.warning("%s; the scaling efficiency is assumed 1.0", why)
+    return 1.0, False, why
 
 
 def _shift(r: RequestResult, by: float) -> RequestResult:
@@ -559,21 +501,15 @@ async def probe_capacity(
         await prober._drain(urls, None)
         cold = await prober.run_phase(Phase.COLD, [url], False, config.hint_rps)
         warm = await prober.run_phase(Phase.WARM, [url], True, cold.curve.ultimate_rps)
-        r_base, beta = _fit(cold, warm, config.min_hit_spread)
+        r_base, beta = fit_cache_effect(
+            (cold.hit_rate, cold.curve.ultimate_rps),
+            (warm.hit_rate, warm.curve.ultimate_rps),
+            config.min_hit_spread,
+        )
         t_recover = None
         if config.measure_recovery:
             t_recover = await prober.recovery(cold.curve.ultimate_rps, cold.curve.baseline_p99_s)
-        efficiency, measured = 1.0, False
-        if pair_url is not None and cold.curve.ultimate_bounded:
-            single = cold.curve.ultimate_rps
-            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * single, single)
-            efficiency, measured = scaling(single, pair.curve), True
-        elif pair_url is not None:
-            log.warning(
-                "no step broke the SLA on one replica (ultimate %.4g rps is a lower bound): "
-                "the scaling efficiency cannot be measured against it, 1.0 assumed",
-                cold.curve.ultimate_rps,
-            )
+        efficiency, measured, unmeasured = await _pair_scaling(prober, cold, urls)
     return CapacityRecord(
         region=config.region,
         measured_at=time.time(),
@@ -592,49 +528,9 @@ async def probe_capacity(
         wasted_work_share=wasted_share(prober.results),
         scaling_efficiency=efficiency,
         scaling_measured=measured,
+        scaling_unmeasured=unmeasured,
         active_replicas=config.active_replicas,
         profile=workload.profile,
         probe_s=time.monotonic() - started,
         prober=config.prober,
     )
-
-
-def scaling(single_ultimate_rps: float, pair: Curve) -> float:
-    """The scaling efficiency: the pair's ultimate per replica (both loaded at once,
-    each at the same rate and arrivals the single probe offered, the SLA over both)
-    over one replica's alone. The pair's plan stops at the single ultimate: a pair that
-    still met the SLA there (no step broke it: ``ultimate_bounded`` False) scales at
-    1.0; one bracketed below it at the ratio. It is kept within (0, 1]: two replicas
-    carry at most twice one (what they share, a node, a link, only takes away), so a
-    ratio over 1 is the two ultimates' bracketing error, not capacity."""
-    return min(1.0, pair.ultimate_rps / single_ultimate_rps)
-
-
-def ultimate_bracketed(steps: Sequence[Step], plan: ProbePlan, slo: CapacitySLO) -> bool:
-    """Whether the ultimate is bracketed within the plan's precision (the plan would
-    go on around the knee next)."""
-    passing = [s.offered_rps for s in steps if meets_sla(s, slo)]
-    if not passing:
-        return False
-    lo = max(passing)
-    above = [s.offered_rps for s in steps if not meets_sla(s, slo) and s.offered_rps > lo]
-    return bool(above) and (min(above) - lo) / lo <= plan.precision
-
-
-def _fit(cold: _PhaseResult, warm: _PhaseResult, min_spread: float) -> tuple[float, float]:
-    """R_base and beta over the two probes; with too close hit rates (caching off, a
-    workload without shared prefixes) beta is not measurable: 0, the cold ultimate."""
-    if warm.hit_rate - cold.hit_rate < min_spread:
-        log.warning(
-            "hit rates %.2f (cold) and %.2f (warm) are too close to fit the cache effect",
-            cold.hit_rate,
-            warm.hit_rate,
-        )
-        return cold.curve.ultimate_rps, 0.0
-    points = [(cold.hit_rate, cold.curve.ultimate_rps), (warm.hit_rate, warm.curve.ultimate_rps)]
-    try:
-        effect = fit_hit_effect(points)
-    except ValueError as e:
-        log.warning("the cache effect does not fit (%s): beta 0", e)
-        return cold.curve.ultimate_rps, 0.0
-    return effect.r_base, effect.beta

@@ -114,7 +114,8 @@ def render_html(record: CapacityRecord, size: tuple[int, int], *, aborted: str =
         (
             "scaling efficiency",
             f"{record.scaling_efficiency:.2f} "
-            f"({'measured' if record.scaling_measured else 'assumed'})",
+            f"({'measured' if record.scaling_measured else 'assumed'}"
+            f"{': ' + record.scaling_unmeasured if record.scaling_unmeasured else ''})",
         ),
         ("probe duration", f"{record.probe_s:.0f} s"),
         ("workload", _profile(record)),

@@ -33,8 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.capacity.probe import ProbeAborted, ProbeConfig, StepReport, probe_capacity
+from chaos.capacity.probe import ProbeConfig, probe_capacity
 from chaos.capacity.report import write_report
+from chaos.capacity.verdicts import ProbeAborted, StepReport
 from chaos.capacity.workload import workload_from_catalog
 from chaos.drills.result import Criterion, DrillResult
 from chaos.drills.service import PROBE_TITLE, ProbeOutcome
@@ -267,7 +268,7 @@ def _scaling(
     if record.scaling_measured:
         how = f"measured on {urls[0]} and {urls[1]} at once"
     elif len(urls) > 1:
-        how = "assumed: no step broke the SLA on one replica, nothing to compare the pair to"
+        how = f"assumed: {record.scaling_unmeasured or 'the pair was not probed'}"
     elif named is not None:
         how = f"assumed: the probe ran on {named} alone (named)"
     elif refused:

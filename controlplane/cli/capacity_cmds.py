@@ -63,6 +63,8 @@ def record_lines(r: CapacityRecord) -> list[str]:
     recover = "not measured" if r.t_recover_s is None else f"{r.t_recover_s:.1f} s"
     wasted = "" if r.wasted_work_share is None else f", wasted work {r.wasted_work_share:.1%}"
     scaling = "measured" if r.scaling_measured else "assumed"
+    if r.scaling_unmeasured:
+        scaling += f": {r.scaling_unmeasured}"
     by = f" by {r.prober}" if r.prober else ""
     return [
         f"  last probe: {_when(r.measured_at)} ({render.ago(r.measured_at)}), engine "

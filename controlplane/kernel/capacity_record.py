@@ -119,6 +119,7 @@ class CapacityRecord(Frozen):
     wasted_work_share: Annotated[float | None, Field(ge=0, le=1)] = None
     scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     scaling_measured: bool = False  # False: assumed (one replica probed)
+    scaling_unmeasured: str = ""  # why not, when two replicas were lent
     active_replicas: Annotated[int, Field(ge=0)] = 1  # ACTIVE when it was measured
     profile: WorkloadProfile
     probe_s: Annotated[float, Field(ge=0)] = 0.0  # how long the probe ran

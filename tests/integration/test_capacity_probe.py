@@ -11,6 +11,7 @@ a replica of half the slots, a replica scales below 1.0, measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,14 +19,8 @@ import aiohttp
 import pytest
 
 from bench.capacity import Options, model_curve, services
-from chaos.capacity.probe import (
-    AbortCause,
-    Phase,
-    ProbeAborted,
-    ProbeConfig,
-    StepReport,
-    probe_capacity,
-)
+from chaos.capacity.probe import ProbeConfig, probe_capacity
+from chaos.capacity.verdicts import AbortCause, Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload
 from chaos.lab.procs import Proc, start_simulator
 from controlplane.kernel.admission_bound import InflightBound, inflight_bound
@@ -96,6 +91,19 @@ def config(**changes: object) -> ProbeConfig:
         "prober": "test",
     }
     return ProbeConfig(**{**base, **changes})  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def failing_half(url: str) -> AsyncIterator[None]:
+    """The simulator at ``url`` fails half its requests while the block runs."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/_sim/fault", json={"error_rate": 0.5}) as r:
+            assert r.status == 200
+        try:
+            yield
+        finally:
+            async with http.delete(url + "/_sim/fault") as r:
+                assert r.status == 200
 
 
 @pytest.fixture(scope="module")
@@ -181,15 +189,9 @@ async def test_the_hit_rates_are_read_from_the_replicas_counters(
 async def test_the_probe_aborts_at_the_failure_criteria(sims: dict[str, Proc]) -> None:
     url = sims["nocache"].url
     reports: list[StepReport] = []
-    async with aiohttp.ClientSession() as http:
-        async with http.post(url + "/_sim/fault", json={"error_rate": 0.5}) as r:
-            assert r.status == 200
-        try:
-            with pytest.raises(ProbeAborted) as caught:
-                await probe_capacity(url, config(step_s=2.0), WORKLOAD, progress=reports.append)
-        finally:
-            async with http.delete(url + "/_sim/fault") as r:
-                assert r.status == 200
+    async with failing_half(url):
+        with pytest.raises(ProbeAborted) as caught:
+            await probe_capacity(url, config(step_s=2.0), WORKLOAD, progress=reports.append)
     aborted = caught.value
     assert aborted.cause is AbortCause.FAILURE and aborted.phase is Phase.COLD
     assert "failure criteria" in str(aborted)
@@ -218,3 +220,27 @@ async def test_a_pair_with_a_weaker_replica_scales_below_one(sims: dict[str, Pro
     assert pair and max(r.offered_rps for r in pair) <= cold.ultimate_rps  # its ceiling
     assert any(r.verdict.value == "over the SLA" for r in pair)  # bracketed below it
     assert record.replica == sims["cache"].url
+
+
+async def test_a_pair_probe_that_aborts_costs_only_the_scaling_efficiency(
+    sims: dict[str, Proc],
+) -> None:
+    """The second replica fails half its requests: the pair's first step meets the
+    failure criteria. Before, that abort threw away the single replica's whole probe."""
+    pair_url = sims["nocache"].url
+    reports: list[StepReport] = []
+    async with failing_half(pair_url):
+        record = await probe_capacity(
+            sims["cache"].url,
+            config(measure_recovery=False),
+            WORKLOAD,
+            pair_url=pair_url,
+            progress=reports.append,
+        )
+    pair = [r.verdict.value for r in reports if r.phase is Phase.PAIR]
+    assert pair and set(pair) == {"failure"}  # its lowest step (each attempt), no higher
+    assert not record.scaling_measured and record.scaling_efficiency == 1.0
+    assert "pair's probe aborted" in record.scaling_unmeasured
+    assert "failure criteria" in record.scaling_unmeasured
+    cold, warm = record.probes
+    assert cold.ultimate_rps > 0 and warm.hit_rate > cold.hit_rate  # the single probe stands

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from chaos.capacity.probe import plan_requests, scaling, ultimate_bracketed
+from chaos.capacity.probe import plan_requests
+from chaos.capacity.verdicts import scaling, ultimate_bracketed
 from chaos.capacity.workload import Workload, requests
 from controlplane.kernel.capacity import CapacitySLO, ProbePlan, Step, analyze
 from controlplane.kernel.capacity_record import WorkloadProfile

@@ -12,15 +12,14 @@ import pytest
 from chaos.capacity.load import _Stream
 from chaos.capacity.probe import (
     ProbeConfig,
-    Verdict,
     _hit_rate,
     _Scrape,
     prefix_caching,
     recovery_offsets,
-    verdict,
 )
 from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import percentile, recovery_time, step_figures, wasted_share
+from chaos.capacity.verdicts import Verdict, verdict
 from chaos.capacity.workload import (
     DEFAULT_PROFILE,
     TEMPLATE_TOKENS,
@@ -314,7 +313,7 @@ def _scrape(queries: float, hits: float, caching: bool | None = True) -> _Scrape
 
 
 def test_the_hit_rate_is_the_counters_deltas_never_assumed() -> None:
-    from chaos.capacity.probe import Phase, ProbeAborted
+    from chaos.capacity.verdicts import Phase, ProbeAborted
 
     assert _hit_rate([_scrape(100, 10)], [_scrape(1100, 610)], Phase.WARM) == 0.6
     # two replicas: summed deltas (not a mean of rates)
