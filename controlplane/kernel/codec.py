@@ -1,12 +1,21 @@
-"""JSON codec for values stored in etcd: every value is one of the core models."""
+"""JSON codec for values stored in etcd: every value is one of the core models.
+
+A value may carry fields this version does not know: a newer Tectonic wrote it (a
+rolling upgrade runs neighbouring versions side by side, and a rollback reads what the
+newer one wrote). Those are dropped on read, everything else is checked as strictly as
+ever; the models themselves keep refusing unknown fields wherever else they are built
+(API requests, config files), where an unknown field is a typo.
+"""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+_UNKNOWN_FIELD = "extra_forbidden"
 
 
 class CorruptValue(ValueError):
@@ -21,4 +30,24 @@ def decode(cls: type[M], raw: bytes, key: str = "") -> M:
     try:
         return cls.model_validate_json(raw)
     except ValidationError as e:
+        errors = e.errors()
+        unknown = [err["loc"] for err in errors if err["type"] == _UNKNOWN_FIELD]
+        if not unknown or len(unknown) < len(errors):
+            raise CorruptValue(f"value at {key or '?'} is not a valid {cls.__name__}: {e}") from e
+    try:
+        data = json.loads(raw)
+        for loc in unknown:
+            _drop(data, loc)
+        return cls.model_validate_json(json.dumps(data))
+    # A path that is not the raw JSON's (a union member's name in it), or what is left
+    # still invalid: corrupt, as read strictly.
+    except (ValidationError, KeyError, IndexError, TypeError) as e:
         raise CorruptValue(f"value at {key or '?'} is not a valid {cls.__name__}: {e}") from e
+
+
+def _drop(data: Any, loc: tuple[int | str, ...]) -> None:
+    """Remove the field at ``loc`` (pydantic's error path) from parsed JSON ``data``."""
+    *path, name = loc
+    for step in path:
+        data = data[step]
+    del data[name]
