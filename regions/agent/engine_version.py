@@ -24,6 +24,7 @@ import aiohttp
 from regions.agent.probe_vllm import ReplicaProbe
 
 DEFAULT_REFRESH_S = 300.0
+RETRY_S = 30.0  # after a failed read: not every round (a slow /version holds the round)
 MAX_VERSION_CHARS = 128  # the control plane refuses longer ones
 
 
@@ -32,12 +33,19 @@ class EngineVersions:
     """The last read version of each replica, and when to read it again."""
 
     refresh_s: float = DEFAULT_REFRESH_S
+    retry_s: float = RETRY_S
     _known: dict[str, str] = field(default_factory=dict)  # url -> version ("" none)
     _read_at: dict[str, float] = field(default_factory=dict)
 
     def due(self, probes: Iterable[ReplicaProbe], now: float) -> list[str]:
-        """The up replicas whose version to read now. A replica seen down is forgotten,
-        so that it is read again when it is back."""
+        """The up replicas whose version to read now. A replica seen down, or no longer
+        probed (parked WARM, relaunched), is forgotten, so that it is read again when it
+        is back: a restart may bring a new image."""
+        probes = list(probes)
+        probed = {p.url for p in probes}
+        for url in [u for u in self._read_at if u not in probed]:
+            self._known.pop(url, None)
+            del self._read_at[url]
         out = []
         for p in probes:
             if not p.up:
@@ -48,8 +56,10 @@ class EngineVersions:
         return out
 
     def record(self, url: str, version: str | None, now: float) -> None:
-        """What ``url`` answered (None: it could not be read; tried again next round)."""
+        """What ``url`` answered (None: it could not be read; tried again after
+        ``retry_s``, its last known version kept meanwhile)."""
         if version is None:
+            self._read_at[url] = now - self.refresh_s + self.retry_s
             return
         self._known[url] = version[:MAX_VERSION_CHARS]
         self._read_at[url] = now
@@ -76,7 +86,11 @@ async def read_version(
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
-    return str(version).strip() if version is not None else ""
+    if version is None:
+        return ""
+    # The control plane refuses a report whose version is not printable: a control
+    # character in an engine's answer must not cost the region its health votes.
+    return "".join(c for c in str(version) if c.isprintable()).strip()[:MAX_VERSION_CHARS]
 
 
 async def refresh_versions(

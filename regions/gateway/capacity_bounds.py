@@ -6,9 +6,14 @@ bound handed to its admission gate.
 A region's bound is :func:`controlplane.kernel.admission_bound.inflight_bound` of its
 record, at the lowest hit rate probed (this process does not know the hit rate the
 region serves now; cold is what a failover's moved traffic has), unless the record is
-stale by the topology's ``capacity`` policy (``capacity_record.resolve``'s rule), or has
-no in-flight figures (probed before they were recorded): then no bound, and a log line
-says why. ``--admission-max-inflight`` overrides all of it (then nothing is watched).
+stale by the topology's ``capacity`` policy (``capacity_record.resolve``'s rule: too old,
+or of another engine than the region runs now), or has no in-flight figures (probed
+before they were recorded): then no bound, and a log line says why.
+``--admission-max-inflight`` overrides all of it (then nothing is watched).
+
+The engine a region runs is the leader's ``regions/<r>/health`` (its agents' reports of
+vLLM's ``/version``), read at each recheck rather than watched: the leader rewrites it
+every probe interval, and an engine changes only with a rollout.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from collections.abc import Callable
 
 from controlplane.kernel.admission_bound import BoundAt, InflightBound, inflight_bound
 from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, resolve
+from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.store.port import Store
+from controlplane.kernel.model import RegionHealth
+from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.watched import WatchedPrefix
 from regions.gateway.admission_gate import AdmissionGates
 
@@ -36,8 +43,10 @@ def region_bound(
     topology: Topology,
     now: float,
     at: BoundAt = BoundAt.ULTIMATE,
+    engine_version: str = "",
 ) -> InflightBound | str:
-    """The bound for ``region``'s replicas now, or why there is none. Pure."""
+    """The bound for ``region``'s replicas now, running ``engine_version`` ("" unknown:
+    not judged), or why there is none. Pure."""
     if record is None:
         return "no capacity record"
     bearing = resolve(
@@ -47,6 +56,7 @@ def region_bound(
         policy=topology.capacity,
         now=now,
         active_replicas=None,
+        engine_version=engine_version,
     )
     if bearing.source is not CapacitySource.MEASURED:
         return f"the capacity record is stale: {bearing.reason}"
@@ -75,8 +85,10 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
             what="capacity",
         )
         self._topology, self._gates, self._at, self._wall = topology, gates, at, wall
+        self._store, self._keys = store, keys
         self.recheck_s = recheck_s
         self._said: dict[str, InflightBound | str] = {}
+        self.engines: dict[str, str] = {}  # region -> the engine it runs, as last read
 
     def _changed(self, region: str, record: CapacityRecord | None) -> None:
         self.apply_bound(region, record)
@@ -85,7 +97,8 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
         """Hand ``region``'s gate its bound; log when it changes."""
         if region not in self._topology.names:
             return
-        bound = region_bound(region, record, self._topology, self._wall(), self._at)
+        engine = self.engines.get(region, "")
+        bound = region_bound(region, record, self._topology, self._wall(), self._at, engine)
         limit = bound.limit if isinstance(bound, InflightBound) else None
         self._gates.set_max_inflight(region, limit)
         if self._said.get(region) != bound:
@@ -99,10 +112,30 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
         for region in self._topology.names:
             self.apply_bound(region, self.values.get(region))
 
+    async def read_engines(self) -> None:
+        """Each region's engine from ``regions/<r>/health``; what cannot be read now
+        (etcd away, a value not decodable) keeps what was last read."""
+        try:
+            page = await self._store.get_prefix(self._keys.regions_prefix())
+        except StoreError as e:
+            log.debug("region engines not read (%s): keeping the last read", e)
+            return
+        by_key = {kv.key: kv.value for kv in page.kvs}
+        for region in self._topology.names:
+            raw = by_key.get(self._keys.region_health(region))
+            if raw is None:
+                continue
+            try:
+                self.engines[region] = decode(RegionHealth, raw).engine_version
+            except CorruptValue as e:
+                log.warning("region %s engine not read: %s", region, e)
+
     async def rechecks(self) -> None:
         """After the first read (every region's starting bound, logged), every
-        ``recheck_s`` until cancelled: a record ages into staleness unwritten."""
+        ``recheck_s`` until cancelled: a record ages into staleness unwritten, and a
+        region's engine changes under it."""
         await self.loaded.wait()
         while True:
+            await self.read_engines()
             self.recheck()
             await asyncio.sleep(self.recheck_s)

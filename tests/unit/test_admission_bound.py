@@ -21,10 +21,14 @@ from controlplane.kernel.capacity_record import (
     ProbeStep,
     WorkloadProfile,
 )
+from controlplane.kernel.codec import encode
 from controlplane.kernel.config import load_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import RegionHealth
+from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.__main__ import parse_args as gateway_args
 from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
-from regions.gateway.capacity_bounds import region_bound
+from regions.gateway.capacity_bounds import CapacityBounds, region_bound
 from regions.gateway.metrics import GatewayMetrics
 from regions.picker.__main__ import parse_args as picker_args
 
@@ -183,6 +187,41 @@ def test_a_fresh_record_bounds_a_stale_one_does_not_and_no_record_says_so() -> N
     stale = region_bound("us-east", fresh, topo, late)
     assert isinstance(stale, str) and "stale" in stale and "days ago" in stale
     assert region_bound("us-east", None, topo, NOW) == "no capacity record"
+
+
+def test_a_record_of_another_engine_than_the_region_runs_does_not_bound() -> None:
+    topo = load_topology(TOPOLOGY)
+    fresh = record((COLD, WARM))  # probed on 0.32.0
+    same = region_bound("us-east", fresh, topo, NOW, engine_version="0.32.0")
+    assert isinstance(same, InflightBound)
+    assert isinstance(region_bound("us-east", fresh, topo, NOW, engine_version=""), InflightBound)
+    other = region_bound("us-east", fresh, topo, NOW, engine_version="0.33.0")
+    assert isinstance(other, str) and "stale" in other and "'0.33.0'" in other
+
+
+async def test_the_gateway_reads_each_regions_engine_from_its_health_and_unbounds() -> None:
+    """The leader's regions/<r>/health says which engine the region runs; at a recheck
+    the gateway reads it, and a probe of another engine no longer bounds (before, only
+    age made a record stale here, while the planner already called it stale)."""
+    topo = load_topology(TOPOLOGY)
+    store, keys = MemoryStore(), Keys(topo.cluster)
+    zones = {r.name: r.zone for r in topo.regions}
+    gates = AdmissionGates(AdmissionOptions(enabled=True), topo, GatewayMetrics(zones))
+    bounds = CapacityBounds(store, keys, topo, gates, wall=lambda: NOW)
+    gate = gates.gate("us-east")
+    assert gate is not None
+    bounds.apply_bound("us-east", record((COLD, WARM)))
+    assert gate.limiter.config.max_limit == 8
+    health = RegionHealth(region="us-east", engine_version="0.33.0")
+    await store.put(keys.region_health("us-east"), encode(health))
+    await store.put(keys.region_health("eu-west"), b"not json")  # kept as unknown, logged
+    await bounds.read_engines()
+    assert bounds.engines == {"us-east": "0.33.0"}
+    bounds.apply_bound("us-east", record((COLD, WARM)))
+    assert gate.limiter.config.max_limit is None
+    await store.close()
+    await bounds.read_engines()  # etcd away: the last read stands
+    assert bounds.engines == {"us-east": "0.33.0"}
 
 
 def test_the_limiter_follows_a_new_bound_down_at_once_and_up_by_answers() -> None:

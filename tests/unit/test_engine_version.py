@@ -29,14 +29,27 @@ def test_a_version_is_read_when_first_up_after_a_restart_and_every_refresh() -> 
     v = EngineVersions(refresh_s=300)
     assert v.due([up("a"), up("b"), down("c")], now=0) == ["a", "b"]
     v.record("a", "0.11.0", now=0)
-    v.record("b", None, now=0)  # not readable now: tried again next round
-    assert v.due([up("a"), up("b")], now=1) == ["b"]
-    v.record("b", "0.11.0", now=1)
+    v.record("b", None, now=0)  # not readable now: tried again after retry_s, not each round
+    assert v.due([up("a"), up("b")], now=1) == []
+    assert v.due([up("a"), up("b")], now=30) == ["b"]
+    v.record("b", "0.11.0", now=30)
     assert v.due([up("a"), up("b")], now=299) == []
     assert v.due([up("a"), up("b")], now=300) == ["a"]
     # Down, then up again: read again at once (a restart may bring another image).
     assert v.due([up("a"), down("b")], now=301) == ["a"]
     assert v.due([up("a"), up("b")], now=302) == ["a", "b"]
+
+
+def test_a_replica_no_longer_probed_is_read_again_when_it_is_back() -> None:
+    """Parked WARM, or relaunched by the pool at the same URL: not probed meanwhile, so
+    never seen down, and maybe on a new image when it is back."""
+    v = EngineVersions(refresh_s=300)
+    v.record("a", "0.11.0", now=0)
+    v.record("b", "0.10.0", now=0)
+    assert v.due([up("a")], now=10) == []  # b left the probes
+    assert v.due([up("a"), up("b")], now=20) == ["b"]
+    v.record("b", None, now=20)  # not readable yet: its old version is gone, not kept
+    assert v.region_version([up("a"), up("b")]) == "0.11.0"
 
 
 def test_the_regions_version_is_its_up_replicas_and_names_each_while_they_differ() -> None:
@@ -62,7 +75,10 @@ async def server() -> AsyncIterator[str]:
     async def odd(request: web.Request) -> web.Response:
         return web.json_response(["not", "an", "object"])
 
-    apps = {"/a": version, "/b": broken, "/c": odd}
+    async def controls(request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.11\t0\n" + "9" * 200})
+
+    apps = {"/a": version, "/b": broken, "/c": odd, "/d": controls}
     app = web.Application()
     for prefix, handler in apps.items():
         app.router.add_get(prefix + "/version", handler)
@@ -84,27 +100,33 @@ async def test_reading_a_replicas_version_over_http(server: str) -> None:
         assert await read_version(http, server + "/c", 1.0) == ""  # answers, says nothing
         assert await read_version(http, server + "/none", 1.0) == ""  # 404: has none
         assert await read_version(http, "http://127.0.0.1:9", 1.0) is None  # refused
+        # What the control plane would refuse (and with it the whole report) is cleaned.
+        odd = await read_version(http, server + "/d", 1.0)
+        assert odd == ("0.110" + "9" * 200)[:128]
+        assert validate(odd).engine_version == odd  # type: ignore[attr-defined]
         v = EngineVersions()
         probes = [up(server + "/a"), up(server + "/b")]
         await refresh_versions(v, http, probes, now=0.0, request_timeout=1.0)
         assert v.region_version(probes) == "0.11.0"
-        assert v.due(probes, now=1.0) == [server + "/b"]
+        assert v.due(probes, now=30.0) == [server + "/b"]
+
+
+def validate(version: str) -> object:
+    return validate_report(
+        topology(),
+        region="us-east",
+        observer="agent:us-east",
+        kind=ObserverKind.AGENT,
+        health=Health.HEALTHY,
+        signals={},
+        detail="",
+        now=1.0,
+        engine_version=version,
+    )
 
 
 def test_the_control_plane_refuses_an_engine_version_it_cannot_store() -> None:
-    def report(version: str) -> object:
-        return validate_report(
-            topology(),
-            region="us-east",
-            observer="agent:us-east",
-            kind=ObserverKind.AGENT,
-            health=Health.HEALTHY,
-            signals={},
-            detail="",
-            now=1.0,
-            engine_version=version,
-        )
-
+    report = validate
     assert report("0.11.0").engine_version == "0.11.0"  # type: ignore[attr-defined]
     for bad in ("v" * 129, "0.11\n0"):
         with pytest.raises(BadReport, match="engine_version"):
