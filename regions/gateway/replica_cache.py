@@ -6,7 +6,9 @@ since: the prefix's *rank* (its LRU stack distance in what we sent). The capacit
 prefixes, is not known to the gateway; the replica's hit rate shows it: if a share h of
 its prompt tokens hit, about a share h of the requests sent there had a rank below the
 capacity, so the capacity is the h-quantile of the ranks of the requests sent since its
-last report (a prefix sent there for the first time has an infinite rank).
+last report (a prefix sent there for the first time has an infinite rank). Reports
+with fewer than ``MIN_RANKS`` requests sent since add up: their ranks are kept and
+their hit shares averaged, weighted by the requests each covered, until there are.
 
 The replica balancer asks ``likely_cached`` before it lets a request wait for its full
 owner: a wait for a replica that then computes the whole prompt anyway costs twice.
@@ -19,7 +21,7 @@ import math
 from collections import OrderedDict, deque
 
 TRACK = 1024  # prefixes remembered per replica (ranks past it count as never sent)
-MIN_RANKS = 8  # requests between two reports: fewer say too little about the capacity
+MIN_RANKS = 8  # requests to learn from: fewer say too little about the capacity
 MAX_RANKS = 4096  # kept between two reports (none may come: no poller), the latest
 SMOOTHING = 0.3  # EWMA weight of the newest estimate
 
@@ -31,8 +33,10 @@ class SentKeys:
     def __init__(self, track: int = TRACK) -> None:
         self._keys: OrderedDict[int, None] = OrderedDict()
         self._track = track
-        # of the requests sent since the last ``learn``
+        # of the requests sent since the capacity was last learned
         self._ranks: deque[float] = deque(maxlen=MAX_RANKS)
+        self._reported = 0  # of those ranks, how many reports' hit shares cover
+        self._hits = 0.0  # sum over reports of hit share x the ranks it covers
         self.capacity: float | None = None
 
     def rank(self, key: int) -> float:
@@ -53,11 +57,18 @@ class SentKeys:
     def learn(self, hit_share: float) -> None:
         """The replica's prompt tokens hit at ``hit_share`` since its last report: its
         capacity is the rank below which that share of our requests there fell."""
-        ranks = sorted(self._ranks)
-        self._ranks.clear()
-        if len(ranks) < MIN_RANKS or not 0.0 <= hit_share <= 1.0:
+        if not 0.0 <= hit_share <= 1.0:
             return
-        below = round(hit_share * len(ranks))  # that many were hits
+        covered = len(self._ranks) - self._reported  # sent since the last report
+        self._hits += hit_share * max(0, covered)
+        self._reported = len(self._ranks)
+        if len(self._ranks) < MIN_RANKS:
+            return  # too few yet: this report's requests and share wait for more
+        ranks = sorted(self._ranks)
+        share = min(1.0, self._hits / len(ranks))
+        self._ranks.clear()
+        self._reported, self._hits = 0, 0.0
+        below = round(share * len(ranks))  # that many were hits
         if below == 0:
             estimate = 0.0
         else:

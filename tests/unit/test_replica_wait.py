@@ -172,16 +172,26 @@ def test_the_capacity_is_the_rank_below_which_the_hit_share_of_requests_fell() -
     assert sent.likely_cached(1) and not sent.likely_cached(8)  # 2 sent since 1, 3 since 8
 
 
-def test_too_few_requests_or_hits_beyond_ours_teach_nothing() -> None:
+def test_hits_beyond_ours_teach_nothing() -> None:
     sent = SentKeys()
-    for k in range(4):
-        sent.sent(k)
-    sent.learn(0.5)  # 4 requests: too few
-    assert sent.capacity is None
     for k in range(10, 20):
         sent.sent(k)
     sent.learn(1.0)  # all hit, none sent before: other gateways' prefixes, not ours
     assert sent.capacity is None
+
+
+def test_reports_of_too_few_requests_add_up_weighted_by_the_requests_they_cover() -> None:
+    """A gateway sending four requests between two reports learns at the second (before,
+    each report's four were dropped and nothing was ever learned)."""
+    sent = SentKeys()
+    for k in [1, 2, 1, 2]:  # ranks: inf, inf, 1, 1
+        sent.sent(k)
+    sent.learn(0.5)  # 4 requests: too few, kept
+    assert sent.capacity is None
+    for k in [3, 4, 5, 6]:  # ranks: inf x 4
+        sent.sent(k)
+    sent.learn(0.0)  # (0.5 x 4 + 0 x 4) / 8 = 0.25: the 2 lowest ranks (1, 1) hit
+    assert sent.capacity == 2.0
 
 
 # ---- the costs -------------------------------------------------------------------------
@@ -212,11 +222,26 @@ def test_the_costs_come_from_what_ended_between_two_polls() -> None:
     assert costs.hold_s == pytest.approx(0.32)
     assert costs.hit_saving_s == pytest.approx(1_000 * 0.05 / 1_000)  # tokens hit x s/token
     assert costs.hit_share == pytest.approx(10 / 11)
-    # a quiet poll (too few requests) changes nothing; a restart is no delta
+    # a quiet poll (too few requests) changes nothing and closes no window; a restart is
+    # no delta
     quiet = est.update(counters(11, 3.5, 11, 0.3, 0.2, 10_500, 11_600))
-    assert quiet is not None and quiet.hit_share == pytest.approx(5 / 6)  # this poll's
-    assert (quiet.hold_s, quiet.hit_saving_s) == (costs.hold_s, costs.hit_saving_s)
+    assert quiet == Costs(costs.hold_s, costs.hit_saving_s, None)
     assert est.update(counters(0, 0, 0, 0, 0, 0, 0)) == Costs(costs.hold_s, costs.hit_saving_s)
+
+
+def test_quiet_polls_add_up_until_enough_requests_ended() -> None:
+    """Two requests a poll (a replica of long generations): every second poll closes a
+    window of four. Before, each poll's two were dropped and no cost was ever known."""
+    est = CostEstimator()
+    est.update(counters(0, 0, 0, 0, 0, 0, 0))
+    assert est.update(counters(2, 0.8, 2, 0.1, 0.0, 100, 300)) is None  # 2 ended: open
+    costs = est.update(counters(4, 1.6, 4, 0.2, 0.0, 200, 600))  # 4 ended since the first
+    assert costs is not None
+    assert costs.hold_s == pytest.approx(0.4)
+    assert costs.hit_share == pytest.approx(200 / 600)
+    assert costs.hit_saving_s == pytest.approx(50 * 0.2 / 400)  # 50 hit a request, 400 computed
+    again = est.update(counters(6, 2.4, 6, 0.3, 0.0, 300, 900))  # a new window: 2, open
+    assert again == Costs(costs.hold_s, costs.hit_saving_s, None)
 
 
 def test_the_costs_are_smoothed_over_polls() -> None:
