@@ -306,6 +306,8 @@ class Picker:
         region = pick.regions[index] if index >= 0 else pick.region
         for skipped in pick.endpoints[: max(index, 0)] if index > 0 else ():
             self._skipped(pick, skipped, now)
+        if index != 0:
+            self._moved(pick, endpoint if index > 0 else "")
         if index < 0:
             self.metrics.error(pick.region, "no_replica")
             self._record(pick.region, False, status)
@@ -329,6 +331,26 @@ class Picker:
         balancer = self.balancers.get(region)
         if replica is not None and balancer is not None and replica in balancer.inflight:
             balancer.eject(replica, now + self.config.eject_s)
+
+    def _moved(self, pick: Pick, endpoint: str) -> None:
+        """Envoy went past the first endpoint (to ``endpoint``; '': none served). The
+        admission slot and the in-flight count were the first replica's: the slot is
+        given back (a first-token time there would steer the wrong replica's limit, and
+        the request is already running elsewhere), the count moves to the replica
+        serving when it is of the same region, else ends."""
+        if pick.grant is not None and self.gates is not None:
+            region, grant = pick.grant
+            pick.grant = None
+            self.gates.leave(region, grant)
+        if pick.held is None:
+            return
+        balancer, replica = pick.held
+        pick.held = None
+        balancer.release(replica)
+        serving = pick.replicas.get(endpoint)
+        if serving is not None and serving in balancer.replicas:
+            balancer.acquire(serving)
+            pick.held = (balancer, serving)
 
     def first_token(self, pick: Pick) -> None:
         """The answer's first token (its first body chunk, or its headers when Envoy

@@ -120,3 +120,26 @@ async def test_the_first_token_is_the_first_body_chunk_when_envoy_sends_bodies(
     out = [r async for r in service.Process(stream(), None)]  # type: ignore[arg-type]
     assert len(out) == len(messages)
     assert seen == [first_token_on]  # once, on the first chunk when bodies come
+
+
+async def test_served_by_another_replica_the_slot_of_the_first_is_given_back(
+    world: World,
+) -> None:
+    """Envoy went past the admitted replica (it reset): the request runs on the next,
+    so the first's slot frees at once and its first token steers no limit there."""
+    gates = gated(world, max_inflight=1)
+    got = await world.picker.pick(headers("s1"), chat("p1"), None)
+    assert isinstance(got, Pick) and got.grant is not None
+    gate = gates.gate("east")
+    assert gate is not None
+    first, second = (got.replicas[e] for e in got.endpoints[:2])
+    limits = gate.limiter.limits()
+    assert gate.limiter.inflight(first) == 1
+    assert await world.picker.served(got, got.endpoints[1], 200) == "east"
+    assert gate.limiter.inflight() == 0 and got.grant is None
+    assert world.balancers["east"].inflight[second] == 1
+    world.mono.advance(5.0)  # a first token far past any target: no limit moves
+    world.picker.first_token(got)
+    assert gate.limiter.limits() == limits
+    world.picker.release(got)
+    assert world.balancers["east"].inflight[second] == 0
