@@ -39,7 +39,7 @@ class ProbeStep(Frozen):
     # Requests held at once on average over the step (their send-to-end times over its
     # span): admission control's bound (admission_bound.py). None: probed before it was
     # recorded.
-    mean_inflight: Annotated[float | None, Field(ge=0)] = None
+    mean_inflight: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
 
     @classmethod
     def of(cls, step: Step, duration_s: float, mean_inflight: float | None = None) -> ProbeStep:
@@ -119,7 +119,7 @@ class CapacityRecord(Frozen):
     wasted_work_share: Annotated[float | None, Field(ge=0, le=1)] = None
     scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     scaling_measured: bool = False  # False: assumed (one replica probed)
-    scaling_unmeasured: str = ""  # why not, when two replicas were lent
+    scaling_unmeasured: str = Field("", exclude_if=lambda v: not v)  # why not, when two lent
     active_replicas: Annotated[int, Field(ge=0)] = 1  # ACTIVE when it was measured
     profile: WorkloadProfile
     probe_s: Annotated[float, Field(ge=0)] = 0.0  # how long the probe ran

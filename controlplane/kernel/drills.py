@@ -4,6 +4,8 @@ read by both and by ``failoverctl drill``. The drills themselves live in ``chaos
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from controlplane.kernel.model import Frozen
@@ -41,6 +43,9 @@ CAPACITY_PROBE_MAX_S = 1800.0
 class DrillRequest(Frozen):
     """Value of ``drills/requests/<id>``: an operator asked for a drill; the drill
     service runs it (one at a time, like every drill) and deletes the request."""
+
+    # Never run without a field a newer version added (codec.decode).
+    REFUSE_UNKNOWN_ON_READ: ClassVar[bool] = True
 
     id: str
     scenario: str

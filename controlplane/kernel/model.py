@@ -9,7 +9,7 @@ agent clock cannot make a stale report look fresh.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -55,7 +55,7 @@ class HealthReport(Frozen):
     received_at: float
     detail: str = ""
     # vLLM's /version of the region's replicas, as its agent read them ("" unknown)
-    engine_version: str = ""
+    engine_version: str = Field("", exclude_if=lambda v: not v)
 
 
 class RegionHealth(Frozen):
@@ -71,7 +71,7 @@ class RegionHealth(Frozen):
     signals: Signals = Field(default_factory=dict)
     # The engine the region runs, from its agents' latest fresh report ("" unknown):
     # a capacity probe of another engine is stale.
-    engine_version: str = ""
+    engine_version: str = Field("", exclude_if=lambda v: not v)
     evaluated_at: float = 0.0  # hysteresis counts evaluations, at most one per probe interval
 
 
@@ -281,6 +281,9 @@ class IntentKind(StrEnum):
 
 class Intent(Frozen):
     """An operator command, written by the API and carried out by the leader's loop."""
+
+    # Never carried out without a field a newer version added (codec.decode).
+    REFUSE_UNKNOWN_ON_READ: ClassVar[bool] = True
 
     id: str
     kind: IntentKind

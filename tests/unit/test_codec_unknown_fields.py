@@ -3,7 +3,9 @@ wrote it: a rolling upgrade, or a rollback reading what the newer one wrote), wi
 everything else checked as strictly as before.
 
 Before, such a value was corrupt: an older leader dropped every health report a newer
-replica stored, and after a rollback every probed region read as never probed.
+replica stored, and after a rollback every probed region read as never probed. Commands
+(intents, drill requests) stay refused whole; fields added later are written only while
+they hold something.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import pytest
 
 from controlplane.kernel.capacity_record import CapacityRecord
 from controlplane.kernel.codec import CorruptValue, decode, encode
-from controlplane.kernel.model import Health, HealthReport, ObserverKind
+from controlplane.kernel.drills import DrillRequest
+from controlplane.kernel.model import Health, HealthReport, Intent, IntentKind, ObserverKind
 from tests.unit.test_capacity_report import record
 
 
@@ -35,6 +38,52 @@ def test_fields_a_newer_version_added_are_dropped_at_any_depth() -> None:
     data["probes"][1]["steps"][0]["kv_usage"] = 0.4  # in a list of nested models
     data["slo"]["tpot_p99_s"] = 0.05
     assert decode(CapacityRecord, json.dumps(data).encode(), "capacity/eu-west") == record()
+
+
+def test_a_field_on_every_element_of_a_list_is_dropped_too() -> None:
+    """A newer writer adds its field to every step: every probe then fails, and pydantic
+    adds a min_length error on ``probes`` beside the unknown fields."""
+    data = json.loads(encode(record()))
+    for p in data["probes"]:
+        for step in p["steps"]:
+            step["kv_usage"] = 0.4
+    assert decode(CapacityRecord, json.dumps(data).encode(), "capacity/eu-west") == record()
+    data["probes"][0]["hit_rate"] = 5  # ... and a wrong value among them is still wrong
+    with pytest.raises(CorruptValue, match=r"(?s)probes\.0\.hit_rate"):
+        decode(CapacityRecord, json.dumps(data).encode(), "capacity/eu-west")
+
+
+def test_a_command_with_a_field_this_version_does_not_know_is_refused_whole() -> None:
+    """Carried out without a newer version's field (a safety flag, say), an intent or a
+    drill request would do something else than was asked."""
+    intent = Intent(
+        id="i1",
+        kind=IntentKind.FAILOVER,
+        region="us-east",
+        reason="r",
+        actor="me",
+        created_at=1.0,
+    )
+    data = {**json.loads(encode(intent)), "only_if_drained": True}
+    with pytest.raises(CorruptValue, match="only_if_drained"):
+        decode(Intent, json.dumps(data).encode(), "intents/i1")
+    drill = DrillRequest(
+        id="d1", scenario="region-blackout", reason="r", actor="me", requested_at=1
+    )
+    data = {**json.loads(encode(drill)), "max_loss": 0}
+    with pytest.raises(CorruptValue, match="max_loss"):
+        decode(DrillRequest, json.dumps(data).encode(), "drills/requests/d1")
+
+
+def test_fields_added_later_are_written_only_while_they_hold_something() -> None:
+    """So that an older reader meets them only when they are in use."""
+    assert "engine_version" not in json.loads(encode(report()))
+    versioned = report().model_copy(update={"engine_version": "0.32.0"})
+    assert json.loads(encode(versioned))["engine_version"] == "0.32.0"
+    assert decode(HealthReport, encode(versioned)) == versioned
+    stored = json.loads(encode(record()))
+    assert "scaling_unmeasured" not in stored
+    assert all("mean_inflight" not in s for p in stored["probes"] for s in p["steps"])
 
 
 def test_an_unknown_field_beside_a_wrong_one_is_still_corrupt() -> None:
