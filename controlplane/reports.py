@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+from controlplane.kernel.capacity_record import MAX_ENGINE_VERSION
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
@@ -14,7 +15,6 @@ from controlplane.kernel.store.port import Store
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
 MAX_SIGNALS = 64
 MAX_DETAIL = 1024
-MAX_ENGINE_VERSION = 128
 PROBE_OBSERVER = "probe:controlplane"  # one vantage point, whichever replica leads
 
 

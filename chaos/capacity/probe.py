@@ -73,7 +73,7 @@ from controlplane.kernel.capacity import (
     failed,
     meets_sla,
 )
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
+from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, clean_engine_version
 from controlplane.kernel.replica_signals import ReplicaMetrics
 from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
 
@@ -469,7 +469,7 @@ async def _model_and_version(
     try:
         async with http.get(url + "/version") as r:
             if r.status == 200:
-                version = str((await r.json(content_type=None)).get("version", ""))
+                version = clean_engine_version((await r.json(content_type=None)).get("version", ""))
     except (aiohttp.ClientError, OSError, ValueError, AttributeError):
         version = ""
     if model is not None:

@@ -188,6 +188,16 @@ class Bearing:
         return self.source is CapacitySource.STALE
 
 
+MAX_ENGINE_VERSION = 128  # characters; the control plane refuses longer ones
+
+
+def clean_engine_version(raw: object) -> str:
+    """An engine's ``/version`` as Tectonic stores and compares it: printable characters
+    only, stripped, at most ``MAX_ENGINE_VERSION``. The agent's report and the probe's
+    record both go through it, so that one engine's answer always matches itself."""
+    return "".join(c for c in str(raw) if c.isprintable()).strip()[:MAX_ENGINE_VERSION]
+
+
 def resolve(
     region: str,
     record: CapacityRecord | None,

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from controlplane.kernel.capacity_record import MAX_ENGINE_VERSION, clean_engine_version
 from regions.agent.probe_vllm import ReplicaProbe
 
 DEFAULT_REFRESH_S = 300.0
 RETRY_S = 30.0  # after a failed read: not every round (a slow /version holds the round)
-MAX_VERSION_CHARS = 128  # the control plane refuses longer ones
 
 
 @dataclass
@@ -61,13 +61,13 @@ class EngineVersions:
         if version is None:
             self._read_at[url] = now - self.refresh_s + self.retry_s
             return
-        self._known[url] = version[:MAX_VERSION_CHARS]
+        self._known[url] = version[:MAX_ENGINE_VERSION]
         self._read_at[url] = now
 
     def region_version(self, probes: Iterable[ReplicaProbe]) -> str:
         """The engine the up replicas run (see the module doc); "" when none is known."""
         seen = sorted({v for p in probes if p.up and (v := self._known.get(p.url))})
-        return ", ".join(seen)[:MAX_VERSION_CHARS]
+        return ", ".join(seen)[:MAX_ENGINE_VERSION]
 
 
 async def read_version(
@@ -86,11 +86,9 @@ async def read_version(
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
-    if version is None:
-        return ""
     # The control plane refuses a report whose version is not printable: a control
     # character in an engine's answer must not cost the region its health votes.
-    return "".join(c for c in str(version) if c.isprintable()).strip()[:MAX_VERSION_CHARS]
+    return "" if version is None else clean_engine_version(version)
 
 
 async def refresh_versions(
