@@ -317,9 +317,11 @@ class AdmissionLimiter:
     def observe(self, grant: Grant, first_token_s: float, now: float) -> Events:
         """A first token came ``first_token_s`` after the grant: adjust its replica's
         limit (see the module's docstring); a larger one may admit waiters."""
-        r = self._replicas.get(grant.replica)
-        if r is None or grant.ticket not in self._granted:
+        held = self._granted.get(grant.ticket)  # as held: it may have moved
+        r = None if held is None else self._replicas.get(held.replica)
+        if held is None or r is None:
             return NOTHING
+        grant = held
         cfg = self.config
         if first_token_s > cfg.target_s:
             if grant.epoch == r.epoch:  # admitted under the current limit: news
@@ -333,8 +335,10 @@ class AdmissionLimiter:
 
     def release(self, grant: Grant, now: float) -> Events:
         """The granted request ended (answered, failed or cut): its slot frees."""
-        if self._granted.pop(grant.ticket, None) is None:
+        held = self._granted.pop(grant.ticket, None)  # as held: it may have moved
+        if held is None:
             return NOTHING  # released already
+        grant = held
         r = self._replicas.get(grant.replica)
         if r is not None:
             r.inflight -= 1
@@ -343,6 +347,27 @@ class AdmissionLimiter:
                 del self._replicas[grant.replica]
         self._hold_s += _HOLD_WEIGHT * (max(0.0, now - grant.granted_at) - self._hold_s)
         return self._expire(now) + self._dispatch(now)
+
+    def move(self, grant: Grant, replica: str, now: float) -> tuple[Grant | None, Events]:
+        """The data plane went past ``grant``'s replica to ``replica`` (the first reset
+        or refused): the request runs there now, so its slot does too, even past that
+        replica's limit (it is running already; later requests wait behind it), and the
+        first replica's slot frees. None (nothing changed) when the grant was released
+        already or ``replica`` is not one of the region's."""
+        target = self._replicas.get(replica)
+        if grant.ticket not in self._granted or target is None or target.gone:
+            return None, NOTHING
+        old = self._replicas.get(grant.replica)
+        if old is not None:
+            old.inflight -= 1
+            old.by_priority[grant.priority] -= 1
+            if old.gone and old.inflight == 0:
+                del self._replicas[grant.replica]
+        target.inflight += 1
+        target.by_priority[grant.priority] += 1
+        moved = replace(grant, replica=replica, epoch=target.epoch)
+        self._granted[grant.ticket] = moved
+        return moved, self._expire(now) + self._dispatch(now)
 
     def expire(self, now: float) -> Events:
         """Refuse the waiters whose wait ran out (for a timer at ``next_deadline``)."""

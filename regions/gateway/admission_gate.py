@@ -166,6 +166,12 @@ class RegionGate:
     def leave(self, grant: Grant) -> None:
         self._settle(self.limiter.release(grant, self._monotonic()))
 
+    def move(self, grant: Grant, replica: str) -> Grant | None:
+        """``grant``'s request runs on ``replica`` now (``AdmissionLimiter.move``)."""
+        moved, events = self.limiter.move(grant, replica, self._monotonic())
+        self._settle(events)
+        return moved
+
     def _settle(self, events: Events) -> None:
         """Tell the waiters the limiter granted or refused what became of them."""
         for grant in events.granted:
@@ -283,3 +289,9 @@ class AdmissionGates:
         gate = self._gates.get(region)
         if gate is not None:
             gate.leave(grant)
+
+    def move(self, region: str, grant: Grant, replica: str) -> Grant | None:
+        """Move ``grant`` to ``replica`` of its region; None: it cannot (not one of the
+        region's replicas, or released already), nothing changed."""
+        gate = self._gates.get(region)
+        return None if gate is None else gate.move(grant, replica)

@@ -73,6 +73,7 @@ class Pick:
     held: tuple[ReplicaBalancer, str] | None = None  # the in-flight count it took
     spilled_to: str = ""  # the spill region at the end of the list, if any
     grant: tuple[str, Grant] | None = None  # admission control's slot: (region, grant)
+    steer: bool = True  # its first token steers the limit (not after Envoy went past one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,28 +335,30 @@ class Picker:
 
     def _moved(self, pick: Pick, endpoint: str) -> None:
         """Envoy went past the first endpoint (to ``endpoint``; '': none served). The
-        admission slot and the in-flight count were the first replica's: the slot is
-        given back (a first-token time there would steer the wrong replica's limit, and
-        the request is already running elsewhere), the count moves to the replica
-        serving when it is of the same region, else ends."""
+        admission slot and the in-flight count were the first replica's: both move to
+        the replica serving when it is of the same region, else end. Its first-token
+        time (the failed attempt in it) steers no limit."""
+        pick.steer = False
+        serving = pick.replicas.get(endpoint, "")
         if pick.grant is not None and self.gates is not None:
             region, grant = pick.grant
-            pick.grant = None
-            self.gates.leave(region, grant)
+            moved = self.gates.move(region, grant, serving) if serving else None
+            if moved is None:
+                self.gates.leave(region, grant)
+            pick.grant = None if moved is None else (region, moved)
         if pick.held is None:
             return
         balancer, replica = pick.held
         pick.held = None
         balancer.release(replica)
-        serving = pick.replicas.get(endpoint)
-        if serving is not None and serving in balancer.replicas:
+        if serving in balancer.replicas:
             balancer.acquire(serving)
             pick.held = (balancer, serving)
 
     def first_token(self, pick: Pick) -> None:
         """The answer's first token (its first body chunk, or its headers when Envoy
         does not send bodies): admission control steers the replica's limit by it."""
-        if pick.grant is not None and self.gates is not None:
+        if pick.grant is not None and self.gates is not None and pick.steer:
             region, grant = pick.grant
             self.gates.first_token(region, grant)
 

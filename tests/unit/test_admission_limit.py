@@ -44,7 +44,7 @@ def admit(lim: AdmissionLimiter, priority: Priority, now: float = 0.0) -> Grant:
 
 
 class LimiterMachine(RuleBasedStateMachine):
-    """Arrivals, first tokens, releases, replica changes and time passing, in any order;
+    """Arrivals, first tokens, releases, moves, replica changes and time passing, in any order;
     every call's outcome is checked against the rules it must keep."""
 
     @initialize(
@@ -127,6 +127,20 @@ class LimiterMachine(RuleBasedStateMachine):
     def release(self, pick: int) -> None:
         g = self.grants.pop(pick % len(self.grants))
         self._apply(self.lim.release(g, self.now))
+
+    @precondition(lambda self: self.grants)
+    @rule(pick=st.integers(0, 1000), to=st.sampled_from(["a", "b", "c", "z"]))
+    def moved(self, pick: int, to: str) -> None:
+        """The data plane went past a grant's replica to ``to``."""
+        i = pick % len(self.grants)
+        g = self.grants[i]
+        ours = to in self.lim.limits()
+        moved, events = self.lim.move(g, to, self.now)
+        assert (moved is not None) == ours, "moved only to a replica of the region's"
+        if moved is not None:
+            assert (moved.ticket, moved.replica, moved.priority) == (g.ticket, to, g.priority)
+            self.grants[i] = moved
+        self._apply(events)
 
     @precondition(lambda self: self.waiters)
     @rule(pick=st.integers(0, 1000))
@@ -405,6 +419,24 @@ def test_a_replica_that_left_takes_nothing_new_and_is_forgotten_when_empty() -> 
     assert lim.inflight(g.replica) == 1
     lim.release(g, 0.0)
     assert lim.inflight(g.replica) == 0
+
+
+def test_a_request_moved_to_another_replica_takes_its_slot_there_and_frees_the_first() -> None:
+    """The data plane went past the granted replica: the request runs on the other, even
+    past that one's limit, and the first's freed slot goes to its waiter."""
+    lim = limiter(("a", "b"), initial_limit=1, max_queue=4, max_wait_s=10.0)
+    ga, gb = admit(lim, INTER), admit(lim, INTER)
+    assert {ga.replica, gb.replica} == {"a", "b"}
+    waiting, _ = lim.acquire(INTER, lim.limits(), 0.0)
+    assert isinstance(waiting, Waiting)
+    moved, events = lim.move(ga, gb.replica, 1.0)
+    assert moved is not None and moved.replica == gb.replica and moved.ticket == ga.ticket
+    assert lim.inflight(gb.replica) == 2  # past its limit of 1: it is running there
+    assert [g.replica for g in events.granted] == [ga.replica]  # the waiter got the slot
+    assert lim.move(moved, "elsewhere", 1.0) == (None, Events())  # not the region's
+    lim.release(ga, 2.0)  # the old grant's ticket is the moved one's: released once
+    assert lim.inflight(gb.replica) == 1
+    assert lim.move(moved, ga.replica, 2.0) == (None, Events())  # released already
 
 
 @pytest.mark.parametrize(

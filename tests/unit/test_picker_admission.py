@@ -126,7 +126,8 @@ async def test_served_by_another_replica_the_slot_of_the_first_is_given_back(
     world: World,
 ) -> None:
     """Envoy went past the admitted replica (it reset): the request runs on the next,
-    so the first's slot frees at once and its first token steers no limit there."""
+    so its slot moves there (the first's frees at once) and its first token, the failed
+    attempt in it, steers no limit."""
     gates = gated(world, max_inflight=1)
     got = await world.picker.pick(headers("s1"), chat("p1"), None)
     assert isinstance(got, Pick) and got.grant is not None
@@ -136,10 +137,23 @@ async def test_served_by_another_replica_the_slot_of_the_first_is_given_back(
     limits = gate.limiter.limits()
     assert gate.limiter.inflight(first) == 1
     assert await world.picker.served(got, got.endpoints[1], 200) == "east"
-    assert gate.limiter.inflight() == 0 and got.grant is None
+    assert gate.limiter.inflight(first) == 0 and gate.limiter.inflight(second) == 1
+    assert got.grant is not None and got.grant[1].replica == second
     assert world.balancers["east"].inflight[second] == 1
     world.mono.advance(5.0)  # a first token far past any target: no limit moves
     world.picker.first_token(got)
     assert gate.limiter.limits() == limits
     world.picker.release(got)
-    assert world.balancers["east"].inflight[second] == 0
+    assert gate.limiter.inflight() == 0 and world.balancers["east"].inflight[second] == 0
+
+
+async def test_served_outside_the_list_the_slot_ends(world: World) -> None:
+    """Envoy answered itself, or from an endpoint not in the list: no replica of ours
+    is known to run it, so nothing stays held."""
+    gates = gated(world, max_inflight=1)
+    got = await world.picker.pick(headers("s1"), chat("p1"), None)
+    assert isinstance(got, Pick)
+    gate = gates.gate("east")
+    assert gate is not None and gate.limiter.inflight() == 1
+    await world.picker.served(got, "", 503)
+    assert gate.limiter.inflight() == 0 and got.grant is None and got.held is None
