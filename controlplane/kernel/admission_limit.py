@@ -338,14 +338,8 @@ class AdmissionLimiter:
         held = self._granted.pop(grant.ticket, None)  # as held: it may have moved
         if held is None:
             return NOTHING  # released already
-        grant = held
-        r = self._replicas.get(grant.replica)
-        if r is not None:
-            r.inflight -= 1
-            r.by_priority[grant.priority] -= 1
-            if r.gone and r.inflight == 0:
-                del self._replicas[grant.replica]
-        self._hold_s += _HOLD_WEIGHT * (max(0.0, now - grant.granted_at) - self._hold_s)
+        self._unhold(held)
+        self._hold_s += _HOLD_WEIGHT * (max(0.0, now - held.granted_at) - self._hold_s)
         return self._expire(now) + self._dispatch(now)
 
     def move(self, grant: Grant, replica: str, now: float) -> tuple[Grant | None, Events]:
@@ -354,19 +348,15 @@ class AdmissionLimiter:
         replica's limit (it is running already; later requests wait behind it), and the
         first replica's slot frees. None (nothing changed) when the grant was released
         already or ``replica`` is not one of the region's."""
+        held = self._granted.get(grant.ticket)  # as held: it may have moved before
         target = self._replicas.get(replica)
-        if grant.ticket not in self._granted or target is None or target.gone:
+        if held is None or target is None or target.gone:
             return None, NOTHING
-        old = self._replicas.get(grant.replica)
-        if old is not None:
-            old.inflight -= 1
-            old.by_priority[grant.priority] -= 1
-            if old.gone and old.inflight == 0:
-                del self._replicas[grant.replica]
+        self._unhold(held)
         target.inflight += 1
-        target.by_priority[grant.priority] += 1
-        moved = replace(grant, replica=replica, epoch=target.epoch)
-        self._granted[grant.ticket] = moved
+        target.by_priority[held.priority] += 1
+        moved = replace(held, replica=replica, epoch=target.epoch)
+        self._granted[held.ticket] = moved
         return moved, self._expire(now) + self._dispatch(now)
 
     def expire(self, now: float) -> Events:
@@ -394,6 +384,16 @@ class AdmissionLimiter:
         grant = Grant(ticket, name, priority, now, r.epoch, queued)
         self._granted[ticket] = grant
         return grant
+
+    def _unhold(self, grant: Grant) -> None:
+        """``grant``'s replica holds it no longer; a replica that left is forgotten
+        once empty."""
+        r = self._replicas.get(grant.replica)
+        if r is not None:
+            r.inflight -= 1
+            r.by_priority[grant.priority] -= 1
+            if r.gone and r.inflight == 0:
+                del self._replicas[grant.replica]
 
     def _enqueue(
         self, ticket: int, priority: Priority, now: float, avoid: frozenset[str]
