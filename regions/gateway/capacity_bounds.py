@@ -85,7 +85,6 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
             what="capacity",
         )
         self._topology, self._gates, self._at, self._wall = topology, gates, at, wall
-        self._store, self._keys = store, keys
         self.recheck_s = recheck_s
         self._said: dict[str, InflightBound | str] = {}
         self.engines: dict[str, str] = {}  # region -> the engine it runs, as last read
