@@ -2,7 +2,10 @@
 
 Each tick reads a full snapshot, decides purely, and acts. A watch on intents only
 wakes the loop early; correctness never depends on seeing an event. Only the leader
-acts; followers tick too, so that their health reflects a working loop.
+acts; followers tick too, so that their health reflects a working loop. Every tick
+also reads the store's alarms, and a leader's tick notes a permanent store error, so
+that status never shows the stored states as current while etcd refuses writes
+(``core/store_writes.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Protocol
 
 from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide
+from controlplane.core.store_writes import StoreWrites
 from controlplane.election import NotLeader
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.cluster_spec import ClusterSpec
@@ -25,7 +29,14 @@ from controlplane.kernel.ladder import Ladder
 from controlplane.kernel.model import HealthReport
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
-from controlplane.kernel.store.port import Compare, Store, StoreError, StoreUnavailable, WatchEvent
+from controlplane.kernel.store.port import (
+    Compare,
+    Store,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    WatchEvent,
+)
 from controlplane.orchestrator import Orchestrator
 from controlplane.probe import AgentProber
 
@@ -80,6 +91,7 @@ class ReconcileLoop:
         self.last_progress = time.monotonic()
         self.last_result: TickResult | None = None
         self.ticks = 0
+        self.writes = StoreWrites()  # whether etcd takes writes, for status and metrics
         self._was_leader = False
 
     def stalled(self) -> bool:
@@ -93,8 +105,9 @@ class ReconcileLoop:
             log.warning("no longer leader: stopping all actions")
             await self.orchestrator.stop_failovers()
         self._was_leader = leader
+        # Also proves the store is reachable; cheap (no key is read).
+        self._alarms_read(await self.store.alarms())
         if not leader:
-            await self.store.get(self.keys.leader())  # proves the store is reachable
             return None
         if self.prober is not None:
             await self.prober.probe_once()
@@ -158,6 +171,7 @@ class ReconcileLoop:
                 result = await self.tick()
             self.last_progress = time.monotonic()
             self.ticks += 1
+            self._writes_completed()
             self._observe(result)
         except StoreUnavailable as e:
             # Acting blind is worse than not acting: wait for the store.
@@ -167,10 +181,43 @@ class ReconcileLoop:
             return True
         except NotLeader:
             log.info("leadership lost mid-tick; not acting")
-        except (StoreError, ValueError):
+        except StoreFull as e:
+            self._writes_refused(e)
+        except (StoreError, ValueError) as e:
+            if isinstance(e, StoreError):
+                self._writes_refused(e)
             # A bug or a corrupt value must not kill the loop; the next tick retries.
             log.exception("tick failed")
         return False
+
+    def _alarms_read(self, alarms: list[str]) -> None:
+        was = self.writes.writable
+        self.writes.alarms_read(alarms, self.clock.now())
+        if was and not self.writes.writable:
+            log.error(
+                "etcd raised %s: the store refuses writes; status shows every region's "
+                "state UNKNOWN until it takes them again (runbooks/etcd-space.md)",
+                ", ".join(alarms),
+            )
+        elif not was and self.writes.writable:
+            log.warning("the store takes writes again; states are current again")
+
+    def _writes_refused(self, e: StoreError) -> None:
+        was = self.writes.writable
+        self.writes.tick_failed(str(e), self.clock.now())
+        if was:
+            log.error(
+                "the store refused this tick's writes (%s): nothing can be failed over or "
+                "recorded; status shows every region's state UNKNOWN until a tick "
+                "completes (runbooks/etcd-space.md)",
+                e,
+            )
+
+    def _writes_completed(self) -> None:
+        was = self.writes.writable
+        self.writes.tick_completed(self.clock.now())
+        if not was and self.writes.writable:
+            log.warning("a tick completed and etcd has no alarm: states are current again")
 
     def _observe_duration(self, seconds: float) -> None:
         if self.observer is None:

@@ -50,6 +50,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 FAILOVER_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
 # A leader's tick: milliseconds on a healthy store, up to its period (1 s by default)
 # when slow, cut at period + 2 x retry timeout (5 s by default).
+UNKNOWN_STATE = "UNKNOWN"  # the state label while the store refuses writes
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -103,6 +104,23 @@ class ControlPlaneMetrics:
             registry=r,
         )
         self.leader = Gauge("tectonic_leader", "1 while this replica leads", registry=r)
+        self.store_writable = Gauge(
+            "tectonic_store_writable",
+            "0 while etcd refuses writes (its NOSPACE alarm, or a permanent refusal of the "
+            "leader's writes): region states then show UNKNOWN; 1 otherwise",
+            registry=r,
+        )
+        self.store_writable.set(1)
+        self.compacted_revision = Gauge(
+            "tectonic_store_compacted_revision",
+            "The etcd revision this replica last compacted the history to (0: none yet)",
+            registry=r,
+        )
+        self.compactions = Counter(
+            "tectonic_store_compactions",
+            "Compactions of etcd's history this replica ran",
+            registry=r,
+        )
         self.loop_ticks = Counter(
             "tectonic_loop_ticks", "Reconcile ticks that completed", registry=r
         )
@@ -182,9 +200,17 @@ class ControlPlaneMetrics:
                 for source in sources:
                     self.transitions.labels(region, source.value, dest.value, trigger)
 
-    def scrape(self, *, leader: bool) -> bytes:
-        """The exposition, with leadership as of now (ticks stop when the store does)."""
+    def scrape(self, *, leader: bool, writable: bool = True) -> bytes:
+        """The exposition, with leadership and the store's writability as of now (ticks
+        stop when the store does): while it refuses writes, every region's state is
+        UNKNOWN, not the last one recorded."""
         self.leader.set(1 if leader else 0)
+        self.store_writable.set(1 if writable else 0)
+        if not writable:
+            for region in self._epochs:
+                for s in RegionState:
+                    self.region_state.labels(region, s.value).set(0)
+                self.region_state.labels(region, UNKNOWN_STATE).set(1)
         return generate_latest(self.registry)
 
     # ---- from the reconcile loop ------------------------------------------------------
@@ -202,6 +228,10 @@ class ControlPlaneMetrics:
         elif not leader:
             self._drop_region_gauges()
             self.automation_paused.set(0)
+
+    def compacted(self, revision: int) -> None:
+        self.compacted_revision.set(revision)
+        self.compactions.inc()
 
     def tick_timed(self, seconds: float) -> None:
         self.tick_duration.observe(seconds)
@@ -276,6 +306,7 @@ class ControlPlaneMetrics:
         self._epochs[region] = epoch
         for s in RegionState:
             self.region_state.labels(region, s.value).set(1 if s is state else 0)
+        self.region_state.labels(region, UNKNOWN_STATE).set(0)
 
     def _set_health(self, region: str, verdict: Health) -> None:
         for v in Health:

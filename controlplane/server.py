@@ -27,6 +27,7 @@ from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
+from controlplane.compactor import Compactor
 from controlplane.election import LeaderElection
 from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.clock import Clock, SystemClock
@@ -140,9 +141,22 @@ class ControlPlaneReplica:
             ladder=self.ladder,
             spec=cluster_spec(t, self.ladder),
         )
+        self.compactor = Compactor(
+            self.store,
+            self.keys,
+            t.etcd,
+            lambda: self.election.is_leader,
+            on_compacted=self.metrics.compacted,
+        )
         self.health = health.aio.HealthServicer()
         self.reads = Reads(
-            self.store, self.keys, t, self.clock, self.replica_id, lambda: self.election.is_leader
+            self.store,
+            self.keys,
+            t,
+            self.clock,
+            self.replica_id,
+            lambda: self.election.is_leader,
+            store_writes=lambda: self.loop.writes.view(),
         )
 
     def not_ready(self) -> str | None:
@@ -245,6 +259,7 @@ class ControlPlaneReplica:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.election.run(), name="election")
                 tg.create_task(self.loop.run(), name="reconcile-loop")
+                tg.create_task(self.compactor.run(), name="compactor")
                 tg.create_task(self._health_supervisor(), name="health")
                 if http is not None:
                     tg.create_task(http.supervise(self.stopping), name="http")
@@ -270,7 +285,9 @@ class ControlPlaneReplica:
             create_http_app(
                 self.reads,
                 not_ready=self.not_ready,
-                metrics=lambda: self.metrics.scrape(leader=self.election.is_leader),
+                metrics=lambda: self.metrics.scrape(
+                    leader=self.election.is_leader, writable=self.loop.writes.writable
+                ),
                 stopping=self.stopping,
             ),
             listen,

@@ -402,6 +402,35 @@ async def test_watch_sees_puts_and_deletes_in_order_and_resumes(h: Harness) -> N
     await resumed.aclose()  # type: ignore[attr-defined]
 
 
+async def test_compaction_keeps_values_and_fails_watches_from_before_it(h: Harness) -> None:
+    """After ``compact(r)`` every key keeps its latest value, a watch from r or later
+    works, one from before r fails with StoreError (its owner relists), compacting
+    again at or below r changes nothing and a future revision is refused."""
+    a, b = h.k("c/a"), h.k("c/b")
+    r1 = await h.store.put(a, b"1")
+    r2 = await h.store.put(a, b"2")
+    r3 = await h.store.put(b, b"3")
+    await h.store.compact(r2)
+    page = await h.store.get_prefix(h.k("c/"))
+    assert [(kv.key, kv.value) for kv in page.kvs] == [(a, b"2"), (b, b"3")]
+    old = h.store.watch_prefix(h.k("c/"), start_revision=r1)
+    with pytest.raises(StoreError) as err:
+        await next_events(old, 1)
+    assert not isinstance(err.value, StoreUnavailable)  # permanent: relist, not retry
+    kept = h.store.watch_prefix(h.k("c/"), start_revision=r2)
+    got = await next_events(kept, 2)
+    assert [(e.kv.key, e.kv.mod_revision) for e in got] == [(a, r2), (b, r3)]
+    await kept.aclose()  # type: ignore[attr-defined]
+    await h.store.compact(r1)  # already compacted past it: a no-op
+    await h.store.compact(r2)
+    with pytest.raises(StoreError):
+        await h.store.compact(r3 + 1_000_000)
+
+
+async def test_no_alarm_on_a_healthy_store(h: Harness) -> None:
+    assert await h.store.alarms() == []
+
+
 async def test_watch_ends_when_store_closes(h: Harness) -> None:
     rev = await h.store.put(h.k("x"), b"1")
     events = h.store.watch_prefix(h.prefix, start_revision=rev)

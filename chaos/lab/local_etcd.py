@@ -59,6 +59,7 @@ class _Member:
     peer_port: int
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    extra_flags: tuple[str, ...] = ()  # e.g. a small --quota-backend-bytes
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +87,7 @@ class _Member:
             f"--initial-cluster-token={token}",
             f"--initial-cluster-state={state}",
             *FAST_FLAGS,
+            *self.extra_flags,
         ]
         if shutil.which("setpriv"):
             # If the test process dies hard (SIGKILL, OOM), take etcd down with it.
@@ -123,14 +125,18 @@ class EtcdCluster:
     """``n`` etcd members on loopback. ``start()`` waits until every member is healthy;
     ``stop()`` kills them all and removes the data dirs (also on ``__exit__``)."""
 
-    def __init__(self, n: int = 3, *, start_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self, n: int = 3, *, start_timeout_s: float = 20.0, extra_flags: tuple[str, ...] = ()
+    ) -> None:
+        """``extra_flags`` go to every member after the fast test flags."""
         if n < 1:
             raise ValueError("a cluster needs at least one member")
         self._tmp = Path(tempfile.mkdtemp(prefix="tectonic-etcd-"))
         self._token = self._tmp.name
         self._timeout = start_timeout_s
         self.members = [
-            _Member(f"m{i}", free_port(), free_port(), self._tmp / f"m{i}") for i in range(n)
+            _Member(f"m{i}", free_port(), free_port(), self._tmp / f"m{i}", None, extra_flags)
+            for i in range(n)
         ]
         self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         self._started = False
@@ -223,8 +229,8 @@ class EtcdCluster:
 class EtcdServer(EtcdCluster):
     """A single etcd member."""
 
-    def __init__(self, *, start_timeout_s: float = 20.0) -> None:
-        super().__init__(1, start_timeout_s=start_timeout_s)
+    def __init__(self, *, start_timeout_s: float = 20.0, extra_flags: tuple[str, ...] = ()) -> None:
+        super().__init__(1, start_timeout_s=start_timeout_s, extra_flags=extra_flags)
 
     @property
     def endpoint(self) -> str:

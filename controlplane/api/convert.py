@@ -8,6 +8,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.api.reads import CapacityView, RegionCapacity
 from controlplane.core.intents import IntentOutcome, IntentStatus
+from controlplane.core.store_writes import StoreWritesView
 from controlplane.kernel.codec import encode
 from controlplane.kernel.health_report import health_to_pb
 from controlplane.kernel.model import (
@@ -78,12 +79,21 @@ def capacity_record_to_pb(c: RegionCapacity) -> pb.RegionCapacityRecord:
     )
 
 
-def region_status(view: RegionView, zone: str, capacity: CapacityView) -> pb.RegionStatus:
+def store_writes_to_pb(v: StoreWritesView) -> pb.StoreWrites:
+    return pb.StoreWrites(writable=v.writable, reason=v.reason, since=v.since, alarms=v.alarms)
+
+
+def region_status(
+    view: RegionView, zone: str, capacity: CapacityView, *, writable: bool = True
+) -> pb.RegionStatus:
+    """``writable``: False while the store refuses writes; the state is then UNKNOWN."""
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
+    stored = state_to_pb(rec.state)
     return pb.RegionStatus(
         name=view.name,
         zone=zone,
-        state=state_to_pb(rec.state),  # type: ignore[arg-type]
+        state=stored if writable else pb.REGION_STATE_UNKNOWN,  # type: ignore[arg-type]
+        stored_state=stored,  # type: ignore[arg-type]
         health=health_to_pb(view.health.verdict),
         epoch=rec.epoch,
         reason=rec.reason,

@@ -31,6 +31,7 @@ from controlplane.api.convert import (
     kind_from_pb,
     plan_to_pb,
     region_status,
+    store_writes_to_pb,
 )
 from controlplane.api.grpc_drills import DrillMethods
 from controlplane.api.reads import BadRead, Reads, capacity_view
@@ -116,10 +117,14 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
         snap, t = await self.reads.snapshot(), self.topology
+        store = self.reads.store_writes()
         return pb.StatusResponse(
             regions=[
                 region_status(
-                    snap.regions[r.name], r.zone, capacity_view(snap.regions[r.name], t, snap.now)
+                    snap.regions[r.name],
+                    r.zone,
+                    capacity_view(snap.regions[r.name], t, snap.now),
+                    writable=store.writable,
                 )
                 for r in t.regions
             ],
@@ -129,6 +134,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
             responder=self.replica_id,
             responder_is_leader=self.reads.is_leader(),
             generated_at=snap.now,
+            store=store_writes_to_pb(store),
         )
 
     @store_errors

@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
+from controlplane.core.store_writes import StoreWritesView
 from controlplane.kernel.capacity import utilization
 from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, HitProbe
 from controlplane.kernel.clock import Clock
@@ -37,7 +39,13 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
-from controlplane.kernel.store.port import EventType, KeyValue, Store
+from controlplane.kernel.store.port import (
+    EventType,
+    KeyValue,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 
 DEFAULT_HISTORY = 50
 MAX_HISTORY = 1000
@@ -158,10 +166,18 @@ class RegionCapacity:
     record: CapacityRecord | None
 
 
+UNKNOWN = "UNKNOWN"  # a region's state while the store refuses writes (never stored)
+WRITABLE = StoreWritesView(writable=True)
+
+
 class RegionStatusView(BaseModel):
     name: str
     zone: str
-    state: RegionState
+    state: RegionState | Literal["UNKNOWN"] = Field(
+        description="UNKNOWN while the store refuses writes (see store): nothing can be "
+        "failed over or recorded then, so the stored state may no longer be true"
+    )
+    stored_state: RegionState = Field(description="the state etcd holds")
     health: Health = Field(description="folded verdict (quorum + hysteresis)")
     epoch: int
     reason: str
@@ -188,6 +204,7 @@ class StatusView(BaseModel):
     responder_is_leader: bool
     generated_at: float
     revision: int = Field(description="etcd revision the snapshot was read at")
+    store: StoreWritesView = Field(description="whether the store takes writes now")
 
 
 class EventView(BaseModel):
@@ -225,12 +242,15 @@ class HistoryView(BaseModel):
     events: list[EventView] = Field(description="oldest first")
 
 
-def region_view(view: RegionView, zone: str, capacity: CapacityView) -> RegionStatusView:
+def region_view(
+    view: RegionView, zone: str, capacity: CapacityView, *, writable: bool = True
+) -> RegionStatusView:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return RegionStatusView(
         name=view.name,
         zone=zone,
-        state=rec.state,
+        state=rec.state if writable else UNKNOWN,
+        stored_state=rec.state,
         health=view.health.verdict,
         epoch=rec.epoch,
         reason=rec.reason,
@@ -272,9 +292,12 @@ class Reads:
         clock: Clock,
         replica_id: str,
         is_leader: Callable[[], bool],
+        store_writes: Callable[[], StoreWritesView] = lambda: WRITABLE,
     ) -> None:
+        """``store_writes``: what this replica knows of the store's write refusals."""
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.replica_id, self.is_leader = replica_id, is_leader
+        self.store_writes = store_writes
 
     # validation: the same messages over every transport
     def known_region(self, region: str) -> str:
@@ -296,11 +319,15 @@ class Reads:
 
     async def status(self) -> StatusView:
         snap, t = await self.snapshot(), self.topology
+        store = self.store_writes()
         return StatusView(
             cluster=self.topology.cluster,
             regions=[
                 region_view(
-                    snap.regions[r.name], r.zone, capacity_view(snap.regions[r.name], t, snap.now)
+                    snap.regions[r.name],
+                    r.zone,
+                    capacity_view(snap.regions[r.name], t, snap.now),
+                    writable=store.writable,
                 )
                 for r in t.regions
             ],
@@ -311,6 +338,7 @@ class Reads:
             responder_is_leader=self.is_leader(),
             generated_at=snap.now,
             revision=snap.revision,
+            store=store,
         )
 
     # capacity
@@ -365,11 +393,31 @@ class Reads:
             backlog = records[-replay:] if replay else []
         for rec in backlog:
             yield rec
-        async for ev in self.store.watch_prefix(
-            self.keys.audit_prefix(), start_revision=revision + 1
-        ):
-            if ev.type is EventType.PUT and (new := _parse(ev.kv)) and _matches(new, region):
-                yield new
+        last = revision  # every entry up to the read was sent or not asked for
+        while True:
+            try:
+                async for ev in self.store.watch_prefix(
+                    self.keys.audit_prefix(), start_revision=revision + 1
+                ):
+                    if (
+                        ev.type is EventType.PUT
+                        and (new := _parse(ev.kv))
+                        and _matches(new, region)
+                    ):
+                        last = new.revision
+                        yield new
+                return
+            except StoreUnavailable:
+                raise
+            except StoreError:
+                # The history from ``revision`` was compacted away (the stream fell more
+                # than etcd.compact_retention_s behind): relist, and go on after the last
+                # entry sent; audit keys are never rewritten, so nothing is sent twice.
+                records, revision = await self._audit(region)
+                for rec in records:
+                    if rec.revision > last:
+                        yield rec
+                last = max(last, revision)
 
     async def _audit(self, region: str) -> tuple[list[AuditRecord], int]:
         page = await self.store.get_prefix(self.keys.audit_prefix())

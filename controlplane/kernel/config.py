@@ -233,6 +233,11 @@ class EtcdConfig(Frozen):
     # the topology file, often in git, holds no secret.
     user: str | None = None
     password_file: str | None = None
+    # The leader compacts etcd's history to the revision it had this long ago, every
+    # compact_interval_s (docs/etcd.md); 0: never (then etcd's own
+    # --auto-compaction-* must, or the store fills and refuses every write).
+    compact_retention_s: Annotated[float, Field(ge=0)] = 300.0
+    compact_interval_s: Annotated[float, Field(gt=0)] = 60.0
 
     @model_validator(mode="after")
     def _endpoints(self) -> Self:

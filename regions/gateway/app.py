@@ -255,7 +255,10 @@ class GatewayApp:
         region of its zone, the session moved there with it (once, as a spill)."""
         other = spill_region(self.routing.routings, self.config.zones, failed, session or str(key))
         if other is not None and session:
-            other = await self.resolver.move(session, failed, other)
+            try:
+                other = await self.resolver.move(session, failed, other)
+            except NoRegionServing:
+                return None  # the move cannot be recorded: the stream ends here
         return other
 
     async def _spill(
@@ -278,7 +281,10 @@ class GatewayApp:
         if other is None:
             return self._unavailable(region, "no_replica", str(failed))
         if session:
-            other = await self.resolver.move(session, region, other)
+            try:
+                other = await self.resolver.move(session, region, other)
+            except NoRegionServing as e:
+                return self._unavailable(region, "no_replica", f"{failed}; {e}")
         self.metrics.spill(region, other)
         try:
             return await (forwarder or self.forwarder).forward(

@@ -16,6 +16,13 @@ session; a background loop probes it and, once it answers and the routing watch 
 back, writes each pending pin (create-if-absent / re-pin) and adopts etcd's answer,
 counting a session move where that answer differs.
 
+When etcd answers but refuses the write (its NOSPACE alarm at the quota, or any other
+permanent refusal) a pinned session is served where it is pinned, and one that would
+have to move is not served elsewhere (503 + Retry-After, NoRegionServing): a move
+that cannot be recorded would let another gateway answer it in its old region. New
+sessions are served by the same deterministic choice as while etcd is down.
+``writes_refused`` says so until a write succeeds, so that spills of sessions stop too.
+
 A session another gateway moved (a spill: its region answered nothing there) would
 otherwise keep its old pin here until ``revalidate_s``, and be served in the old
 region again as soon as that answers: ``sessions_moved_off(region)`` (fed by
@@ -44,6 +51,7 @@ from controlplane.kernel.codec import CorruptValue
 from controlplane.kernel.model import Routing
 from controlplane.kernel.session_store import SessionContention
 from controlplane.kernel.sessions import (
+    NoRegionServing,
     PinAction,
     Resolution,
     SessionPin,
@@ -131,6 +139,7 @@ class SessionResolver:
         self._noticed: dict[str, int] = {}
         self._on_moved = on_moved  # this gateway moved a session off a region
         self.store_up = True
+        self.writes_refused = ""  # why the store refused the last write ("": it did not)
         self._woken = asyncio.Event()
         metrics.store_up.set(1)
 
@@ -194,11 +203,18 @@ class SessionResolver:
                     pin = await self._sessions.move(session_id, failed, to, home=home)
             except (StoreUnavailable, TimeoutError) as e:
                 self._store_lost(e)
-            except (StoreError, CorruptValue, SessionContention) as e:
+            except (CorruptValue, SessionContention) as e:
                 log.warning("session %s: could not move it off %s (%s)", session_id, failed, e)
                 return to
+            except StoreError as e:
+                self._refused(e)
+                raise NoRegionServing(
+                    f"session {session_id} cannot move off {failed}: the store refuses "
+                    f"writes ({e}), and an unrecorded move could be answered by two regions"
+                ) from e
             else:
                 self._store_back()
+                self.writes_refused = ""
                 if entry is None or entry.pin.region != pin.region:
                     self._metrics.session_moves.inc()
                 if pin.region != failed and self._on_moved is not None:
@@ -263,10 +279,14 @@ class SessionResolver:
         except (StoreUnavailable, TimeoutError) as e:
             self._store_lost(e)
             return self._static(session_id, entry, routings, warm)
-        except (StoreError, CorruptValue) as e:
+        except CorruptValue as e:
             log.error("session %s: store refused (%s); resolving from the cache", session_id, e)
             return self._static(session_id, entry, routings, warm, pending=False)
+        except StoreError as e:
+            self._refused(e)
+            return self._static(session_id, entry, routings, warm, pending=False, move=False)
         self._store_back()
+        self.writes_refused = ""
         if res.action is PinAction.REPIN:
             self._metrics.session_moves.inc()
             log.info(
@@ -286,8 +306,10 @@ class SessionResolver:
         warm: WarmCheck | None = None,
         *,
         pending: bool = True,
+        move: bool = True,
     ) -> str:
-        """Fail-static resolution from what this gateway knows; raises NoRegionServing."""
+        """Fail-static resolution from what this gateway knows; raises NoRegionServing,
+        also (``move`` False) for a session that would have to move."""
         self._metrics.fail_static.inc()
         if entry is not None and self_routed(routings, entry.pin.region):
             self._pins.move_to_end(session_id)
@@ -295,6 +317,12 @@ class SessionResolver:
         home = entry.pin.home if entry is not None else self.home
         now = self._clock.now()
         res = resolve(entry.pin if entry else None, session_id, home, routings, now, warm)
+        if res.action is PinAction.REPIN and not move:
+            old = entry.pin.region if entry is not None else "?"
+            raise NoRegionServing(
+                f"session {session_id} would move off {old} to {res.region}, but the store "
+                f"refuses writes ({self.writes_refused}): not served unrecorded"
+            )
         if res.action is PinAction.REPIN:
             self._metrics.session_moves.inc()
         self._remember(session_id, _Entry(res.pin, self._monotonic(), pending=pending))
@@ -354,6 +382,15 @@ class SessionResolver:
             self._pins.popitem(last=False)
 
     # ---- etcd availability and reconciliation ---------------------------------------
+
+    def _refused(self, e: StoreError) -> None:
+        if not self.writes_refused:
+            log.error(
+                "etcd refuses writes (%s): pinned sessions stay where they are, none is "
+                "moved until it takes writes again (runbooks/etcd-space.md)",
+                e,
+            )
+        self.writes_refused = str(e) or type(e).__name__
 
     def _store_lost(self, e: BaseException) -> None:
         if self.store_up:

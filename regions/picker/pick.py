@@ -20,6 +20,7 @@ is a health vote for the region that gave it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -244,7 +245,14 @@ class Picker:
                 balancer.acquire(chosen[0])
                 held = (balancer, chosen[0])
         spilled_to = ""
-        if cfg.spill and not via and region == home:
+        # A session's spill would be a move the store cannot record while it refuses
+        # writes: then Envoy gets no other region to try for it.
+        if (
+            cfg.spill
+            and not via
+            and region == home
+            and not (session and self.resolver.writes_refused)
+        ):
             other = spill_region(self.routing.routings, cfg.zones, region, session or str(key))
             other_entry = cfg.entries.get(other or "")
             if other is not None and other_entry and _allowed(other_entry, subset):
@@ -319,7 +327,10 @@ class Picker:
         if index > 0 and pick.spilled_to and region == pick.spilled_to and status < 500:
             self.metrics.spill(pick.region, region)
             if pick.session:
-                await self.resolver.move(pick.session, pick.region, region)
+                # Served there already (Envoy chose it); a refused write is logged by the
+                # resolver, and spills of sessions stop until the store takes writes.
+                with contextlib.suppress(NoRegionServing):
+                    await self.resolver.move(pick.session, pick.region, region)
         return region
 
     def _skipped(self, pick: Pick, endpoint: str, now: float) -> None:

@@ -17,7 +17,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
 from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import pick_region
+from controlplane.kernel.sessions import NoRegionServing, pick_region
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import KeyValue
 from regions.gateway.metrics import GatewayMetrics
@@ -341,3 +341,30 @@ async def test_moving_a_session_off_a_region_is_announced(world: World) -> None:
     assert await r.region_for("t") == HOME
     assert await r.move("t", HOME, "us-west") == "us-west"
     assert announced == [HOME]
+
+
+async def test_while_the_store_refuses_writes_no_session_is_moved(world: World) -> None:
+    """etcd's NOSPACE: a pinned session is served where it is pinned, one that would
+    have to move is refused (503) rather than served by a region its pin does not name,
+    a spill's move is refused too, and once writes are taken again the move goes on."""
+    r = world.resolver(revalidate_s=0.0)  # every request asks the store
+    assert await r.region_for("s") == HOME
+    assert await r.region_for("t") == HOME
+    world.store.set_full(True)
+    assert await r.region_for("s") == HOME  # pinned there, home serves: kept
+    with pytest.raises(NoRegionServing):
+        await r.move("t", HOME, "us-west")  # a spill it could not record
+    assert r.writes_refused  # the picker offers no spill for sessions meanwhile
+    world.store.set_full(False)
+    await world.set_routing(EAST_DOWN)  # the routing switched just before etcd filled
+    world.store.set_full(True)
+    with pytest.raises(NoRegionServing):
+        await r.region_for("s")
+    stored = await world.sessions.get("s")
+    assert stored is not None and stored[0].region == HOME  # nothing moved unrecorded
+    assert world.moves == 0
+    world.store.set_full(False)
+    assert await r.region_for("s") == "us-west"
+    assert not r.writes_refused
+    stored = await world.sessions.get("s")
+    assert stored is not None and stored[0].region == "us-west"

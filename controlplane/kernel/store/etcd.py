@@ -15,8 +15,9 @@ except with TLS or an etcd user (``etcd.ca`` / ``etcd.user``): see ``etcd_secure
   never took effect (no connection, no leader); otherwise the outcome is unknown and
   StoreUnavailable says so: re-read, then decide again.
 * gRPC errors are translated here: UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED /
-  UNKNOWN → StoreUnavailable; lease not found → LeaseNotFound; the rest (invalid
-  argument, too many ops, compacted, no space, ...) → StoreError.
+  UNKNOWN → StoreUnavailable; lease not found → LeaseNotFound; no space (the NOSPACE
+  alarm) → StoreFull; the rest (invalid argument, too many ops, compacted, ...) →
+  StoreError.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from controlplane.kernel.store.port import (
     Page,
     Put,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     TxnResult,
     WatchEvent,
@@ -138,6 +140,8 @@ def translate(e: BaseException, what: str) -> StoreError:
             return LeaseNotFound(msg)
         if "compacted" in details:
             return _Compacted(msg)
+        if "database space exceeded" in details:
+            return StoreFull(msg)
         if any(marker in details for marker in _NOT_APPLIED_MARKERS):
             return _NotApplied(msg)
         if code in (
@@ -393,6 +397,23 @@ class EtcdStore:
             await self._call(
                 "revoke_lease", lambda: self._lease().LeaseRevoke(req, timeout=self._timeout)
             )
+
+    async def compact(self, revision: int) -> None:
+        """Compact the history before ``revision`` (logical: etcd frees the pages for
+        reuse; the file shrinks only by defragmentation, runbooks/etcd-space.md)."""
+        req = rpc.CompactionRequest(revision=revision, physical=False)
+        try:
+            await self._call("compact", lambda: self._kv().Compact(req, timeout=self._timeout))
+        except _Compacted:
+            return  # compacted there or later already: what was asked holds
+
+    async def alarms(self) -> list[str]:
+        """Every member's raised alarms, by name (NOSPACE, CORRUPT)."""
+        req = rpc.AlarmRequest(action=rpc.AlarmRequest.GET, memberID=0, alarm=rpc.NONE)
+        resp = await self._call(
+            "alarms", lambda: self._stubs().maintenancestub.Alarm(req, timeout=self._timeout)
+        )
+        return sorted({rpc.AlarmType.Name(a.alarm) for a in resp.alarms if a.alarm})
 
     async def watch_prefix(
         self, prefix: str, *, start_revision: int = 0

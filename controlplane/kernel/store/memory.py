@@ -41,6 +41,7 @@ from controlplane.kernel.store.port import (
     Page,
     Put,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     TxnResult,
     WatchEvent,
@@ -127,6 +128,7 @@ class MemoryStore:
         self._next_lease_id = 0x7E570001
         self._watchers: set[_Watcher] = set()
         self._available = True
+        self._full = False  # etcd's NOSPACE alarm, simulated
         self._closed = False
 
     # ---- test controls -------------------------------------------------------------
@@ -164,11 +166,11 @@ class MemoryStore:
         lease = self._leases.get(lease_id)
         return lease.expires_at if lease is not None else None
 
-    def compact(self, revision: int) -> None:
-        """Forget history before ``revision``; older watch start revisions then fail."""
-        self._compacted = max(self._compacted, min(revision, self._revision))
-        cut = bisect.bisect_left(self._history_revs, self._compacted)
-        del self._history[:cut], self._history_revs[:cut]
+    def set_full(self, full: bool) -> None:
+        """True: raise the NOSPACE alarm, as etcd does at its quota: puts, transactions
+        that put and lease grants raise StoreFull; reads, deletes and compaction work.
+        False: the operator freed space and disarmed the alarm."""
+        self._full = full
 
     # ---- Store ---------------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class MemoryStore:
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Unconditional write; returns the new revision. Not compare-and-set."""
         self._check()
+        self._check_space()
         self._apply([Put(key, value, lease)])
         return self._revision
 
@@ -213,6 +216,8 @@ class MemoryStore:
             keys = [op.key for op in branch]
             if len(set(keys)) != len(keys):
                 raise StoreError("duplicate key given in txn request")
+        if any(isinstance(op, Put) for op in (*success, *failure)):
+            self._check_space()  # etcd refuses a transaction that may write
         ok = all(_compare_holds(c, self._kvs.get(c.key)) for c in compares)
         self._apply(success if ok else failure)
         return TxnResult(succeeded=ok, revision=self._revision)
@@ -231,6 +236,7 @@ class MemoryStore:
         if ttl < 1:
             raise StoreError(f"lease ttl must be at least 1 s, got {ttl}")
         self._check()
+        self._check_space()
         lease_id = self._next_lease_id
         self._next_lease_id += 1
         self._leases[lease_id] = _Lease(lease_id, ttl, self._clock() + ttl)
@@ -250,6 +256,21 @@ class MemoryStore:
         if lease is not None:
             self._drop_lease(lease)
 
+    async def compact(self, revision: int) -> None:
+        """Forget history before ``revision``; older watch start revisions then fail."""
+        self._check()
+        if revision > self._revision:
+            raise StoreError(
+                f"compact {revision}: required revision is a future revision ({self._revision})"
+            )
+        self._compacted = max(self._compacted, revision)
+        cut = bisect.bisect_left(self._history_revs, self._compacted)
+        del self._history[:cut], self._history_revs[:cut]
+
+    async def alarms(self) -> list[str]:
+        self._check()
+        return ["NOSPACE"] if self._full else []
+
     async def watch_prefix(
         self, prefix: str, *, start_revision: int = 0
     ) -> AsyncIterator[WatchEvent]:
@@ -257,7 +278,7 @@ class MemoryStore:
         iteration on). Raises StoreUnavailable when the store becomes unavailable, and
         StoreError when ``start_revision`` was compacted; ends when the store closes."""
         self._check()
-        if 0 < start_revision <= self._compacted:
+        if 0 < start_revision < self._compacted:  # etcd keeps the compacted revision
             raise StoreError(f"required revision {start_revision} has been compacted")
         watcher = _Watcher(prefix, start_revision or self._revision + 1)
         first = bisect.bisect_left(self._history_revs, watcher.min_revision)
@@ -290,6 +311,10 @@ class MemoryStore:
         if not self._available:
             raise StoreUnavailable("memory store: unavailable (simulated)")
         self.expire_leases()
+
+    def _check_space(self) -> None:
+        if self._full:
+            raise StoreFull("memory store: database space exceeded (simulated NOSPACE)")
 
     def _keys_with_prefix(self, prefix: str) -> list[str]:
         i = bisect.bisect_left(self._sorted, prefix)

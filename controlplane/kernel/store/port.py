@@ -12,7 +12,12 @@ stand-in for unit tests:
 * a key attached to a lease is deleted when the lease expires or is revoked.
 
 Errors: ``StoreUnavailable`` is temporary (retry within a deadline);
-``LeaseNotFound`` and ``StoreError`` are permanent for the call.
+``LeaseNotFound`` and ``StoreError`` are permanent for the call; ``StoreFull`` says the
+store refuses every write until an operator frees space (etcd's NOSPACE alarm).
+
+History: every write keeps the old value as a revision until ``compact`` drops those
+before a revision; a watch that would start at a compacted revision fails with
+StoreError, and its owner re-reads (relists) and watches again from the read's revision.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ class StoreUnavailable(StoreError):
 
 class LeaseNotFound(StoreError):
     """The lease expired or was revoked."""
+
+
+class StoreFull(StoreError):
+    """The store refuses writes: its database reached its quota (etcd raises the NOSPACE
+    alarm). Reads, deletes and compaction still work; writes fail until an operator
+    compacts, defragments and disarms the alarm (runbooks/etcd-space.md)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,17 @@ class Store(Protocol):
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease, deleting its keys. Unknown leases are ignored."""
+        ...
+
+    async def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (keys keep their latest values). A
+        revision already compacted is a no-op; one past the current revision is a
+        StoreError. Watches that would start before it then fail with StoreError."""
+        ...
+
+    async def alarms(self) -> list[str]:
+        """The store's raised alarms, by name (etcd's ``NOSPACE``, ``CORRUPT``), sorted
+        and without repeats; empty when none is raised."""
         ...
 
     def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:

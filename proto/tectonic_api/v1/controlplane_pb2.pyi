@@ -14,6 +14,7 @@ class RegionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEGRADED: _ClassVar[RegionState]
     FAILING_OVER: _ClassVar[RegionState]
     RECOVERED: _ClassVar[RegionState]
+    REGION_STATE_UNKNOWN: _ClassVar[RegionState]
 
 class Health(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ NORMAL: RegionState
 DEGRADED: RegionState
 FAILING_OVER: RegionState
 RECOVERED: RegionState
+REGION_STATE_UNKNOWN: RegionState
 HEALTH_UNSPECIFIED: Health
 HEALTHY: Health
 HEALTH_DEGRADED: Health
@@ -56,7 +58,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +96,7 @@ class RegionStatus(_message.Message):
     RECOVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
     DEGRADATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    STORED_STATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -110,7 +113,8 @@ class RegionStatus(_message.Message):
     recovery_steps: int
     degradation_steps: _containers.RepeatedScalarFieldContainer[str]
     capacity: RegionCapacity
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ...) -> None: ...
+    stored_state: RegionState
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ...) -> None: ...
 
 class RegionCapacity(_message.Message):
     __slots__ = ("source", "reason", "cbu", "allowed_rps", "load_rps", "hit_rate", "warn_cbu", "page_cbu", "active_replicas", "measured_at", "knee_rps", "ultimate_rps", "ultimate_bounded", "r_base_rps", "beta", "factor_of_safety", "t_recover_s", "engine_version")
@@ -157,7 +161,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at")
+    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at", "store")
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +169,7 @@ class StatusResponse(_message.Message):
     RESPONDER_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[RegionStatus]
     paused: bool
     pause_reason: str
@@ -172,7 +177,20 @@ class StatusResponse(_message.Message):
     responder: str
     responder_is_leader: bool
     generated_at: float
-    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ...) -> None: ...
+    store: StoreWrites
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ..., store: _Optional[_Union[StoreWrites, _Mapping]] = ...) -> None: ...
+
+class StoreWrites(_message.Message):
+    __slots__ = ("writable", "reason", "since", "alarms")
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ALARMS_FIELD_NUMBER: _ClassVar[int]
+    writable: bool
+    reason: str
+    since: float
+    alarms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, writable: _Optional[bool] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., alarms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HealthReport(_message.Message):
     __slots__ = ("region", "observer", "kind", "health", "signals", "detail", "engine_version")
