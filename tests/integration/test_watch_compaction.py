@@ -97,7 +97,7 @@ async def test_a_watched_prefix_relists(etcd_store: EtcdStore, keys: Keys) -> No
         await etcd_store.put(keys.routing("us-east"), encode(moved))
 
     store = CompactsFirst(etcd_store, keys.root, gap)
-    routing = RoutingCache(store, keys, retry_s=0.05, max_retry_s=0.1)  # type: ignore[arg-type]
+    routing = RoutingCache(store, keys, retry_s=0.05, max_retry_s=0.1)
     async with running(routing.run()):
         await eventually(lambda: routing.routings.get("us-east") == moved, "relisted")
     assert store.compacted == 1
@@ -114,7 +114,7 @@ async def test_the_gateways_spec_watch_relists(etcd_store: EtcdStore, keys: Keys
         await etcd_store.put(keys.spec(), encode(other))
 
     store = CompactsFirst(etcd_store, keys.root, gap)
-    watch = SpecWatch(store, keys, mine, ["prefixes"], retry_s=0.05, max_retry_s=0.1)  # type: ignore[arg-type]
+    watch = SpecWatch(store, keys, mine, ["prefixes"], retry_s=0.05, max_retry_s=0.1)
     with pytest.raises(SpecDisagreement):
         async with asyncio.timeout(LIVENESS_S):
             await watch.run()
@@ -137,7 +137,7 @@ async def test_the_audit_event_stream_relists_without_gap_or_repeat(
 
     store = CompactsFirst(etcd_store, keys.root, gap)
     t = topology()
-    reads = Reads(store, keys, t, FakeClock(), "cp", lambda: True)  # type: ignore[arg-type]
+    reads = Reads(store, keys, t, FakeClock(), "cp", lambda: True)
     stream = reads.events(replay=1)
     got: list[str] = []
     async with asyncio.timeout(LIVENESS_S):
@@ -160,7 +160,7 @@ async def test_the_leaders_watch_of_its_key_relists(etcd_store: EtcdStore, keys:
         await etcd_store.put(keys.leader(), b"someone-else")
 
     store = CompactsFirst(etcd_store, keys.leader(), gap)
-    election = LeaderElection(store, keys.leader(), "cp-a", 5)  # type: ignore[arg-type]
+    election = LeaderElection(store, keys.leader(), "cp-a", 5)
     async with running(election.run()):
         await eventually(lambda: store.compacted == 1, "the key's watch started compacted")
         await eventually(lambda: not election.is_leader, "leadership given up")
