@@ -18,6 +18,7 @@ STATE_STYLE = {
     "DEGRADED": "yellow",
     "FAILING_OVER": "bold red",
     "RECOVERED": "cyan",
+    "UNKNOWN": "bold magenta",  # the store refuses writes: the stored state may be stale
 }
 HEALTH_NAME = {
     pb.HEALTHY: "HEALTHY",
@@ -46,7 +47,7 @@ def print_json(console: Console, data: object) -> None:
 
 
 def state_name(v: int) -> str:
-    return str(pb.RegionState.Name(v))
+    return str(pb.RegionState.Name(v)).removeprefix("REGION_STATE_")
 
 
 def ago(ts: float) -> str:
@@ -87,12 +88,17 @@ def status_table(st: pb.StatusResponse) -> Table:
     title = f"leader {leader} · answered by {st.responder}"
     if st.paused:
         title += f" · [bold yellow]AUTOMATION PAUSED[/bold yellow] ({st.pause_reason})"
+    if st.HasField("store") and not st.store.writable:  # absent from older servers
+        title += f" · [bold red]ETCD REFUSES WRITES[/bold red] ({st.store.reason})"
     t = Table(title=title, title_justify="left")
     cols = ("region", "zone", "state", "health", "cbu", "since", "routing", "progress", "reason")
     for col in cols:
         t.add_column(col)
     for r in st.regions:
         state, health = state_name(r.state), HEALTH_NAME.get(r.health, "?")
+        shown = f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+        if r.state == pb.REGION_STATE_UNKNOWN:
+            shown += f" (stored: {state_name(r.stored_state)})"
         progress = r.failover_steps_done or (
             f"recovery {r.recovery_step}/{r.recovery_steps}" if r.recovery_steps else ""
         )
@@ -103,7 +109,7 @@ def status_table(st: pb.StatusResponse) -> Table:
         t.add_row(
             name,
             r.zone,
-            f"[{STATE_STYLE[state]}]{state}[/]",
+            shown,
             f"[{HEALTH_STYLE.get(health, 'white')}]{health}[/]",
             cbu_text(r.capacity) if r.HasField("capacity") else "-",
             ago(r.since),
