@@ -34,6 +34,15 @@ FAST_FLAGS = (
     "--heartbeat-interval=10",
     "--election-timeout=100",
     "--unsafe-no-fsync",
+    # etcd's own compaction as a backstop, as shipped configurations have it
+    # (docs/etcd.md): longer than Tectonic's 5 minutes, so the leader's compaction is
+    # what a lab exercises; it first runs 10 minutes in.
+    "--auto-compaction-mode=periodic",
+    "--auto-compaction-retention=10m",
+    # 512 MiB: far above what a lab writes in 10 minutes, far below the 2 GiB default,
+    # so a history that is never compacted shows up in a long lab, not on a shared disk.
+    # A member's extra_flags come later and win (etcd keeps a repeated flag's last).
+    "--quota-backend-bytes=536870912",
 )
 
 

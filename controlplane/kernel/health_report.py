@@ -6,9 +6,12 @@ them), sends each ``ReportHealth`` to the endpoint that took the last one and, w
 that one fails or refuses, tries the others in turn. When none takes a report it logs
 one warning, at most every ``warn_every_s`` seconds, on the caller's logger: an
 unreachable control plane is the normal state of a partition, not an error to shout
-about on every tick. The answer of the endpoint that took a report comes back to the
-caller: to an agent it brings its region's DEGRADED thresholds
-(:func:`thresholds_from_pb`).
+about on every tick. Before any report has been taken, for ``startup_grace_s`` after
+the client is made, it is no failure at all: agents and gateways usually start before
+the control plane, so that wait is one INFO line (each miss at DEBUG). Still failing
+after the grace, or failing once a report was taken, is the warning. The answer of the
+endpoint that took a report comes back to the caller: to an agent it brings its
+region's DEGRADED thresholds (:func:`thresholds_from_pb`).
 
 The map between :class:`~controlplane.kernel.model.Health` and the protobuf enum lives
 here too, so that the control plane's API and its reporters read the wire alike.
@@ -44,6 +47,9 @@ CHANNEL_OPTIONS: ChannelOptions = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+# How long a reporter that has never had a report taken waits for a control plane
+# before calling it a failure: a lab or a rollout starts its control planes within it.
+STARTUP_GRACE_S = 30.0
 
 
 def health_to_pb(h: Health) -> pb.Health:
@@ -90,6 +96,7 @@ class HealthReportClient:
         log: logging.Logger,
         timeout_s: float = 0.5,
         warn_every_s: float = 30.0,
+        startup_grace_s: float = STARTUP_GRACE_S,
         what: str = "report",
         now: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,6 +108,9 @@ class HealthReportClient:
         self._now = now
         self._warn_every_s = warn_every_s
         self._last_warn = -float("inf")
+        self._grace_until = now() + startup_grace_s
+        self._taken_once = False  # whether any endpoint ever took a report
+        self._said_waiting = False  # the one INFO line of the start-up wait
         self._channels = [
             aio_channel(ep, security, options=CHANNEL_OPTIONS) for ep in self.endpoints
         ]
@@ -132,6 +142,7 @@ class HealthReportClient:
             if not self._reachable or self.target not in (None, ep):
                 self._log.info("reporting to control plane %s", ep)
             self._next, self._reachable, self.target = idx, True, ep
+            self._taken_once = True
             return resp
         self._reachable = False
         self._warn(failures)
@@ -139,13 +150,21 @@ class HealthReportClient:
 
     def _warn(self, failures: Sequence[str]) -> None:
         now = self._now()
+        why = "; ".join(failures) or "no endpoints"
+        if not self._taken_once and now < self._grace_until:
+            # Starting before the control plane is the usual order, not a failure.
+            if not self._said_waiting:
+                self._said_waiting = True
+                self._log.info(
+                    "waiting for a control plane to take the %s (%s)",
+                    self._what,
+                    ", ".join(self.endpoints) or "no endpoints",
+                )
+            self._log.debug("still waiting for a control plane (%s)", why)
+            return
         if now - self._last_warn >= self._warn_every_s:
             self._last_warn = now
-            self._log.warning(
-                "no control plane took the %s (%s)",
-                self._what,
-                "; ".join(failures) or "no endpoints",
-            )
+            self._log.warning("no control plane took the %s (%s)", self._what, why)
 
     async def close(self) -> None:
         for ch in self._channels:

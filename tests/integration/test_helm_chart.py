@@ -353,6 +353,31 @@ def test_the_schema_knows_every_topology_field_and_no_other() -> None:
     assert region["additionalProperties"] is False
 
 
+def quantity_bytes(q: str) -> int:
+    """A Kubernetes binary quantity (``2Gi``, ``512Mi``, ``1073741824``) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for unit, factor in units.items():
+        if q.endswith(unit):
+            return int(q[: -len(unit)]) * factor
+    return int(q)
+
+
+def test_the_bundled_etcd_compacts_its_history_under_a_quota_below_its_volume() -> None:
+    """A history nobody compacts fills etcd, and a full etcd refuses every write: the
+    members compact by themselves (behind Tectonic's leader), and their quota leaves the
+    volume room for the WAL and snapshots, so NOSPACE comes before a full disk."""
+    rendered = _rendered("all-on")
+    etcd = rendered.one("StatefulSet", f"{RELEASE}-tectonic-etcd")
+    [container] = etcd["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "--auto-compaction-mode=periodic" in args
+    assert "--auto-compaction-retention=10m" in args
+    [quota] = [a.split("=", 1)[1] for a in args if a.startswith("--quota-backend-bytes=")]
+    [claim] = etcd["spec"]["volumeClaimTemplates"]
+    volume = quantity_bytes(claim["spec"]["resources"]["requests"]["storage"])
+    assert 0 < int(quota) <= volume // 2, (quota, volume)
+
+
 def write_config_map(cm: dict[str, Any], directory: Path) -> Path:
     """The ConfigMap's files, as its volume shows them to the pod."""
     directory.mkdir()
@@ -639,6 +664,7 @@ def test_every_container_runs_non_root_read_only_without_capabilities(rendered: 
         ),
         ({"topology": {"etcd": {"endpoints": ["x:1"]}, "regions": []}}, "/topology/etcd"),
         ({"etcd": {"mode": "embedded"}}, "/etcd/mode"),
+        ({"etcd": {"bundled": {"quotaBackendBytes": 1000}}}, "/etcd/bundled/quotaBackendBytes"),
         ({"inferencePool": {"failureMode": "FailSoft"}}, "/inferencePool/failureMode"),
         (
             {"regions": [{"name": "us-east", "pool": {"workload": "vllm"}}]},

@@ -139,7 +139,13 @@ async def test_no_taker_is_one_warning_per_period_naming_each_endpoint(
     dead = f"127.0.0.1:{free_port()}"
     async with control_plane(accept=False) as (_, _, refusing):
         client = HealthReportClient(
-            (dead, refusing), None, log=LOG, timeout_s=1.0, warn_every_s=30.0, now=clock.now
+            (dead, refusing),
+            None,
+            log=LOG,
+            timeout_s=1.0,
+            warn_every_s=30.0,
+            startup_grace_s=0.0,  # the throttle alone (the grace: the tests below)
+            now=clock.now,
         )
         try:
             assert not await client.send(report())
@@ -157,22 +163,67 @@ async def test_no_taker_is_one_warning_per_period_naming_each_endpoint(
     assert f"{dead}: UNAVAILABLE" in got[0] and f"{refusing}: report not accepted" in got[0]
 
 
-async def test_reports_come_through_again_after_an_outage(
+def levels(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOG.name]
+
+
+async def test_before_any_control_plane_is_up_the_reporter_waits_quietly_then_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Agents and gateways start before the control plane: the first misses are one
+    INFO line (and DEBUG each), not warnings; still missing after the grace is one."""
+    caplog.set_level(logging.DEBUG, logger=LOG.name)
+    clock = FakeClock()
+    async with control_plane(accept=False) as (_, _, refusing):
+        client = HealthReportClient(
+            (refusing,), None, log=LOG, timeout_s=1.0, startup_grace_s=30.0, now=clock.now
+        )
+        try:
+            for _ in range(4):  # 0, 9, 18, 27 s: within the grace
+                assert not await client.send(report())
+                clock.advance(9)
+            assert warnings(caplog) == []
+            info = [m for lvl, m in levels(caplog) if lvl == logging.INFO]
+            assert info == [f"waiting for a control plane to take the report ({refusing})"]
+            debug = [m for lvl, m in levels(caplog) if lvl == logging.DEBUG]
+            assert (
+                debug
+                == [f"still waiting for a control plane ({refusing}: report not accepted)"] * 4
+            )
+            assert not await client.send(report())  # 36 s: past it, and nothing took one
+        finally:
+            await client.close()
+    assert warnings(caplog) == [
+        f"no control plane took the report ({refusing}: report not accepted)"
+    ]
+
+
+async def test_once_a_report_was_taken_a_miss_warns_at_once_even_within_the_grace(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOG.name)
+    clock = FakeClock()
     async with control_plane(accept=False) as (cp, _, target):
-        client = HealthReportClient((target,), None, log=LOG, timeout_s=1.0, what="probe's")
+        client = HealthReportClient(
+            (target,), None, log=LOG, timeout_s=1.0, what="probe's", now=clock.now
+        )
         try:
+            assert not await client.send(report())  # the start: the control plane not ready
+            cp.accept = True
+            assert await client.send(report()) and client.target == target
+            cp.accept = False
+            clock.advance(1)  # well within the 30 s grace: an outage all the same
             assert not await client.send(report())
             cp.accept = True
             assert await client.send(report()) and client.target == target
         finally:
             await client.close()
-    assert warnings(caplog) == [
-        f"no control plane took the probe's ({target}: report not accepted)"
+    assert levels(caplog) == [
+        (logging.INFO, f"waiting for a control plane to take the probe's ({target})"),
+        (logging.INFO, f"reporting to control plane {target}"),
+        (logging.WARNING, f"no control plane took the probe's ({target}: report not accepted)"),
+        (logging.INFO, f"reporting to control plane {target}"),
     ]
-    assert f"reporting to control plane {target}" in caplog.text
 
 
 async def test_the_processes_token_goes_with_each_report(monkeypatch: pytest.MonkeyPatch) -> None:
