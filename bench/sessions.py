@@ -1,4 +1,4 @@
-"""``python -m bench sessions``: sticky sessions at scale, on a real etcd.
+"""``python -m bench sessions``: the failover switch with many sessions pinned, on a real etcd.
 
 Two identical single-member etcds are started (``chaos.lab.local_etcd.EtcdServer``:
 loopback, fast raft timings, ``--unsafe-no-fsync``; Go's GC at etcd's default unless
@@ -22,14 +22,11 @@ Then:
   garbage instead of 0.5 MiB. ``settle`` gives both etcds that one quiet commit, so
   that they differ in the number of sessions only; both figures are printed, with
   etcd's own allocation, CPU and GC cycles per switch (from its ``/metrics``).
-* **background re-pin** (``repin_keys_per_s``): ``SessionStore.repin_away`` over
-  ``--repin-sessions`` sessions all pinned to the failed region, on the large etcd
-  (under their own deployment prefix, bulk-loaded then settled): sessions moved per
-  second, scan included (goal ≥ 25,000 on one member), with the CPU per session of
-  this process and of etcd. Run ``--repin-runs`` times (default 3, each on fresh
-  sessions, the large etcd growing each time); the headline is the median, and
-  every run is printed (a 3-second phase is at the mercy of other load on the
-  machine).
+
+There is no re-pin phase any more: the leader's background re-pin after a switch, whose
+rate it measured, was removed (issue 27). A failover writes no session; each one is
+re-pinned by the gateway that serves its next request (one CAS on that request's path),
+and one that sends nothing during the failover is never written (bench/README.md).
 
 One JSON object per phase goes to stdout, then the headline object; progress goes
 to stderr. Both etcds are stopped on exit, also on Ctrl-C / SIGTERM.
@@ -45,7 +42,6 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 import time
 import urllib.request
@@ -67,7 +63,6 @@ from controlplane.kernel.model import (
     RegionState,
     Routing,
 )
-from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore
@@ -78,7 +73,6 @@ from controlplane.prewarm import NoPrefixData
 REGIONS = ("us-east", "us-west", "us-central")
 SOURCE = "us-east"
 CLUSTER = "bench-sessions"
-REPIN_CLUSTER = "bench-repin"
 ACTOR = "bench"
 SMALL = 1_000
 WARMUP_SWITCHES = 5
@@ -89,7 +83,6 @@ SETTLE_S = 0.3
 @dataclass(frozen=True)
 class Goals:
     switch_ratio: float = 1.2
-    repin_keys_per_s: float = 25_000.0
 
 
 GOALS = Goals()
@@ -103,8 +96,6 @@ class BenchError(RuntimeError):
 class Options:
     switches: int = 2000
     sessions_large: int = 1_000_000
-    repin_sessions: int = 100_000
-    repin_runs: int = 3
     concurrency: int = 16
     etcd_gogc: int | None = None  # GOGC for both etcds; None = etcd's default (100)
     quiet: bool = False
@@ -307,49 +298,6 @@ class Deployment:
             raise BenchError("the SWITCH transaction lost its compare (nothing else writes)")
         return elapsed * 1000
 
-    # ---- background re-pin -------------------------------------------------------------
-    async def repin(self, run: int) -> float:
-        n = self.opts.repin_sessions
-        keys = Keys(f"{REPIN_CLUSTER}-{run}")
-        self.out.progress(f"pinning {n:,} sessions to {SOURCE} for the re-pin ...")
-        await self.load(keys, n, (SOURCE,))
-        await settle(self.store)
-        sessions = SessionStore(self.store, keys, regions=REGIONS, clock=self.clock)
-        routings = {r: Routing(targets={r: 1.0}) for r in REGIONS}
-        routings[SOURCE] = Routing(targets={"us-west": 0.6, "us-central": 0.4}, epoch=1)
-        gc.collect()
-        before, cpu0 = EtcdCounters.read(self.endpoint), time.process_time()
-        report = await sessions.repin_away(SOURCE, routings)
-        cpu = time.process_time() - cpu0
-        etcd = EtcdCounters.read(self.endpoint) - before
-        if report.moved != n:
-            raise BenchError(f"re-pin moved {report.moved:,} of {n:,} sessions: {report}")
-        rate = report.moved / report.seconds
-        self.out.phase(
-            {
-                "kind": "repin",
-                "run": run,
-                "sessions": n,
-                "scanned": report.scanned,
-                "moved": report.moved,
-                "conflicts": report.conflicts,
-                "batches": report.batches,
-                "seconds": round(report.seconds, 3),
-                "keys_per_s": round(rate),
-                # CPU per session moved: this process (all threads) and etcd
-                "client_cpu_us_per_key": round(cpu / n * 1e6, 1),
-                "etcd_cpu_us_per_key": round(etcd.cpu_s / n * 1e6, 1),
-                "etcd_alloc_kib_per_key": round(etcd.alloc_bytes / n / 1024, 2),
-                "etcd_gc_cycles": int(etcd.gc_cycles),
-                # cores this process and etcd kept busy together, of the machine's: the
-                # re-pin is CPU-bound, so the rate is that over their CPU per session
-                "cores_busy": round((cpu + etcd.cpu_s) / report.seconds, 2),
-                "cores": os.cpu_count(),
-            }
-        )
-        self.out.progress(f"{report.summary()}: {rate:,.0f} sessions/s")
-        return rate
-
 
 def _switch_phase(dep: Deployment, phase: str, times: Sequence[float], etcd: EtcdCounters) -> float:
     p50, p99 = percentile(times, 50), percentile(times, 99)
@@ -425,19 +373,15 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
         out.progress("settling both etcds (one commit without session writes) ...")
         await asyncio.gather(settle(small.store), settle(large.store))
         p99_small, p99_large = await interleaved_switches(small, large, opts.switches, "settled")
-        rates = [await large.repin(run) for run in range(opts.repin_runs)]
     finally:
         for s in stores:
             await s.close()
     ratio = p99_large / p99_small
-    rate = statistics.median(rates)
     return {
         "bench": "sessions",
         "switch_ms_p99_1k": round(p99_small, 3),
         "switch_ms_p99_1m": round(p99_large, 3),
         "switch_ratio": round(ratio, 3),
-        "repin_keys_per_s": round(rate),
-        "repin_keys_per_s_runs": [round(r) for r in rates],
         "switch_after_bulk_load": {
             "ms_p99_1k": round(loaded_small, 3),
             "ms_p99_1m": round(loaded_large, 3),
@@ -446,16 +390,11 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
         "sessions_small": SMALL,
         "sessions_large": opts.sessions_large,
         "switches": opts.switches,
-        "repin_sessions": opts.repin_sessions,
-        "repin_runs": opts.repin_runs,
         "etcd": "2 x 1 member, loopback, --unsafe-no-fsync",
         "etcd_gogc": opts.etcd_gogc,  # null: Go's default (100)
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "goals": asdict(GOALS),
-        "met": {
-            "switch_ratio": ratio <= GOALS.switch_ratio,
-            "repin_keys_per_s": rate >= GOALS.repin_keys_per_s,
-        },
+        "met": {"switch_ratio": ratio <= GOALS.switch_ratio},
         "runtime_s": round(time.monotonic() - started, 1),
     }
 
@@ -490,20 +429,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sessions pinned for the second switch phase (default 1,000,000)",
     )
     p.add_argument(
-        "--repin-sessions",
-        type=_at_least(1),
-        default=100_000,
-        metavar="N",
-        help="sessions re-pinned away from the failed region (default 100,000)",
-    )
-    p.add_argument(
-        "--repin-runs",
-        type=_at_least(1),
-        default=3,
-        metavar="N",
-        help="re-pin runs, each on fresh sessions; the headline is their median (default 3)",
-    )
-    p.add_argument(
         "--concurrency",
         type=int,
         default=16,
@@ -529,8 +454,6 @@ def run(args: argparse.Namespace) -> int:
     opts = Options(
         switches=args.switches,
         sessions_large=args.sessions_large,
-        repin_sessions=args.repin_sessions,
-        repin_runs=args.repin_runs,
         concurrency=args.concurrency,
         etcd_gogc=args.etcd_gogc,
         quiet=args.quiet,

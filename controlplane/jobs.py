@@ -1,13 +1,13 @@
 """The leader's job executor: the only slow I/O of its cycle, in the background.
 
 The pure core asks for jobs (``controlplane.core.actions.Job``: a failover's pre-warm, a
-recovery's pre-warm, a switch's session re-pin, the periodic prefix aggregation); the
-executor runs at most one of each kind per region at a time and keeps each pre-warm's
-figures until a tick records them, and when the last aggregation ended (``jobs()`` is
-that tick's input). A job never writes the region's record itself, so a
-leader's writes all come from one place (controlplane/orchestrator.py). On leadership
-loss everything running is cancelled and every result forgotten: a new leader starts
-the pre-warm again under the same id, and the agents do not warm twice.
+recovery's pre-warm, the periodic prefix aggregation); the executor runs at most one of
+each kind per region at a time and keeps each pre-warm's figures until a tick records
+them, and when the last aggregation ended (``jobs()`` is that tick's input). A job never
+writes the region's record itself, so a leader's writes all come from one place
+(controlplane/orchestrator.py). On leadership loss everything running is cancelled and
+every result forgotten: a new leader starts the pre-warm again under the same id, and
+the agents do not warm twice.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ Run = Callable[[Job], Awaitable[PrewarmFigures | None]]
 
 class JobExecutor:
     """``run`` carries out one job and returns its figures (None: nothing to record, as
-    for a re-pin); ``on_done`` is called when one with figures finishes (it wakes the
-    loop, so the result is recorded at once rather than at the next periodic tick);
+    for an aggregation); ``on_done`` is called when one with figures finishes (it wakes
+    the loop, so the result is recorded at once rather than at the next periodic tick);
     ``now`` is the clock the tick's snapshot uses."""
 
     def __init__(
@@ -47,16 +47,14 @@ class JobExecutor:
         return Jobs(results=dict(self._results), running=running, aggregated_at=self._aggregated_at)
 
     def start(self, job: Job) -> None:
-        """Start ``job`` unless it runs or has a result; a re-pin replaces an older one of
-        the same region (the newer switch's routing wins), other kinds wait their turn."""
+        """Start ``job`` unless it runs or has a result; while another of its kind runs
+        for the same region, it waits its turn (a later tick asks again)."""
         if job.id in self._results:
             return
         slot = (job.region, job.kind)
         current = self._tasks.get(slot)
         if current is not None and not current[1].done():
-            if current[0] == job.id or job.kind is not JobKind.REPIN:
-                return
-            current[1].cancel()
+            return
         log.info("%s", job.describe())
         task = asyncio.create_task(self._carry_out(job), name=f"{job.kind.value}-{job.region}")
         self._tasks[slot] = (job.id, task)

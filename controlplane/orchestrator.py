@@ -9,9 +9,10 @@ re-reads the snapshot and decides again (level-triggered).
 Jobs (``controlplane/jobs.py``) are the cycle's slow I/O: a failover's pre-warm of its
 targets, a recovery's pre-warm of the home region before its first traffic step
 (``RecoveryPrewarmer``; a prewarmer without that method, or one that fails, gives
-figures that say so, and recovery goes on), the re-pin of sessions after a switch, and
-the periodic merge of the gateways' prefix exports into the catalogs (``Catalogs``).
-Their figures are inputs of the next tick, which records them.
+figures that say so, and recovery goes on), and the periodic merge of the gateways'
+prefix exports into the catalogs (``Catalogs``). Their figures are inputs of the next
+tick, which records them. No job writes a session: the gateways re-pin the sessions
+they serve.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from controlplane.core.actions import (
     WriteHealth,
 )
 from controlplane.core.intents import IntentOutcome
-from controlplane.election import NotLeader
 from controlplane.jobs import JobExecutor
 from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
@@ -41,14 +41,12 @@ from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
-    AuditAction,
     AuditEntry,
     Decision,
     FailoverProgress,
     FailoverStep,
     Intent,
     PrewarmFigures,
-    Routing,
 )
 from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.port import (
@@ -116,13 +114,16 @@ class Orchestrator:
         fence: Fence,
         prewarmer: Prewarmer,
         actor: str,
+        # Unused: the leader writes no session (they are re-pinned by the gateways that
+        # serve them, docs/architecture.md §2). Accepted until controlplane/server.py
+        # stops passing its SessionStore; then drop it.
         sessions: SessionStore | None = None,
         observer: WriteObserver | None = None,
         catalogs: Catalogs | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
-        self.sessions, self.observer, self.catalogs = sessions, observer, catalogs
+        self.observer, self.catalogs = observer, catalogs
         self.audit = AuditLog(keys, actor)
         self.executor = JobExecutor(self._run_job, self._job_done, clock.now)
         self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
@@ -243,8 +244,6 @@ class Orchestrator:
 
     def _written(self, w: Write, now: float) -> None:
         self.executor.recorded(w.consumes)
-        for job in w.then:
-            self.executor.start(job)
         if d := w.decision:
             log.warning(
                 "%s: %s -> %s (%s by %s): %s",
@@ -284,10 +283,7 @@ class Orchestrator:
             return await self.prewarmer.prewarm(job.plan, budget, job.id)
         if job.kind is JobKind.RECOVERY_PREWARM:
             return await self._prewarm_home(job, budget)
-        if job.kind is JobKind.PREFIX_AGGREGATE:
-            await self._aggregate()
-            return None
-        await self._repin(job.region, job.routings)
+        await self._aggregate()  # PREFIX_AGGREGATE
         return None
 
     async def _aggregate(self) -> None:
@@ -319,34 +315,9 @@ class Orchestrator:
             log.exception("%s: recovery pre-warm failed", job.region)
             return PrewarmFigures(failed=True)
 
-    async def _repin(self, region: str, routings: dict[str, Routing]) -> None:
-        """Off the critical path: the switch is already written, and gateways re-pin
-        lazily anyway; this only spares them the write on each session's next request."""
-        if self.sessions is None:
-            return
-        try:
-            report = await self.sessions.repin_away(region, routings)
-            log.warning("%s", report.summary())
-            entry = AuditEntry(
-                at=self.clock.now(),
-                actor=self.actor,
-                action=AuditAction.SESSIONS_REPINNED,
-                region=region,
-                reason=f"background re-pin after the routing switch of {region}",
-                details=report.details(),
-            )
-            if not (await self.store.txn([*self.fence()], [self.audit.op(entry)])).succeeded:
-                log.info("%s: re-pin report not audited: leadership lost", region)
-        except asyncio.CancelledError:
-            raise
-        except NotLeader:
-            log.info("%s: re-pin report not audited: no longer leader", region)
-        except Exception:
-            log.exception("%s: background session re-pin failed; sessions re-pin lazily", region)
-
     async def stop_failovers(self) -> None:
-        """Cancel every job (pre-warms, session re-pins, an aggregation) and forget their
-        results (on leadership loss or shutdown)."""
+        """Cancel every job (pre-warms, an aggregation) and forget their results (on
+        leadership loss or shutdown)."""
         await self.executor.stop()
         if self.catalogs is not None:
             self.catalogs.forget()

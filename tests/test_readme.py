@@ -185,9 +185,11 @@ def test_running_it_yourself() -> None:
     # The commands did what the README says, not merely exit 0.
     assert "x-tectonic-region: us-east" in said("localhost:8080/v1/chat/completions")
     assert "us-west" in said("failoverctl failover us-east --to us-west")
-    # conv-1 was pinned in us-east by the curl, then moved with the failover.
+    # conv-1 was pinned in us-east by the curl and sent nothing during the failover:
+    # it was never served elsewhere, so it keeps its home pin (issue 27: no bulk re-pin).
     pinned = said("failoverctl sessions get conv-1 --json")
-    assert '"home": "us-east"' in pinned and '"region": "us-west"' in pinned, pinned
+    assert '"home": "us-east"' in pinned and '"region": "us-east"' in pinned, pinned
+    assert '"moves": 0' in pinned, pinned
     listed = said("grpcurl -plaintext 127.0.0.1:50051 list").split()
     assert "tectonic.v1.ControlPlane" in listed and "grpc.reflection.v1.ServerReflection" in listed
     assert '"regions"' in said(

@@ -88,7 +88,7 @@ async def next_events(events: AsyncIterator[WatchEvent], n: int) -> list[WatchEv
 
 
 async def bulk_put(store: Store, items: list[tuple[str, bytes]]) -> None:
-    """Write in txns of MAX_TXN_OPS puts, a few in flight (how batch re-pins write)."""
+    """Write in txns of MAX_TXN_OPS puts, a few in flight (how bulk writes go)."""
     batches = [items[i : i + MAX_TXN_OPS] for i in range(0, len(items), MAX_TXN_OPS)]
     sem = asyncio.Semaphore(8)
 

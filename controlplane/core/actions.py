@@ -1,7 +1,8 @@
 """What one reconcile tick asks the orchestrator to do (docs/architecture.md §7.1): every
-write of the tick, and the jobs (the only slow I/O: pre-warms, the background re-pin)
+write of the tick, and the jobs (the only slow I/O: pre-warms, the prefix aggregation)
 to start. A job's result is an input of a later tick (``Jobs``), never a write of its
-own: the pure core records it.
+own: the pure core records it. No tick writes a session: sessions follow ``routing/``
+and are re-pinned by the gateway that serves them (docs/architecture.md §2).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from controlplane.kernel.model import (
 class JobKind(StrEnum):
     FAILOVER_PREWARM = "failover_prewarm"  # warm a failover's targets (plan)
     RECOVERY_PREWARM = "recovery_prewarm"  # warm a recovering region with its own prefixes
-    REPIN = "repin"  # re-pin sessions away from a switched region (routings), off-path
     # merge the gateways' prefix exports into every region's catalog, every
     # prefixes.aggregate_interval_s (a cluster-wide job: region CLUSTER)
     PREFIX_AGGREGATE = "prefix_aggregate"
@@ -41,23 +41,21 @@ CLUSTER = "*"  # the region of a cluster-wide job
 
 class Job(Frozen):
     """Slow I/O the orchestrator runs in the background, one of each kind per region at
-    a time. ``id`` names what it is for (a failover, a recovery, a switch): a job whose
-    id runs or has a result already is not started again."""
+    a time. ``id`` names what it is for (a failover, a recovery, an aggregation): a job
+    whose id runs or has a result already is not started again."""
 
     kind: JobKind
     region: str
     id: str
     plan: FailoverPlan | None = None  # FAILOVER_PREWARM
-    routings: dict[str, Routing] = Field(default_factory=dict)  # REPIN: every region's
 
     def describe(self) -> str:
-        if self.kind is JobKind.FAILOVER_PREWARM and self.plan is not None:
-            return f"{self.region}: pre-warm of {', '.join(sorted(self.plan.targets))} started"
         if self.kind is JobKind.RECOVERY_PREWARM:
             return f"{self.region}: pre-warm of its own top prefixes started"
         if self.kind is JobKind.PREFIX_AGGREGATE:
             return "prefix catalogs: merging the gateways' exports"
-        return f"{self.region}: background session re-pin started"
+        targets = ", ".join(sorted(self.plan.targets)) if self.plan is not None else "?"
+        return f"{self.region}: pre-warm of {targets} started"
 
 
 class Jobs(Frozen):
@@ -87,7 +85,6 @@ class Write(Frozen):
     intent_outcome: IntentOutcome | None = None
     failover_steps: tuple[FailoverStep, ...] = ()  # the failover steps this write records
     consumes: tuple[str, ...] = ()  # ids of the job results it records
-    then: tuple[Job, ...] = ()  # jobs to start once it is written (the re-pin of a switch)
 
     def merged(self, later: Write) -> Write:
         """This write and ``later`` (decided on the snapshot with this one applied) as one
@@ -103,7 +100,6 @@ class Write(Frozen):
                 "intent_outcome": self.intent_outcome or later.intent_outcome,
                 "failover_steps": (*self.failover_steps, *later.failover_steps),
                 "consumes": (*self.consumes, *later.consumes),
-                "then": (*self.then, *later.then),
             }
         )
 

@@ -123,12 +123,10 @@ def failover_step_write(
     new = rec.model_copy(
         update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
     )
-    repin = Job(
-        kind=JobKind.REPIN,
-        region=region,
-        id=f"{failover_job_id(region, fo)}@switch",
-        routings={**snap.routings(), **routes},
-    )
+    # No session is written, now or later: one pinned to ``region`` is re-pinned by the
+    # gateway that serves its next request; one that sends none until ``region`` serves
+    # again keeps its pin and is served there again, as nothing of it is cached
+    # elsewhere (docs/architecture.md §2).
     return Write(
         region=region,
         expected_rev=view.record_rev,
@@ -136,7 +134,6 @@ def failover_step_write(
         routing=routes,
         routing_revs={k: snap.regions[k].routing_rev for k in routes},
         failover_steps=(step,),
-        then=(repin,),
         audit=(
             AuditEntry(
                 at=now,

@@ -22,21 +22,17 @@ therefore lives at least ``ttl_s`` after its last use, and at most about
 ``ttl_s + 2 * bucket_s``. Were leases per process, two gateways serving one session
 would re-attach it back and forth on every request.
 
-Background re-pin after a failover (``repin_away``) uses the same core ``resolve``
-as the lazy path, so both pick the same region; each write is guarded by a compare
-on the key's mod_revision, so a session a gateway already re-pinned is never
-written again. It keeps each session's lease (a re-pin is not a use).
+Nothing re-pins sessions in bulk: a failover writes ``routing/`` only, and each
+session is re-pinned by the gateway that serves its next request (REPIN above). A
+session that sends nothing until its region serves again is never written, and is
+served there again: it has nothing cached anywhere else.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import time
-from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 
 from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
@@ -45,19 +41,14 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry, Routing
 from controlplane.kernel.session_leases import BucketLeases
 from controlplane.kernel.sessions import (
-    NoRegionServing,
     PinAction,
-    Placement,
     Resolution,
     SessionPin,
     WarmCheck,
-    placement,
     repinned,
     resolve,
-    self_routed,
 )
 from controlplane.kernel.store.port import (
-    MAX_TXN_OPS,
     Compare,
     KeyValue,
     LeaseNotFound,
@@ -89,30 +80,6 @@ def validate_session_id(session_id: str) -> str:
     return session_id
 
 
-@dataclass(frozen=True)
-class RepinReport:
-    scanned: int  # session keys read
-    moved: int  # sessions this call re-pinned
-    conflicts: int  # changed by someone else first (a gateway's lazy re-pin, expiry)
-    seconds: float
-    source: str = ""
-    unplaced: int = 0  # no serving region for them now (they re-pin lazily later)
-    batches: int = 0
-
-    def summary(self) -> str:
-        text = (
-            f"re-pinned {self.moved:,} sessions of {self.source} in {self.seconds:.2f} s "
-            f"({self.conflicts:,} conflicts"
-        )
-        if self.unplaced:
-            text += f", {self.unplaced:,} with no serving region"
-        return text + ")"
-
-    def details(self) -> dict[str, str]:
-        counts = ("scanned", "moved", "conflicts", "unplaced")
-        return {k: str(getattr(self, k)) for k in counts} | {"seconds": f"{self.seconds:.3f}"}
-
-
 class SessionStore:
     """Reads and writes ``sessions/<id>`` (see the module docstring).
 
@@ -131,7 +98,6 @@ class SessionStore:
         ttl_s: int = 3600,
         bucket_s: int = 60,
         writer: str = "sessions",
-        page_size: int = 10_000,
     ) -> None:
         if not regions:
             raise ValueError("SessionStore needs the known region names")
@@ -139,8 +105,6 @@ class SessionStore:
         self.regions = tuple(regions)
         self.leases = BucketLeases(store, keys, ttl_s=ttl_s, bucket_s=bucket_s, clock=clock)
         self.audit = AuditLog(keys, writer)
-        self.page_size = page_size
-        self._prefix = keys.sessions_prefix()
 
     # ---- reads ---------------------------------------------------------------------
     async def get(self, session_id: str) -> tuple[SessionPin, int] | None:
@@ -300,137 +264,3 @@ class SessionStore:
             raise ValueError(
                 f"unknown {what} region {region[:64]!r}; known regions: {', '.join(self.regions)}"
             )
-
-    # ---- background re-pin after a failover ----------------------------------------------
-    async def repin_away(
-        self,
-        source: str,
-        routings: Mapping[str, Routing],
-        *,
-        batch: int = MAX_TXN_OPS,
-        concurrency: int = 8,
-    ) -> RepinReport:
-        """Re-pin every session pinned to ``source`` if ``source`` no longer serves,
-        in transactions of at most ``batch`` guarded puts, ``concurrency`` in flight."""
-        if not 1 <= batch <= MAX_TXN_OPS:
-            raise ValueError(f"batch must be 1-{MAX_TXN_OPS} (etcd --max-txn-ops), got {batch}")
-        t0 = time.perf_counter()
-        if self_routed(routings, source):
-            return RepinReport(0, 0, 0, time.perf_counter() - t0, source)
-        page = await self.store.get_prefix(self._prefix, page_size=self.page_size)
-        # A cheap pre-filter: a pin on ``source`` names it in its value (region names
-        # need no JSON escaping); only those are decoded, by the workers, batch by batch,
-        # so that our CPU work overlaps etcd applying the transactions in flight.
-        needle = source.encode()
-        job = _Repin(self, source, routings, self.clock.now(), batch)
-        job.todo.extend(kv for kv in page.kvs if needle in kv.value)
-        scanned = len(page.kvs)
-        del page  # processed keys are freed as the workers go
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(concurrency):
-                tg.create_task(job.worker())
-        return RepinReport(
-            scanned=scanned,
-            moved=job.moved,
-            conflicts=job.conflicts,
-            seconds=time.perf_counter() - t0,
-            source=source,
-            unplaced=job.unplaced,
-            batches=job.batches,
-        )
-
-
-class _Repin:
-    """One ``repin_away`` run: a queue of candidate keys shared by its workers.
-
-    Per session it decides exactly what ``resolve`` would (the same core functions:
-    ``placement(...).pick`` and ``repinned``), minus the work that does not depend on
-    the session: ``source`` is known not to serve, each home's placement is built once,
-    and each distinct new pin (home, region, moves; the routing epoch and the time are
-    fixed for the run) is encoded once."""
-
-    def __init__(
-        self,
-        sessions: SessionStore,
-        source: str,
-        routings: Mapping[str, Routing],
-        now: float,
-        batch: int,
-    ) -> None:
-        self.store, self.source, self.routings = sessions.store, source, routings
-        self.now, self.batch = now, batch
-        self.prefix_len = len(sessions.keys.sessions_prefix())
-        self.todo: deque[KeyValue] = deque()
-        self.moved = self.conflicts = self.unplaced = self.batches = 0
-        self._placements: dict[str, Placement] = {}
-        self._values: dict[tuple[str, str, int], bytes] = {}
-
-    def _new_value(self, kv: KeyValue) -> bytes | None:
-        """The pin the lazy path would write, encoded, or None if this session needs no
-        move (or cannot be placed now)."""
-        try:
-            pin = SessionPin.model_validate_json(kv.value)
-        except ValueError:
-            return None  # corrupt: the lazy path overwrites it on next use
-        if pin.region != self.source:  # ``source`` does not serve: a pin on it moves
-            return None
-        where = self._placements.get(pin.home)
-        if where is None:
-            where = self._placements[pin.home] = placement(self.routings, pin.home)
-        try:
-            region = where.pick(kv.key[self.prefix_len :])
-        except NoRegionServing:
-            self.unplaced += 1
-            return None
-        memo = (pin.home, region, pin.moves)
-        value = self._values.get(memo)
-        if value is None:
-            value = self._values[memo] = encode(repinned(pin, region, where.epoch, self.now))
-        return value
-
-    async def worker(self) -> None:
-        while self.todo:
-            compares: list[Compare] = []
-            ops: list[Op] = []
-            planned: list[tuple[KeyValue, bytes]] = []
-            while self.todo and len(planned) < self.batch:  # no await: the queue is ours
-                kv = self.todo.popleft()
-                value = self._new_value(kv)
-                if value is not None:
-                    compares.append(Compare.mod_revision(kv.key, kv.mod_revision))
-                    ops.append(Put(kv.key, value, kv.lease))  # keeps its expiry
-                    planned.append((kv, value))
-            if not planned:
-                return
-            self.batches += 1
-            try:
-                if (await self.store.txn(compares, ops)).succeeded:
-                    self.moved += len(planned)
-                    continue
-            except (StoreUnavailable, LeaseNotFound) as e:
-                # Outcome unknown, or a lease just expired: settle key by key.
-                log.info("re-pin batch failed (%s); retrying its keys one by one", e)
-            for kv, value in planned:
-                if await self._one(kv, value):
-                    self.moved += 1
-                else:
-                    self.conflicts += 1
-
-    async def _one(self, kv: KeyValue, value: bytes | None) -> bool:
-        """CAS one session; after a lost race re-read it and move it only if it still
-        sits on ``source`` (a lease re-attach, say). False: someone else moved or
-        removed it first."""
-        for _ in range(MAX_ATTEMPTS):
-            if value is None:
-                return False
-            guard = Compare.mod_revision(kv.key, kv.mod_revision)
-            try:
-                if (await self.store.txn([guard], [Put(kv.key, value, kv.lease)])).succeeded:
-                    return True
-            except LeaseNotFound:
-                pass  # its lease just expired: the re-read finds the key gone
-            cur = await self.store.get(kv.key)
-            if cur is None:
-                return False
-            kv, value = cur, self._new_value(cur)
-        return False

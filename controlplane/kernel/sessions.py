@@ -7,9 +7,13 @@ lazily:
 
 * a pinned session stays on its region as long as that region serves its own
   traffic (``routing/<region>`` still sends some of it to itself);
-* only when its region stops serving is it re-pinned, to a region chosen from
-  ``routing/<home>`` — once; it then stays there, and never bounces back when its old
-  region recovers (recovery only steers *new* sessions home);
+* once its region stops serving, the gateway that serves its next request re-pins it
+  (nobody re-pins in bulk) to a region chosen from ``routing/<home>`` — once; it then
+  stays there, and never bounces back when its old region recovers (recovery steers
+  *new* sessions home by weight);
+* a session that sent nothing while its region did not serve keeps its pin, so it is
+  served by that region again as soon as it serves (a graduated recovery's first
+  step): it has nothing cached anywhere else;
 * choices are a deterministic weighted hash of the session id, so two gateways that
   race for a new session pick the same region even before the create-if-absent
   transaction settles it (the transaction settles it either way);
@@ -82,8 +86,7 @@ def _unit(session_id: str) -> float:
 class Placement:
     """Where sessions homed in ``home`` are placed under one routing snapshot: the
     serving targets of ``routing/<home>`` with a positive weight, in name order, and
-    that routing's epoch. Built by ``placement``; build it once to place many sessions
-    (the background re-pin), or per call (``resolve``): the choice is the same."""
+    that routing's epoch. Built by ``placement``."""
 
     home: str
     epoch: int
@@ -161,8 +164,7 @@ def spill_region(
 
 def repinned(pin: SessionPin, region: str, epoch: int, now: float) -> SessionPin:
     """``pin`` moved to ``region`` at ``now`` under its home's routing ``epoch``: the
-    home is kept and the move counted. Depends on ``pin`` only through ``home`` and
-    ``moves`` (the background re-pin relies on that to encode each distinct result once)."""
+    home is kept and the move counted."""
     return SessionPin(home=pin.home, region=region, epoch=epoch, pinned_at=now, moves=pin.moves + 1)
 
 

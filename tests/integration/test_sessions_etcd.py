@@ -1,5 +1,7 @@
-"""Sticky sessions on a real etcd: races, expiry, background re-pin at scale, the gRPC
-API of a real control-plane replica, and the re-pin a failover starts."""
+"""Sticky sessions on a real etcd: races, expiry, the gRPC API of a real control-plane
+replica, and the sessions bench's output. That a failover re-pins nothing in the
+background, and that idle sessions come home after recovery, is
+``tests/integration/test_sessions_come_home.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -22,16 +23,14 @@ from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.kernel.clock import Clock, FakeClock, SystemClock
-from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import AuditEntry, Routing
+from controlplane.kernel.model import Routing
 from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import PinAction, SessionPin, resolve
+from controlplane.kernel.sessions import PinAction
 from controlplane.kernel.store.etcd import EtcdStore, _txn_request
 from controlplane.kernel.store.port import (
-    MAX_TXN_OPS,
     Compare,
     CompareOp,
     CompareTarget,
@@ -40,60 +39,13 @@ from controlplane.kernel.store.port import (
     Op,
     Put,
     Store,
-    TxnResult,
 )
-from tests.integration.cp_harness import fast_topology, region, running_replica, until
+from tests.integration.cp_harness import fast_topology, running_replica
 
 pytestmark = pytest.mark.etcd
 
 REGIONS = ("us-east", "us-west", "us-central")
 NORMAL = {r: Routing(targets={r: 1.0}) for r in REGIONS}
-EAST_DOWN = {**NORMAL, "us-east": Routing(targets={"us-west": 0.5, "us-central": 0.5}, epoch=1)}
-
-
-class RecordingEtcdStore(EtcdStore):
-    """Records the number of ops of every transaction."""
-
-    txn_sizes: list[int]
-
-    async def txn(
-        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
-    ) -> TxnResult:
-        self.txn_sizes.append(len(success))
-        return await super().txn(compares, success, failure)
-
-
-@pytest.fixture
-async def recording_store(etcd: EtcdServer) -> RecordingEtcdStore:
-    store = RecordingEtcdStore(EtcdConfig(endpoints=etcd.endpoints, request_timeout_s=5.0))
-    store.txn_sizes = []
-    await store.connect()
-    yield store  # type: ignore[misc]
-    await store.close()
-
-
-async def seed(
-    store: Store, gw: SessionStore, n: int, homes: Sequence[str], prefix: str = "s"
-) -> dict[str, SessionPin]:
-    """``n`` pins as the lazy path would create them, written 128 per transaction."""
-    lease = await gw.leases.current()
-    now = gw.clock.now()
-    pins = {
-        f"{prefix}{i:06d}": resolve(
-            None, f"{prefix}{i:06d}", homes[i % len(homes)], NORMAL, now
-        ).pin
-        for i in range(n)
-    }
-    items = list(pins.items())
-    sem = asyncio.Semaphore(8)
-
-    async def write(chunk: list[tuple[str, SessionPin]]) -> None:
-        async with sem:
-            ops: list[Op] = [Put(gw.keys.session(s), encode(p), lease) for s, p in chunk]
-            assert (await store.txn([], ops)).succeeded
-
-    await asyncio.gather(*(write(items[i : i + MAX_TXN_OPS]) for i in range(0, n, MAX_TXN_OPS)))
-    return pins
 
 
 def store_for(
@@ -132,47 +84,6 @@ async def test_sessions_expire_with_their_bucket_lease(etcd_store: EtcdStore, ke
             if ev.kv.key == key and ev.type is EventType.DELETE:
                 break
     assert await gw.get("short-lived") is None
-
-
-async def test_twenty_thousand_sessions_repinned_away_with_lazy_repins_racing(
-    recording_store: RecordingEtcdStore, keys: Keys
-) -> None:
-    store = recording_store
-    # One instant for both writers: a lazy re-pin puts a session on the lease of the
-    # bucket it happens in, and a bucket boundary crossed mid-test (CI hit one) would
-    # change the lease the assertions below expect to stay.
-    clock = FakeClock(time.time())
-    gw = store_for(store, keys, "bg", clock)
-    pins = await seed(store, gw, 20_000, REGIONS)
-    east = sorted(s for s, p in pins.items() if p.region == "us-east")
-    before = {kv.key: kv for kv in (await store.get_prefix(keys.sessions_prefix())).kvs}
-    store.txn_sizes.clear()
-    gateway = store_for(store, keys, "lazy", clock)
-
-    async def lazy() -> int:
-        n = 0
-        for sid in east[::97]:  # a gateway serving some of them meanwhile
-            res = await gateway.resolve(sid, "us-east", EAST_DOWN)
-            n += res.action is PinAction.REPIN
-        return n
-
-    report, lazily = await asyncio.gather(gw.repin_away("us-east", EAST_DOWN), lazy())
-
-    assert report.scanned == 20_000
-    assert report.moved + report.conflicts == len(east)
-    assert report.moved + lazily == len(east)  # each session moved by exactly one writer
-    assert max(store.txn_sizes) <= MAX_TXN_OPS
-    after = {kv.key: kv for kv in (await store.get_prefix(keys.sessions_prefix())).kvs}
-    assert after.keys() == before.keys()
-    for key, kv in after.items():
-        pin, old = decode(SessionPin, kv.value), decode(SessionPin, before[key].value)
-        if old.region != "us-east":
-            assert kv.mod_revision == before[key].mod_revision  # untouched
-        else:
-            sid = key.rsplit("/", 1)[1]
-            want = resolve(old, sid, "us-east", EAST_DOWN, 0.0).region
-            assert (pin.region, pin.moves, kv.version) == (want, 1, 2)
-            assert kv.lease == before[key].lease
 
 
 @pytest.fixture
@@ -223,69 +134,13 @@ async def test_get_and_pin_session_over_grpc(topology: Topology) -> None:
         assert pins == [("alice", "VIP test", "west"), ("operator", "drain west", "central")]
 
 
-async def test_a_failover_repins_the_failed_regions_sessions_once(topology: Topology) -> None:
-    keys = Keys(topology.cluster)
-    async with running_replica(topology) as run:
-        s = run.stub
-        await until(
-            lambda st: st.responder_is_leader and all(r.health == pb.HEALTHY for r in st.regions),
-            s,
-            {},
-        )
-        gw = SessionStore(
-            run.replica.store, keys, regions=topology.names, clock=SystemClock(), writer="t"
-        )
-        routings = {r: Routing(targets={r: 1.0}) for r in topology.names}
-        homes = ("east", "west", "central")
-        for i in range(300):
-            await gw.resolve(f"c{i:04d}", homes[i % 3], routings)
-        events_seen = asyncio.Event()
-        since = (await run.replica.store.get_prefix(keys.audit_prefix())).revision + 1
-
-        async def watch_audit() -> None:
-            async for ev in run.replica.store.watch_prefix(
-                keys.audit_prefix(), start_revision=since
-            ):
-                if ev.kv.value and b"sessions_repinned" in ev.kv.value:
-                    events_seen.set()
-
-        watcher = asyncio.create_task(watch_audit())
-
-        await until(
-            lambda st: region(st, "east").failover_steps_done == "switch,prewarm",
-            s,
-            {"east": pb.UNHEALTHY},
-        )
-
-        async def repin_audits() -> list[AuditEntry]:
-            page = await run.replica.store.get_prefix(keys.audit_prefix())
-            entries = [decode(AuditEntry, kv.value) for kv in page.kvs]
-            return [e for e in entries if e.action == "sessions_repinned"]
-
-        async with asyncio.timeout(20):
-            await events_seen.wait()
-        await until(lambda st: region(st, "east").state == pb.NORMAL, s, {})  # recovered
-
-        watcher.cancel()
-        audits = await repin_audits()
-        assert [(a.region, a.details["moved"], a.actor) for a in audits] == [
-            ("east", "100", "cp-a")
-        ]
-        for i in range(300):
-            info = await s.GetSession(pb.GetSessionRequest(session_id=f"c{i:04d}"))
-            if i % 3 == 0:  # homed in east: moved once, and not back after recovery
-                assert info.region in ("west", "central") and info.moves == 1
-            else:
-                assert info.region == homes[i % 3] and info.moves == 0
-
-
 def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
     """Shape only: whether the goals are met is for the bench on a quiet machine."""
     script = (
         "import argparse, sys; from bench import sessions; p = argparse.ArgumentParser(); "
         "sessions.add_arguments(p); sys.exit(sessions.run(p.parse_args(sys.argv[1:])))"
     )
-    args = ["--sessions-large", "3000", "--repin-sessions", "500", "--switches", "10"]
+    args = ["--sessions-large", "3000", "--switches", "10"]
     proc = subprocess.run(
         [sys.executable, "-c", script, *args],
         cwd=Path(__file__).resolve().parents[2],
@@ -302,11 +157,10 @@ def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
         ("load", None),
         *[("switch", "after_bulk_load")] * 2,
         *[("switch", "settled")] * 2,
-        *[("repin", None)] * 3,
     ]
     out = lines[-1]
     assert out["bench"] == "sessions" and out["sessions_large"] == 3000
-    for key in ("switch_ms_p99_1k", "switch_ms_p99_1m", "switch_ratio", "repin_keys_per_s"):
+    for key in ("switch_ms_p99_1k", "switch_ms_p99_1m", "switch_ratio"):
         assert isinstance(out[key], int | float) and out[key] > 0, key
     assert set(out["switch_after_bulk_load"]) == {"ms_p99_1k", "ms_p99_1m", "ratio"}
     assert out["etcd_gogc"] is None  # etcd's own GC setting unless --etcd-gogc
@@ -314,16 +168,11 @@ def test_the_sessions_bench_prints_a_well_formed_headline() -> None:
     # small run may read 0; allocation and the client's CPU are fine-grained.
     for line in lines[2:6]:
         assert line["etcd_alloc_kib_per_switch"] > 0 and line["etcd_cpu_ms_per_switch"] >= 0
-    repins = lines[6:9]
-    assert [x["run"] for x in repins] == [0, 1, 2]
-    for line in repins:
-        assert line["moved"] == 500 and line["conflicts"] == 0
-        assert line["etcd_cpu_us_per_key"] >= 0 and line["client_cpu_us_per_key"] > 0
-    assert sorted(out["repin_keys_per_s_runs"])[1] == out["repin_keys_per_s"]  # the median
-    assert set(out["met"]) == set(out["goals"]) == {"switch_ratio", "repin_keys_per_s"}
+    assert set(out["met"]) == set(out["goals"]) == {"switch_ratio"}
+    assert not [k for k in out if "repin" in k]  # the background re-pin is gone (issue 27)
 
 
-# ---- the adapter's TxnRequest (the re-pin sends 128 guarded puts per transaction) ----
+# ---- the adapter's TxnRequest (bulk writers send up to 128 guarded puts per transaction) ----
 keys_st = st.text(st.characters(codec="utf-8"), max_size=12)
 int64 = st.integers(-(2**63), 2**63 - 1)
 compares = st.one_of(

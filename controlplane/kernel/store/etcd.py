@@ -120,7 +120,7 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 def _kv(m: Any) -> KeyValue:
     # Positional, and no int()/bytes() conversions: protobuf already gives int and bytes
-    # (a re-pin's scan converts every session key through here).
+    # (a prefix read converts every key through here).
     return KeyValue(
         _s(m.key),
         m.value,
@@ -165,8 +165,8 @@ def translate(e: BaseException, what: str) -> StoreError:
 def _txn_request(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
     """The TxnRequest, built in place with ``add()`` and attribute stores: half the CPU
     of building each Compare / RequestOp / PutRequest from keyword arguments and copying
-    them into the request (measured here: ~1.8 vs ~3.6 µs per guarded put; a background
-    re-pin sends 128 per transaction). Same message, field for field (tested)."""
+    them into the request (measured here: ~1.8 vs ~3.6 µs per guarded put; a batch of
+    writes sends up to 128 per transaction). Same message, field for field (tested)."""
     req = rpc.TxnRequest()
     add_compare = req.compare.add
     for c in compares:
