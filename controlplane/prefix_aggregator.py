@@ -26,9 +26,12 @@ periodic job (``controlplane.core.publish.prefix_aggregation``).
   would erode during a failover (measured: 19 prompts with payloads, 7 after 60 s)
   and the recovery pre-warm (``AgentPrewarmer.prewarm_home``) would find little.
 * A catalog over ``max_catalog_bytes`` (etcd refuses requests over 1.5 MiB) loses the
-  payloads of its lowest-ranked entries first, then those entries, with a warning.
-* An unchanged catalog is rewritten only every ``REWRITE_EVERY`` rounds, so an idle
-  deployment does not fill etcd's history with copies.
+  payloads of its lowest-ranked entries first, then those entries, with a warning. The
+  size is the stored one: the levels of one prompt share one payload there
+  (``PrefixCatalog``), so a level costs only its own text.
+* A catalog is written when it changed, an unchanged one only every ``REWRITE_EVERY``
+  rounds (its ``at`` says it is still current), so an idle deployment does not fill
+  etcd's history with copies; ``prefix-wanted/<region>`` only when it changed.
 """
 
 from __future__ import annotations
@@ -41,8 +44,14 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog, wanted_keys
+from controlplane.kernel.prefix_catalog import (
+    CatalogEntry,
+    PrefixCatalog,
+    PrefixWanted,
+    wanted_keys,
+)
 from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
+from controlplane.kernel.prewarm_selection import fewest_to_drop
 from controlplane.kernel.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.prefixes")
@@ -77,10 +86,12 @@ class PrefixAggregator:
         self._skipped: dict[str, str] = {}  # export key -> problem, last round
         self._skipping: dict[str, str] = {}  # this round
         self._last: dict[str, tuple[PrefixCatalog, int]] = {}  # region -> (written, rounds)
+        self._wanted: dict[str, PrefixWanted] = {}  # region -> written this term
 
     def forget(self) -> None:
         """Leadership lost: a later term writes every catalog afresh."""
         self._last.clear()
+        self._wanted.clear()
 
     async def run_once(self) -> dict[str, PrefixCatalog]:
         """Merge every export and write each region's catalog; returns the catalogs
@@ -88,7 +99,7 @@ class PrefixAggregator:
         try:
             self.fence()
         except NotLeader:
-            self._last.clear()
+            self.forget()
             return {}
         page = await self.store.get_prefix(self.keys.prefix_exports_prefix(), page_size=self._page)
         tracker = PrefixTracker(self._tracker_config)
@@ -96,9 +107,10 @@ class PrefixAggregator:
         self._skipping = {}
         for kv in page.kvs:
             try:
-                export = TrackerExport.model_validate_json(kv.value)
+                # decode: fields a newer gateway adds are dropped, not taken as corruption
+                export = decode(TrackerExport, kv.value, kv.key)
                 tracker.merge(export)
-            except ValueError as e:  # pydantic's ValidationError is a ValueError too
+            except ValueError as e:  # CorruptValue and the merge's refusals
                 self._skip(kv.key, " ".join(str(e).split())[:400])
                 continue
             for r in export.regions:
@@ -116,16 +128,17 @@ class PrefixAggregator:
                 fence = self.fence()
             except NotLeader:
                 fence = None
-            puts = [
-                Put(self.keys.prefixes(region), encode(catalog)),
-                Put(self.keys.prefix_wanted(region), encode(wanted_keys(catalog))),
-            ]
+            puts = [Put(self.keys.prefixes(region), encode(catalog))]
+            wanted = wanted_keys(catalog)
+            if self._wanted.get(region) != wanted:
+                puts.append(Put(self.keys.prefix_wanted(region), encode(wanted)))
             result = None if fence is None else await self.store.txn(fence, puts)
             if result is None or not result.succeeded:
                 log.info("prefix catalogs not written: leadership lost")
-                self._last.clear()
+                self.forget()
                 break
             self._last[region] = (catalog, 0)
+            self._wanted[region] = wanted
             written[region] = catalog
         self._skipped = self._skipping
         return written
@@ -218,25 +231,30 @@ def carry_payloads(catalog: PrefixCatalog, previous: PrefixCatalog | None) -> Pr
 
 def fit_catalog(catalog: PrefixCatalog, limit: int) -> tuple[PrefixCatalog, int, int]:
     """``catalog`` cut to ``limit`` bytes of JSON, lowest-ranked entries first: their
-    payloads, then the entries themselves; with the payloads and entries cut."""
-    excess = len(encode(catalog)) - limit
-    entries = list(catalog.entries)
-    payloads = dropped = 0
-    while excess > 0 and entries:
-        for i in range(len(entries) - 1, -1, -1):  # most frequent first: cut the end
-            if excess <= 0:
-                break
-            p = entries[i].payload
-            if p is not None:
-                excess -= len(encode(p)) - len(b"null")
-                entries[i] = entries[i].model_copy(update={"payload": None})
-                payloads += 1
-        while excess > 0 and entries:
-            excess -= len(encode(entries.pop())) + len(b",")
-            dropped += 1
-        # The sizes above are exact but for separators; check, and go on if short.
-        excess = len(encode(catalog.model_copy(update={"entries": tuple(entries)}))) - limit
-    return catalog.model_copy(update={"entries": tuple(entries)}), payloads, dropped
+    payloads, then the entries themselves; with the payloads and entries cut. Sizes are
+    measured encoded (a level shares its chain's payload there), by bisection."""
+    if len(encode(catalog)) <= limit:
+        return catalog, 0, 0
+    entries = catalog.entries
+    with_payload = [i for i in reversed(range(len(entries))) if entries[i].payload is not None]
+
+    def cut(payloads: int, dropped: int = 0) -> PrefixCatalog:
+        bare = set(with_payload[:payloads])
+        kept = tuple(
+            e.model_copy(update={"payload": None}) if i in bare else e
+            for i, e in enumerate(entries[: len(entries) - dropped])
+        )
+        return catalog.model_copy(update={"entries": kept})
+
+    def fits(c: PrefixCatalog) -> bool:
+        return len(encode(c)) <= limit
+
+    payloads = fewest_to_drop(len(with_payload), lambda m: fits(cut(m)))
+    if payloads is not None:
+        return cut(payloads), payloads, 0
+    dropped = fewest_to_drop(len(entries), lambda n: fits(cut(len(with_payload), n)))
+    dropped = len(entries) if dropped is None else dropped
+    return cut(len(with_payload), dropped), len(with_payload), dropped
 
 
 def _content(c: PrefixCatalog) -> PrefixCatalog:

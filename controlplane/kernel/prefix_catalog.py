@@ -10,7 +10,15 @@ into the target's zone, within the budget and the target's KV capacity.
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections.abc import Sequence
+
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
 
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.prefixes import FingerprintParams
@@ -20,7 +28,9 @@ from controlplane.kernel.prewarm_selection import (
     ReplayPayload,
     Residency,
     Selection,
+    restore_payloads,
     select_prewarm,
+    share_in_json,
     top_n,
 )
 
@@ -35,7 +45,10 @@ class CatalogEntry(Frozen):
 
 
 class PrefixCatalog(Frozen):
-    """Value of ``prefixes/<region>``: most frequent first, bounded in length."""
+    """Value of ``prefixes/<region>``: most frequent first, bounded in length. In JSON
+    the payloads of one chain's levels are stored once
+    (``prewarm_selection.shared_payloads``); read, every entry seen from K sessions has
+    its own again."""
 
     region: str
     at: float  # when the leader merged it
@@ -44,6 +57,27 @@ class PrefixCatalog(Frozen):
     shared_prefixes: int = Field(ge=0)  # estimated distinct keys seen twice or more
     gateways: int = Field(0, ge=0)  # exports merged
     entries: tuple[CatalogEntry, ...] = ()
+
+    @field_validator("entries", mode="after")
+    @classmethod
+    def _restore(cls, entries: tuple[CatalogEntry, ...], info: ValidationInfo) -> object:
+        params, k = info.data.get("params"), info.data.get("min_sessions")
+        if info.mode != "json" or params is None or k is None:
+            return entries  # built here: every payload is already whole
+        return restore_payloads(entries, params, _may_leave(entries, k))
+
+    @field_serializer("entries", mode="wrap", when_used="json")
+    def _share(
+        self, entries: tuple[CatalogEntry, ...], handler: SerializerFunctionWrapHandler
+    ) -> object:
+        restorable = _may_leave(entries, self.min_sessions)
+        return share_in_json(handler(entries), entries, self.params, restorable)
+
+
+def _may_leave(entries: Sequence[CatalogEntry], k: int) -> list[bool]:
+    """Entries whose payload a read may rebuild: a catalog carries payloads only of
+    prefixes seen from K sessions (residency), rebuilt ones too."""
+    return [e.sessions >= k for e in entries]
 
 
 class PrefixWanted(Frozen):

@@ -25,8 +25,9 @@ at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable; typed in
   twice, i.e. of shared prefixes, is its distinct estimate times the sampled share
   with a count of 2 or more; ``top(0.01, ...)`` takes 1 % of that.
 
-``export()`` serializes all of it (JSON; sketches base64); payloads of prefixes seen
-from fewer than K sessions are left out: they never leave the gateway. The leader
+``export()`` serializes all of it (JSON; sketches base64; the levels of one prompt
+written as one payload, :class:`TrackerExport`); payloads of prefixes seen from fewer
+than K sessions are left out: they never leave the gateway. The leader
 ``merge()``-s every gateway's export and asks ``top(...)`` what to replay on a
 failover target (``controlplane.kernel.prewarm_selection.select_prewarm``).
 
@@ -39,9 +40,17 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
 
 from controlplane.kernel import sketches
+from controlplane.kernel.codec import decode
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.prefixes import FingerprintParams, Level, PromptRequest, levels
 from controlplane.kernel.prewarm_selection import (
@@ -52,8 +61,10 @@ from controlplane.kernel.prewarm_selection import (
     Selection,
     merge_sessions,
     replay_payload,
+    restore_payloads,
     select_prewarm,
     session_hash,
+    share_in_json,
     top_n,
 )
 from controlplane.kernel.sketches import DistinctSketch, FrequentItem
@@ -105,10 +116,33 @@ class RegionExport(Frozen):
 
 
 class TrackerExport(Frozen):
+    """A tracker's export as JSON writes it: in each region, the payloads of one chain's
+    levels are stored once (``prewarm_selection.shared_payloads``) and every level has
+    its own again when read."""
+
     version: Literal[1] = 1
     params: FingerprintParams
     min_sessions: int
     regions: tuple[RegionExport, ...] = ()
+
+    @field_validator("regions", mode="after")
+    @classmethod
+    def _restore(cls, regions: tuple[RegionExport, ...], info: ValidationInfo) -> object:
+        params = info.data.get("params")
+        if info.mode != "json" or params is None:
+            return regions  # built here: every payload is already whole
+        return tuple(
+            r.model_copy(update={"entries": restore_payloads(r.entries, params)}) for r in regions
+        )
+
+    @field_serializer("regions", mode="wrap", when_used="json")
+    def _share(
+        self, regions: tuple[RegionExport, ...], handler: SerializerFunctionWrapHandler
+    ) -> object:
+        out = handler(regions)
+        for r, data in zip(regions, out, strict=True):
+            share_in_json(data["entries"], r.entries, self.params)
+        return out
 
 
 class _Entry:
@@ -305,9 +339,8 @@ class PrefixTracker:
         Raises ValueError, having changed nothing, when the export is malformed or the
         two trackers were configured differently."""
         try:
-            other = (
-                blob if isinstance(blob, TrackerExport) else TrackerExport.model_validate_json(blob)
-            )
+            # decode: fields a newer gateway adds are dropped, not taken as corruption
+            other = blob if isinstance(blob, TrackerExport) else decode(TrackerExport, blob)
             if other.params != self.params or other.min_sessions != self.config.min_sessions:
                 raise ValueError(
                     f"cannot merge a tracker export with {other.params!r}, "

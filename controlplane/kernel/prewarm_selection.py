@@ -14,6 +14,9 @@ may leave, in order of frequency (= prefill saved per prefill token spent), whil
 budget (prefill seconds at the target's prefill rate) and the target's KV capacity in
 blocks allow. A prefix whose ancestor is already chosen costs only its extra tokens;
 an ancestor of a chosen prefix is not replayed (the descendant's replay warms it).
+
+**Stored once per chain** (:func:`shared_payloads`, :func:`restore_payloads`): in an
+export or a catalog, the levels of one prompt share the deepest level's payload.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
+from typing import Any, NamedTuple, Protocol, Self, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -120,32 +124,196 @@ def replay_payload(
 ) -> ReplayPayload:
     """The payload that replays ``level`` of ``request`` (as :func:`levels` keyed it)."""
     ids = request.token_ids if token_ids is None else token_ids
-    tokens = level.blocks * params.block_size
-    chars = level.blocks * params.chars_per_block
-    prompt: str | None = None
-    token_prefix: tuple[int, ...] | None = None
-    messages: tuple[ChatMessage, ...] | None = None
-    if ids is not None:
-        kind, token_prefix = PromptKind.TOKENS, tuple(ids[:tokens])
-    elif request.messages is not None:
-        kind, messages = PromptKind.CHAT, _cut_messages(request.messages, chars)
-    else:
-        kind, prompt = PromptKind.TEXT, prompt_text(request)[:chars]
+    cut = _cut_prompt(request, ids, level.blocks, params)
     return ReplayPayload(
         key=level.key,
-        kind=kind,
+        kind=cut.kind,
         model=request.model,
         lora=request.lora,
         cache_salt=request.cache_salt,
-        prompt=prompt,
-        token_ids=token_prefix,
-        messages=messages,
+        prompt=cut.prompt,
+        token_ids=cut.token_ids,
+        messages=cut.messages,
         blocks=level.blocks,
         block_size=params.block_size,
-        tokens=tokens,
+        tokens=level.blocks * params.block_size,
         tokens_exact=ids is not None,
         ancestors=tuple(ancestors),
     )
+
+
+class _Cut(NamedTuple):
+    kind: PromptKind
+    prompt: str | None
+    token_ids: tuple[int, ...] | None
+    messages: tuple[ChatMessage, ...] | None
+
+
+def _cut_prompt(
+    request: PromptRequest, ids: Sequence[int] | None, blocks: int, params: FingerprintParams
+) -> _Cut:
+    """The leading part of a prompt that covers its first ``blocks`` blocks: token ids
+    when known, else the characters of its text or rendered chat."""
+    if ids is not None:
+        return _Cut(PromptKind.TOKENS, None, tuple(ids[: blocks * params.block_size]), None)
+    chars = blocks * params.chars_per_block
+    if request.messages is not None:
+        return _Cut(PromptKind.CHAT, None, None, _cut_messages(request.messages, chars))
+    return _Cut(PromptKind.TEXT, prompt_text(request)[:chars], None, None)
+
+
+# ---- one payload per chain -------------------------------------------------------------
+#
+# Each level of a prompt carries its own payload, and each holds all the prompt before
+# it: a 5.5 KB template counted at 43 levels took 120 KB, and gateways' exports were cut
+# to size. A stored list of payloads (an export's region, a catalog) therefore writes a
+# payload whole only when no deeper payload written whole rebuilds it exactly; the others
+# are written as null and rebuilt on read from the first payload that names them among
+# its ``ancestors``. An ancestor's position there is its level, hence how much of the
+# deeper prompt it is: ``(i + 1) * stride`` blocks of characters, token ids, or chat
+# messages with the last one cut, as ``replay_payload`` cut the request itself.
+# No field is added, since leaders before this one read exports strictly (a new field
+# would have had a newer gateway's whole export skipped): an older reader reads the same
+# JSON as valid and misses only the payloads of the shallower levels; a newer reader
+# takes an older writer's payloads, all written whole, as they are.
+
+
+def _level_blocks(depth: int, params: FingerprintParams) -> int:
+    return (depth + 1) * params.stride_blocks
+
+
+def _is_source(p: ReplayPayload, params: FingerprintParams) -> bool:
+    """Whether ``p``'s ancestors are its chain's levels at every stride, as the tracker
+    counts them, so that an ancestor's position says its length."""
+    return p.block_size == params.block_size and p.blocks == _level_blocks(len(p.ancestors), params)
+
+
+def cut_payload(p: ReplayPayload, depth: int, params: FingerprintParams) -> ReplayPayload:
+    """The payload of ``p.ancestors[depth]``: ``p``'s prompt cut where that level ends,
+    as ``replay_payload`` cut the request (cutting a cut prompt shorter is cutting the
+    original)."""
+    # A copy, not validated again: a prefix of a valid payload is one, and this runs for
+    # every shared level of every export and catalog read.
+    return p.model_copy(update=_cut_fields(p, depth, params))
+
+
+def _cut_fields(p: ReplayPayload, depth: int, params: FingerprintParams) -> dict[str, Any]:
+    """The fields in which :func:`cut_payload` differs from ``p``."""
+    messages = None if p.messages is None else [(m.role, m.content) for m in p.messages]
+    blocks = _level_blocks(depth, params)
+    cut = _cut_prompt(PromptRequest(p.model, p.prompt, None, messages), p.token_ids, blocks, params)
+    return {
+        **cut._asdict(),
+        "key": p.ancestors[depth],
+        "blocks": blocks,
+        "tokens": blocks * params.block_size,
+        "ancestors": p.ancestors[:depth],
+    }
+
+
+def _rebuilds(src: ReplayPayload, depth: int, p: ReplayPayload, params: FingerprintParams) -> bool:
+    """Whether ``cut_payload(src, depth, params) == p``, without building it (the
+    fields pydantic's ``==`` compares; every export written asks this of every level)."""
+    return p.__dict__ == {**src.__dict__, **_cut_fields(src, depth, params)}
+
+
+def shared_payloads(
+    payloads: Sequence[ReplayPayload | None],
+    params: FingerprintParams,
+    restorable: Sequence[bool] | None = None,
+) -> list[bool]:
+    """Which of a stored list's ``payloads`` are written as null: those that
+    :func:`restore_payloads` rebuilds equal from a deeper one written whole (and, with
+    ``restorable``, is allowed to rebuild at all)."""
+    shared = [False] * len(payloads)
+    present = [(i, p) for i, p in enumerate(payloads) if p is not None]
+    # Deepest first: whether a payload is written decides what the shallower ones are
+    # rebuilt from, and only deeper payloads name a level among their ancestors.
+    present.sort(key=lambda ip: -ip[1].blocks)
+    sources: dict[str, tuple[int, ReplayPayload, int]] = {}  # key -> first writer, depth
+    for i, p in present:
+        src = sources.get(p.key)
+        if (
+            src is not None
+            and (restorable is None or restorable[i])
+            and _rebuilds(src[1], src[2], p, params)
+        ):
+            shared[i] = True
+            continue
+        if _is_source(p, params):
+            for depth, key in enumerate(p.ancestors):
+                if key not in sources or sources[key][0] > i:
+                    sources[key] = (i, p, depth)
+    return shared
+
+
+class PayloadEntry(Protocol):
+    """An entry of a stored list: an export's or a catalog's."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def payload(self) -> ReplayPayload | None: ...
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self: ...
+
+
+EntryT = TypeVar("EntryT", bound=PayloadEntry)
+
+
+def restore_payloads(
+    entries: tuple[EntryT, ...],
+    params: FingerprintParams,
+    restorable: Sequence[bool] | None = None,
+) -> tuple[EntryT, ...]:
+    """A stored list's entries as read: each without a payload that a payload names among
+    its ancestors gets it rebuilt from the first that does, where ``restorable`` allows."""
+    sources: dict[str, tuple[ReplayPayload, int]] = {}
+    for e in entries:
+        if e.payload is not None and _is_source(e.payload, params):
+            for depth, key in enumerate(e.payload.ancestors):
+                sources.setdefault(key, (e.payload, depth))
+    if not sources:
+        return entries
+    return tuple(
+        e.model_copy(update={"payload": cut_payload(*sources[e.key], params)})
+        if e.payload is None and e.key in sources and (restorable is None or restorable[i])
+        else e
+        for i, e in enumerate(entries)
+    )
+
+
+def share_in_json(
+    data: list[dict[str, Any]],
+    entries: Sequence[PayloadEntry],
+    params: FingerprintParams,
+    restorable: Sequence[bool] | None = None,
+) -> list[dict[str, Any]]:
+    """``entries`` as serialized (``data``) with their shared payloads nulled."""
+    payloads = [e.payload for e in entries]
+    for entry, shared in zip(data, shared_payloads(payloads, params, restorable), strict=True):
+        if shared:
+            entry["payload"] = None
+    return data
+
+
+def fewest_to_drop(count: int, fits: Callable[[int], bool]) -> int | None:
+    """The fewest of ``count`` items, dropped in their order, after which ``fits``
+    (bisection: dropping more never makes a stored list bigger); None if even all do
+    not do."""
+    if not fits(count):
+        return None
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 # ---- residency -----------------------------------------------------------------------

@@ -158,7 +158,11 @@ class DataPlaneCore:
                 self.kind,
             )
         self.exporter = PrefixExporter(
-            self.store, self.keys, self.tracker, options.export_options()
+            self.store,
+            self.keys,
+            self.tracker,
+            options.export_options(),
+            payloads_dropped=self.metrics.prefix_payloads_dropped,
         )
         return TrackerObserver(self.tracker)
 

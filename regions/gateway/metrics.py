@@ -158,6 +158,13 @@ class GatewayMetrics:
             ["region", "outcome"],
             registry=r,
         )
+        self.prefix_payloads_dropped = Counter(
+            "tectonic_gateway_prefix_payloads_dropped",
+            "Replay payloads of shared prefixes that the size cut of this gateway's prefix "
+            "export (prefixes.export_max_bytes) left out, summed over the exports written; "
+            "a failover cannot pre-warm a prefix whose payload never reached the leader",
+            registry=r,
+        )
         self._admission(r)
         self._requests: dict[tuple[str, int], Counter] = {}
         self._errors: dict[tuple[str, str], Counter] = {}

@@ -11,15 +11,18 @@ leader merges every export into ``prefixes/<region>`` (``controlplane.prefix_agg
   hashes (never session ids), and replay payloads only of prefixes this gateway saw
   from at least K sessions (the tracker's rule), or that the leader listed in
   ``prefix-wanted/<region>`` because the merged counts reached K sessions.
-* **Bounded size**: an export over ``max_bytes`` (512 KiB by default; etcd refuses
-  requests over 1.5 MiB) is cut, lowest-ranked first: payloads, then whole entries;
-  the sketches stay. A warning says what was cut. If even the sketches do not fit,
+* **Bounded size**: the levels of one prompt share one replay payload in the export
+  (``TrackerExport``), so a shared template costs its size once, not once per level.
+  An export over ``max_bytes`` (512 KiB by default; etcd refuses requests over
+  1.5 MiB) is cut, lowest-ranked first: payloads, then whole entries; the sketches
+  stay. A warning says what was cut, and ``tectonic_gateway_prefix_payloads_dropped``
+  counts the payloads each written export lost. If even the sketches do not fit,
   nothing is written (an error says so) and the old export expires with its lease.
-* **Never in the way**: an unchanged export is not rewritten (the lease is still
-  refreshed). Store errors are logged at most every ``error_every_s`` and retried the
-  next round; nothing here fails the gateway or waits in a request's path. The
-  export itself is serialized on the event loop (the tracker is not thread-safe):
-  a few milliseconds every interval.
+* **Never in the way**: an export equal to the one last written is not written again
+  (the lease is still refreshed; a debug line says so). Store errors are logged at
+  most every ``error_every_s`` and retried the next round; nothing here fails the
+  gateway or waits in a request's path. The export itself is serialized on the event
+  loop (the tracker is not thread-safe): a few milliseconds every interval.
 * A gateway stopping does not revoke its lease: during a rolling restart its last
   counts keep counting until the lease expires.
 """
@@ -33,6 +36,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import Counter
+
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
@@ -40,16 +45,15 @@ from controlplane.kernel.leases import LeaseKeeper
 from controlplane.kernel.prefix_catalog import PrefixWanted
 from controlplane.kernel.prefix_tracker import (
     PrefixTracker,
-    RegionExport,
     TrackerConfig,
     TrackerExport,
 )
+from controlplane.kernel.prewarm_selection import fewest_to_drop, restore_payloads
 from controlplane.kernel.store.port import LeaseNotFound, Store, StoreError
 
 log = logging.getLogger("tectonic.gateway.prefixes")
 
 DEFAULT_MAX_BYTES = 512 * 1024
-REWRITE_EVERY = 6  # rounds: an unchanged export is rewritten this often (heals a lost key)
 
 
 @dataclass(frozen=True)
@@ -95,50 +99,66 @@ Rank = Callable[[str, str], int]  # (region, key) -> estimated count
 def fit_export(blob: bytes, max_bytes: int, rank: Rank) -> tuple[bytes | None, Cut | None]:
     """``blob`` cut to ``max_bytes``: payloads of the lowest-ranked entries (all regions
     together) go first, then those entries. None when even the sketches do not fit;
-    the Cut is None when nothing had to go."""
+    the Cut is None when nothing had to go. Sizes are measured encoded (a level shares
+    its chain's payload there), by bisection."""
     if len(blob) <= max_bytes:
         return blob, None
-    export = TrackerExport.model_validate_json(blob)
-    entries = [list(r.entries) for r in export.regions]
-    order = sorted(
-        (rank(r.region, e.key), ri, ei)
-        for ri, r in enumerate(export.regions)
-        for ei, e in enumerate(r.entries)
+    export = decode(TrackerExport, blob)
+    regions = export.regions
+
+    def order(at: tuple[int, int]) -> tuple[int, int, int, int]:
+        e = regions[at[0]].entries[at[1]]
+        # Of equal counts (one prompt's levels) the deepest first: its payload is the
+        # one that holds the text, and the shallower levels keep theirs.
+        return (rank(regions[at[0]].region, e.key), -(e.payload.blocks if e.payload else 0), *at)
+
+    ranked = sorted(
+        ((ri, ei) for ri, r in enumerate(regions) for ei in range(len(r.entries))), key=order
     )
-    payloads = 0
-    excess = len(blob) - max_bytes
-    for _, ri, ei in order:
-        if excess <= 0:
-            break
-        e = entries[ri][ei]
-        if e.payload is not None:
-            excess -= len(e.payload.model_dump_json().encode()) - len(b"null")
-            entries[ri][ei] = e.model_copy(update={"payload": None})
-            payloads += 1
-    gone: set[tuple[int, int]] = set()
-    for _, ri, ei in order:
-        if excess <= 0:
-            break
-        excess -= len(entries[ri][ei].model_dump_json().encode()) + len(b",")
-        gone.add((ri, ei))
-    regions = tuple(
-        RegionExport(
-            region=r.region,
-            sketch=r.sketch,
-            distinct=r.distinct,
-            entries=tuple(e for ei, e in enumerate(entries[ri]) if (ri, ei) not in gone),
+    with_payload = [(ri, ei) for ri, ei in ranked if regions[ri].entries[ei].payload is not None]
+
+    def cut(payloads: int, entries: int = 0) -> TrackerExport:
+        bare, gone = set(with_payload[:payloads]), set(ranked[:entries])
+        kept = tuple(
+            r.model_copy(
+                update={
+                    "entries": tuple(
+                        e.model_copy(update={"payload": None}) if (ri, ei) in bare else e
+                        for ei, e in enumerate(r.entries)
+                        if (ri, ei) not in gone
+                    )
+                }
+            )
+            for ri, r in enumerate(regions)
         )
-        for ri, r in enumerate(export.regions)
+        return export.model_copy(update={"regions": kept})
+
+    def size(x: TrackerExport) -> int:
+        return len(x.model_dump_json())
+
+    every = len(with_payload)
+    payloads = fewest_to_drop(every, lambda m: size(cut(m)) <= max_bytes)
+    entries: int | None = 0
+    if payloads is None:
+        payloads = every
+        entries = fewest_to_drop(len(ranked), lambda n: size(cut(every, n)) <= max_bytes)
+    if entries is None:  # nothing left to cut: the sketches alone are too big
+        bare = size(cut(every, len(ranked)))
+        return None, Cut(len(blob), bare, _with_payloads(export), len(ranked))
+    out = cut(payloads, entries)
+    raw = out.model_dump_json().encode()
+    # A payload dropped here that a deeper one kept still holds is rebuilt on read: not lost.
+    lost = _with_payloads(export) - _with_payloads(out)
+    return raw, Cut(len(blob), len(raw), lost, entries)
+
+
+def _with_payloads(export: TrackerExport) -> int:
+    """Entries that have a payload once the export is read."""
+    return sum(
+        e.payload is not None
+        for r in export.regions
+        for e in restore_payloads(r.entries, export.params)
     )
-    out = export.model_copy(update={"regions": regions}).model_dump_json().encode()
-    cut = Cut(len(blob), len(out), payloads, len(gone))
-    if len(out) <= max_bytes:
-        return out, cut
-    if payloads or gone:  # the size estimate fell short: cut what is left
-        again, more = fit_export(out, max_bytes, rank)
-        assert more is not None
-        return again, Cut(len(blob), more.after, payloads + more.payloads, len(gone) + more.entries)
-    return None, cut  # nothing left to cut: the sketches alone are too big
 
 
 class PrefixExporter:
@@ -153,14 +173,17 @@ class PrefixExporter:
         *,
         gateway_id: str = "",
         clock: Callable[[], float] = time.monotonic,
+        payloads_dropped: Counter | None = None,
     ) -> None:
+        """``payloads_dropped``: the gateway's ``tectonic_gateway_prefix_payloads_dropped``
+        (``GatewayMetrics.prefix_payloads_dropped``)."""
         self.store, self.keys, self.tracker = store, keys, tracker
         self.options = options or ExportOptions()
         self.gateway_id = gateway_id  # the server sets it once it knows its port
         self._clock = clock
         self._lease = LeaseKeeper(store, self.options.lease_ttl_s, clock=clock, log=log)
         self._written: bytes | None = None  # what the key holds, as far as we know
-        self._unchanged = 0
+        self._payloads_dropped = payloads_dropped
         self._failures = 0  # since the last logged one
         self._logged_at = -math.inf
         self._cut_logged_at = -math.inf
@@ -197,12 +220,15 @@ class PrefixExporter:
         written. Raises StoreError (StoreUnavailable when etcd is down)."""
         if not self.gateway_id:
             return False  # not serving yet: nothing counted, no name
-        blob = self._fitted(await self._wanted())
+        blob, cut = self._fitted(await self._wanted())
         if blob is None:
+            self._dropped(cut)
             return False  # logged; the old export expires with the lease
         await self._keep_lease()
-        if blob == self._written and self._unchanged < REWRITE_EVERY:
-            self._unchanged += 1
+        if blob == self._written:
+            # The key holds it on a live lease (a new lease clears _written): a put would
+            # only add a copy to etcd's history.
+            log.debug("prefix export to %s unchanged (%d bytes): not written", self.key, len(blob))
             return False
         try:
             await self.store.put(self.key, blob, lease=self._lease.id)
@@ -210,10 +236,16 @@ class PrefixExporter:
             self._lease.forget()
             await self._keep_lease()
             await self.store.put(self.key, blob, lease=self._lease.id)
-        self._written, self._unchanged = blob, 0
+        self._written = blob
         self.exports += 1
         self.last_bytes = len(blob)
+        self._dropped(cut)
         return True
+
+    def _dropped(self, cut: Cut | None) -> None:
+        """Count the payloads a cut kept out of an export that went (or could not go)."""
+        if cut is not None and cut.payloads and self._payloads_dropped is not None:
+            self._payloads_dropped.inc(cut.payloads)
 
     async def _keep_lease(self) -> None:
         """Refresh the lease (once a round, no keep-alive task), or take a new one."""
@@ -240,14 +272,16 @@ class PrefixExporter:
             out[w.region] = w.keys
         return out
 
-    def _fitted(self, wanted: dict[str, tuple[str, ...]] | None = None) -> bytes | None:
+    def _fitted(
+        self, wanted: dict[str, tuple[str, ...]] | None = None
+    ) -> tuple[bytes | None, Cut | None]:
         blob = self.tracker.export(wanted)
         out, cut = fit_export(blob, self.options.max_bytes, self.tracker.estimate)
         if cut is None:
-            return out
+            return out, cut
         now = self._clock()
         if now - self._cut_logged_at < self.options.error_every_s:
-            return out  # said so lately; the cut goes on every round while traffic lasts
+            return out, cut  # said so lately; the cut goes on every round while traffic lasts
         self._cut_logged_at = now
         if out is None:
             log.error(
@@ -268,7 +302,7 @@ class PrefixExporter:
                 cut.payloads,
                 cut.entries,
             )
-        return out
+        return out, cut
 
     def _failed(self, what: str, *, exc_info: bool = False) -> None:
         self._failures += 1
