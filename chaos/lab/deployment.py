@@ -140,6 +140,13 @@ class DeploymentSpec:
     # "gateway": Tectonic's gateway per region; "envoy": per region a real Envoy (the
     # shipped deploy/envoy/envoy.yaml) in front of PICKERS_PER_REGION endpoint pickers.
     data_plane: DataPlane = "gateway"
+    # etcd: more flags for every member, after the lab's own so that they win (e.g. a
+    # small --quota-backend-bytes); and the topology's etcd.compact_retention_s and
+    # compact_interval_s, the leader's compaction of etcd's history (None: the
+    # topology's defaults, 300 s and 60 s; retention 0: the leader never compacts).
+    etcd_flags: tuple[str, ...] = ()
+    compact_retention_s: float | None = None
+    compact_interval_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ def local_topology(
     ``entries``: each region's data-plane entry (host:port of its Envoy), if any."""
     topo: dict[str, object] = {
         "cluster": f"local-{uuid.uuid4().hex[:6]}",
-        "etcd": {"endpoints": list(etcd_endpoints)},
+        "etcd": etcd_settings(spec, etcd_endpoints),
         "regions": [
             {
                 "name": r,
@@ -213,6 +220,17 @@ def local_topology(
     if ladder is not None:
         topo["degradation_ladder"] = str(ladder)
     return topo
+
+
+def etcd_settings(spec: DeploymentSpec, endpoints: tuple[str, ...]) -> dict[str, object]:
+    """The topology's ``etcd`` section: the members, and the leader's compaction when
+    the spec sets it."""
+    section: dict[str, object] = {"endpoints": list(endpoints)}
+    if spec.compact_retention_s is not None:
+        section["compact_retention_s"] = spec.compact_retention_s
+    if spec.compact_interval_s is not None:
+        section["compact_interval_s"] = spec.compact_interval_s
+    return section
 
 
 def compressed_ladder(spec: DeploymentSpec, out: Path) -> Path | None:
@@ -334,7 +352,7 @@ class LocalDeployment:
 
     # ---- start and stop ------------------------------------------------------------------
     def start_etcd(self) -> None:
-        self.etcd = EtcdCluster(self.spec.etcd_members).start()
+        self.etcd = EtcdCluster(self.spec.etcd_members, extra_flags=self.spec.etcd_flags).start()
 
     def write_topology(self) -> None:
         taken = self._taken_ports
