@@ -38,6 +38,7 @@ from controlplane.kernel.store.port import (
     Put,
     Store,
     StoreError,
+    StoreFull,
     StoreUnavailable,
     WatchEvent,
 )
@@ -99,6 +100,7 @@ class LeaderElection:
         # The lease and its local deadline (module doc); resign() wakes its waits.
         self._lease = LeaseKeeper(store, ttl_s, clock=clock, sleep=self._nap, log=log)
         self._poll_every = ttl_s / 4
+        self._full_logged = False  # one warning per stretch of a full store
         self._retry_every = self._lease.retry_every
 
         self._running = False
@@ -215,6 +217,15 @@ class LeaderElection:
             except StoreUnavailable as e:
                 log.warning("campaign for %s: store unavailable: %s", self._key, e)
                 await self._nap(self._retry_every)
+            except StoreFull as e:
+                # etcd is full (NOSPACE): no one can take the key, but this replica must
+                # stay up to answer status truthfully; campaign again once it has room.
+                if not self._full_logged:
+                    log.warning("campaign for %s: the store refuses writes: %s", self._key, e)
+                    self._full_logged = True
+                await self._nap(self._retry_every)
+            else:
+                self._full_logged = False
 
     async def _try_acquire(self) -> KeyValue | None:
         """Compare-and-set create of the key; None when we lead, else the holder's kv."""

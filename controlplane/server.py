@@ -217,6 +217,7 @@ class ControlPlaneReplica:
                 self.replica_id,
                 lambda: self.election.is_leader,
                 sessions=self.sessions,
+                reads=self.reads,
             ),
             server,
         )

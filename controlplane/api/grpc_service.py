@@ -97,11 +97,14 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         replica_id: str,
         is_leader: Callable[[], bool],
         sessions: SessionStore | None = None,
+        reads: Reads | None = None,
     ) -> None:
+        """``reads``: the replica's, shared with its HTTP API (it knows the store's write
+        refusals); None: reads of this service's own, for tests."""
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
         self.replica_id = replica_id
         # The read paths (and their validation messages) are shared with the HTTP API.
-        self.reads = Reads(store, keys, topology, clock, replica_id, is_leader)
+        self.reads = reads or Reads(store, keys, topology, clock, replica_id, is_leader)
         self.audit = AuditLog(keys, f"api-{replica_id}")
         self.sessions = sessions or SessionStore(
             store, keys, regions=topology.names, clock=clock, writer=f"sessions-{replica_id}"

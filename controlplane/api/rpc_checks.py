@@ -15,7 +15,7 @@ import grpc
 from controlplane.kernel.auth import current_principal
 from controlplane.kernel.config import Topology
 from controlplane.kernel.session_store import validate_session_id
-from controlplane.kernel.store.port import StoreUnavailable
+from controlplane.kernel.store.port import StoreFull, StoreUnavailable
 
 MAX_REASON = 1024
 MAX_ACTOR = 128
@@ -25,7 +25,8 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
 def store_errors(fn: Handler) -> Handler:
-    """etcd trouble becomes UNAVAILABLE (retryable) instead of an opaque UNKNOWN."""
+    """etcd trouble becomes UNAVAILABLE (retryable), or RESOURCE_EXHAUSTED while etcd is
+    full, instead of an opaque UNKNOWN with a traceback per call."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -35,6 +36,12 @@ def store_errors(fn: Handler) -> Handler:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"etcd is unreachable ({e}); nothing was changed, retry shortly",
+            )
+        except StoreFull as e:
+            # Not UNAVAILABLE: retrying does not help until an operator frees space.
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"etcd refuses writes ({e}); nothing was changed (runbooks/etcd-space.md)",
             )
 
     return cast(Handler, wrapper)

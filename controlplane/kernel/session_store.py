@@ -55,6 +55,7 @@ from controlplane.kernel.store.port import (
     Op,
     Put,
     Store,
+    StoreFull,
     StoreUnavailable,
 )
 
@@ -156,14 +157,15 @@ class SessionStore:
     async def _touch(self, kv: KeyValue) -> bool:
         """Re-attach a session used in a later bucket to the current lease (same value,
         CAS). False if the key changed since it was read."""
-        lease = await self.leases.current()
-        if kv.lease == lease:
-            return True
-        guard = Compare.mod_revision(kv.key, kv.mod_revision)
         try:
+            lease = await self.leases.current()
+            if kv.lease == lease:
+                return True
+            guard = Compare.mod_revision(kv.key, kv.mod_revision)
             return await self._put_guarded(guard, [Put(kv.key, kv.value, lease)], lease)
-        except StoreUnavailable:
-            # The answer stands; only the expiry was not extended. The next use retries.
+        except (StoreUnavailable, StoreFull):
+            # The answer stands; only the expiry was not extended (etcd down, or full: it
+            # refuses the new bucket's lease grant). The next use retries.
             log.debug("lease re-attach of %s failed; next use retries", kv.key)
             return True
 

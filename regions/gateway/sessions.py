@@ -284,6 +284,8 @@ class SessionResolver:
             return self._static(session_id, entry, routings, warm, pending=False)
         except StoreError as e:
             self._refused(e)
+            if entry is None:
+                entry = await self._read_pin(session_id)  # reads still work while full
             return self._static(session_id, entry, routings, warm, pending=False, move=False)
         self._store_back()
         self.writes_refused = ""
@@ -382,6 +384,19 @@ class SessionResolver:
             self._pins.popitem(last=False)
 
     # ---- etcd availability and reconciliation ---------------------------------------
+
+    async def _read_pin(self, session_id: str) -> _Entry | None:
+        """etcd's pin of ``session_id`` (remembered), or None: none, or unreadable."""
+        try:
+            async with asyncio.timeout(self._store_timeout_s):
+                found = await self._sessions.get(session_id)
+        except (StoreError, CorruptValue, TimeoutError):
+            return None
+        if found is None:
+            return None
+        entry = _Entry(found[0], self._monotonic())
+        self._remember(session_id, entry)
+        return entry
 
     def _refused(self, e: StoreError) -> None:
         if not self.writes_refused:

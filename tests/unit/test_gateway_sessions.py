@@ -368,3 +368,22 @@ async def test_while_the_store_refuses_writes_no_session_is_moved(world: World) 
     assert not r.writes_refused
     stored = await world.sessions.get("s")
     assert stored is not None and stored[0].region == "us-west"
+
+
+async def test_while_the_store_refuses_writes_a_gateway_new_to_a_session_reads_its_pin(
+    world: World,
+) -> None:
+    """A gateway that never saw the session (restarted, or its LRU evicted it), in
+    another home region, after the lease bucket rolled over (re-attaching the pin needs
+    a lease grant, which a full etcd refuses): it serves the session where etcd pins
+    it, never afresh in its own home."""
+    first = world.resolver()
+    assert await first.region_for("s") == HOME
+    world.store.set_full(True)
+    world.clock.advance(3600)  # a later lease bucket
+    elsewhere = SessionResolver(
+        world.sessions, world.routing, "us-west", world.metrics, clock=world.clock
+    )
+    assert await elsewhere.region_for("s") == HOME
+    stored = await world.sessions.get("s")
+    assert stored is not None and stored[0].region == HOME

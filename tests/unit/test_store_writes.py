@@ -5,8 +5,12 @@ A real loop, orchestrator and status reads on the in-memory store's simulated al
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from controlplane.api.reads import Reads
 from controlplane.core.store_writes import StoreWrites
+from controlplane.election import LeaderElection
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionState
@@ -78,3 +82,33 @@ async def test_status_and_metrics_show_unknown_while_etcd_is_full(keys: Keys) ->
     text = metrics.scrape(leader=True, writable=loop.writes.writable).decode()
     assert "tectonic_store_writable 1.0" in text
     assert f'tectonic_region_state{{region="{TOPO.names[0]}",state="UNKNOWN"}} 0.0' in text
+
+
+async def test_a_follower_stays_up_while_etcd_is_full(keys: Keys) -> None:
+    """Its campaign's transaction is refused (StoreFull) every round: it keeps trying
+    instead of ending (which took the whole replica down), and leads once there is room
+    again and the leader is gone."""
+    store = MemoryStore()
+    a = LeaderElection(store, keys.leader(), "cp-a", 2)
+    b = LeaderElection(store, keys.leader(), "cp-b", 2)
+    ta = asyncio.create_task(a.run())
+    async with asyncio.timeout(5):
+        while not a.is_leader:  # noqa: ASYNC110 - polling the election is the point
+            await asyncio.sleep(0.01)
+    store.set_full(True)
+    tb = asyncio.create_task(b.run())
+    await asyncio.sleep(1.2)  # more than one campaign round
+    assert not tb.done() and not b.is_leader and a.is_leader
+    store.set_full(False)
+    ta.cancel()  # the old leader dies ...
+    with contextlib.suppress(asyncio.CancelledError):
+        await ta
+    held = await store.get(keys.leader())
+    assert held is not None and held.value == b"cp-a"
+    await store.revoke_lease(held.lease)  # ... and its lease ends
+    async with asyncio.timeout(10):
+        while not b.is_leader:  # noqa: ASYNC110 - polling the election is the point
+            await asyncio.sleep(0.05)
+    tb.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await tb
