@@ -211,6 +211,7 @@ class ControlPlaneMetrics:
                 for s in RegionState:
                     self.region_state.labels(region, s.value).set(0)
                 self.region_state.labels(region, UNKNOWN_STATE).set(1)
+                self._set_health(region, Health.UNKNOWN)
         return generate_latest(self.registry)
 
     # ---- from the reconcile loop ------------------------------------------------------

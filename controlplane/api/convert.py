@@ -15,6 +15,7 @@ from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     FailoverPlan,
+    Health,
     ObserverKind,
     RegionState,
 )
@@ -94,7 +95,7 @@ def region_status(
         zone=zone,
         state=stored if writable else pb.REGION_STATE_UNKNOWN,  # type: ignore[arg-type]
         stored_state=stored,  # type: ignore[arg-type]
-        health=health_to_pb(view.health.verdict),
+        health=health_to_pb(view.health.verdict if writable else Health.UNKNOWN),
         epoch=rec.epoch,
         reason=rec.reason,
         since=rec.since,

@@ -251,7 +251,8 @@ def region_view(
         zone=zone,
         state=rec.state if writable else UNKNOWN,
         stored_state=rec.state,
-        health=view.health.verdict,
+        # The stored verdict cannot be updated either while the store refuses writes.
+        health=view.health.verdict if writable else Health.UNKNOWN,
         epoch=rec.epoch,
         reason=rec.reason,
         since=rec.since,

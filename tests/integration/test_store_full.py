@@ -413,19 +413,20 @@ async def full_and_back(
                 or not full_at - 10 <= st.store.since <= time.time()
                 or set(states(st)) != set(regions)
                 or set(states(st).values()) != {(UNKNOWN, NORMAL)}
+                or {r.health for r in st.regions} != {pb.UNKNOWN}  # stale verdicts too
             ):
                 bad.append(describe(st))
         for rid, body in (await replicas.http_status()).items():
             if isinstance(body, str):
                 bad.append(body)
                 continue
-            shown = {(r["state"], r["stored_state"]) for r in body["regions"]}
+            shown = {(r["state"], r["stored_state"], r["health"]) for r in body["regions"]}
             store_view = body["store"]
             if (
                 store_view["writable"] is not False
                 or "NOSPACE" not in store_view["reason"]
                 or store_view["alarms"] != ["NOSPACE"]
-                or shown != {("UNKNOWN", "NORMAL")}
+                or shown != {("UNKNOWN", "NORMAL", "UNKNOWN")}
             ):
                 bad.append(describe_http(rid, body))
         return "; ".join(dict.fromkeys(bad))
