@@ -14,10 +14,12 @@ shows it FAILING_OVER.
 The quota is small because the lab writes little: about 20 kB/s in all (the gateways'
 prefix exports every 1 s, the leader's catalogs and health every 1 s, the health
 reports) against etcd's database that, uncompacted, grows about 2 MB a minute
-(``python -m bench store``). Twice a 16 MiB quota would take half an hour; twice 1 MiB
-takes under two minutes, while a lab start holds ~0.1 MB and the 10 s of history kept
-~0.5 MB. etcd takes any quota (64 KiB starts); ``etcd_server_quota_backend_bytes``
-is checked to be the one set. Figures are printed as ``FIGURE`` lines (``pytest -s``).
+(``python -m bench store``). Twice a 16 MiB quota would take half an hour; twice 512
+KiB takes about a minute, while a lab start holds ~0.07 MB and the database peaked at
+~0.29 MB with 4 s of history kept (without compaction the same lab reached a 1 MiB
+quota in 30 s). etcd takes any quota (64 KiB starts);
+``etcd_server_quota_backend_bytes`` is checked to be the one set. Figures are printed
+as ``FIGURE`` lines (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ from controlplane.kernel.store.etcd import EtcdStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]
 
-QUOTA = 1 << 20  # bytes: etcd's --quota-backend-bytes
-RETENTION_S = 10.0  # the topology's etcd.compact_retention_s
-INTERVAL_S = 2.0  # etcd.compact_interval_s
+QUOTA = 1 << 19  # bytes: etcd's --quota-backend-bytes
+RETENTION_S = 4.0  # the topology's etcd.compact_retention_s
+INTERVAL_S = 1.0  # etcd.compact_interval_s
 WRITE_FACTOR = 2  # write more than this many quotas' worth
-WRITE_WITHIN_S = 150.0  # at ~20 kB/s, 2 MiB takes ~105 s
+WRITE_WITHIN_S = 100.0  # at ~20 kB/s, 1 MiB takes ~55 s
 VICTIM = "us-east"
 
 
