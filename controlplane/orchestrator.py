@@ -48,7 +48,6 @@ from controlplane.kernel.model import (
     Intent,
     PrewarmFigures,
 )
-from controlplane.kernel.session_store import SessionStore
 from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
@@ -114,10 +113,6 @@ class Orchestrator:
         fence: Fence,
         prewarmer: Prewarmer,
         actor: str,
-        # Unused: the leader writes no session (they are re-pinned by the gateways that
-        # serve them, docs/architecture.md §2). Accepted until controlplane/server.py
-        # stops passing its SessionStore; then drop it.
-        sessions: SessionStore | None = None,
         observer: WriteObserver | None = None,
         catalogs: Catalogs | None = None,
     ) -> None:

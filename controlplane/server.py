@@ -121,7 +121,6 @@ class ControlPlaneReplica:
             self.election.fence,
             pre,
             self.replica_id,
-            sessions=self.sessions,
             observer=self.metrics,
             catalogs=self.prefixes,
         )

@@ -58,7 +58,7 @@ def with_sessions(w: World, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Job],
     pins = asyncio.run(seed())
     old = w.orchestrator
     w.orchestrator = Orchestrator(
-        w.store, w.keys, w.topo, old.clock, list, old.prewarmer, "cp-test", sessions=sessions
+        w.store, w.keys, w.topo, old.clock, list, old.prewarmer, "cp-test"
     )
     started: list[Job] = []
     start = w.orchestrator.executor.start
