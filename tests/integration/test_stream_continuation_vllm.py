@@ -17,7 +17,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import aiohttp
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -33,18 +32,18 @@ from chaos.lab.vllm_cpu import (
     vllm_available,
     wait_vllm,
 )
+from regions.gateway.server import GatewayServer
 from tests.integration.test_stream_continuation import (
     answered,
     continued,
     count,
     gateway,
-    running_on,
 )
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.realvllm]
 
-TOKENS = 800  # ~4 s of decoding on the CPU build: still running when it is cut (at 300
-# it sometimes ended before the test had found the server running it)
+TOKENS = 2000  # ~3.5 s of decoding on the CPU build (800 took 1.3-2 s alone, less than a
+# loaded CI machine's scrapes once needed to find the server): still running when cut
 CUT_AT = 20  # content chunks the client has when its server is killed
 # Only characters of the char-level model's alphabet (it lacks E, J, X, Z, j, z).
 MESSAGES: list[ChatCompletionMessageParam] = [
@@ -96,8 +95,17 @@ class Received:
         return "".join(self.pieces)
 
 
+def holding_the_stream(gw: GatewayServer, servers: tuple[VllmProc, VllmProc]) -> VllmProc:
+    """The server the gateway streams from now: its own count of requests in flight
+    (no scrape of a busy server's /metrics, which a loaded machine answers late)."""
+    inflight = gw.balancers["east"].inflight
+    holding = [s for s in servers if inflight.get(s.url, 0) > 0]
+    assert len(holding) == 1, f"the gateway holds the stream on {holding} ({dict(inflight)})"
+    return holding[0]
+
+
 async def stream_and_kill(
-    client: openai.AsyncOpenAI, servers: tuple[VllmProc, VllmProc]
+    gw: GatewayServer, client: openai.AsyncOpenAI, servers: tuple[VllmProc, VllmProc]
 ) -> Received:
     """Stream a greedy chat through the gateway; SIGKILL its server after CUT_AT chunks."""
     got = Received()
@@ -110,7 +118,7 @@ async def stream_and_kill(
         stream_options={"include_usage": True},
         extra_headers={"x-session-id": "cut-on-vllm"},
     )
-    async with aiohttp.ClientSession() as http, answer:
+    async with answer:
         async for chunk in answer:
             got.ids.add(chunk.id)
             got.usage = chunk.usage or got.usage
@@ -120,7 +128,7 @@ async def stream_and_kill(
                 if c.delta.content:
                     got.pieces.append(c.delta.content)
                     if len(got.pieces) == CUT_AT:
-                        (await running_on(http, servers)).kill()
+                        holding_the_stream(gw, servers).kill()
     return got
 
 
@@ -131,7 +139,7 @@ async def test_a_stream_cut_on_real_vllm_is_continued_on_another_into_the_uncut_
     assert await uncut(vllms[0]) == reference  # same weights, same greedy text
     assert len(reference) == TOKENS  # char-level: one character per token
     async with gateway(etcd, cluster_name, {"east": [s.url for s in vllms]}) as (gw, client):
-        got = await stream_and_kill(client, vllms)
+        got = await stream_and_kill(gw, client, vllms)
         assert sum(not s.alive() for s in vllms) == 1
         await until(answered(gw), within=5, what="the answer counted")
         assert continued(gw) == 1
