@@ -123,9 +123,10 @@ BENCHES = (
     BenchInfo(
         "capacity",
         capacity,
-        "The capacity probe on a simulator whose latency model fixes the truth: its knee, "
-        "ultimate load and cache effect (beta) against a discrete-event model of the "
-        "simulator's scheduler, the probe's duration and T_recover.",
+        "The capacity probe on simulators of two configurations: its knee, ultimate and "
+        "allowed load and cache effect (beta) against what the replica sustains (the "
+        "simulator's scheduler modelled in steady state, checked against a minute of the "
+        "real simulator), the probe's duration and T_recover.",
     ),
     BenchInfo(
         "overload",

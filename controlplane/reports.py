@@ -10,6 +10,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, ObserverKind
+from controlplane.kernel.serving_config import MAX_FINGERPRINT
 from controlplane.kernel.store.port import Store
 
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
@@ -33,6 +34,7 @@ def validate_report(
     detail: str,
     now: float,
     engine_version: str = "",
+    serving_config: str = "",
 ) -> HealthReport:
     if region not in topology.names:
         raise BadReport(f"unknown region {region!r}; known regions: {list(topology.names)}")
@@ -57,6 +59,11 @@ def validate_report(
             f"engine_version is at most {MAX_ENGINE_VERSION} printable characters "
             f"(vLLM's /version), got {engine_version[:40]!r}"
         )
+    if len(serving_config) > MAX_FINGERPRINT or not serving_config.isprintable():
+        raise BadReport(
+            f"serving_config is at most {MAX_FINGERPRINT} printable characters, "
+            f"got {serving_config[:40]!r}"
+        )
     return HealthReport(
         region=region,
         observer=observer,
@@ -66,6 +73,7 @@ def validate_report(
         received_at=now,
         detail=detail,
         engine_version=engine_version,
+        serving_config=serving_config,
     )
 
 

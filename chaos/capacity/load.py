@@ -9,7 +9,9 @@ back with its result, and a step whose generator fell behind shows it.
 
 A request is **ok** when a 200 stream carried ``data: [DONE]`` and no in-band error;
 an **error** is any other status (500s and 429 above all), an in-band error event, a
-stream cut before ``[DONE]`` or a refused connection; a **timeout** is a request not
+stream cut before ``[DONE]`` or a refused connection, except a 400 refusing a request
+too long for the model's context: a **workload** error (the probe's fault, not load;
+``results.context_error``); a **timeout** is a request not
 done within the request-level timeout (the client cuts it). First-token time is
 from the send to the first chunk with content. Tokens (prompt from the final usage
 chunk, else the request's estimate; generated: chunks with content) are counted for
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from chaos.capacity.results import Outcome, RequestResult
+from chaos.capacity.results import Outcome, RequestResult, context_error
 
 # The results live in ``chaos.capacity.results`` (pure); named here too, where callers
 # of the generator find them.
@@ -152,7 +154,10 @@ class LoadGenerator:
                 async with self.http.post(p.url + CHAT_PATH, data=p.body, headers=_HEADERS) as r:
                     status = r.status
                     if status != 200:
-                        detail = f"HTTP {status}: {(await r.text())[:200]}"
+                        text = await r.text()
+                        detail = f"HTTP {status}: {text[:200]}"
+                        if context_error(status, text):
+                            outcome = Outcome.WORKLOAD
                     else:
                         async for line in r.content:
                             stream.read(line, loop.time())

@@ -1,29 +1,50 @@
-"""The capacity probe: the I/O loop around ``ProbePlan`` (controlplane.kernel.capacity).
+"""The capacity probe: the I/O loop around the pure parts of
+``controlplane.kernel.capacity`` (``ProbePlan``, ``SustainedSearch``, ``analyze``).
 
 Given one replica's URL (out of rotation: this module neither picks, wakes nor parks
 it), :func:`probe_capacity`
 
-1. probes the **cold** workload (every prompt unique): steps of ``step_s`` at the
-   rates ``ProbePlan`` asks for, each turned into a ``Step`` (first-token p99 over
-   the step, error rate, throughput, timeouts); between steps the replica drains to
-   idle (``running`` and ``waiting`` from its ``/metrics``), timed; a failure step
-   ends the climb (the plan offers nothing at or above it again); a step whose load
-   generator fell behind (its lag p99 over ``max_lag_s``: it shares the cores) runs
-   again, up to ``behind_retries`` times, every attempt reported, unless its verdict
-   stands anyway (failure, or p99 past twice the SLO);
+0. reads the replica (``replica_info``: model, engine version, ``max_model_len``, the
+   serving configuration) and fits the workload to its context (prompts capped so a
+   request never draws a context-length 400; one that does is a workload error,
+   counted apart, never an overload error);
+1. probes the **cold** workload (every prompt unique) in three parts:
+
+   - **screening**: steps of ``step_s`` from an empty queue (longer where fewer than
+     ``min_screen_requests`` would arrive), climbing by ``growth`` until one misses
+     the SLA: the lowest is the knee's baseline; where the SLA breaks even before a
+     backlog builds bounds the ultimate from above;
+   - **saturation**: one step at ``saturation_factor`` x that rate: what the replica
+     completes per second when it cannot keep up (``stats.saturation_rps``). Nothing
+     at or above it is sustained;
+   - **sustained steps** at the rates ``SustainedSearch`` asks for: a warm-up of three
+     queue relaxation times at that rate (derived from the measured saturation:
+     ``sustained_timing``), then a judged window; within the SLA only when the
+     first-token p99 and errors over the window meet it **and** the replica kept up
+     (served about what arrived, no growing backlog: ``keeps_up``). The ultimate is
+     the highest rate held so, never above the saturation; the knee the same way;
+
+   between steps the replica drains to idle (``running`` and ``waiting`` from its
+   ``/metrics``), timed; a failure step ends the climb; a step whose load generator
+   fell behind (its lag p99 over ``max_lag_s``: it shares the cores) runs again, up to
+   ``behind_retries`` times, every attempt reported, unless its verdict stands anyway
+   (failure, or p99 past twice the SLO); past ``budget_s`` or ``max_sustained`` steps
+   no further sustained step runs (the bracket so far stands, said in the log);
 2. probes the **warm** workload (shared prefixes) the same way, once one request per
-   prefix has cached them, starting from the same low rate (the knee's baseline) and
-   then the cold ultimate;
+   prefix has cached them, screening from the same low rate and then the cold
+   ultimate;
 3. reads each probe's hit rate from the replica's own prefix-cache counters (their
    deltas over the probe) and fits ``R(h) = R_base / (1 - beta h)`` over the two
    ultimates (``fit_hit_effect``);
 4. measures **T_recover**: one step at ``overload_factor`` x the cold ultimate, then
    the allowed rate (ultimate / factor of safety) for ``recover_s``, timed until
-   sliding windows of first-token p99 and errors are within the SLA again;
+   sliding windows of first-token p99 and errors are within the SLA again (None, with
+   ``t_recover_window_s`` set: it did not recover within ``recover_s``);
 5. with a second URL, probes both replicas at once for the scaling efficiency: cold,
-   each replica offered the same arrivals at the same per-replica rate as the single
-   probe's steps (its own unique prompts), the SLA judged over both; the pair's
-   ultimate per replica over the single one's, at most 1 (see :func:`scaling`);
+   each replica offered the same arrivals at the same per-replica rate (its own unique
+   prompts), the SLA judged over both, up to the single ultimate (sustained steps
+   timed by the single replica's saturation); the pair's ultimate per replica over the
+   single one's, at most 1 (see :func:`scaling`);
 6. returns a ``CapacityRecord`` (the wasted-work share over every request it sent).
 
 It stops with :class:`ProbeAborted` (a clear outcome, with the steps so far) when a
@@ -32,8 +53,7 @@ replica is not idle before it starts (in rotation?), does not drain, restarts, o
 exposes no prefix-cache counters.
 
 Every step of a probe sends the same requests at the same unit arrivals scaled by
-its rate (``chaos.capacity.workload``): steps differ only by the rate, and a model
-can be fed the very requests the probe sent.
+its rate (``chaos.capacity.workload``): steps differ only by the rate and length.
 """
 
 from __future__ import annotations
@@ -49,31 +69,48 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from chaos.capacity.load import LoadGenerator, Planned
-from chaos.capacity.results import RequestResult, mean_inflight
-from chaos.capacity.stats import StepFigures, recovery_time, step_figures, wasted_share
+from chaos.capacity.replica_info import read_replica
+from chaos.capacity.results import RequestResult, loaded, mean_inflight, workload_errors
+from chaos.capacity.stats import (
+    StepFigures,
+    recovery_time,
+    saturation_rps,
+    step_figures,
+    sustained_figures,
+    wasted_share,
+)
 from chaos.capacity.verdicts import (
     AbortCause,
     Phase,
     ProbeAborted,
     Progress,
+    StepKind,
     StepReport,
     abort_for_lowest,
     fit_cache_effect,
     scaling,
-    ultimate_bracketed,
     verdict,
 )
-from chaos.capacity.workload import Workload, arrivals, requests, warmup_requests
+from chaos.capacity.workload import (
+    Workload,
+    arrivals,
+    fit_context,
+    requests,
+    warmup_requests,
+)
 from controlplane.kernel.capacity import (
     CapacitySLO,
     Curve,
     ProbePlan,
     Step,
+    SustainedSearch,
+    SustainedTiming,
     analyze,
     failed,
     meets_sla,
+    sustained_timing,
 )
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, clean_engine_version
+from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
 from controlplane.kernel.replica_signals import ReplicaMetrics
 from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
 
@@ -97,6 +134,14 @@ class ProbeConfig:
     poll_s: float = 0.05
     max_lag_s: float = 0.05  # a step whose generator's lag p99 is above is flagged,
     behind_retries: int = 1  # and run again up to this many times (its arrivals were late)
+    # sustained steps (see controlplane.kernel.capacity.sustained_timing)
+    min_requests: int = 400  # arrivals judged per sustained step: a p99 to read
+    min_screen_requests: int = 20  # a screening step lasts long enough for these
+    max_warmup_s: float = 120.0
+    max_measure_s: float = 120.0
+    saturation_factor: float = 2.0  # the saturation step: this x the rate screening broke at
+    budget_s: float = 3600.0  # past it, no further sustained step: the bracket stands
+    max_sustained: int = 16  # sustained steps per probe at most (the same)
     overload_factor: float = 1.5
     recover_s: float = 10.0  # the allowed load after the overload step
     recover_window_s: float = 1.0
@@ -116,6 +161,10 @@ class ProbeConfig:
             raise ValueError("overload_factor > 1 and factor_of_safety >= 1 are required")
         if self.behind_retries < 0 or self.max_lag_s <= 0:
             raise ValueError("behind_retries >= 0 and max_lag_s > 0 are required")
+        if self.min_requests < 1 or self.max_warmup_s < 0 or self.max_measure_s < self.step_s:
+            raise ValueError("min_requests >= 1, max_warmup_s >= 0, max_measure_s >= step_s")
+        if self.saturation_factor <= 1 or self.budget_s <= 0 or self.max_sustained < 1:
+            raise ValueError("saturation_factor > 1, budget_s > 0, max_sustained >= 1 required")
         ProbePlan(self.start_rps, self.growth, self.precision, self.max_rps, self.max_steps)
 
     def plan(self) -> ProbePlan:
@@ -193,6 +242,11 @@ class _PhaseResult:
     curve: Curve
     hit_rate: float
     inflight: dict[float, float] = field(default_factory=dict)  # per replica, by rate
+    durations: dict[float, SustainedTiming] = field(default_factory=dict)  # sustained, by rate
+
+    def hit_probe(self, step_s: float) -> HitProbe:
+        timings = {r: (t.warmup_s, t.measure_s) for r, t in self.durations.items()}
+        return HitProbe.of(self.hit_rate, self.curve, step_s, self.inflight, timings)
 
 
 @dataclass
@@ -208,6 +262,8 @@ class _Prober:
     _since: dict[str, float | None] = field(default_factory=dict)
     # each step's mean in-flight per replica (its last attempt), by phase and rate
     inflight: dict[tuple[Phase, float], float] = field(default_factory=dict)
+    durations: dict[tuple[Phase, float], SustainedTiming] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -288,6 +344,8 @@ class _Prober:
         drain_s: float,
         baseline: float,
         attempt: int = 0,
+        kind: StepKind = StepKind.SCREEN,
+        timing: SustainedTiming | None = None,
     ) -> StepReport:
         s = figs.step
         report = StepReport(
@@ -304,6 +362,11 @@ class _Prober:
             drain_s=drain_s,
             verdict=verdict(s, baseline, self.config.slo),
             attempt=attempt,
+            kind=kind,
+            served_ratio=s.served_ratio,
+            backlog_growth=s.backlog_growth,
+            warmup_s=0.0 if timing is None else timing.warmup_s,
+            duration_s=self.config.step_s if timing is None else timing.measure_s,
         )
         if self.progress is not None:
             self.progress(report)
@@ -328,26 +391,48 @@ class _Prober:
         rate: float,
         warm: bool,
         baseline: float | None,
-    ) -> Step:
+        timing: SustainedTiming | None = None,
+        kind: StepKind = StepKind.SCREEN,
+        screen_requests: int | None = None,
+    ) -> tuple[Step, list[RequestResult]]:
         """One step at ``rate`` per replica, run again (up to ``behind_retries`` times)
-        while the generator falls behind: late arrivals do not measure the replica."""
+        while the generator falls behind: late arrivals do not measure the replica.
+        Without ``timing`` a screening step (``step_s`` from an empty queue, longer
+        where fewer than ``min_screen_requests`` would arrive; every request judged);
+        with it a sustained step (its warm-up, then its judged window). The step and
+        its last attempt's requests."""
         c = self.config
-        offsets = arrivals(rate, c.step_s, c.seed)
+        if timing is None:  # long enough for a few requests even at the lowest rate
+            wanted = screen_requests or c.min_screen_requests
+            timing = SustainedTiming(0.0, max(c.step_s, wanted / rate))
+            screening = True
+        else:
+            screening = False
+        offsets = arrivals(rate, timing.total_s, c.seed)
+        n = len(urls)
         for attempt in range(c.behind_retries + 1):
             tag = f"{self.run_id}:{phase.value}:{index}:{attempt}"
             results = await self.gen.run(self._plan(urls, offsets, warm, tag))
             self.results += results
-            figs = step_figures(results, rate, c.step_s, c.request_timeout_s)
-            self.inflight[(phase, rate)] = mean_inflight(results, c.step_s) / len(urls)
+            self.durations[(phase, rate)] = timing
+            if screening:
+                span = timing.measure_s
+                figs = step_figures(results, rate, span, c.request_timeout_s)
+                self.inflight[(phase, rate)] = mean_inflight(loaded(results), span) / n
+            else:
+                held = sustained_figures(
+                    results, rate, timing.warmup_s, timing.measure_s, c.request_timeout_s
+                )
+                figs = held.figures
+                self.inflight[(phase, rate)] = held.mean_inflight / n
             drain_s = await self._drain(urls, phase)
-            s = figs.step
-            step = Step(rate, s.p99_ttft_s, s.error_rate, s.throughput_rps / len(urls), s.timeouts)
+            step = replace(figs.step, throughput_rps=figs.step.throughput_rps / n)
             figs = StepFigures(step, figs.requests, figs.lag_p99_s, figs.lag_max_s)
             base = step.p99_ttft_s if baseline is None else baseline
-            self._report(phase, index, figs, drain_s, base, attempt)
+            self._report(phase, index, figs, drain_s, base, attempt, kind, timing)
             if not self._rerun(figs):
                 break
-        return step
+        return step, results
 
     async def _warm_up(self, urls: Sequence[str], phase: Phase) -> None:
         """Cache the shared prefixes (one request each) before the warm probe counts."""
@@ -356,21 +441,35 @@ class _Prober:
         self.results += await self.gen.run(plan)
         await self._drain(urls, phase)
 
-    async def run_phase(
+    def _timing(self, rate: float, saturation: float | None) -> SustainedTiming:
+        c = self.config
+        if saturation is None:  # nothing to derive it from: the longest allowed
+            measure = min(c.max_measure_s, max(c.step_s, c.min_requests / rate))
+            return SustainedTiming(c.max_warmup_s, measure)
+        return sustained_timing(
+            rate,
+            saturation,
+            min_s=c.step_s,
+            min_requests=c.min_requests,
+            max_warmup_s=c.max_warmup_s,
+            max_measure_s=c.max_measure_s,
+        )
+
+    def _over_budget(self) -> bool:
+        return time.monotonic() - self.started > self.config.budget_s
+
+    async def _screen(
         self,
         phase: Phase,
         urls: Sequence[str],
         warm: bool,
         second_rps: float | None,
-        ceiling_rps: float | None = None,
-    ) -> _PhaseResult:
-        """One probe: the plan's steps, then its curve and the hit rate it saw.
-        ``ceiling_rps``: offer nothing above it, and stop once the ultimate is
-        bracketed (the pair's: only its ultimate under the single one's counts)."""
+        ceiling_rps: float | None,
+    ) -> list[Step]:
+        """Short steps from an empty queue, climbing until one misses the SLA (or the
+        ceiling): where the SLA breaks even before a backlog builds. Raises
+        :class:`ProbeAborted` when the lowest step already misses it."""
         c = self.config
-        if warm:
-            await self._warm_up(urls, phase)
-        before = [await self._counters(u, phase) for u in urls]
         plan = c.plan()
         if ceiling_rps is not None:
             plan = replace(plan, max_rps=min(plan.max_rps, ceiling_rps))
@@ -380,22 +479,93 @@ class _Prober:
             forced.append(min(second_rps, plan.max_rps))
         while True:
             rate = forced.pop(0) if forced else plan.next_rate(steps, c.slo)
-            if rate is None or (ceiling_rps is not None and ultimate_bracketed(steps, plan, c.slo)):
+            if rate is None:
                 break
-            baseline = min(steps, key=lambda s: s.offered_rps).p99_ttft_s if steps else None
-            step = await self._step(phase, len(steps), urls, rate, warm, baseline)
+            baseline = steps[0].p99_ttft_s if steps else None
+            # the lowest step sets the knee's baseline: a p99 read from as many requests
+            # as half a sustained window (a handful would give the tail's floor)
+            wanted = None if steps else max(c.min_screen_requests, c.min_requests // 2)
+            step, _ = await self._step(
+                phase, len(steps), urls, rate, warm, baseline, screen_requests=wanted
+            )
             steps.append(step)
             if not meets_sla(step, c.slo):
-                forced.clear()  # a hint that missed: the plan brackets below it
-        if not any(meets_sla(s, c.slo) for s in steps):
+                break
+        if not meets_sla(steps[0], c.slo):
             raise abort_for_lowest(phase, steps, c.slo)
-        try:
-            curve = analyze(steps, c.slo)
-        except ValueError as e:  # the lowest step missed the SLA, a higher one met it
-            raise abort_for_lowest(phase, steps, c.slo) from e
+        return steps
+
+    async def _saturation(
+        self, phase: Phase, index: int, urls: Sequence[str], rate: float, warm: bool, base: float
+    ) -> float | None:
+        """What each replica completes per second offered far more than it serves."""
+        _, results = await self._step(
+            phase, index, urls, rate, warm, base, kind=StepKind.SATURATION
+        )
+        measured = saturation_rps(results)
+        return None if measured is None else measured / len(urls)
+
+    async def run_phase(
+        self,
+        phase: Phase,
+        urls: Sequence[str],
+        warm: bool,
+        second_rps: float | None,
+        ceiling_rps: float | None = None,
+        timing_saturation: float | None = None,
+    ) -> _PhaseResult:
+        """One probe: screening, the saturation, then sustained steps (see
+        :class:`SustainedSearch`); its curve and the hit rate it saw. ``ceiling_rps``:
+        offer nothing above it (the pair's: only its ultimate under the single one's
+        counts); ``timing_saturation``: the saturation to time sustained steps by
+        instead of measuring one (the pair's, per replica: the single one's)."""
+        c = self.config
+        if warm:
+            await self._warm_up(urls, phase)
+        before = [await self._counters(u, phase) for u in urls]
+        screen = await self._screen(phase, urls, warm, second_rps, ceiling_rps)
+        base, last = screen[0], screen[-1]
+        broke = None if meets_sla(last, c.slo) else last.offered_rps
+        saturation = None
+        if timing_saturation is None and broke is not None and not failed(last, c.slo):
+            saturation = await self._saturation(
+                phase, len(screen), urls, c.saturation_factor * broke, warm, base.p99_ttft_s
+            )
+        bounds = [r for r in (broke, saturation) if r is not None]
+        search = SustainedSearch(base.offered_rps, min(bounds) if bounds else None, c.precision)
+        held: list[Step] = []
+        index = len(screen) + (saturation is not None)
+        # screening never broke the SLA (up to the ceiling): hold its top rate first
+        first = last.offered_rps if broke is None and last is not base else None
+        while not self._over_budget() and len(held) < c.max_sustained:
+            rate = first if first is not None else search.next_rate(held, c.slo, base.p99_ttft_s)
+            first = None
+            if rate is None:
+                break
+            timing = self._timing(rate, timing_saturation or saturation)
+            step, _ = await self._step(
+                phase, index, urls, rate, warm, base.p99_ttft_s, timing, StepKind.SUSTAINED
+            )
+            held.append(step)
+            index += 1
+        else:
+            log.warning(
+                "%s probe: past its budget (%.0f s, %d sustained steps); the ultimate is "
+                "the highest rate sustained so far",
+                phase.value,
+                c.budget_s,
+                c.max_sustained,
+            )
+        curve = analyze(
+            [base, *held],
+            c.slo,
+            bound_rps=min(bounds) if bounds else None,
+            saturation_rps=saturation,
+        )
         after = [await self._counters(u, phase) for u in urls]
         inflight = {r: v for (p, r), v in self.inflight.items() if p is phase}
-        return _PhaseResult(curve, _hit_rate(before, after, phase), inflight)
+        durations = {r: t for (p, r), t in self.durations.items() if p is phase}
+        return _PhaseResult(curve, _hit_rate(before, after, phase), inflight, durations)
 
     async def recovery(self, ultimate_rps: float, baseline: float) -> float | None:
         """T_recover after a step at ``overload_factor`` x the ultimate (cold), run again
@@ -439,7 +609,9 @@ async def _pair_scaling(
         )
     else:
         try:
-            pair = await prober.run_phase(Phase.PAIR, urls, False, 0.5 * single, single)
+            pair = await prober.run_phase(
+                Phase.PAIR, urls, False, 0.5 * single, single, cold.curve.saturation_rps
+            )
         except ProbeAborted as e:
             why = f"the pair's probe aborted: {e.reason}"
         else:
@@ -460,28 +632,6 @@ def _shift(r: RequestResult, by: float) -> RequestResult:
     )
 
 
-async def _model_and_version(
-    http: aiohttp.ClientSession, url: str, model: str | None
-) -> tuple[str, str]:
-    """The model to ask for (the first of /v1/models unless given) and the engine's
-    version from /version ("" when it does not answer)."""
-    version = ""
-    try:
-        async with http.get(url + "/version") as r:
-            if r.status == 200:
-                version = clean_engine_version((await r.json(content_type=None)).get("version", ""))
-    except (aiohttp.ClientError, OSError, ValueError, AttributeError):
-        version = ""
-    if model is not None:
-        return model, version
-    try:
-        async with http.get(url + "/v1/models") as r:
-            data = (await r.json(content_type=None)).get("data") or []
-            return str(data[0]["id"]), version
-    except (aiohttp.ClientError, OSError, ValueError, AttributeError, IndexError, KeyError) as e:
-        raise ProbeAborted(AbortCause.UNREADABLE, None, f"{url}/v1/models: no model ({e})") from e
-
-
 async def probe_capacity(
     url: str,
     config: ProbeConfig,
@@ -495,8 +645,16 @@ async def probe_capacity(
         raise ValueError(f"pair_url must be another replica than {url}")
     started = time.monotonic()
     async with LoadGenerator(config.request_timeout_s) as gen:
-        model, version = await _model_and_version(gen.http, url, config.model)
-        prober = _Prober(url, config, workload, gen, progress, model)
+        info = await read_replica(gen.http, url, config.model)
+        limits = [info.max_model_len]
+        if pair_url is not None:
+            limits.append((await read_replica(gen.http, pair_url, info.model)).max_model_len)
+        known = [n for n in limits if n is not None]
+        try:
+            workload = fit_context(workload, min(known) if known else None)
+        except ValueError as e:
+            raise ProbeAborted(AbortCause.UNREADABLE, None, f"the workload: {e}") from e
+        prober = _Prober(url, config, workload, gen, progress, info.model, started=started)
         urls = [url] if pair_url is None else [url, pair_url]
         await prober._drain(urls, None)
         cold = await prober.run_phase(Phase.COLD, [url], False, config.hint_rps)
@@ -513,18 +671,18 @@ async def probe_capacity(
     return CapacityRecord(
         region=config.region,
         measured_at=time.time(),
-        engine_version=version,
-        model=model,
+        engine_version=info.engine_version,
+        model=info.model,
+        serving=info.serving,
         replica=url,
         slo=config.slo,
         factor_of_safety=config.factor_of_safety,
-        probes=(
-            HitProbe.of(cold.hit_rate, cold.curve, config.step_s, cold.inflight),
-            HitProbe.of(warm.hit_rate, warm.curve, config.step_s, warm.inflight),
-        ),
+        probes=(cold.hit_probe(config.step_s), warm.hit_probe(config.step_s)),
         r_base_rps=r_base,
         beta=beta,
         t_recover_s=t_recover,
+        t_recover_window_s=config.recover_s if config.measure_recovery else None,
+        workload_errors=workload_errors(prober.results),
         wasted_work_share=wasted_share(prober.results),
         scaling_efficiency=efficiency,
         scaling_measured=measured,

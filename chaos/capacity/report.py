@@ -104,7 +104,7 @@ def render_html(record: CapacityRecord, size: tuple[int, int], *, aborted: str =
         ("factor of safety", f"{record.factor_of_safety:g}"),
         ("R_base (cold, one replica)", f"{record.r_base_rps:.2f} rps"),
         ("beta (what a hit saves)", f"{record.beta:.3f}"),
-        ("T_recover", _opt(record.t_recover_s, "s")),
+        ("T_recover", recovery_text(record)),
         (
             "wasted work",
             "not measured"
@@ -172,6 +172,18 @@ def _profile(record: CapacityRecord) -> str:
         f"{p.output_tokens} output tokens, {p.shared_prefix_share:.0%} shared prefixes "
         f"(from {p.source})"
     )
+
+
+def recovery_text(record: CapacityRecord) -> str:
+    """T_recover, or "did not recover within N s" when the recovery was watched for N s
+    (``t_recover_window_s``, once the record carries it) and the replica was still over
+    the SLA at its end; "not measured" only when it was not."""
+    if record.t_recover_s is not None:
+        return f"{record.t_recover_s:.2f} s"
+    window = getattr(record, "t_recover_window_s", None)
+    if isinstance(window, int | float):
+        return f"did not recover within {window:g} s"
+    return "not measured"
 
 
 def _opt(value: float | None, unit: str) -> str:

@@ -26,16 +26,17 @@ recorded as a failed run naming why.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from chaos.capacity.probe import ProbeConfig, probe_capacity
 from chaos.capacity.report import write_report
-from chaos.capacity.verdicts import ProbeAborted, StepReport
+from chaos.capacity.verdicts import ProbeAborted, StepKind, StepReport
 from chaos.capacity.workload import workload_from_catalog
 from chaos.drills.result import Criterion, DrillResult
 from chaos.drills.service import PROBE_TITLE, ProbeOutcome
@@ -56,7 +57,7 @@ from controlplane.kernel.pool_loans import (
 )
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.prefix_catalog import PrefixCatalog
-from controlplane.kernel.store.port import Put, Store
+from controlplane.kernel.store.port import Put, Store, StoreError
 
 log = logging.getLogger("tectonic.capacity")
 M = TypeVar("M", CapacityRecord, PrefixCatalog)
@@ -118,9 +119,10 @@ class CapacityProber:
                     workload.profile.source,
                 )
                 pair = urls[1] if len(urls) > 1 else None
-                record = await probe_capacity(
-                    urls[0], config, workload, pair_url=pair, progress=_tell
-                )
+                async with ProgressPublisher(self._store, self._keys.drill_progress()) as told:
+                    record = await probe_capacity(
+                        urls[0], config, workload, pair_url=pair, progress=told
+                    )
         except ProbeAborted as e:
             failed = self._result(run_id, region, started, [_aborted("probe", str(e))], str(e))
             return ProbeOutcome(result=failed)
@@ -296,15 +298,52 @@ def _dry_run(replica: str | None) -> Criterion:
     )
 
 
-def _tell(step: StepReport) -> None:
-    log.info(
-        "%s step %d: %.1f rps offered, p99 %.0f ms, errors %.1f%%, %.1f rps served: %s%s",
-        step.phase.value,
-        step.index,
-        step.offered_rps,
-        step.p99_ttft_s * 1000,
-        step.error_rate * 100,
-        step.throughput_rps,
-        step.verdict.value,
-        " (the load generator fell behind)" if step.generator_behind else "",
+def step_line(step: StepReport) -> str:
+    """One step as a sentence: the log's, and what ``failoverctl capacity probe`` shows."""
+    held = ""
+    if step.kind is StepKind.SUSTAINED:
+        held = f" after {step.warmup_s:.0f} s of warm-up, judged over {step.duration_s:.0f} s"
+    return (
+        f"{step.phase.value} {step.kind.value} step {step.index}: "
+        f"{step.offered_rps:.1f} rps offered{held}, p99 {step.p99_ttft_s * 1000:.0f} ms, "
+        f"errors {step.error_rate:.1%}, {step.throughput_rps:.1f} rps served: "
+        f"{step.verdict.value}"
+        + (" (the load generator fell behind)" if step.generator_behind else "")
     )
+
+
+class ProgressPublisher:
+    """Logs each step and keeps its line at ``key`` for whoever waits on the probe (one
+    small value overwritten per step; removed at the end). The probe calls back
+    synchronously: writes run as tasks, a failed one is logged, never fatal."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self._store, self._key = store, key
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, step: StepReport) -> None:
+        line = step_line(step)
+        log.info("%s", line)
+        self._spawn(self._store.put(self._key, line.encode()))
+
+    def _spawn(self, write: Awaitable[object]) -> None:
+        async def run() -> None:
+            try:
+                await write
+            except StoreError as e:
+                log.warning("progress not published: %s", e)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def __aenter__(self) -> ProgressPublisher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks)
+        try:
+            await self._store.delete(self._key)
+        except StoreError as e:
+            log.warning("progress not cleared: %s", e)

@@ -1,5 +1,9 @@
-"""What a probe's requests say (pure): a step's figures, the overload recovery time,
-the wasted-work share. The bench feeds the same functions a model's requests.
+"""What a probe's requests say (pure): a step's figures (a screening step's, a
+sustained step's), the saturation throughput, the overload recovery time, the
+wasted-work share. The bench feeds the same functions a model's requests.
+
+Workload errors (a request refused as too long for the model's context) are the
+probe's fault, not the replica's: they are left out of every figure here.
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaos.capacity.results import Outcome, RequestResult
+from chaos.capacity.results import Outcome, RequestResult, loaded
 from controlplane.kernel.capacity import CapacitySLO, Step
 
 
@@ -35,25 +39,105 @@ class StepFigures:
 def step_figures(
     results: Sequence[RequestResult], offered_rps: float, duration_s: float, timeout_s: float
 ) -> StepFigures:
-    """The step's first-token p99 (over the requests that got a first token; the
-    timeout when none did), error rate (errors and timeouts over requests sent),
-    throughput (requests served over the time it took to serve them, at least the
-    step's duration) and timeouts."""
+    """A screening step's figures (every request of a step from an empty queue): its
+    first-token p99 (over the requests that got a first token; the timeout when none
+    did), error rate (errors and timeouts over requests sent), throughput (requests
+    completed within the step over its duration) and timeouts."""
+    results = loaded(results)
     if not results:  # a rate so low that no arrival fell in the step: nothing failed
         return StepFigures(Step(offered_rps, 0.0, 0.0, 0.0), 0, 0.0, 0.0)
-    ttfts = [t for r in results if (t := r.ttft_s) is not None]
-    p99 = percentile(ttfts, 99) if ttfts else timeout_s
-    failed = sum(not r.ok for r in results)
-    timeouts = sum(r.outcome is Outcome.TIMEOUT for r in results)
-    served = [r.done_s for r in results if r.ok]
-    span = max([duration_s, *served])
+    p99, errors, timeouts = _sla_figures(results, timeout_s)
+    done = sum(r.ok and r.done_s <= duration_s for r in results)
     lags = [max(0.0, r.lag_s) for r in results]
     return StepFigures(
-        Step(offered_rps, p99, failed / len(results), len(served) / span, timeouts),
+        Step(offered_rps, p99, errors, done / duration_s, timeouts),
         len(results),
         percentile(lags, 99),
         max(lags),
     )
+
+
+def _sla_figures(results: Sequence[RequestResult], timeout_s: float) -> tuple[float, float, int]:
+    """First-token p99 (the timeout when nothing came), error rate, timeouts."""
+    ttfts = [t for r in results if (t := r.ttft_s) is not None]
+    p99 = percentile(ttfts, 99) if ttfts else timeout_s
+    errors = sum(r.overload_error for r in results) / len(results)
+    timeouts = sum(r.outcome is Outcome.TIMEOUT for r in results)
+    return p99, errors, timeouts
+
+
+def inflight_at(results: Sequence[RequestResult], t: float) -> int:
+    """Requests sent and not yet done at ``t`` (the backlog the replica holds)."""
+    return sum(r.sent_s <= t < r.done_s for r in results)
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return 0.0 if sxx == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+@dataclass(frozen=True, slots=True)
+class SustainedFigures:
+    """A sustained step as judged over its window, and its mean in-flight there."""
+
+    figures: StepFigures
+    mean_inflight: float  # requests held at once on average in the window (all replicas)
+
+
+def sustained_figures(
+    results: Sequence[RequestResult],
+    offered_rps: float,
+    warmup_s: float,
+    measure_s: float,
+    timeout_s: float,
+    samples: int = 60,
+) -> SustainedFigures:
+    """A sustained step judged over its window ``[warmup_s, warmup_s + measure_s)``:
+    p99 and errors over the requests that arrived in it; the **served ratio**,
+    completions in the window over arrivals in it; the **backlog growth**, the
+    least-squares trend of the in-flight count (``samples`` points across the window)
+    times the window, over its arrivals; the throughput, completions in the window over
+    its length; the mean in-flight there (Little's law's L, for admission's bound)."""
+    results = loaded(results)
+    start, end = warmup_s, warmup_s + measure_s
+    judged = [r for r in results if start <= r.planned_s < end]
+    lags = [max(0.0, r.lag_s) for r in results] or [0.0]
+    if not judged:
+        figs = StepFigures(Step(offered_rps, 0.0, 0.0, 0.0, 0, 1.0, 0.0), 0, 0.0, 0.0)
+        return SustainedFigures(figs, 0.0)
+    p99, errors, timeouts = _sla_figures(judged, timeout_s)
+    completed = sum(start <= r.done_s < end for r in results)
+    times = [start + measure_s * (i + 0.5) / samples for i in range(samples)]
+    held = [float(inflight_at(results, t)) for t in times]
+    growth = _slope(times, held) * measure_s / len(judged)
+    step = Step(
+        offered_rps,
+        p99,
+        errors,
+        completed / measure_s,
+        timeouts,
+        served_ratio=completed / len(judged),
+        backlog_growth=growth,
+        judged=len(judged),
+        mean_inflight=sum(held) / len(held),
+    )
+    figs = StepFigures(step, len(judged), percentile(lags, 99), max(lags))
+    return SustainedFigures(figs, step.mean_inflight)
+
+
+def saturation_rps(results: Sequence[RequestResult]) -> float | None:
+    """What a replica completes per second when it cannot keep up: from a step offered
+    far more than it serves, the completions between the 10th and the 90th percentile
+    of completion times (the backlog there keeps every slot busy; the ramp up and the
+    last stragglers are left out). None with fewer than 10 completions."""
+    done = sorted(r.done_s for r in loaded(results) if r.ok)
+    if len(done) < 10:
+        return None
+    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
+    span = done[hi] - done[lo]
+    return (hi - lo) / span if span > 0 else None
 
 
 def recovery_time(
@@ -87,7 +171,7 @@ def recovery_time(
 def _window_ok(window: Sequence[RequestResult], slo: CapacitySLO) -> bool:
     if any(r.outcome is Outcome.TIMEOUT for r in window):
         return False
-    errors = sum(not r.ok for r in window) / len(window)
+    errors = sum(r.overload_error for r in window) / len(window)
     ttfts = [t for r in window if (t := r.ttft_s) is not None]
     return errors <= slo.error_rate and bool(ttfts) and percentile(ttfts, 99) <= slo.ttft_p99_s
 

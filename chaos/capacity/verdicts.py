@@ -17,6 +17,7 @@ from controlplane.kernel.capacity import (
     Step,
     failed,
     fit_hit_effect,
+    keeps_up,
     meets_sla,
 )
 
@@ -35,7 +36,14 @@ class Verdict(StrEnum):
     ELASTIC = "elastic"
     PAST_KNEE = "past the knee"
     OVER_SLA = "over the SLA"
+    BEHIND = "not keeping up"  # a sustained step served less than arrived, or its backlog grew
     FAILURE = "failure"
+
+
+class StepKind(StrEnum):
+    SCREEN = "screen"  # a short step from an empty queue: where the SLA breaks before a backlog
+    SATURATION = "saturation"  # offered far more than it serves: what it completes per second
+    SUSTAINED = "sustained"  # a warm-up, then a judged window: what it sustains
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,11 @@ class StepReport:
     drain_s: float  # until the replica was idle again
     verdict: Verdict
     attempt: int = 0  # > 0: the step ran again, the generator was behind before
+    kind: StepKind = StepKind.SCREEN
+    served_ratio: float | None = None  # a sustained step's completions over arrivals
+    backlog_growth: float | None = None  # a sustained step's backlog trend over arrivals
+    warmup_s: float = 0.0  # a sustained step's load before its judged window
+    duration_s: float = 0.0  # the judged window (a screening step: the whole step)
 
 
 Progress = Callable[[StepReport], None]
@@ -86,6 +99,8 @@ class ProbeAborted(RuntimeError):
 def verdict(step: Step, baseline_p99_s: float, slo: CapacitySLO) -> Verdict:
     if failed(step, slo):
         return Verdict.FAILURE
+    if not keeps_up(step, slo):
+        return Verdict.BEHIND
     if not meets_sla(step, slo):
         return Verdict.OVER_SLA
     if step.p99_ttft_s > slo.knee_factor * baseline_p99_s:

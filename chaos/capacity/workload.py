@@ -13,6 +13,13 @@ Prompts are words of at most four letters, about one token each (one each on the
 simulator's tokenizer, one or two on a BPE one); the hit rate a probe reports is read
 from the replica's counters, never from these estimates.
 
+A replica takes no prompt longer than its context (``max_model_len``, from its
+``/v1/models``) leaves for the output: :func:`fit_context` lowers the workload's
+``max_prompt_tokens`` (and a longer shared prefix) to fit, with a margin for the
+estimate (a BPE tokenizer splits some words, a real chat template adds more than
+:data:`TEMPLATE_TOKENS`). Only the lengths past the cap change: the same draws, the
+same requests otherwise, the same stream for the same cap.
+
 Everything is a function of a seed, and request ``i`` and arrival ``i`` are the same
 at every rate (common random numbers: arrivals are unit exponential gaps scaled by
 1/rate). Steps of one probe then differ only by their rate, and a model of the
@@ -28,7 +35,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.kernel.capacity_record import WorkloadProfile
 from controlplane.kernel.prefix_catalog import PrefixCatalog
@@ -37,6 +44,10 @@ from controlplane.kernel.prefix_catalog import PrefixCatalog
 # markers and the generation prompt); real templates add about as much or more.
 TEMPLATE_TOKENS = 8
 NONCE_WORDS = 3  # leading words that make a prompt (or a shared prompt's rest) unique
+# What fit_context leaves of the context for the estimate's error: a share of it, and
+# some tokens more (a long chat template, a system prompt).
+CONTEXT_HEADROOM = 0.1
+CONTEXT_MARGIN_TOKENS = 64
 _Z90 = statistics.NormalDist().inv_cdf(0.9)
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 # Short common words: one token on most tokenizers with their leading space.
@@ -77,6 +88,47 @@ class Workload:
             raise ValueError("prefix_tokens >= 1 and 1 <= prefixes <= 999 are required")
         if not self.min_prompt_tokens <= self.max_prompt_tokens:
             raise ValueError("min_prompt_tokens must not exceed max_prompt_tokens")
+
+
+def context_cap(
+    max_model_len: int,
+    output_tokens: int,
+    headroom: float = CONTEXT_HEADROOM,
+    margin_tokens: int = CONTEXT_MARGIN_TOKENS,
+) -> int:
+    """The longest prompt (the workload's estimate, template included) that leaves
+    ``output_tokens`` of a ``max_model_len`` context, less the margins: ``(max_model_len
+    - output_tokens - margin_tokens) * (1 - headroom)``, rounded down."""
+    if max_model_len < 1 or output_tokens < 0 or not 0 <= headroom < 1 or margin_tokens < 0:
+        raise ValueError("max_model_len >= 1, output_tokens >= 0, 0 <= headroom < 1 required")
+    return math.floor((max_model_len - output_tokens - margin_tokens) * (1 - headroom))
+
+
+def fit_context(
+    workload: Workload,
+    max_model_len: int | None,
+    headroom: float = CONTEXT_HEADROOM,
+    margin_tokens: int = CONTEXT_MARGIN_TOKENS,
+) -> Workload:
+    """The workload with every prompt short enough that prompt and output fit a
+    replica's ``max_model_len`` (:func:`context_cap`): ``max_prompt_tokens`` lowered
+    to the cap (and recorded in the profile), a shared prefix too long for it cut
+    (with its nonce and question it must fit as well). Unchanged when the cap is
+    above the workload's own bound, or ``max_model_len`` is None (not reported).
+    Raises ValueError when not even the shortest prompt fits with the output."""
+    if max_model_len is None:
+        return workload
+    cap = context_cap(max_model_len, workload.profile.output_tokens, headroom, margin_tokens)
+    if cap < workload.min_prompt_tokens:
+        raise ValueError(
+            f"a context of {max_model_len} tokens leaves no room for a prompt of "
+            f"{workload.min_prompt_tokens} and {workload.profile.output_tokens} output tokens"
+        )
+    if cap >= workload.max_prompt_tokens:
+        return workload
+    prefix = min(workload.prefix_tokens, max(1, cap - TEMPLATE_TOKENS - NONCE_WORDS - 1))
+    profile = workload.profile.model_copy(update={"max_prompt_tokens": cap})
+    return replace(workload, profile=profile, prefix_tokens=prefix, max_prompt_tokens=cap)
 
 
 def default_workload(profile: WorkloadProfile = DEFAULT_PROFILE) -> Workload:

@@ -40,6 +40,7 @@ from controlplane.kernel.store.port import Compare, Put, Store, StoreUnavailable
 
 DEFAULT_PREFIXES, MAX_PREFIXES = 20, 256
 DEFAULT_DRILLS, MAX_DRILLS = 20, 500
+PROGRESS_CHARS = 500  # a progress line as shown, at most
 MAX_PENDING = 16  # queued drill requests; more is a mistake (a loop in a script)
 PREVIEW = 80
 
@@ -248,6 +249,9 @@ class DrillMethods:
         lock = await self.store.get(self.keys.drill_lock())
         if lock is not None:
             resp.running = lock.value.decode(errors="replace")
+            progress = await self.store.get(self.keys.drill_progress())
+            if progress is not None:
+                resp.progress = progress.value.decode(errors="replace")[:PROGRESS_CHARS]
         return resp
 
     async def _catalog(self) -> DrillCatalog | None:

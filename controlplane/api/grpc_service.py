@@ -192,6 +192,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                 signals=dict(request.signals),
                 detail=request.detail,
                 engine_version=request.engine_version,
+                serving_config=request.serving_config,
                 now=self.clock.now(),
             )
         except BadReport as e:

@@ -37,6 +37,7 @@ from controlplane.kernel.model import (
     Readiness,
     RegionState,
 )
+from controlplane.kernel.replica_signals import LOAD_RAW_SIGNAL
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import (
@@ -98,7 +99,15 @@ class CapacityView(BaseModel):
         "and bears nothing)"
     )
     allowed_rps: float = Field(description="what the region bears now, at hit_rate")
-    load_rps: float
+    load_rps: float = Field(
+        description="inference requests per second the region serves, over the agent's "
+        "30 s window (replica_signals.LOAD_WINDOW_S): what CBU and the planner read"
+    )
+    load_rps_raw: float | None = Field(
+        None,
+        description="the same over the agent's last probe interval (~1 s), for the live "
+        "view; noisy (null: not reported)",
+    )
     hit_rate: float = Field(description="prefix-cache hit rate of what it serves")
     warn_cbu: float = Field(description="the topology's capacity.warn_cbu")
     page_cbu: float = Field(description="the topology's capacity.page_cbu")
@@ -133,6 +142,7 @@ def capacity_view(view: RegionView, topology: Topology, now: float) -> CapacityV
         cbu=cbu if math.isfinite(cbu) else None,  # JSON has no infinity
         allowed_rps=allowed,
         load_rps=load,
+        load_rps_raw=view.health.signals.get(LOAD_RAW_SIGNAL),
         hit_rate=hit_rate,
         warn_cbu=policy.warn_cbu,
         page_cbu=policy.page_cbu,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -20,12 +21,21 @@ from rich.table import Table
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import render
-from controlplane.cli.client import EXIT_REFUSED
+from controlplane.cli.client import EXIT_REFUSED, EXIT_UNREACHABLE
 from controlplane.cli.common import JsonOpt, ReasonOpt, _call, _ctx, _show, err, out
-from controlplane.cli.drill_cmds import runs_table, wait_for_run
+from controlplane.cli.drill_cmds import runs_table
 from controlplane.kernel.capacity import failed, meets_sla
 from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, ProbeStep
-from controlplane.kernel.drills import CAPACITY_PROBE
+from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
+
+# A drill service republishes drills/catalog every tick (30 s by default) and holds
+# drills/lock on a lease while it runs anything: a catalog older than this, and no
+# lock, means no drill service is running (or it ticks slower than this).
+SERVICE_SILENT_S = 120.0
+START_SERVICE = (
+    "start one: python -m chaos --schedule chaos/schedule.yaml --topology TOPOLOGY "
+    "--etcd HOST:PORT --cluster NAME (the --topology runs the capacity prober), then retry"
+)
 
 capacity_app = typer.Typer(
     help="What each region bears: its capacity utilisation (CBU), the capacity behind "
@@ -59,8 +69,26 @@ def bearing_lines(region: str, b: pb.RegionCapacity) -> list[str]:
     return [head, f"  capacity: {b.source}: {b.reason}{active}"]
 
 
+def recovery_text(t_recover_s: float | None, measured_over_s: float | None) -> str:
+    """T_recover as said: the time, "did not recover within N s" when it was measured
+    over N s and the replica was still over the SLA at the end, else "not measured"."""
+    if t_recover_s is not None:
+        return f"{t_recover_s:.1f} s"
+    if measured_over_s is not None:
+        return f"did not recover within {measured_over_s:g} s"
+    return "not measured"
+
+
+def recovery_window_s(r: CapacityRecord) -> float | None:
+    """How long the recovery was watched, when the record says (``t_recover_window_s``,
+    written by the probe once the record carries it; None: not measured, or a record
+    from before)."""
+    value = getattr(r, "t_recover_window_s", None)
+    return float(value) if isinstance(value, int | float) else None
+
+
 def record_lines(r: CapacityRecord) -> list[str]:
-    recover = "not measured" if r.t_recover_s is None else f"{r.t_recover_s:.1f} s"
+    recover = recovery_text(r.t_recover_s, recovery_window_s(r))
     wasted = "" if r.wasted_work_share is None else f", wasted work {r.wasted_work_share:.1%}"
     scaling = "measured" if r.scaling_measured else "assumed"
     if r.scaling_unmeasured:
@@ -168,7 +196,9 @@ def capacity_probe(
             "both are also loaded at once, for the scaling efficiency)."
         ),
     ] = "",
-    wait: Annotated[bool, typer.Option(help="Wait for the result (progress shown).")] = True,
+    wait: Annotated[
+        bool, typer.Option(help="Wait for the result, saying where it is (queued, running).")
+    ] = True,
     wait_s: Annotated[float, typer.Option(help="How long to wait.")] = 1800.0,
     json_out: JsonOpt = False,
 ) -> None:
@@ -179,12 +209,20 @@ def capacity_probe(
     which must not be in rotation. With two WARM replicas it borrows both and also
     loads them at once, for the scaling efficiency (else 1.0 is assumed, and said).
     It runs under the drill lock (never beside a drill), stores the result at
-    capacity/<region> (audited) and writes an HTML report. Waits for it, then shows
-    the region's capacity: exit 0 when it measured, 1 when it aborted.
+    capacity/<region> (audited) and writes an HTML report. Waits for it, saying where
+    it is (queued, behind what, running since when; the probe's steps are in the
+    service's log), then shows the region's capacity: exit 0 when it measured, 1 when
+    it aborted or --wait-s ran out, 3 when no drill service runs (nothing is queued
+    then) or it stopped meanwhile. With --json: one JSON line per change, then the
+    result's.
 
     Example: failoverctl capacity probe us-east -r "after the vLLM upgrade"
     """
     c = _ctx(ctx, json_out)
+    silent = service_silence(_call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=1)))
+    if silent:  # nothing queued: a request would wait for a service nobody runs
+        err.print(f"[bold red]error:[/] {silent}; nothing was queued")
+        raise typer.Exit(EXIT_UNREACHABLE)
     req = pb.DrillRequest(
         scenario=CAPACITY_PROBE, region=region, reason=reason, actor=c.actor, replica=replica
     )
@@ -194,13 +232,11 @@ def capacity_probe(
         return
     if not c.json:
         err.print(f"queued: request {resp.intent_id}; waiting for the drill service ...")
-    run = wait_for_run(c, resp.intent_id, wait_s)
+    run = follow_probe(c, resp.intent_id, wait_s)
     cap = _call(c, lambda s: s.GetCapacity, pb.CapacityRequest(region=region))
-    if c.json:
-        render.print_json(
-            out,
-            {"run": render.to_dict(run), "capacity": [entry_json(e) for e in cap.regions]},
-        )
+    if c.json:  # JSON lines: the progress lines, then this one
+        result = {"run": render.to_dict(run), "capacity": [entry_json(e) for e in cap.regions]}
+        out.print(json.dumps(result), highlight=False, soft_wrap=True)
     else:
         out.print(runs_table([run], "Capacity probe"))
         if run.report_path:
@@ -209,3 +245,106 @@ def capacity_probe(
             show_region(e)
     if not run.passed:
         raise typer.Exit(EXIT_REFUSED)
+
+
+def service_silence(resp: pb.DrillsResponse, now: float | None = None) -> str:
+    """Why no drill service can run the probe ("" when one runs): none ever published
+    its catalog, or it has not for SERVICE_SILENT_S and holds no drill lock."""
+    if resp.running:
+        return ""  # a service holds the lock on a live lease
+    if not resp.service:
+        return f"no drill service is running (none has ever published its catalog); {START_SERVICE}"
+    age = (time.time() if now is None else now) - resp.published_at
+    if age <= SERVICE_SILENT_S:
+        return ""
+    return (
+        f"no drill service is running: {resp.service} last published {age:.0f} s ago "
+        f"(a running one does every tick) and no drill runs; {START_SERVICE}"
+    )
+
+
+def progress_text(resp: pb.DrillsResponse, request_id: str) -> str:
+    """Where the request is, from what ListDrills shows: queued (and behind what), or
+    the drill running now (the lock: who, which, since when)."""
+    mine = next((p for p in resp.pending if p.id == request_id), None)
+    if mine is not None and not _runs(resp.running, mine):
+        ahead = [p for p in resp.pending if p.id != request_id]
+        if resp.running:
+            return f"queued behind the drill running now: {_lock_text(resp.running)}"
+        return f"queued ({len(ahead)} request(s) ahead)" if ahead else "queued"
+    if resp.running:
+        step = f"; {resp.progress}" if resp.progress else ""
+        return f"running: {_lock_text(resp.running)}{step}"
+    return ""
+
+
+def _runs(raw_lock: str, request: pb.PendingDrill) -> bool:
+    """Whether the drill holding the lock is this request's (the service keeps a request
+    until its run is recorded): the same scenario and region, started since it was
+    asked for."""
+    try:
+        lock = json.loads(raw_lock)
+        return (
+            lock["scenario"] == request.scenario
+            and (not request.region or lock["region"] == request.region)
+            and float(lock["started_at"]) >= request.requested_at - 1.0
+        )
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _lock_text(raw: str) -> str:
+    try:
+        lock = json.loads(raw)
+        since = float(lock["started_at"])
+        what = f"{lock['scenario']} on {lock['region'] or '(default region)'}"
+        # a start time, not an age: the line changes only when the drill does
+        at = datetime.fromtimestamp(since, UTC).strftime("%H:%M:%S UTC")
+        return f"{what} by {lock['holder']} since {at}"
+    except (ValueError, KeyError, TypeError):
+        return raw[:200]
+
+
+def follow_probe(c: Any, request_id: str, wait_s: float) -> pb.DrillRun:
+    """Wait for the run answering ``request_id``, saying each change of where it is
+    (text on stderr; with --json, one JSON line per change on stdout). Exit 3 when the
+    drill service stops meanwhile, 1 when ``wait_s`` runs out."""
+    deadline = time.monotonic() + wait_s
+    said = ""
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        resp = _call(c, lambda s: s.ListDrills, pb.DrillsRequest(limit=50))
+        run: pb.DrillRun | None = next((r for r in resp.runs if r.request_id == request_id), None)
+        if run is not None:
+            return run
+        now = progress_text(resp, request_id)
+        silent = service_silence(resp)
+        if silent:
+            _say(c, request_id, "service stopped", silent, started)
+            err.print(
+                f"[bold red]error:[/] {silent}; request {request_id} stays queued for it "
+                "(failoverctl drill list)"
+            )
+            raise typer.Exit(EXIT_UNREACHABLE)
+        if now and now != said:
+            _say(c, request_id, now.split(":", 1)[0], now, started)
+            said = now
+        time.sleep(1.0)
+    err.print(
+        f"[bold red]error:[/] no result for request {request_id} within {wait_s:g} s (a "
+        f"probe takes up to {CAPACITY_PROBE_MAX_S:g} s); follow it with failoverctl drill list"
+    )
+    raise typer.Exit(EXIT_REFUSED)
+
+
+def _say(c: Any, request_id: str, state: str, text: str, started: float) -> None:
+    if c.json:
+        line = {
+            "request": request_id,
+            "state": state,
+            "detail": text,
+            "elapsed_s": round(time.monotonic() - started, 1),
+        }
+        out.print(json.dumps(line), highlight=False, soft_wrap=True)
+    else:
+        err.print(text, highlight=False)

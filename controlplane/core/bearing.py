@@ -107,6 +107,7 @@ def region_bearing(view: RegionView, topology: Topology, now: float) -> Bearing:
         now=now,
         active_replicas=view.active_replicas,
         engine_version=view.health.engine_version or None,
+        serving_config=view.health.serving_config or None,
     )
 
 

@@ -70,6 +70,13 @@ def engine_version_of(votes: list[HealthReport]) -> str:
     return max(known, key=lambda v: v.received_at).engine_version if known else ""
 
 
+def serving_config_of(votes: list[HealthReport]) -> str:
+    """The region's serving configuration (fingerprint), as its agents last said; ""
+    when none of the fresh votes knows."""
+    known = [v for v in votes if v.kind is ObserverKind.AGENT and v.serving_config]
+    return max(known, key=lambda v: v.received_at).serving_config if known else ""
+
+
 def fold_health(
     prev: RegionHealth, reports: Iterable[HealthReport], now: float, timing: TimingConfig
 ) -> RegionHealth:
@@ -101,6 +108,7 @@ def fold_health(
         votes={v.observer: v.health for v in votes},
         signals=merged_signals(votes),
         engine_version=engine_version_of(votes),
+        serving_config=serving_config_of(votes),
         evaluated_at=now,
     )
 

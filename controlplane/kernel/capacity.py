@@ -1,23 +1,31 @@
-"""Bearing capacity: what a replica carries under its SLO, read from a step-load probe.
+"""Bearing capacity: what a replica sustains under its SLO, read from a step-load probe.
 
-The model is a foundation engineer's load test. Offered load rises in steps of fixed
-duration while first-token p99, the error rate and throughput are watched:
+The model is a foundation engineer's load test. Offered load rises in steps while
+first-token p99, the error rate and throughput are watched:
 
 - **elastic** range: p99 grows slowly, errors are about 0;
 - **knee** (the critical load): the offered rate where p99 first exceeds
   ``knee_factor`` (2) times its low-load baseline;
-- **ultimate** load: the highest offered rate that still meets the SLA (first-token
-  p99 under the SLO, errors under ``error_rate``);
+- **ultimate** load: the highest offered rate the replica **sustains** within the SLA
+  (first-token p99 under the SLO, errors under ``error_rate``, and it keeps up:
+  served about what was offered with no growing backlog);
+- **saturation**: the most the replica completes per second however much it is offered;
+  nothing at or above it is sustained (its queue only grows);
 - **failure**: errors above ``failure_error_rate`` (5 %) or timeouts; the probe stops.
+
+A step from an empty queue overstates all of these: a backlog needs far longer than a
+few seconds to build near the limit. So the probe *screens* with short steps (where the
+SLA first breaks from empty, and the saturation throughput), then judges **sustained
+steps**: a warm-up long enough for the queue to reach its steady state
+(:func:`sustained_timing`, from the measured saturation), then a judged window. Only a
+sustained step counts for the knee and the ultimate (:class:`SustainedSearch`).
 
 Decisions use the **allowed** load, ultimate / factor of safety. Capacity grows with
 the prefix-cache hit rate h: ``R(h) = R_base / (1 - beta h)`` (R_base: cold prompts;
 beta: the share of a request's cost a hit saves); probing at two hit rates fits both.
 Capacity utilisation (CBU) is served load over allowed capacity at the hit rate now.
 
-Everything here is pure: figures in, figures out. ``ProbePlan`` says which rate to
-offer next (coarse steps up, then halving the bracket around the ultimate load), so
-the probe's I/O is a loop around it.
+Everything here is pure: figures in, figures out; the probe's I/O is a loop around it.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ class CapacitySLO(Frozen):
     error_rate: Annotated[float, Field(ge=0, lt=1)] = 0.005
     failure_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.05
     knee_factor: Annotated[float, Field(gt=1)] = 2.0
+    # A sustained step keeps up when it completes at least (1 - this) of what arrived in
+    # its judged window and its backlog grows by at most this share of those arrivals.
+    served_tolerance: Annotated[float, Field(gt=0, lt=0.5)] = 0.05
 
     @model_validator(mode="after")
     def _ordered(self) -> CapacitySLO:
@@ -50,13 +61,23 @@ class CapacitySLO(Frozen):
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One step of the probe: what was offered and what came back."""
+    """One step of the probe: what was offered and what came back. ``served_ratio``
+    and ``backlog_growth`` are a sustained step's (None: a screening step from an empty
+    queue, which cannot say whether the rate is sustained)."""
 
     offered_rps: float
     p99_ttft_s: float
     error_rate: float
     throughput_rps: float
     timeouts: int = 0
+    served_ratio: float | None = None  # completions over arrivals in the judged window
+    backlog_growth: float | None = None  # in-flight trend x window, over its arrivals
+    judged: int = 0  # a sustained step's arrivals in its window
+    mean_inflight: float = 0.0  # requests held at once on average in the window
+
+    @property
+    def sustained(self) -> bool:
+        return self.served_ratio is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +91,7 @@ class Curve:
     ultimate_bounded: bool
     failure_rps: float | None
     steps: tuple[Step, ...] = field(default=(), repr=False)
+    saturation_rps: float | None = None  # the most it completes per second, when measured
 
     def allowed_rps(self, factor_of_safety: float) -> float:
         if factor_of_safety < 1:
@@ -77,11 +99,33 @@ class Curve:
         return self.ultimate_rps / factor_of_safety
 
 
+def backlog_slack(step: Step, slo: CapacitySLO) -> float:
+    """How many requests a steady queue may gain over a sustained step's window by
+    chance: ``served_tolerance`` of its arrivals, and at least 2 + 3 x the square root
+    of its mean in-flight (the in-flight count of a steady queue moves by about its
+    square root: a few requests at low rates, where a share would be less than one)."""
+    return max(slo.served_tolerance * step.judged, 2.0 + 3.0 * math.sqrt(step.mean_inflight))
+
+
+def keeps_up(step: Step, slo: CapacitySLO) -> bool:
+    """Whether a sustained step reached a steady state: it served about what arrived
+    (its arrivals less its completions within :func:`backlog_slack`) and its backlog did
+    not grow (the in-flight trend over the window, the same bound). A screening step is
+    not judged on this."""
+    if step.served_ratio is None:
+        return True
+    slack = backlog_slack(step, slo)
+    behind = (1.0 - step.served_ratio) * step.judged
+    grown = (step.backlog_growth or 0.0) * step.judged
+    return behind <= slack and grown <= slack
+
+
 def meets_sla(step: Step, slo: CapacitySLO) -> bool:
     return (
         step.timeouts == 0
         and step.p99_ttft_s <= slo.ttft_p99_s
         and step.error_rate <= slo.error_rate
+        and keeps_up(step, slo)
     )
 
 
@@ -99,10 +143,19 @@ def _crossing(lo: Step, hi: Step, value_lo: float, value_hi: float, limit: float
     return lo.offered_rps + t * (hi.offered_rps - lo.offered_rps)
 
 
-def analyze(steps: Sequence[Step], slo: CapacitySLO) -> Curve:
+def analyze(
+    steps: Sequence[Step],
+    slo: CapacitySLO,
+    *,
+    bound_rps: float | None = None,
+    saturation_rps: float | None = None,
+) -> Curve:
     """The knee, ultimate and failure loads of a probe's steps (any order; one step per
-    offered rate). Raises ValueError without a step that meets the SLA: the replica
-    bears nothing under this SLO, or the probe started too high."""
+    offered rate). ``bound_rps``: a rate known not to be sustained (screening broke the
+    SLA there from an empty queue, or the saturation): the ultimate is below it even
+    when every step met the SLA. The ultimate never passes ``saturation_rps``. Raises
+    ValueError without a step that meets the SLA: the replica bears nothing under this
+    SLO, or the probe started too high."""
     ordered = sorted(steps, key=lambda s: s.offered_rps)
     if not ordered:
         raise ValueError("no probe steps to analyze")
@@ -128,12 +181,22 @@ def analyze(steps: Sequence[Step], slo: CapacitySLO) -> Curve:
             crossings.append(_crossing(lo, hi, lo.p99_ttft_s, hi.p99_ttft_s, slo.ttft_p99_s))
         if hi.error_rate > slo.error_rate:
             crossings.append(_crossing(lo, hi, lo.error_rate, hi.error_rate, slo.error_rate))
-        if hi.timeouts:
+        if hi.timeouts or hi.sustained or not keeps_up(hi, slo):
+            # a sustained step claims only what it held (a p99 near its limit is too
+            # steep to interpolate), and a timeout or a growing backlog has no figure
             crossings.append(lo.offered_rps)
         ultimate, bounded = min(crossings), True
         break
+    if not bounded and bound_rps is not None and bound_rps > ultimate:
+        bounded = True  # every step held, and the next rate up is known not to
+    if saturation_rps is not None and ultimate > saturation_rps:
+        ultimate, bounded = saturation_rps, True
+    if bounded and (knee is None or knee > ultimate):
+        # the queue that breaks the SLA (or outgrows the slots) has begun by the ultimate:
+        # no step between the two is claimed
+        knee = ultimate
     failure = next((s.offered_rps for s in ordered if failed(s, slo)), None)
-    return Curve(baseline, knee, ultimate, bounded, failure, tuple(ordered))
+    return Curve(baseline, knee, ultimate, bounded, failure, tuple(ordered), saturation_rps)
 
 
 # ---- the probe's plan --------------------------------------------------------------
@@ -195,6 +258,121 @@ class ProbePlan:
         if (hi - lo) / lo <= self.precision:
             return None
         return (lo + hi) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class SustainedSearch:
+    """Which sustained rate to offer next, between ``floor_rps`` (the lowest step, which
+    met the SLA) and ``bound_rps`` (not sustained: screening broke the SLA there from an
+    empty queue, or the saturation; None: nothing known above). The first guess is
+    ``first_fraction`` x the bound; then the bracket between the highest sustained step
+    that met the SLA and the lowest above it that did not narrows (down by
+    ``first_fraction`` while it is wide, then halved) until it is within ``precision``
+    of its lower end; then the same around the knee. The ultimate is the
+    bracket's lower end: the probe never claims a rate it did not see sustained."""
+
+    floor_rps: float
+    bound_rps: float | None
+    precision: float = 0.05
+    first_fraction: float = 0.85
+
+    def __post_init__(self) -> None:
+        if self.floor_rps <= 0 or not 0 < self.precision < 1:
+            raise ValueError("floor_rps > 0 and 0 < precision < 1 are required")
+        if not 0 < self.first_fraction < 1:
+            raise ValueError("0 < first_fraction < 1 is required")
+
+    def bracket(self, steps: Sequence[Step], slo: CapacitySLO) -> tuple[float, float | None]:
+        """The highest rate sustained within the SLA and the lowest above it that is
+        not (None: none known)."""
+        lo = max([self.floor_rps, *(s.offered_rps for s in steps if meets_sla(s, slo))])
+        above = [s.offered_rps for s in steps if not meets_sla(s, slo) and s.offered_rps > lo]
+        if self.bound_rps is not None and self.bound_rps > lo:
+            above.append(self.bound_rps)
+        return lo, min(above) if above else None
+
+    def next_rate(
+        self, steps: Sequence[Step], slo: CapacitySLO, baseline_p99_s: float
+    ) -> float | None:
+        """The next sustained rate after ``steps`` (the sustained ones so far); None: done."""
+        lo, hi = self.bracket(steps, slo)
+        if hi is None:
+            return None  # nothing above is known to fail: the ultimate is a lower bound
+        if (hi - lo) / lo > self.precision:
+            return self._between(lo, hi)
+        return self._knee_rate(steps, slo, baseline_p99_s, lo)
+
+    def _between(self, lo: float, hi: float) -> float:
+        """Down from ``hi`` by ``first_fraction`` while the bracket is wide (the limit
+        lies near the top: each step there is one a bisection from the floor would take
+        several to reach), halving once it is narrow."""
+        return max((lo + hi) / 2, self.first_fraction * hi)
+
+    def _knee_rate(
+        self, steps: Sequence[Step], slo: CapacitySLO, baseline_p99_s: float, ultimate: float
+    ) -> float | None:
+        limit = slo.knee_factor * baseline_p99_s
+        under = [self.floor_rps] + [
+            s.offered_rps for s in steps if s.p99_ttft_s <= limit and keeps_up(s, slo)
+        ]
+        lo = max(r for r in under if r <= ultimate)
+        over = [
+            s.offered_rps
+            for s in steps
+            if (s.p99_ttft_s > limit or not keeps_up(s, slo)) and s.offered_rps > lo
+        ]
+        if not over:
+            return None  # p99 stayed under the knee's limit up to the ultimate
+        hi = min(over)
+        if (hi - lo) / lo <= self.precision:
+            return None
+        return self._between(lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class SustainedTiming:
+    """How long a sustained step loads the replica before it is judged, and how long it
+    is judged."""
+
+    warmup_s: float
+    measure_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.warmup_s + self.measure_s
+
+
+def relaxation_s(rate_rps: float, saturation_rps: float, max_utilization: float = 0.99) -> float:
+    """How long a queue offered ``rate_rps`` takes to forget where it started: the
+    relaxation time of a single-server queue with the replica's saturation throughput,
+    ``1 / (mu (1 - sqrt(rho))^2)`` (rho = rate / mu, held under ``max_utilization``).
+    A replica with c slots relaxes no slower than one server c times as fast (its
+    arrivals are spread over c slots), so the figure errs long, the safe side."""
+    if rate_rps <= 0 or saturation_rps <= 0:
+        raise ValueError("rates must be positive")
+    rho = min(rate_rps / saturation_rps, max_utilization)
+    return 1.0 / (saturation_rps * (1.0 - math.sqrt(rho)) ** 2)
+
+
+def sustained_timing(
+    rate_rps: float,
+    saturation_rps: float,
+    *,
+    min_s: float,
+    min_requests: int,
+    max_warmup_s: float,
+    max_measure_s: float,
+) -> SustainedTiming:
+    """A sustained step at ``rate_rps``: a warm-up of three relaxation times (the queue
+    within 5 % of its steady state), then a judged window of one relaxation time at
+    least (the queue's ups and downs averaged), ``min_requests`` arrivals at least (a
+    p99 to read) and ``min_s``; each capped (a probe must end). Near saturation the
+    cap binds: the window then sees a backlog still growing, which fails the step (the
+    safe side)."""
+    tau = relaxation_s(rate_rps, saturation_rps)
+    warmup = min(max_warmup_s, 3 * tau)
+    measure = min(max_measure_s, max(min_s, tau, min_requests / rate_rps))
+    return SustainedTiming(warmup, measure)
 
 
 # ---- capacity as a function of the hit rate ----------------------------------------

@@ -10,7 +10,9 @@ assumed: ``scaling_measured`` says which).
 
 :func:`resolve` is how the planner and the status read it: the allowed capacity at a hit
 rate, from the record when it is fresh and from the same engine, else from the
-topology's typed ``capacity_rps`` (the fallback), with the reason. Pure.
+topology's typed ``capacity_rps`` (the fallback), with the reason; a record of another
+serving configuration (``serving_config.py``: max_num_seqs, max_model_len, the KV
+cache...) than the region runs now is stale as one of another engine is. Pure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import Field, model_validator
 
 from controlplane.kernel.capacity import CapacitySLO, Curve, HitEffect, Step
 from controlplane.kernel.model import Frozen
+from controlplane.kernel.serving_config import ServingConfig, differences
 
 
 class ProbeStep(Frozen):
@@ -40,9 +43,22 @@ class ProbeStep(Frozen):
     # span): admission control's bound (admission_bound.py). None: probed before it was
     # recorded.
     mean_inflight: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
+    # A sustained step's (absent: a screening step from an empty queue): its warm-up
+    # before the judged window (``duration_s``), completions over arrivals in the window
+    # and its backlog's growth over those arrivals.
+    warmup_s: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
+    served_ratio: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
+    backlog_growth: Annotated[float | None, Field(exclude_if=lambda v: v is None)] = None
+    judged: Annotated[int | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
 
     @classmethod
-    def of(cls, step: Step, duration_s: float, mean_inflight: float | None = None) -> ProbeStep:
+    def of(
+        cls,
+        step: Step,
+        duration_s: float,
+        mean_inflight: float | None = None,
+        warmup_s: float | None = None,
+    ) -> ProbeStep:
         return cls(
             offered_rps=step.offered_rps,
             p99_ttft_s=step.p99_ttft_s,
@@ -51,11 +67,23 @@ class ProbeStep(Frozen):
             timeouts=step.timeouts,
             duration_s=duration_s,
             mean_inflight=mean_inflight,
+            warmup_s=warmup_s if step.sustained else None,
+            served_ratio=step.served_ratio,
+            backlog_growth=step.backlog_growth,
+            judged=step.judged if step.sustained else None,
         )
 
     def step(self) -> Step:
         return Step(
-            self.offered_rps, self.p99_ttft_s, self.error_rate, self.throughput_rps, self.timeouts
+            self.offered_rps,
+            self.p99_ttft_s,
+            self.error_rate,
+            self.throughput_rps,
+            self.timeouts,
+            self.served_ratio,
+            self.backlog_growth,
+            self.judged or 0,
+            self.mean_inflight or 0.0,
         )
 
 
@@ -69,6 +97,8 @@ class HitProbe(Frozen):
     ultimate_bounded: bool  # False: no step broke the SLA, the ultimate is a lower bound
     failure_rps: Annotated[float | None, Field(gt=0)] = None
     steps: tuple[ProbeStep, ...] = ()
+    # what the replica completed per second offered far more (None: not measured)
+    saturation_rps: Annotated[float | None, Field(gt=0, exclude_if=lambda v: v is None)] = None
 
     @classmethod
     def of(
@@ -77,9 +107,17 @@ class HitProbe(Frozen):
         curve: Curve,
         step_s: float,
         inflight: Mapping[float, float] | None = None,
+        timings: Mapping[float, tuple[float, float]] | None = None,
     ) -> HitProbe:
-        """``inflight``: each step's mean in-flight, by its offered rate."""
+        """``inflight``: each step's mean in-flight, by its offered rate; ``timings``:
+        each sustained step's (warm-up, judged window), by its offered rate."""
         inflight = inflight or {}
+        timings = timings or {}
+
+        def stored(s: Step) -> ProbeStep:
+            warmup, window = timings.get(s.offered_rps, (None, step_s))
+            return ProbeStep.of(s, window, inflight.get(s.offered_rps), warmup)
+
         return cls(
             hit_rate=hit_rate,
             baseline_p99_s=curve.baseline_p99_s,
@@ -87,7 +125,8 @@ class HitProbe(Frozen):
             ultimate_rps=curve.ultimate_rps,
             ultimate_bounded=curve.ultimate_bounded,
             failure_rps=curve.failure_rps,
-            steps=tuple(ProbeStep.of(s, step_s, inflight.get(s.offered_rps)) for s in curve.steps),
+            steps=tuple(stored(s) for s in curve.steps),
+            saturation_rps=curve.saturation_rps,
         )
 
 
@@ -100,6 +139,9 @@ class WorkloadProfile(Frozen):
     shared_prefix_share: Annotated[float, Field(ge=0, le=1)]  # of requests, in the warm probe
     stream_share: Annotated[float, Field(ge=0, le=1)] = 1.0
     source: str = "default"  # "exports": from the region's prefix catalog
+    # The longest prompt sent (the workload's estimate, template included), when the
+    # replica's max_model_len capped it below the workload's own bound.
+    max_prompt_tokens: Annotated[int | None, Field(ge=1, exclude_if=lambda v: v is None)] = None
 
 
 class CapacityRecord(Frozen):
@@ -115,7 +157,10 @@ class CapacityRecord(Frozen):
     probes: Annotated[tuple[HitProbe, ...], Field(min_length=1)]
     r_base_rps: Annotated[float, Field(gt=0)]  # one replica, cold prompts
     beta: Annotated[float, Field(ge=0, lt=1)]
-    t_recover_s: Annotated[float | None, Field(ge=0)] = None  # None: not measured
+    t_recover_s: Annotated[float | None, Field(ge=0)] = None  # None: see t_recover_window_s
+    # how long recovery was watched: with t_recover_s None, it did not recover within
+    # it (absent: recovery not measured)
+    t_recover_window_s: Annotated[float | None, Field(gt=0, exclude_if=lambda v: v is None)] = None
     wasted_work_share: Annotated[float | None, Field(ge=0, le=1)] = None
     scaling_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     scaling_measured: bool = False  # False: assumed (one replica probed)
@@ -124,6 +169,13 @@ class CapacityRecord(Frozen):
     profile: WorkloadProfile
     probe_s: Annotated[float, Field(ge=0)] = 0.0  # how long the probe ran
     prober: str = ""  # who ran it (the drill service's id, or failoverctl's user)
+    # The probed replica's serving configuration (model, max_model_len, max_num_seqs,
+    # KV cache): a region serving with another is stale, as one on another engine is.
+    # None: probed before it was recorded (not judged).
+    serving: ServingConfig | None = Field(None, exclude_if=lambda v: v is None)
+    # Requests the replica refused as too long for its context (chaos/capacity/results.py:
+    # the workload's fault, not counted as errors): 0 when the workload fit.
+    workload_errors: Annotated[int, Field(ge=0, exclude_if=lambda v: not v)] = 0
 
     @model_validator(mode="after")
     def _consistent(self) -> CapacityRecord:
@@ -164,7 +216,7 @@ class CapacityPolicy(Frozen):
 
 class CapacitySource(StrEnum):
     MEASURED = "measured"  # a fresh probe of this engine
-    STALE = "stale"  # a probe exists but is too old or of another engine: fallback used
+    STALE = "stale"  # a probe exists but is too old, of another engine or serving config
     TYPED = "typed"  # no probe: the topology's capacity_rps
 
 
@@ -207,12 +259,15 @@ def resolve(
     now: float,
     active_replicas: int | None,
     engine_version: str | None = None,
+    serving_config: str | None = None,
 ) -> Bearing:
     """The region's bearing capacity: measured when ``record`` is fresh (younger than
-    ``policy.max_age_s``) and of the engine the region runs now (``engine_version``;
-    None or "", or a record that does not know its engine: not judged); otherwise the
-    typed ``capacity_rps``, stale when a record exists. ``active_replicas`` None: as
-    many as when it was measured."""
+    ``policy.max_age_s``), of the engine the region runs now (``engine_version``;
+    None or "", or a record that does not know its engine: not judged) and with the
+    serving configuration it runs now (``serving_config``, the region's fingerprint:
+    ``serving_config.differences`` over the figures both know; None or "", or a record
+    without one: not judged); otherwise the typed ``capacity_rps``, stale when a record
+    exists. ``active_replicas`` None: as many as when it was measured."""
     fallback = HitEffect(capacity_rps, 0.0)
     if record is None:
         return Bearing(region, CapacitySource.TYPED, fallback, 1.0, "no capacity probe yet")
@@ -224,6 +279,10 @@ def resolve(
         why_stale = (
             f"measured on engine {record.engine_version!r}, the region runs {engine_version!r}"
         )
+    elif serving_config and record.serving is not None:
+        changed = differences(record.serving.fingerprint(), serving_config)
+        if changed:
+            why_stale = f"measured on another serving configuration: {', '.join(changed)}"
     if why_stale is not None:
         return Bearing(region, CapacitySource.STALE, fallback, 1.0, why_stale, record)
     n = record.active_replicas if active_replicas is None else active_replicas

@@ -148,6 +148,11 @@ class Keys:
         drills at once in one deployment, whichever process starts them."""
         return self.root + "drills/lock"
 
+    def drill_progress(self) -> str:
+        """The running drill's latest step, one line (a capacity probe's), overwritten
+        at each step: what ``failoverctl capacity probe`` shows while it waits."""
+        return self.root + "drills/progress"
+
     def drill_history_prefix(self) -> str:
         return self.root + "drills/history/"
 

@@ -11,6 +11,17 @@ assumes.
 
 A figure that cannot be known (no previous probe, no requests in the window, a metric
 the server does not expose) is ``None``, never 0: the caller omits it.
+
+**Served load** (``served_rate``, the agent's ``load_rps``) counts the requests that got
+their first token: the ``_count`` of ``vllm:time_to_first_token_seconds``, which vLLM
+observes once per inference request (completions, chat) and never for anything else.
+``http_requests_total`` (``request_rate``) is no served load: vLLM's instrumentator
+counts every API answer but its own probe endpoints, so the warm pool's ``GET
+/is_sleeping`` every reconcile tick, ``/wake_up``, ``/reset_prefix_cache``, ``/tokenize``
+and 4xx refusals are in it (an idle pool member read 1 request/s). A request queued and
+not started yet is counted when it starts: under overload this is what the region
+serves, not what is offered. :class:`LoadWindow` smooths it over
+:data:`LOAD_WINDOW_S` for planning and CBU.
 """
 
 from __future__ import annotations
@@ -21,6 +32,17 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, model_validator
 
 TTFT_QUANTILE = 0.99
+# The served load, smoothed (``ladder.LOAD_SIGNAL``, "load_rps") over LOAD_WINDOW_S, is
+# what the planner, CBU and the degradation ladder read; this round's own window (one
+# probe interval, ~1 s) goes out as LOAD_RAW_SIGNAL for the live view.
+LOAD_RAW_SIGNAL = "load_rps_raw"
+# 30 s: the decisions that read the load act on 10 s to minutes (a ladder step every
+# 10 s by default, an ACTIVE replica kept 120 s, a failover moving a region's load), and
+# a 1 s window is noise: at a constant 7.5 requests/s it read 3 to 12. Thirty 1 s
+# windows cut Poisson noise by sqrt(30) (1 sigma: +-37 % -> +-6.7 % at 7.5/s), and a
+# step change in load is fully seen after 30 s, three ladder steps; 60 s (Prometheus'
+# usual rate window) would halve that noise again but take a minute to follow a surge.
+LOAD_WINDOW_S = 30.0
 
 
 class Histogram(BaseModel):
@@ -69,6 +91,7 @@ class ReplicaWindow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     seconds: float | None = None  # window length; None on a first probe
+    at: float | None = None  # when it ended (the later scrape's ``at``)
     restarted: bool = False
     ttft: Histogram | None = None  # bucket deltas, still cumulative across buckets
     prefix_queries: float | None = None
@@ -88,6 +111,19 @@ class ReplicaWindow(BaseModel):
         return self.requests / self.seconds
 
     @property
+    def served(self) -> float | None:
+        """Inference requests that got their first token in the window (see the module
+        docstring); None when the replica exposes no first-token histogram."""
+        return None if self.ttft is None else max(0.0, self.ttft.count)
+
+    @property
+    def served_rate(self) -> float | None:
+        served = self.served
+        if served is None or not self.seconds:
+            return None
+        return served / self.seconds
+
+    @property
     def error_rate(self) -> float | None:
         return _ratio(self.server_errors, self.requests)
 
@@ -102,7 +138,9 @@ class RegionSignals(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     ttft_p99_s: float | None = None
-    request_rate: float | None = None  # requests per second, all replicas together
+    # every API answer per second (pool probes, admin calls, 4xx included): no load
+    request_rate: float | None = None
+    served_rate: float | None = None  # inference requests started per second: the load
     error_rate: float | None = None  # 5xx answers / all answers, 0..1
     prefix_hit_rate: float | None = None  # hit tokens / queried tokens, 0..1
     kv_usage_max: float | None = None
@@ -197,6 +235,7 @@ def replica_window(prev: ReplicaMetrics | None, cur: ReplicaMetrics) -> ReplicaW
     seconds = cur.at - prev.at
     return ReplicaWindow(
         seconds=seconds if seconds > 0 else None,
+        at=cur.at,
         restarted=restarted,
         ttft=_histogram_delta(prev.ttft, cur.ttft, restarted),
         prefix_queries=_delta(prev.prefix_queries, cur.prefix_queries, restarted),
@@ -235,14 +274,72 @@ def fold_windows(windows: Sequence[ReplicaWindow]) -> RegionSignals:
     """A region's figures from its replicas' windows over (about) the same interval."""
     merged = merge_histograms([w.ttft for w in windows if w.ttft is not None])
     rates = [r for w in windows if (r := w.request_rate) is not None]
+    served = [r for w in windows if (r := w.served_rate) is not None]
     errors = _sum_pairs([(w.server_errors, w.requests) for w in windows])
     hits = _sum_pairs([(w.prefix_hits, w.prefix_queries) for w in windows])
     kv = [w.kv_usage for w in windows if w.kv_usage is not None]
     return RegionSignals(
         ttft_p99_s=None if merged is None else histogram_quantile(TTFT_QUANTILE, merged),
         request_rate=sum(rates) if rates else None,
+        served_rate=sum(served) if served else None,
         error_rate=None if errors is None else _ratio(*errors),
         prefix_hit_rate=None if hits is None else _ratio(*hits),
         kv_usage_max=max(kv) if kv else None,
         kv_usage_mean=sum(kv) / len(kv) if kv else None,
     )
+
+
+# ---- the served load over a window -----------------------------------------------------
+
+
+class LoadSample(BaseModel):
+    """One probe round's served load: ``count`` requests in the ``seconds`` ending at
+    ``at`` (monotonic seconds, the probes' clock)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: float
+    seconds: float
+    count: float
+
+
+class LoadWindow(BaseModel):
+    """A sliding-window rate of the served load: requests over seconds, summed over the
+    rounds that ended within the last ``window_s`` (pure: the caller's times, no clock).
+
+    A round with no window (the agent's first, every replica new or down) adds nothing:
+    the rate is then the rounds still in the window, so a region whose replicas all
+    went down keeps its last served load for up to ``window_s``, which is what a
+    failover must move. Until ``window_s`` has passed the rate is over what there is.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_s: float = LOAD_WINDOW_S
+    samples: tuple[LoadSample, ...] = ()
+
+    def add(self, at: float, seconds: float, count: float) -> LoadWindow:
+        """With the round ``(at - seconds, at]`` added and rounds out of the window
+        dropped. A round at or before the newest one (a clock that went back: a new
+        process) starts the window again."""
+        if seconds <= 0 or not math.isfinite(count):
+            return self
+        kept = self.samples
+        if kept and at <= kept[-1].at:
+            kept = ()
+        sample = LoadSample(at=at, seconds=seconds, count=max(0.0, count))
+        start = at - self.window_s
+        return self.model_copy(update={"samples": (*(s for s in kept if s.at > start), sample)})
+
+    @property
+    def rate(self) -> float | None:
+        """Requests per second over the window; None before the first round."""
+        seconds = sum(s.seconds for s in self.samples)
+        if seconds <= 0:
+            return None
+        return sum(s.count for s in self.samples) / seconds
+
+    @property
+    def span_s(self) -> float:
+        """The seconds the rate is over (less than ``window_s`` while it fills)."""
+        return sum(s.seconds for s in self.samples)

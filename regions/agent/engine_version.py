@@ -11,6 +11,14 @@ The region's version is its up replicas' one version; while they differ (a rolli
 upgrade) it names each, sorted ("0.8.5, 0.9.0"), which no probe matches: the probe was
 of one engine, and the region is not all of it. A replica that never answered
 ``/version`` (an engine without it) does not count; none known: "" (not judged).
+
+With the version, on the same schedule (a configuration too changes only with a
+restart), each replica's **serving configuration** is read: ``/v1/models`` (model,
+``max_model_len``), ``vllm:cache_config_info`` on ``/metrics`` (the KV cache) and, in
+vLLM's dev mode, ``/server_info`` (``max_num_seqs``, which vLLM exports nowhere else);
+each part best effort (what does not answer is left out, and not judged). The region's
+is its up replicas' fingerprints merged (``controlplane.kernel.serving_config``): a
+probe under another configuration is stale too.
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from controlplane.kernel.capacity_record import MAX_ENGINE_VERSION, clean_engine_version
+from controlplane.kernel.serving_config import (
+    MAX_FINGERPRINT,
+    clean_fingerprint,
+    merge_fingerprints,
+    models_entry,
+    serving_config,
+)
 from regions.agent.probe_vllm import ReplicaProbe
 
 DEFAULT_REFRESH_S = 300.0
@@ -36,6 +51,7 @@ class EngineVersions:
     retry_s: float = RETRY_S
     _known: dict[str, str] = field(default_factory=dict)  # url -> version ("" none)
     _read_at: dict[str, float] = field(default_factory=dict)
+    _serving: dict[str, str] = field(default_factory=dict)  # url -> fingerprint ("" none)
 
     def due(self, probes: Iterable[ReplicaProbe], now: float) -> list[str]:
         """The up replicas whose version to read now. A replica seen down, or no longer
@@ -45,29 +61,42 @@ class EngineVersions:
         probed = {p.url for p in probes}
         for url in [u for u in self._read_at if u not in probed]:
             self._known.pop(url, None)
+            self._serving.pop(url, None)
             del self._read_at[url]
         out = []
         for p in probes:
             if not p.up:
                 self._known.pop(p.url, None)
+                self._serving.pop(p.url, None)
                 self._read_at.pop(p.url, None)
             elif p.url not in self._read_at or now - self._read_at[p.url] >= self.refresh_s:
                 out.append(p.url)
         return out
 
-    def record(self, url: str, version: str | None, now: float) -> None:
-        """What ``url`` answered (None: it could not be read; tried again after
-        ``retry_s``, its last known version kept meanwhile)."""
+    def record(
+        self, url: str, version: str | None, now: float, serving: str = "", *, whole: bool = True
+    ) -> None:
+        """What ``url`` answered: its version (None: it could not be read; tried again
+        after ``retry_s``, its last known version and configuration kept meanwhile)
+        and its serving configuration's fingerprint ("" unknown; not ``whole``: a part
+        did not answer, kept, and read again after ``retry_s``)."""
         if version is None:
             self._read_at[url] = now - self.refresh_s + self.retry_s
             return
         self._known[url] = version[:MAX_ENGINE_VERSION]
-        self._read_at[url] = now
+        self._serving[url] = clean_fingerprint(serving)
+        self._read_at[url] = now if whole else now - self.refresh_s + self.retry_s
 
     def region_version(self, probes: Iterable[ReplicaProbe]) -> str:
         """The engine the up replicas run (see the module doc); "" when none is known."""
         seen = sorted({v for p in probes if p.up and (v := self._known.get(p.url))})
         return ", ".join(seen)[:MAX_ENGINE_VERSION]
+
+    def region_serving(self, probes: Iterable[ReplicaProbe]) -> str:
+        """The up replicas' serving configuration, merged (a key on which they differ
+        names each value); "" when none is known."""
+        fps = [fp for p in probes if p.up and (fp := self._serving.get(p.url))]
+        return merge_fingerprints(fps)[:MAX_FINGERPRINT]
 
 
 async def read_version(
@@ -91,6 +120,51 @@ async def read_version(
     return "" if version is None else clean_engine_version(version)
 
 
+async def _get(
+    session: aiohttp.ClientSession, url: str, request_timeout: float, *, as_json: bool
+) -> tuple[bool, object]:
+    """Whether the endpoint answered (a 4xx is an answer: it has nothing to say; a
+    timeout, a refusal or a 5xx is not), and the body of a 200 (JSON or text)."""
+    try:
+        limit = aiohttp.ClientTimeout(total=request_timeout)
+        async with session.get(url, timeout=limit) as resp:
+            if resp.status != 200:
+                return resp.status < 500, None
+            return True, await (resp.json(content_type=None) if as_json else resp.text())
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return False, None
+
+
+async def read_serving(
+    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+) -> tuple[str, bool]:
+    """The replica's serving configuration's fingerprint (see the module doc), each
+    part best effort ("" when nothing answered), and whether every part answered
+    (vLLM's first ``/server_info`` collects its environment: it may take seconds)."""
+    base = base_url.rstrip("/")
+    (m_ok, models), (x_ok, metrics), (i_ok, info) = await asyncio.gather(
+        _get(session, base + "/v1/models", request_timeout, as_json=True),
+        _get(session, base + "/metrics", request_timeout, as_json=False),
+        _get(session, base + "/server_info?config_format=json", request_timeout, as_json=True),
+    )
+    entry = models_entry(models)
+    model, max_len = entry if entry is not None else ("", None)
+    text = metrics if isinstance(metrics, str) else ""
+    return serving_config(model, max_len, text, info).fingerprint(), m_ok and x_ok and i_ok
+
+
+async def read_engine(
+    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+) -> tuple[str | None, str, bool]:
+    """The replica's version (:func:`read_version`) and serving configuration
+    (:func:`read_serving`, and whether it is whole), read at once."""
+    version, (serving, whole) = await asyncio.gather(
+        read_version(session, base_url, request_timeout),
+        read_serving(session, base_url, request_timeout),
+    )
+    return version, serving, whole
+
+
 async def refresh_versions(
     versions: EngineVersions,
     session: aiohttp.ClientSession,
@@ -98,10 +172,11 @@ async def refresh_versions(
     now: float,
     request_timeout: float,
 ) -> None:
-    """Read the versions that are due (at once), and record them."""
+    """Read the versions (and serving configurations) that are due (at once), and
+    record them."""
     due = versions.due(probes, now)
     if not due:
         return
-    answers = await asyncio.gather(*(read_version(session, u, request_timeout) for u in due))
-    for url, version in zip(due, answers, strict=True):
-        versions.record(url, version, now)
+    answers = await asyncio.gather(*(read_engine(session, u, request_timeout) for u in due))
+    for url, (version, serving, whole) in zip(due, answers, strict=True):
+        versions.record(url, version, now, serving, whole=whole)

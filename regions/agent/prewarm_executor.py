@@ -92,6 +92,15 @@ class Usage(NamedTuple):
     cached_tokens: int | None  # only from servers run with --enable-prompt-tokens-details
 
 
+_answered = 0  # replays answered by this process, cumulative: not the region's load
+
+
+def answered_replays() -> int:
+    """How many replays this process has had answered so far (the agent subtracts
+    their increase from the served load it reports: it sent them itself)."""
+    return _answered
+
+
 async def replay(
     http: aiohttp.ClientSession, replica: str, payload: ReplayPayload, timeout_s: float
 ) -> Usage:
@@ -107,6 +116,8 @@ async def replay(
             body = await r.json()
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         raise RuntimeError(f"{replica}: {describe_error(e, timeout_s)}") from e
+    global _answered
+    _answered += 1
     usage = body.get("usage") if isinstance(body, dict) else None
     usage = usage if isinstance(usage, dict) else {}
     tokens = usage.get("prompt_tokens")

@@ -87,6 +87,7 @@ from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.tls import server_credentials
 from regions.agent.engine_version import EngineVersions, refresh_versions
 from regions.agent.metrics import AgentMetrics, MetricsHttp
+from regions.agent.prewarm_executor import answered_replays
 from regions.agent.probe_vllm import ReplicaProbe, probe_replica
 from regions.agent.service import (
     PrewarmServiceConfig,
@@ -205,6 +206,7 @@ class AgentHandle:
         self.ticks = 0  # completed probe rounds
         self.versions = EngineVersions()  # the replicas' engine (vLLM's /version)
         self.engine_version = ""  # the region's, as the last round read it
+        self.serving_config = ""  # the region's serving config's fingerprint, likewise
         # The DEGRADED thresholds in effect: the last ones a control plane sent (None
         # before the first answer: none judged).
         self.thresholds: DegradedWhen | None = None
@@ -336,6 +338,8 @@ class AgentHandle:
             previous=self.view.probes,
             max_ttft_p99_s=when.ttft_p99_over_s,
             max_error_rate=when.error_rate_over,
+            before=self.view,  # the served load is smoothed over its window
+            sent=answered_replays(),  # our own pre-warm replays are not load
         )
         if self.pool is not None:
             view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
@@ -392,6 +396,10 @@ class AgentHandle:
         if version != self.engine_version:
             log.info("engine: %s -> %s", self.engine_version or "unknown", version or "unknown")
             self.engine_version = version
+        serving = self.versions.region_serving(probes)
+        if serving != self.serving_config:
+            log.info("serving config: %s", serving or "unknown")
+            self.serving_config = serving
 
     async def _report_loop(self) -> None:
         while True:
@@ -412,6 +420,7 @@ class AgentHandle:
             signals=view.signals,
             detail=view.detail,
             engine_version=self.engine_version,
+            serving_config=self.serving_config,
         )
         resp = await self._reporter.send(req)
         if resp is not None:

@@ -7,13 +7,14 @@ A region's bound is :func:`controlplane.kernel.admission_bound.inflight_bound` o
 record, at the lowest hit rate probed (this process does not know the hit rate the
 region serves now; cold is what a failover's moved traffic has), unless the record is
 stale by the topology's ``capacity`` policy (``capacity_record.resolve``'s rule: too old,
-or of another engine than the region runs now), or has no in-flight figures (probed
-before they were recorded): then no bound, and a log line says why.
-``--admission-max-inflight`` overrides all of it (then nothing is watched).
+or of another engine or serving configuration than the region runs now), or has no
+in-flight figures (probed before they were recorded): then no bound, and a log line
+says why. ``--admission-max-inflight`` overrides all of it (then nothing is watched).
 
-The engine a region runs is the leader's ``regions/<r>/health`` (its agents' reports of
-vLLM's ``/version``), read at each recheck rather than watched: the leader rewrites it
-every probe interval, and an engine changes only with a rollout.
+The engine a region runs, and its serving configuration, are the leader's
+``regions/<r>/health`` (its agents' reports of vLLM's ``/version`` and configuration),
+read at each recheck rather than watched: the leader rewrites it every probe interval,
+and an engine changes only with a rollout.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def region_bound(
     now: float,
     at: BoundAt = BoundAt.ULTIMATE,
     engine_version: str = "",
+    serving_config: str = "",
 ) -> InflightBound | str:
-    """The bound for ``region``'s replicas now, running ``engine_version`` ("" unknown:
-    not judged), or why there is none. Pure."""
+    """The bound for ``region``'s replicas now, running ``engine_version`` with
+    ``serving_config`` (its fingerprint; "" unknown: not judged), or why there is none.
+    Pure."""
     if record is None:
         return "no capacity record"
     bearing = resolve(
@@ -57,6 +60,7 @@ def region_bound(
         now=now,
         active_replicas=None,
         engine_version=engine_version,
+        serving_config=serving_config,
     )
     if bearing.source is not CapacitySource.MEASURED:
         return f"the capacity record is stale: {bearing.reason}"
@@ -88,6 +92,7 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
         self.recheck_s = recheck_s
         self._said: dict[str, InflightBound | str] = {}
         self.engines: dict[str, str] = {}  # region -> the engine it runs, as last read
+        self.serving: dict[str, str] = {}  # region -> its serving config's fingerprint
 
     def _changed(self, region: str, record: CapacityRecord | None) -> None:
         self.apply_bound(region, record)
@@ -96,8 +101,10 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
         """Hand ``region``'s gate its bound; log when it changes."""
         if region not in self._topology.names:
             return
-        engine = self.engines.get(region, "")
-        bound = region_bound(region, record, self._topology, self._wall(), self._at, engine)
+        engine, serving = self.engines.get(region, ""), self.serving.get(region, "")
+        bound = region_bound(
+            region, record, self._topology, self._wall(), self._at, engine, serving
+        )
         limit = bound.limit if isinstance(bound, InflightBound) else None
         self._gates.set_max_inflight(region, limit)
         if self._said.get(region) != bound:
@@ -125,9 +132,12 @@ class CapacityBounds(WatchedPrefix[CapacityRecord]):
             if raw is None:
                 continue
             try:
-                self.engines[region] = decode(RegionHealth, raw).engine_version
+                health = decode(RegionHealth, raw)
             except CorruptValue as e:
                 log.warning("region %s engine not read: %s", region, e)
+                continue
+            self.engines[region] = health.engine_version
+            self.serving[region] = health.serving_config
 
     async def rechecks(self) -> None:
         """After the first read (every region's starting bound, logged), every

@@ -8,12 +8,17 @@
 - ``GET /is_sleeping`` -> ``{"is_sleeping": bool}``.
 - ``POST /reset_prefix_cache[?reset_running_requests=true]`` -> ``{"success": bool}``;
   false while running requests hold blocks (callers retry).
+- ``GET /server_info[?config_format=json]`` -> ``{"vllm_config": ..., "vllm_env": {},
+  "system_env": {}}``: the simulator's own config where vLLM's ``VllmConfig`` has it
+  (``model_config.max_model_len``, ``cache_config.block_size`` / ``num_gpu_blocks``,
+  ``scheduler_config.max_num_seqs``: vLLM exports the scheduler's config nowhere
+  else); ``config_format=text`` (the default) gives it as one ``key=value`` line.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError
@@ -62,6 +67,29 @@ def _json(body: object) -> web.Response:
     return web.json_response(body, dumps=dumps)
 
 
+class ServerInfoQuery(BaseModel):
+    config_format: Literal["text", "json"] = "text"
+
+
+def vllm_config(engine: Engine) -> dict[str, dict[str, object]]:
+    """The simulator's config in the shape of vLLM's ``VllmConfig`` (its JSON form)."""
+    c = engine.config
+    return {
+        "model_config": {
+            "model": c.model,
+            "served_model_name": c.model,
+            "max_model_len": c.max_model_len,
+            "seed": c.seed,
+        },
+        "cache_config": {
+            "block_size": c.block_size,
+            "num_gpu_blocks": c.num_blocks,
+            "enable_prefix_caching": c.enable_prefix_caching,
+        },
+        "scheduler_config": {"max_num_seqs": c.max_num_seqs},
+    }
+
+
 class AdminApi:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -71,6 +99,7 @@ class AdminApi:
         router.add_post("/wake_up", self.wake_up)
         router.add_get("/is_sleeping", self.is_sleeping)
         router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        router.add_get("/server_info", self.server_info)
 
     async def sleep(self, request: web.Request) -> web.Response:
         q = _query(request, SleepQuery)
@@ -90,3 +119,10 @@ class AdminApi:
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         q = _query(request, ResetQuery)
         return _json({"success": self.engine.reset_prefix_cache(q.reset_running_requests)})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        q = _query(request, ServerInfoQuery)
+        config = vllm_config(self.engine)
+        text = ", ".join(f"{k}={v!r}" for part in config.values() for k, v in part.items())
+        body = config if q.config_format == "json" else text
+        return _json({"vllm_config": body, "vllm_env": {}, "system_env": {}})

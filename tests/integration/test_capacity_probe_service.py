@@ -62,6 +62,12 @@ TUNE = {
     "recover_s": 2.0,
     "recover_window_s": 0.5,
     "seed": 3,
+    # sustained steps short enough for a test (the figures are not what it checks)
+    "min_requests": 40,
+    "max_warmup_s": 2.0,
+    "max_measure_s": 3.0,
+    "max_sustained": 2,
+    "min_screen_requests": 8,
 }
 
 
@@ -166,7 +172,7 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
                 "--json",
             )
             assert code == 1, err  # the service ran it and refused the ACTIVE replica
-            refused = json.loads(out)["run"]
+            refused = json.loads(out.splitlines()[-1])["run"]  # progress lines, then the result
             assert not refused["passed"] and "in rotation" in refused["aborted"]
             assert await store.get(keys.capacity(REGION)) is None  # nothing written
 
@@ -174,7 +180,10 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
                 run.target, "capacity", "probe", REGION, "-r", "after the upgrade", "--json"
             )
             assert code == 0, err
-            shown = json.loads(out)
+            shown = json.loads(out.splitlines()[-1])
+            said = [json.loads(line)["detail"] for line in out.splitlines()[:-1]]
+            assert any("rps offered" in d for d in said), said  # its steps as they ran
+            assert await store.get(keys.drill_progress()) is None  # cleared at the end
             assert shown["run"]["scenario"] == CAPACITY_PROBE and shown["run"]["passed"]
             [entry] = shown["capacity"]
             assert entry["bearing"]["source"] == "measured"

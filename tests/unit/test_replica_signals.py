@@ -315,7 +315,10 @@ def test_verdict_judges_ttft_and_errors_over_the_window() -> None:
         "running": 0,
         "ttft_p99_s": pytest.approx(0.995),
         "request_rate": 20.0,
-        "load_rps": 20.0,  # what failover headroom and CBU read as the served load
+        # what failover headroom and CBU read as the served load: first tokens (10 on a)
+        "served_rate": 10.0,
+        "load_rps": 10.0,
+        "load_rps_raw": 10.0,
         "error_rate": pytest.approx(0.15),
         "kv_usage_max": 0.5,
         "kv_usage_mean": pytest.approx(0.3),

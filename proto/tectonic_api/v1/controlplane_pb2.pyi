@@ -193,7 +193,7 @@ class StoreWrites(_message.Message):
     def __init__(self, writable: _Optional[bool] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., alarms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HealthReport(_message.Message):
-    __slots__ = ("region", "observer", "kind", "health", "signals", "detail", "engine_version")
+    __slots__ = ("region", "observer", "kind", "health", "signals", "detail", "engine_version", "serving_config")
     class SignalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class HealthReport(_message.Message):
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVING_CONFIG_FIELD_NUMBER: _ClassVar[int]
     region: str
     observer: str
     kind: ObserverKind
@@ -215,7 +216,8 @@ class HealthReport(_message.Message):
     signals: _containers.ScalarMap[str, float]
     detail: str
     engine_version: str
-    def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ..., engine_version: _Optional[str] = ...) -> None: ...
+    serving_config: str
+    def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ..., engine_version: _Optional[str] = ..., serving_config: _Optional[str] = ...) -> None: ...
 
 class ReportHealthResponse(_message.Message):
     __slots__ = ("accepted", "thresholds")
@@ -629,7 +631,7 @@ class PendingDrill(_message.Message):
     def __init__(self, id: _Optional[str] = ..., scenario: _Optional[str] = ..., region: _Optional[str] = ..., dry_run: _Optional[bool] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., requested_at: _Optional[float] = ...) -> None: ...
 
 class DrillsResponse(_message.Message):
-    __slots__ = ("runs", "scenarios", "upcoming", "pending", "service", "published_at", "running")
+    __slots__ = ("runs", "scenarios", "upcoming", "pending", "service", "published_at", "running", "progress")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     SCENARIOS_FIELD_NUMBER: _ClassVar[int]
     UPCOMING_FIELD_NUMBER: _ClassVar[int]
@@ -637,6 +639,7 @@ class DrillsResponse(_message.Message):
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[DrillRun]
     scenarios: _containers.RepeatedCompositeFieldContainer[DrillScenario]
     upcoming: _containers.RepeatedCompositeFieldContainer[ScheduledDrill]
@@ -644,7 +647,8 @@ class DrillsResponse(_message.Message):
     service: str
     published_at: float
     running: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[DrillRun, _Mapping]]] = ..., scenarios: _Optional[_Iterable[_Union[DrillScenario, _Mapping]]] = ..., upcoming: _Optional[_Iterable[_Union[ScheduledDrill, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingDrill, _Mapping]]] = ..., service: _Optional[str] = ..., published_at: _Optional[float] = ..., running: _Optional[str] = ...) -> None: ...
+    progress: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[DrillRun, _Mapping]]] = ..., scenarios: _Optional[_Iterable[_Union[DrillScenario, _Mapping]]] = ..., upcoming: _Optional[_Iterable[_Union[ScheduledDrill, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingDrill, _Mapping]]] = ..., service: _Optional[str] = ..., published_at: _Optional[float] = ..., running: _Optional[str] = ..., progress: _Optional[str] = ...) -> None: ...
 
 class DrillRequest(_message.Message):
     __slots__ = ("scenario", "region", "dry_run", "reason", "actor", "replica")
