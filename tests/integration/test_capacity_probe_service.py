@@ -54,7 +54,7 @@ REGION = "east"
 SIM_ARGS = ("--max-num-seqs", "4", "--decode-tokens-per-s", "400", "--log-level", "WARNING")
 TUNE = {
     "step_s": 0.8,
-    "start_rps": 2.0,
+    "start_rps": 4.0,
     "precision": 0.25,
     "max_steps": 8,
     "request_timeout_s": 10.0,
@@ -63,7 +63,7 @@ TUNE = {
     "recover_window_s": 0.5,
     "seed": 3,
     # sustained steps short enough for a test (the figures are not what it checks)
-    "min_requests": 40,
+    "min_requests": 24,
     "max_warmup_s": 2.0,
     "max_measure_s": 3.0,
     "max_sustained": 2,
@@ -177,7 +177,14 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
             assert await store.get(keys.capacity(REGION)) is None  # nothing written
 
             code, out, err = await ctl(
-                run.target, "capacity", "probe", REGION, "-r", "after the upgrade", "--json"
+                run.target,
+                "capacity",
+                "probe",
+                REGION,
+                "-r",
+                "after the upgrade",
+                "--json",
+                timeout_s=180,  # a whole probe, cut short by TUNE: ~1 minute
             )
             assert code == 0, err
             shown = json.loads(out.splitlines()[-1])

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.etcd
 CLI = str(Path(sys.executable).with_name("failoverctl"))
 
 
-async def ctl(server: str, *args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+async def ctl(
+    server: str, *args: str, stdin: bytes = b"", timeout_s: float = 60.0
+) -> tuple[int, str, str]:
     env = {
         **os.environ,
         "TECTONIC_SERVER": server,
@@ -44,7 +46,7 @@ async def ctl(server: str, *args: str, stdin: bytes = b"") -> tuple[int, str, st
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
