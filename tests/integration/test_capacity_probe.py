@@ -254,7 +254,7 @@ async def test_a_pair_with_a_weaker_replica_scales_below_one(sims: dict[str, Pro
         await probe_capacity(sims["cache"].url, config(), WORKLOAD, pair_url=sims["cache"].url)
     record = await probe_capacity(
         sims["cache"].url,
-        config(measure_recovery=False, max_sustained=3),
+        config(measure_recovery=False, max_sustained=2),
         WORKLOAD,
         pair_url=sims["half"].url,
         progress=reports.append,
