@@ -66,7 +66,7 @@ from chaos.capacity.stats import percentile, recovery_time
 from chaos.capacity.verdicts import Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload, arrivals, requests
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.kernel.capacity import CapacitySLO, Curve, Step, analyze, fit_hit_effect
+from controlplane.kernel.capacity import CapacitySLO, fit_hit_effect
 from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
 
 MAX_MODEL_LEN = 16_384  # every prompt the workloads make fits, with its output
@@ -265,36 +265,6 @@ def model_results(
 def services(o: Options, workload: Workload, count: int, *, warm: bool, tag: str) -> list[Service]:
     """The workload's first ``count`` requests as ``o``'s simulator serves them."""
     return engine_services(o.engine(), workload, count, warm=warm, seed=o.seed, tag=tag)
-
-
-# The step-test model: a probe's steps of ``step_s`` from an empty queue, fed the very
-# requests and arrivals the probe sends. No truth (a step from idle never builds the
-# backlog a sustained rate does): tests/integration/test_capacity_probe.py checks a
-# probe of such steps against it.
-SWEEP_STEP = 1.005  # the sweep: rates 0.5 % apart
-
-
-def model_step(o: Options, served: Sequence[Service], rate: float) -> Step:
-    at = arrivals(rate, o.step_s, o.seed)
-    timed = simulate(at, served, o.slots)
-    if not timed:
-        return Step(rate, 0.0, 0.0, 0.0)
-    ttfts = [first - t for t, (first, _) in zip(at, timed, strict=False)]
-    span = max(o.step_s, *(done for _, done in timed))
-    return Step(rate, percentile(ttfts, 99), 0.0, len(timed) / span)
-
-
-def model_curve(o: Options, served: Sequence[Service], lowest_rps: float) -> Curve:
-    """A fine sweep of the step-test model from ``lowest_rps`` until the p99 is three
-    times the SLO, read by the probe's own ``analyze``."""
-    steps = []
-    rate = lowest_rps
-    while True:
-        step = model_step(o, served, rate)
-        steps.append(step)
-        if step.p99_ttft_s > 3 * o.slo_s and len(steps) > 10:
-            return analyze(steps, CapacitySLO(ttft_p99_s=o.slo_s))
-        rate *= SWEEP_STEP
 
 
 # ---- the truth check: the real simulator, steady, at the true ultimate -------------------

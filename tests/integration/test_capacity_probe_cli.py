@@ -118,7 +118,7 @@ async def _catalog(topology: Topology, published_at: float) -> None:
 @pytest.mark.etcd
 async def test_no_drill_service_exits_3_at_once_and_queues_nothing(topology: Topology) -> None:
     async with running_replica(topology) as run:
-        started = time.monotonic()
+        # exit 3 (unreachable), not 1: a wait through --wait-s would end in 1 (refused)
         code, _, err = await ctl(run.target, "capacity", "probe", "east", "-r", "t")
         assert code == 3, err
         assert "no drill service is running" in err and "nothing was queued" in err
@@ -127,7 +127,6 @@ async def test_no_drill_service_exits_3_at_once_and_queues_nothing(topology: Top
         code, _, err = await ctl(run.target, "capacity", "probe", "east", "-r", "t")
         assert code == 3, err
         assert "drills-h-1 last published" in err and "python -m chaos" in err
-        assert time.monotonic() - started < 30  # not --wait-s (1,800 s)
         listed = await run.stub.ListDrills(pb.DrillsRequest())
         assert not listed.pending
 
