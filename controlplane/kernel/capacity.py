@@ -316,17 +316,22 @@ class SustainedSearch:
             s.offered_rps for s in steps if s.p99_ttft_s <= limit and keeps_up(s, slo)
         ]
         lo = max(r for r in under if r <= ultimate)
+        # the knee is at most the ultimate: a step above it bounds the knee too, whatever
+        # its p99 (one under the knee's limit but over the SLO would be asked again)
         over = [
             s.offered_rps
             for s in steps
-            if (s.p99_ttft_s > limit or not keeps_up(s, slo)) and s.offered_rps > lo
+            if s.offered_rps > lo
+            and (s.offered_rps > ultimate or s.p99_ttft_s > limit or not keeps_up(s, slo))
         ]
         if not over:
             return None  # p99 stayed under the knee's limit up to the ultimate
         hi = min(over)
         if (hi - lo) / lo <= self.precision:
             return None
-        return self._between(lo, hi)
+        rate = self._between(lo, hi)
+        held = {s.offered_rps for s in steps}
+        return None if rate in held else rate  # never the same step twice
 
 
 @dataclass(frozen=True, slots=True)

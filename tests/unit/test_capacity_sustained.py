@@ -159,3 +159,22 @@ def test_the_saturation_is_the_completion_rate_under_a_backlog() -> None:
     assert saturation_rps(burst) == pytest.approx(4.0, rel=0.02)
     assert saturation_rps(burst[:5]) is None
     assert math.isfinite(saturation_rps(burst) or math.inf)
+
+
+def test_a_step_over_the_slo_but_under_the_knee_limit_ends_the_knee_search() -> None:
+    # baseline 0.6 s: the knee's limit (1.2 s) is above the SLO (1.0 s). 6.47 kept up but
+    # missed the SLO with p99 1.1: past the ultimate (5.5), so it bounds the knee too.
+    # Judged by its p99 alone it did not, and a probe asked for 6.56 thirteen times.
+    search = SustainedSearch(floor_rps=4.0, bound_rps=20.0, precision=0.25)
+    steps = [held(5.5, 0.7), held(6.47, 1.1), held(7.62, 1.3)]
+    assert search.next_rate(steps, SLO, 0.6) is None  # the knee in [5.5, 6.47]: within 25 %
+    curve = analyze([held(4.0, 0.6), *steps], SLO)
+    assert curve.ultimate_rps == 5.5 and curve.knee_rps == 5.5
+
+
+def test_the_search_never_asks_for_a_rate_it_already_held() -> None:
+    search = SustainedSearch(floor_rps=4.0, bound_rps=20.0, precision=0.01)
+    steps = [held(5.5, 0.7), held(6.0, 1.1), held(6.4, 1.3)]
+    rate = search.next_rate(steps, SLO, 0.6)
+    assert rate == pytest.approx(5.75)  # the ultimate's bracket [5.5, 6.0], halved
+    assert search.next_rate([*steps, held(5.75, 1.1)], SLO, 0.6) == pytest.approx(5.625)
