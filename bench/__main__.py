@@ -28,6 +28,7 @@ from bench import (
     soak,
     store,
 )
+from controlplane.kernel.version import add_version_flag
 
 
 class BenchModule(Protocol):
@@ -154,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(p)
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for info in BENCHES:
         # argparse %-formats help strings ("top 1 %" would read as a format code)

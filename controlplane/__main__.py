@@ -14,6 +14,7 @@ from collections.abc import Callable
 from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.kernel.ladder import Ladder
 from controlplane.kernel.ladder_file import topology_ladder
+from controlplane.kernel.version import add_version_flag
 from controlplane.prewarm import Prewarmer
 
 EXAMPLES = """examples:
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="validate the topology and exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_version_flag(p)
     return p
 
 

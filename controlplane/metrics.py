@@ -41,6 +41,7 @@ from controlplane.kernel.model import (
     RegionState,
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.version import build_info
 
 log = logging.getLogger("tectonic.metrics")
 
@@ -73,6 +74,7 @@ class ControlPlaneMetrics:
         self.topology = topology
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        build_info(r, "controlplane")
         self.region_state = Gauge(
             "tectonic_region_state",
             "1 for the region's current state, 0 for the others (leader only)",

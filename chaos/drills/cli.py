@@ -28,6 +28,7 @@ from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
 from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.version import add_version_flag
 
 # a target's name -> what builds its RunDrill from the command line (imported only when
 # drills are to run)
@@ -88,6 +89,7 @@ def _parser(targets: Sequence[str] = ("lab",)) -> argparse.ArgumentParser:
         metavar="FILE",
         help="with --target kubernetes: where each region's pods are (chaos/kube/service.py)",
     )
+    add_version_flag(p)
     return p
 
 

@@ -39,6 +39,7 @@ from controlplane.cli.common import (
     out,
 )
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
+from controlplane.kernel.version import version_text
 
 HELP = (
     "The on-call CLI for Tectonic: region states, failovers, recovery, sessions.\n\n"
@@ -55,6 +56,12 @@ HELP = (
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich")
 sessions_app = typer.Typer(help="Look up or pin a sticky session.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text("failoverctl"))
+        raise typer.Exit()
 
 
 @app.callback()
@@ -87,6 +94,16 @@ def main(
             show_default=False,
         ),
     ] = "",
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            # eager: print and exit before --server and the credentials are checked
+            is_eager=True,
+            callback=_print_version,
+            help="Print the Tectonic version and exit.",
+        ),
+    ] = False,
 ) -> None:
     servers = [s.strip() for s in server.split(",") if s.strip()]
     if not servers:

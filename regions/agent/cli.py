@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from controlplane.kernel.config import ConfigError, load_etcd
+from controlplane.kernel.version import add_version_flag
 from regions.agent.server import AgentConfig, KubeDiscoveryConfig, load_security, serve_agent
 from regions.agent.service import PrewarmServiceConfig
 from regions.agent.warm_pool import load_pool_config
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         "section's TLS and user settings are used for --etcd",
     )
     p.add_argument("--log-level", default="INFO")
+    add_version_flag(p)
     return p
 
 

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.kernel.model import Health
+from controlplane.kernel.version import build_info
 from regions.agent.prewarm_executor import PrewarmOutcome
 from regions.agent.probe_vllm import ReplicaProbe
 from regions.pool.manager import ActivationKind, PoolSnapshot
@@ -62,6 +63,8 @@ class AgentMetrics:
         self.region = region
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # with region, like every series of the agent's
+        build_info(r, "agent", {"region": region})
         self.view_health = Gauge(
             "tectonic_agent_region_health",
             "1 for the agent's own verdict on its region (what it reports), 0 for the others",

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Sequence
 from functools import partial
 
+from controlplane.kernel.version import add_version_flag
 from regions.gateway.app import AppConfig
 from regions.gateway.cli_common import (
     add_admission_flags,
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_continuation_flags(p)
     add_admission_flags(p)
     p.add_argument("--log-level", default="INFO")
+    add_version_flag(p)
     return p
 
 

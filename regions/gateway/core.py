@@ -68,11 +68,11 @@ class DataPlaneCore:
                 f"home region {home!r} is not in the topology (regions: {', '.join(topo.names)})"
             )
         self.options = options
-        self.kind = kind  # "gateway" or "picker": names this process in etcd and logs
+        self.kind = kind  # "gateway" or "picker": names this process in etcd, logs, metrics
         self.keys = Keys(topo.cluster)
         self.store: Store = store or EtcdStore(options.etcd())
         self._own_store = store is None
-        self.metrics = GatewayMetrics({r.name: r.zone for r in topo.regions})
+        self.metrics = GatewayMetrics({r.name: r.zone for r in topo.regions}, component=kind)
         self.routing = RoutingCache(self.store, self.keys)
         self.sessions = SessionStore(
             self.store,

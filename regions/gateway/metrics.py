@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from controlplane.kernel.admission_limit import PRIORITIES, REFUSAL_REASONS
+from controlplane.kernel.version import build_info
 from regions.gateway.actuators import Action
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -61,11 +62,16 @@ def start_at_zero(metric: Counter | Histogram, label_sets: Iterable[Sequence[str
 
 
 class GatewayMetrics:
-    def __init__(self, zones: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, zones: Mapping[str, str] | None = None, *, component: str = "gateway"
+    ) -> None:
         """``zones``: the topology's region -> zone (its regions and the spills they
-        may make start at 0); none: every series appears at its first event."""
+        may make start at 0); none: every series appears at its first event.
+        ``component``: ``tectonic_build_info``'s (the endpoint picker shares these
+        metrics and says ``picker``)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        build_info(r, component)
         self.requests = Counter(
             "tectonic_gateway_requests",
             "Requests answered, by serving region and HTTP status, counted when the answer "

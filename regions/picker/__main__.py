@@ -34,6 +34,7 @@ import argparse
 from collections.abc import Sequence
 from functools import partial
 
+from controlplane.kernel.version import add_version_flag
 from regions.gateway.cli_common import (
     add_admission_flags,
     add_etcd_flags,
@@ -103,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     # under the 1 s message_timeout of deploy/envoy/envoy.yaml: a later answer fails open
     add_admission_flags(p, max_wait_s=0.5)
     p.add_argument("--log-level", default="INFO")
+    add_version_flag(p)
     return p
 
 
