@@ -28,6 +28,7 @@ from controlplane.kernel.store.port import (
     KeyValue,
     LeaseNotFound,
     Put,
+    RevisionCompacted,
     Store,
     StoreError,
     StoreUnavailable,
@@ -425,6 +426,35 @@ async def test_compaction_keeps_values_and_fails_watches_from_before_it(h: Harne
     await h.store.compact(r2)
     with pytest.raises(StoreError):
         await h.store.compact(r3 + 1_000_000)
+
+
+async def test_reads_at_a_revision_see_the_keys_as_they_were_then(h: Harness) -> None:
+    """``get`` and ``get_prefix`` at a revision: the keys as they were at it (a later
+    put, delete and new key unseen), ``Page.revision`` the one asked for; a revision
+    compacted away raises RevisionCompacted, a future one StoreError."""
+    a, b, c = h.k("v/a"), h.k("v/b"), h.k("v/c")
+    await h.store.put(a, b"a1")
+    r1 = await h.store.put(b, b"b1")
+    r2 = await h.store.put(a, b"a2")
+    await h.store.delete(b)
+    await h.store.put(c, b"c1")
+    then = await h.store.get_prefix(h.k("v/"), revision=r1, page_size=1)
+    assert [(kv.key, kv.value) for kv in then.kvs] == [(a, b"a1"), (b, b"b1")]
+    assert then.revision == r1
+    got = await h.store.get(a, revision=r1)
+    assert got is not None and (got.value, got.mod_revision, got.version) == (b"a1", r1 - 1, 1)
+    assert await h.store.get(c, revision=r2) is None  # created later
+    now = await h.store.get_prefix(h.k("v/"))
+    assert [(kv.key, kv.value) for kv in now.kvs] == [(a, b"a2"), (c, b"c1")]
+    await h.store.compact(r2)
+    at = await h.store.get_prefix(h.k("v/"), revision=r2)  # the compacted one is kept
+    assert [(kv.key, kv.value) for kv in at.kvs] == [(a, b"a2"), (b, b"b1")]
+    with pytest.raises(RevisionCompacted):
+        await h.store.get_prefix(h.k("v/"), revision=r1)
+    with pytest.raises(RevisionCompacted):
+        await h.store.get(a, revision=r1)
+    with pytest.raises(StoreError):
+        await h.store.get(a, revision=now.revision + 1_000_000)
 
 
 async def test_no_alarm_on_a_healthy_store(h: Harness) -> None:

@@ -24,25 +24,42 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.snapshot import RegionView, Snapshot
-from controlplane.kernel.store.port import KeyValue, Store
+from controlplane.kernel.store.port import KeyValue, RevisionCompacted, Store
 
 log = logging.getLogger("tectonic.snapshot")
 M = TypeVar("M", bound=BaseModel)
 
 
 async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float) -> Snapshot:
-    """Everything but sessions and audit. A value that fails to parse is logged and
+    """Everything but sessions and audit, as it stood at one revision: the first read's,
+    every later read pinned to it, so a write landing between two reads is in none of
+    them (a tick never decides on two states). A value that fails to parse is logged and
     treated as absent, so one bad key cannot stall every region."""
-    regions_kv = {kv.key: kv for kv in (await store.get_prefix(keys.regions_prefix())).kvs}
-    routing_kv = {kv.key: kv for kv in (await store.get_prefix(keys.routing_prefix())).kvs}
-    ladder_kv = {kv.key: kv for kv in (await store.get_prefix(keys.degradation_prefix())).kvs}
-    capacity_kv = {kv.key: kv for kv in (await store.get_prefix(keys.capacity_prefix())).kvs}
-    pools_kv = {kv.key: kv for kv in (await store.get_prefix(keys.pools_prefix())).kvs}
-    reports_page = await store.get_prefix(keys.reports_prefix())
-    intents_page = await store.get_prefix(keys.intents_prefix())
-    control_kv = await store.get(keys.control())
-    leader_kv = await store.get(keys.leader())
-    spec_kv = await store.get(keys.spec())
+    try:
+        return await _read_at_one_revision(store, keys, topology, now)
+    except RevisionCompacted:  # compacted between two reads (minutes of retention): again
+        return await _read_at_one_revision(store, keys, topology, now)
+
+
+async def _read_at_one_revision(
+    store: Store, keys: Keys, topology: Topology, now: float
+) -> Snapshot:
+    regions_page = await store.get_prefix(keys.regions_prefix())
+    rev = regions_page.revision
+
+    async def prefix(p: str) -> dict[str, KeyValue]:
+        return {kv.key: kv for kv in (await store.get_prefix(p, revision=rev)).kvs}
+
+    regions_kv = {kv.key: kv for kv in regions_page.kvs}
+    routing_kv = await prefix(keys.routing_prefix())
+    ladder_kv = await prefix(keys.degradation_prefix())
+    capacity_kv = await prefix(keys.capacity_prefix())
+    pools_kv = await prefix(keys.pools_prefix())
+    reports_page = await store.get_prefix(keys.reports_prefix(), revision=rev)
+    intents_page = await store.get_prefix(keys.intents_prefix(), revision=rev)
+    control_kv = await store.get(keys.control(), revision=rev)
+    leader_kv = await store.get(keys.leader(), revision=rev)
+    spec_kv = await store.get(keys.spec(), revision=rev)
 
     views: dict[str, RegionView] = {}
     for name in topology.names:
@@ -73,7 +90,7 @@ async def read_snapshot(store: Store, keys: Keys, topology: Topology, now: float
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))
     return Snapshot(
         now=now,
-        revision=reports_page.revision,
+        revision=rev,
         regions=views,
         reports=reports,
         intents=intents,

@@ -39,10 +39,10 @@ class CountingStore(MemoryStore):
         super().__init__(clock=clock.now)
         self.reads: Tally[str] = Tally()
 
-    async def get(self, key: str) -> KeyValue | None:
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
         self.reads[key] += 1
         await asyncio.sleep(0)
-        return await super().get(key)
+        return await super().get(key, revision=revision)
 
 
 class World:

@@ -37,9 +37,9 @@ class SlowStore(MemoryStore):
         self.elapsed = elapsed
         self.delay = 0.0
 
-    async def get_prefix(self, prefix: str, *, page_size: int = 10_000) -> Page:
+    async def get_prefix(self, prefix: str, *, page_size: int = 10_000, revision: int = 0) -> Page:
         self.elapsed.advance(self.delay)
-        return await super().get_prefix(prefix, page_size=page_size)
+        return await super().get_prefix(prefix, page_size=page_size, revision=revision)
 
 
 class Leadership:

@@ -46,6 +46,7 @@ from controlplane.kernel.store.port import (
     Op,
     Page,
     Put,
+    RevisionCompacted,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -98,7 +99,7 @@ class _NotApplied(StoreUnavailable):
     """Temporary, and the request certainly did not take effect: safe to resend."""
 
 
-class _Compacted(StoreError):
+class _Compacted(RevisionCompacted):
     """The revision asked for was compacted away."""
 
 
@@ -285,20 +286,23 @@ class EtcdStore:
 
     # ---- Store ---------------------------------------------------------------------
 
-    async def get(self, key: str) -> KeyValue | None:
-        """Linearizable read of one key."""
-        req = rpc.RangeRequest(key=_b(key))
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
+        """Linearizable read of one key (at ``revision``: as it was then)."""
+        req = rpc.RangeRequest(key=_b(key), revision=revision)
         resp = await self._call("get", lambda: self._kv().Range(req, timeout=self._timeout))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
-    async def get_prefix(self, prefix: str, *, page_size: int = 10_000) -> Page:
+    async def get_prefix(self, prefix: str, *, page_size: int = 10_000, revision: int = 0) -> Page:
         """Pages of ``page_size`` keys (RangeRequest ``limit``), every page after the first
-        read at the first page's revision, so the result is one consistent snapshot.
-        Restarts from scratch if that revision is compacted mid-read."""
+        read at the first page's revision (or all at ``revision``), so the result is one
+        consistent snapshot. Unpinned, restarts from scratch if that revision is
+        compacted mid-read; pinned, raises RevisionCompacted."""
         if page_size < 1:
             raise StoreError(f"page_size must be at least 1, got {page_size}")
         start = _b(prefix) if prefix else b"\0"
         end = _prefix_end(_b(prefix))
+        if revision:
+            return await self._read_pages(start, end, page_size, revision)
         for _attempt in range(3):
             try:
                 return await self._read_pages(start, end, page_size)
@@ -306,9 +310,11 @@ class EtcdStore:
                 continue
         raise StoreUnavailable(f"etcd get_prefix {prefix!r}: snapshot compacted 3 times")
 
-    async def _read_pages(self, start: bytes, end: bytes, page_size: int) -> Page:
+    async def _read_pages(
+        self, start: bytes, end: bytes, page_size: int, revision: int = 0
+    ) -> Page:
+        """``revision`` 0: the latest, for the first page only (the rest at its revision)."""
         kvs: list[KeyValue] = []
-        revision = 0  # 0 = latest, for the first page only
         while True:
             req = rpc.RangeRequest(key=start, range_end=end, limit=page_size, revision=revision)
             resp = await self._call("get_prefix", self._range_call(req))

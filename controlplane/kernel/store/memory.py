@@ -13,7 +13,9 @@ Faithful to what the etcd adapter shows (measured against etcd 3.4, see
   ``clock``; expiry is checked lazily on every call (and by ``expire_leases()``) and
   deletes all the lease's keys at one revision;
 * ``watch_prefix`` replays history from ``start_revision`` (inclusive) and then
-  streams live events; like the etcd adapter it registers on first iteration.
+  streams live events; like the etcd adapter it registers on first iteration;
+* reads at a past revision see the keys as they were then (the history replayed onto
+  what compaction folded away), down to the compacted revision.
 
 ``set_available(False)`` simulates a partition: every call raises StoreUnavailable
 and open watches break, while leases keep expiring on the clock as they would on
@@ -40,6 +42,7 @@ from controlplane.kernel.store.port import (
     Op,
     Page,
     Put,
+    RevisionCompacted,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -124,6 +127,7 @@ class MemoryStore:
         self._compacted = 0
         self._history: list[WatchEvent] = []  # in revision order, for watch replay
         self._history_revs: list[int] = []
+        self._base: dict[str, KeyValue] = {}  # the keys as compaction left them
         self._leases: dict[int, _Lease] = {}
         self._next_lease_id = 0x7E570001
         self._watchers: set[_Watcher] = set()
@@ -174,18 +178,24 @@ class MemoryStore:
 
     # ---- Store ---------------------------------------------------------------------
 
-    async def get(self, key: str) -> KeyValue | None:
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
         self._check()
+        if revision and revision != self._revision:
+            return self._as_of(revision, key, exact=True).get(key)
         return self._kvs.get(key)
 
-    async def get_prefix(self, prefix: str, *, page_size: int = 10_000) -> Page:
+    async def get_prefix(self, prefix: str, *, page_size: int = 10_000, revision: int = 0) -> Page:
         """Consistent snapshot at one revision. Yields to the loop between pages, as the
         etcd adapter does, so concurrent writes interleave but are not seen."""
         if page_size < 1:
             raise StoreError(f"page_size must be at least 1, got {page_size}")
         self._check()
-        revision = self._revision
-        snapshot = [self._kvs[k] for k in self._keys_with_prefix(prefix)]
+        if revision and revision != self._revision:
+            then = self._as_of(revision, prefix, exact=False)
+            snapshot = [then[k] for k in sorted(then)]
+        else:
+            revision = self._revision
+            snapshot = [self._kvs[k] for k in self._keys_with_prefix(prefix)]
         for _ in range(page_size, len(snapshot), page_size):
             await asyncio.sleep(0)
             self._check()
@@ -265,6 +275,8 @@ class MemoryStore:
             )
         self._compacted = max(self._compacted, revision)
         cut = bisect.bisect_left(self._history_revs, self._compacted)
+        for ev in self._history[:cut]:
+            _replay(self._base, ev)
         del self._history[:cut], self._history_revs[:cut]
 
     async def alarms(self) -> list[str]:
@@ -279,7 +291,7 @@ class MemoryStore:
         StoreError when ``start_revision`` was compacted; ends when the store closes."""
         self._check()
         if 0 < start_revision < self._compacted:  # etcd keeps the compacted revision
-            raise StoreError(f"required revision {start_revision} has been compacted")
+            raise RevisionCompacted(f"required revision {start_revision} has been compacted")
         watcher = _Watcher(prefix, start_revision or self._revision + 1)
         first = bisect.bisect_left(self._history_revs, watcher.min_revision)
         for ev in self._history[first:]:
@@ -315,6 +327,25 @@ class MemoryStore:
     def _check_space(self) -> None:
         if self._full:
             raise StoreFull("memory store: database space exceeded (simulated NOSPACE)")
+
+    def _as_of(self, revision: int, key: str, *, exact: bool) -> dict[str, KeyValue]:
+        """The keys equal to ``key`` (``exact``) or under it as they were at ``revision``."""
+        if revision > self._revision:
+            raise StoreError(
+                f"required revision {revision} is a future revision ({self._revision})"
+            )
+        if revision < self._compacted:
+            raise RevisionCompacted(f"required revision {revision} has been compacted")
+
+        def wanted(k: str) -> bool:
+            return k == key if exact else k.startswith(key)
+
+        then = {k: kv for k, kv in self._base.items() if wanted(k)}
+        end = bisect.bisect_right(self._history_revs, revision)
+        for ev in self._history[:end]:
+            if wanted(ev.kv.key):
+                _replay(then, ev)
+        return then
 
     def _keys_with_prefix(self, prefix: str) -> list[str]:
         i = bisect.bisect_left(self._sorted, prefix)
@@ -372,3 +403,10 @@ class MemoryStore:
             self._leases[old].keys.discard(key)
         if new:
             self._leases[new].keys.add(key)
+
+
+def _replay(kvs: dict[str, KeyValue], ev: WatchEvent) -> None:
+    if ev.type is EventType.PUT:
+        kvs[ev.kv.key] = ev.kv
+    else:
+        kvs.pop(ev.kv.key, None)

@@ -40,6 +40,11 @@ class LeaseNotFound(StoreError):
     """The lease expired or was revoked."""
 
 
+class RevisionCompacted(StoreError):
+    """A read or watch asked for a revision the store's history no longer holds
+    (compacted away). Its owner starts again from the current revision."""
+
+
 class StoreFull(StoreError):
     """The store refuses writes: its database reached its quota (etcd raises the NOSPACE
     alarm). Reads, deletes and compaction still work; writes fail until an operator
@@ -139,13 +144,16 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 class Store(Protocol):
     """Key-value store with etcd v3 semantics. All methods may raise StoreUnavailable."""
 
-    async def get(self, key: str) -> KeyValue | None:
-        """Read one key (linearizable)."""
+    async def get(self, key: str, *, revision: int = 0) -> KeyValue | None:
+        """Read one key (linearizable); at ``revision`` if given (0: the latest), as it
+        was then. A compacted revision raises RevisionCompacted; a future one StoreError."""
         ...
 
-    async def get_prefix(self, prefix: str, *, page_size: int = 10_000) -> Page:
+    async def get_prefix(self, prefix: str, *, page_size: int = 10_000, revision: int = 0) -> Page:
         """All keys under ``prefix`` in key order, read in pages of ``page_size`` at one
-        revision (the first page's), so the result is a consistent snapshot."""
+        revision (the first page's, or ``revision`` if given), so the result is a
+        consistent snapshot; ``Page.revision`` is the revision read. Several reads pinned
+        to the first one's revision make one snapshot of several prefixes."""
         ...
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
