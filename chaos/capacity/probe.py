@@ -73,6 +73,8 @@ from chaos.capacity.replica_info import read_replica
 from chaos.capacity.results import RequestResult, loaded, mean_inflight, workload_errors
 from chaos.capacity.stats import (
     StepFigures,
+    UnloadedTtft,
+    fit_unloaded,
     recovery_time,
     saturation_rps,
     step_figures,
@@ -263,6 +265,8 @@ class _Prober:
     # each step's mean in-flight per replica (its last attempt), by phase and rate
     inflight: dict[tuple[Phase, float], float] = field(default_factory=dict)
     durations: dict[tuple[Phase, float], SustainedTiming] = field(default_factory=dict)
+    # each phase's unloaded first-token line, fitted on its lowest step (the knee's limit)
+    unloaded: dict[Phase, UnloadedTtft | None] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -342,7 +346,7 @@ class _Prober:
         index: int,
         figs: StepFigures,
         drain_s: float,
-        baseline: float,
+        baseline: Step,
         attempt: int = 0,
         kind: StepKind = StepKind.SCREEN,
         timing: SustainedTiming | None = None,
@@ -390,7 +394,7 @@ class _Prober:
         urls: Sequence[str],
         rate: float,
         warm: bool,
-        baseline: float | None,
+        baseline: Step | None,
         timing: SustainedTiming | None = None,
         kind: StepKind = StepKind.SCREEN,
         screen_requests: int | None = None,
@@ -400,7 +404,8 @@ class _Prober:
         Without ``timing`` a screening step (``step_s`` from an empty queue, longer
         where fewer than ``min_screen_requests`` would arrive; every request judged);
         with it a sustained step (its warm-up, then its judged window). The step and
-        its last attempt's requests."""
+        its last attempt's requests. ``baseline``: the phase's lowest step; None: this
+        is it, and its requests fit the phase's unloaded first-token line."""
         c = self.config
         if timing is None:  # long enough for a few requests even at the lowest rate
             wanted = screen_requests or c.min_screen_requests
@@ -415,20 +420,28 @@ class _Prober:
             results = await self.gen.run(self._plan(urls, offsets, warm, tag))
             self.results += results
             self.durations[(phase, rate)] = timing
+            if baseline is None:
+                self.unloaded[phase] = fit_unloaded(results)
+            unloaded = self.unloaded.get(phase)
             if screening:
                 span = timing.measure_s
-                figs = step_figures(results, rate, span, c.request_timeout_s)
+                figs = step_figures(results, rate, span, c.request_timeout_s, unloaded)
                 self.inflight[(phase, rate)] = mean_inflight(loaded(results), span) / n
             else:
                 held = sustained_figures(
-                    results, rate, timing.warmup_s, timing.measure_s, c.request_timeout_s
+                    results,
+                    rate,
+                    timing.warmup_s,
+                    timing.measure_s,
+                    c.request_timeout_s,
+                    unloaded=unloaded,
                 )
                 figs = held.figures
                 self.inflight[(phase, rate)] = held.mean_inflight / n
             drain_s = await self._drain(urls, phase)
             step = replace(figs.step, throughput_rps=figs.step.throughput_rps / n)
             figs = StepFigures(step, figs.requests, figs.lag_p99_s, figs.lag_max_s)
-            base = step.p99_ttft_s if baseline is None else baseline
+            base = step if baseline is None else baseline
             self._report(phase, index, figs, drain_s, base, attempt, kind, timing)
             if not self._rerun(figs):
                 break
@@ -481,7 +494,7 @@ class _Prober:
             rate = forced.pop(0) if forced else plan.next_rate(steps, c.slo)
             if rate is None:
                 break
-            baseline = steps[0].p99_ttft_s if steps else None
+            baseline = steps[0] if steps else None
             # the lowest step sets the knee's baseline: a p99 read from as many requests
             # as half a sustained window (a handful would give the tail's floor)
             wanted = None if steps else max(c.min_screen_requests, c.min_requests // 2)
@@ -496,7 +509,7 @@ class _Prober:
         return steps
 
     async def _saturation(
-        self, phase: Phase, index: int, urls: Sequence[str], rate: float, warm: bool, base: float
+        self, phase: Phase, index: int, urls: Sequence[str], rate: float, warm: bool, base: Step
     ) -> float | None:
         """What each replica completes per second offered far more than it serves."""
         _, results = await self._step(
@@ -529,7 +542,7 @@ class _Prober:
         saturation = None
         if timing_saturation is None and broke is not None and not failed(last, c.slo):
             saturation = await self._saturation(
-                phase, len(screen), urls, c.saturation_factor * broke, warm, base.p99_ttft_s
+                phase, len(screen), urls, c.saturation_factor * broke, warm, base
             )
         bounds = [r for r in (broke, saturation) if r is not None]
         search = SustainedSearch(base.offered_rps, min(bounds) if bounds else None, c.precision)
@@ -538,13 +551,13 @@ class _Prober:
         # screening never broke the SLA (up to the ceiling): hold its top rate first
         first = last.offered_rps if broke is None and last is not base else None
         while not self._over_budget() and len(held) < c.max_sustained:
-            rate = first if first is not None else search.next_rate(held, c.slo, base.p99_ttft_s)
+            rate = first if first is not None else search.next_rate(held, c.slo, base)
             first = None
             if rate is None:
                 break
             timing = self._timing(rate, timing_saturation or saturation)
             step, _ = await self._step(
-                phase, index, urls, rate, warm, base.p99_ttft_s, timing, StepKind.SUSTAINED
+                phase, index, urls, rate, warm, base, timing, StepKind.SUSTAINED
             )
             held.append(step)
             index += 1
@@ -567,7 +580,7 @@ class _Prober:
         durations = {r: t for (p, r), t in self.durations.items() if p is phase}
         return _PhaseResult(curve, _hit_rate(before, after, phase), inflight, durations)
 
-    async def recovery(self, ultimate_rps: float, baseline: float) -> float | None:
+    async def recovery(self, ultimate_rps: float, baseline: Step) -> float | None:
         """T_recover after a step at ``overload_factor`` x the ultimate (cold), run again
         (like a step) while the generator falls behind during the recovery."""
         c = self.config
@@ -666,7 +679,7 @@ async def probe_capacity(
         )
         t_recover = None
         if config.measure_recovery:
-            t_recover = await prober.recovery(cold.curve.ultimate_rps, cold.curve.baseline_p99_s)
+            t_recover = await prober.recovery(cold.curve.ultimate_rps, cold.curve.steps[0])
         efficiency, measured, unmeasured = await _pair_scaling(prober, cold, urls)
     return CapacityRecord(
         region=config.region,

@@ -26,6 +26,46 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def uncached_tokens(r: RequestResult) -> int:
+    """The prompt tokens a request's prefill computed (its cache hit left out)."""
+    return max(0, r.prompt_tokens - (r.cached_tokens or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadedTtft:
+    """A request's first-token time on an idle replica: a fixed cost plus its prefill,
+    linear in its uncached prompt tokens; fitted (least squares) on the requests of a
+    probe's lowest step, where nothing queues."""
+
+    fixed_s: float
+    per_token_s: float
+
+    def of(self, r: RequestResult) -> float:
+        return self.fixed_s + self.per_token_s * uncached_tokens(r)
+
+    def p99(self, results: Sequence[RequestResult]) -> float | None:
+        """The first-token p99 ``results`` would have had unloaded (over those that got a
+        first token, as the step's own p99 is); None: none did."""
+        times = [self.of(r) for r in results if r.ttft_s is not None]
+        return percentile(times, 99) if times else None
+
+
+def fit_unloaded(results: Sequence[RequestResult], min_points: int = 10) -> UnloadedTtft | None:
+    """The line through the (uncached tokens, first-token time) of ``results``; None with
+    fewer than ``min_points`` first tokens. A slope below 0 (noise on prompts of one
+    length) is taken as 0: then every request counts alike."""
+    points = [(uncached_tokens(r), t) for r in loaded(results) if (t := r.ttft_s) is not None]
+    if len(points) < min_points:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (t - mean_t) for x, t in points) / var if var > 0 else 0.0
+    slope = max(0.0, slope)
+    return UnloadedTtft(max(0.0, mean_t - slope * mean_x), slope)
+
+
 @dataclass(frozen=True, slots=True)
 class StepFigures:
     """A step as the model reads it, and how well the generator kept to its plan."""
@@ -37,20 +77,26 @@ class StepFigures:
 
 
 def step_figures(
-    results: Sequence[RequestResult], offered_rps: float, duration_s: float, timeout_s: float
+    results: Sequence[RequestResult],
+    offered_rps: float,
+    duration_s: float,
+    timeout_s: float,
+    unloaded: UnloadedTtft | None = None,
 ) -> StepFigures:
     """A screening step's figures (every request of a step from an empty queue): its
     first-token p99 (over the requests that got a first token; the timeout when none
     did), error rate (errors and timeouts over requests sent), throughput (requests
-    completed within the step over its duration) and timeouts."""
+    completed within the step over its duration) and timeouts; with ``unloaded``, the
+    p99 its requests would have had on an idle replica."""
     results = loaded(results)
     if not results:  # a rate so low that no arrival fell in the step: nothing failed
         return StepFigures(Step(offered_rps, 0.0, 0.0, 0.0), 0, 0.0, 0.0)
     p99, errors, timeouts = _sla_figures(results, timeout_s)
     done = sum(r.ok and r.done_s <= duration_s for r in results)
     lags = [max(0.0, r.lag_s) for r in results]
+    idle_p99 = unloaded.p99(results) if unloaded is not None else None
     return StepFigures(
-        Step(offered_rps, p99, errors, done / duration_s, timeouts),
+        Step(offered_rps, p99, errors, done / duration_s, timeouts, unloaded_p99_s=idle_p99),
         len(results),
         percentile(lags, 99),
         max(lags),
@@ -93,6 +139,7 @@ def sustained_figures(
     measure_s: float,
     timeout_s: float,
     samples: int = 60,
+    unloaded: UnloadedTtft | None = None,
 ) -> SustainedFigures:
     """A sustained step judged over its window ``[warmup_s, warmup_s + measure_s)``:
     p99 and errors over the requests that arrived in it; the **served ratio**,
@@ -122,6 +169,7 @@ def sustained_figures(
         backlog_growth=growth,
         judged=len(judged),
         mean_inflight=sum(held) / len(held),
+        unloaded_p99_s=unloaded.p99(judged) if unloaded is not None else None,
     )
     figs = StepFigures(step, len(judged), percentile(lags, 99), max(lags))
     return SustainedFigures(figs, step.mean_inflight)

@@ -19,6 +19,7 @@ from controlplane.kernel.capacity import (
     fit_hit_effect,
     keeps_up,
     meets_sla,
+    past_knee,
 )
 
 log = logging.getLogger("tectonic.capacity")
@@ -96,14 +97,15 @@ class ProbeAborted(RuntimeError):
         self.steps = tuple(steps)
 
 
-def verdict(step: Step, baseline_p99_s: float, slo: CapacitySLO) -> Verdict:
+def verdict(step: Step, base: Step, slo: CapacitySLO) -> Verdict:
+    """``base``: the phase's lowest step (the knee's reference)."""
     if failed(step, slo):
         return Verdict.FAILURE
     if not keeps_up(step, slo):
         return Verdict.BEHIND
     if not meets_sla(step, slo):
         return Verdict.OVER_SLA
-    if step.p99_ttft_s > slo.knee_factor * baseline_p99_s:
+    if past_knee(step, base, slo):
         return Verdict.PAST_KNEE
     return Verdict.ELASTIC
 

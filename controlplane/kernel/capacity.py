@@ -74,6 +74,9 @@ class Step:
     backlog_growth: float | None = None  # in-flight trend x window, over its arrivals
     judged: int = 0  # a sustained step's arrivals in its window
     mean_inflight: float = 0.0  # requests held at once on average in the window
+    # the first-token p99 its own requests would have had on an idle replica (a line
+    # fitted on the lowest step: prefill by uncached prompt tokens); None: not known
+    unloaded_p99_s: float | None = None
 
     @property
     def sustained(self) -> bool:
@@ -133,6 +136,22 @@ def failed(step: Step, slo: CapacitySLO) -> bool:
     return step.timeouts > 0 or step.error_rate > slo.failure_error_rate
 
 
+def knee_limit(step: Step, base: Step, slo: CapacitySLO) -> float:
+    """The first-token p99 past which ``step`` is past the knee: ``knee_factor`` x the
+    lowest step's (``base``), scaled by how much slower the step's own requests would be
+    on an idle replica than the lowest step's. A p99 read from a few hundred requests of
+    a long-tailed prompt mix swings by a quarter with which long prompts fell in, so
+    comparing two steps' p99s alone would mistake a heavier sample for queueing."""
+    limit = slo.knee_factor * base.p99_ttft_s
+    if step.unloaded_p99_s and base.unloaded_p99_s:
+        limit *= step.unloaded_p99_s / base.unloaded_p99_s
+    return limit
+
+
+def past_knee(step: Step, base: Step, slo: CapacitySLO) -> bool:
+    return step.p99_ttft_s > knee_limit(step, base, slo)
+
+
 def _crossing(lo: Step, hi: Step, value_lo: float, value_hi: float, limit: float) -> float:
     """The offered rate between ``lo`` and ``hi`` where a figure that was ``value_lo``
     and became ``value_hi`` crosses ``limit`` (linear between the two steps)."""
@@ -165,12 +184,14 @@ def analyze(
             f"(p99 {ordered[0].p99_ttft_s:.3f} s, errors {ordered[0].error_rate:.2%}): "
             "probe from a lower rate"
         )
-    baseline = ordered[0].p99_ttft_s
-    knee_limit = slo.knee_factor * baseline
+    base = ordered[0]
     knee: float | None = None
     for lo, hi in itertools.pairwise(ordered):
-        if hi.p99_ttft_s > knee_limit:
-            knee = _crossing(lo, hi, lo.p99_ttft_s, hi.p99_ttft_s, knee_limit)
+        if past_knee(hi, base, slo):
+            # where p99 over its limit crosses 1 (each step's limit its own)
+            ratio_lo = lo.p99_ttft_s / knee_limit(lo, base, slo)
+            ratio_hi = hi.p99_ttft_s / knee_limit(hi, base, slo)
+            knee = _crossing(lo, hi, ratio_lo, ratio_hi, 1.0)
             break
     ultimate, bounded = ordered[-1].offered_rps, False
     for lo, hi in itertools.pairwise(ordered):
@@ -196,7 +217,7 @@ def analyze(
         # no step between the two is claimed
         knee = ultimate
     failure = next((s.offered_rps for s in ordered if failed(s, slo)), None)
-    return Curve(baseline, knee, ultimate, bounded, failure, tuple(ordered), saturation_rps)
+    return Curve(base.p99_ttft_s, knee, ultimate, bounded, failure, tuple(ordered), saturation_rps)
 
 
 # ---- the probe's plan --------------------------------------------------------------
@@ -292,15 +313,17 @@ class SustainedSearch:
         return lo, min(above) if above else None
 
     def next_rate(
-        self, steps: Sequence[Step], slo: CapacitySLO, baseline_p99_s: float
+        self, steps: Sequence[Step], slo: CapacitySLO, baseline: Step | float
     ) -> float | None:
-        """The next sustained rate after ``steps`` (the sustained ones so far); None: done."""
+        """The next sustained rate after ``steps`` (the sustained ones so far); None: done.
+        ``baseline``: the lowest step (or its first-token p99), the knee's reference."""
         lo, hi = self.bracket(steps, slo)
         if hi is None:
             return None  # nothing above is known to fail: the ultimate is a lower bound
         if (hi - lo) / lo > self.precision:
             return self._between(lo, hi)
-        return self._knee_rate(steps, slo, baseline_p99_s, lo)
+        base = baseline if isinstance(baseline, Step) else Step(self.floor_rps, baseline, 0, 0)
+        return self._knee_rate(steps, slo, base, lo)
 
     def _between(self, lo: float, hi: float) -> float:
         """Down from ``hi`` by ``first_fraction`` while the bracket is wide (the limit
@@ -309,11 +332,10 @@ class SustainedSearch:
         return max((lo + hi) / 2, self.first_fraction * hi)
 
     def _knee_rate(
-        self, steps: Sequence[Step], slo: CapacitySLO, baseline_p99_s: float, ultimate: float
+        self, steps: Sequence[Step], slo: CapacitySLO, base: Step, ultimate: float
     ) -> float | None:
-        limit = slo.knee_factor * baseline_p99_s
         under = [self.floor_rps] + [
-            s.offered_rps for s in steps if s.p99_ttft_s <= limit and keeps_up(s, slo)
+            s.offered_rps for s in steps if not past_knee(s, base, slo) and keeps_up(s, slo)
         ]
         lo = max(r for r in under if r <= ultimate)
         # the knee is at most the ultimate: a step above it bounds the knee too, whatever
@@ -322,7 +344,7 @@ class SustainedSearch:
             s.offered_rps
             for s in steps
             if s.offered_rps > lo
-            and (s.offered_rps > ultimate or s.p99_ttft_s > limit or not keeps_up(s, slo))
+            and (s.offered_rps > ultimate or past_knee(s, base, slo) or not keeps_up(s, slo))
         ]
         if not over:
             return None  # p99 stayed under the knee's limit up to the ultimate

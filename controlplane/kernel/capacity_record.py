@@ -50,6 +50,9 @@ class ProbeStep(Frozen):
     served_ratio: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
     backlog_growth: Annotated[float | None, Field(exclude_if=lambda v: v is None)] = None
     judged: Annotated[int | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
+    # the first-token p99 its requests would have had on an idle replica: the knee's
+    # limit scales with it (kernel/capacity.knee_limit); absent: not fitted
+    unloaded_p99_s: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
 
     @classmethod
     def of(
@@ -71,6 +74,7 @@ class ProbeStep(Frozen):
             served_ratio=step.served_ratio,
             backlog_growth=step.backlog_growth,
             judged=step.judged if step.sustained else None,
+            unloaded_p99_s=step.unloaded_p99_s,
         )
 
     def step(self) -> Step:
@@ -84,6 +88,7 @@ class ProbeStep(Frozen):
             self.backlog_growth,
             self.judged or 0,
             self.mean_inflight or 0.0,
+            self.unloaded_p99_s,
         )
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from chaos.capacity.results import Outcome, RequestResult
-from chaos.capacity.stats import saturation_rps, sustained_figures
+from chaos.capacity.stats import fit_unloaded, percentile, saturation_rps, sustained_figures
 from controlplane.kernel.capacity import (
     CapacitySLO,
     Step,
@@ -16,7 +16,9 @@ from controlplane.kernel.capacity import (
     analyze,
     backlog_slack,
     keeps_up,
+    knee_limit,
     meets_sla,
+    past_knee,
     relaxation_s,
     sustained_timing,
 )
@@ -178,3 +180,46 @@ def test_the_search_never_asks_for_a_rate_it_already_held() -> None:
     rate = search.next_rate(steps, SLO, 0.6)
     assert rate == pytest.approx(5.75)  # the ultimate's bracket [5.5, 6.0], halved
     assert search.next_rate([*steps, held(5.75, 1.1)], SLO, 0.6) == pytest.approx(5.625)
+
+
+# ---- the knee's limit, scaled by the requests each step drew ------------------------------
+
+
+def prompt(tokens: int, ttft: float, cached: int | None = 0, at: float = 0.0) -> RequestResult:
+    return RequestResult(at, at, at + ttft, at + ttft + 1.0, Outcome.OK, 200, "", tokens, 8,
+                         cached, "u")  # fmt: skip
+
+
+def test_the_unloaded_line_is_fitted_on_uncached_tokens() -> None:
+    # 5 ms fixed + 1/8,000 s a token, on prompts of 100..4,000 tokens, 300 of them cached
+    rs = [prompt(n, 0.005 + (n - 300) / 8_000, cached=300) for n in range(400, 4_000, 100)]
+    line = fit_unloaded(rs)
+    assert line is not None
+    assert line.fixed_s == pytest.approx(0.005) and line.per_token_s == pytest.approx(1 / 8_000)
+    assert line.p99(rs) == pytest.approx(percentile([r.ttft_s or 0 for r in rs], 99))
+    assert fit_unloaded(rs[:9]) is None  # too few to fit
+    flat = fit_unloaded([prompt(100, 0.2 - i / 1_000) for i in range(20)])  # one length
+    assert flat is not None and flat.per_token_s == 0 and flat.fixed_s == pytest.approx(0.1905)
+
+
+def test_a_heavier_draw_of_prompts_is_not_taken_for_queueing() -> None:
+    # the lowest step drew light prompts (p99 0.43 s; the mix's is ~0.70 s); a step whose
+    # requests would take 0.68 s unloaded reads 0.93 s: under 2 x 0.43 x 0.68 / 0.43
+    base = Step(2.0, 0.429, 0.0, 2.0, unloaded_p99_s=0.43)
+    heavier = Step(6.72, 0.927, 0.0, 6.72, 0, 1.0, 0.0, 400, 4.0, unloaded_p99_s=0.68)
+    slo = CapacitySLO(ttft_p99_s=2.0)
+    assert knee_limit(heavier, base, slo) == pytest.approx(2 * 0.429 * 0.68 / 0.43)
+    assert not past_knee(heavier, base, slo)
+    unscaled = Step(6.72, 0.927, 0.0, 6.72, 0, 1.0, 0.0, 400, 4.0)  # no line: 2 x 0.429
+    assert past_knee(unscaled, base, slo)
+    queued = Step(8.0, 1.5, 0.0, 8.0, 0, 1.0, 0.0, 400, 5.0, unloaded_p99_s=0.68)
+    curve = analyze([base, heavier, queued], slo)
+    # the knee between 6.72 (p99 0.68 of its limit) and 8.0 (1.10 of it), interpolated
+    r_lo, r_hi = 0.927 / knee_limit(heavier, base, slo), 1.5 / knee_limit(queued, base, slo)
+    expected = 6.72 + (1 - r_lo) / (r_hi - r_lo) * (8.0 - 6.72)
+    assert curve.knee_rps == pytest.approx(expected)
+    search = SustainedSearch(floor_rps=2.0, bound_rps=9.0, precision=0.1)
+    held_steps = [heavier, queued, Step(8.5, 2.5, 0.0, 8.0, 0, 0.9, 0.1, 400, 9.0)]
+    nxt = search.next_rate(held_steps, slo, base)
+    # the ultimate bracketed [8, 8.5]; the knee in [6.72, 8] by the scaled limit: halved
+    assert nxt == pytest.approx((6.72 + 8.0) / 2)

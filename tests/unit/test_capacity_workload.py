@@ -281,12 +281,13 @@ def test_wasted_work_counts_the_tokens_of_requests_that_failed_after_prefill() -
 
 
 def test_verdicts() -> None:
-    assert verdict(Step(1, 0.1, 0, 1), 0.1, SLO) is Verdict.ELASTIC
-    assert verdict(Step(2, 0.3, 0, 2), 0.1, SLO) is Verdict.PAST_KNEE
-    assert verdict(Step(3, 1.5, 0, 3), 0.1, SLO) is Verdict.OVER_SLA
-    assert verdict(Step(4, 0.2, 0.01, 4), 0.1, SLO) is Verdict.OVER_SLA
-    assert verdict(Step(5, 0.2, 0.2, 4), 0.1, SLO) is Verdict.FAILURE
-    assert verdict(Step(6, 0.2, 0.0, 4, timeouts=1), 0.1, SLO) is Verdict.FAILURE
+    base = Step(1, 0.1, 0, 1)  # the lowest step: the knee's reference
+    assert verdict(Step(1, 0.1, 0, 1), base, SLO) is Verdict.ELASTIC
+    assert verdict(Step(2, 0.3, 0, 2), base, SLO) is Verdict.PAST_KNEE
+    assert verdict(Step(3, 1.5, 0, 3), base, SLO) is Verdict.OVER_SLA
+    assert verdict(Step(4, 0.2, 0.01, 4), base, SLO) is Verdict.OVER_SLA
+    assert verdict(Step(5, 0.2, 0.2, 4), base, SLO) is Verdict.FAILURE
+    assert verdict(Step(6, 0.2, 0.0, 4, timeouts=1), base, SLO) is Verdict.FAILURE
 
 
 def test_probe_settings_are_checked() -> None:
