@@ -38,7 +38,6 @@ from controlplane.kernel.store.port import (
     WatchEvent,
 )
 from controlplane.orchestrator import Orchestrator
-from controlplane.probe import AgentProber
 
 log = logging.getLogger("tectonic.loop")
 
@@ -50,6 +49,13 @@ class Leadership(Protocol):
     def fence(self) -> list[Compare]: ...
 
     async def wait_changed(self) -> bool: ...
+
+
+class Prober(Protocol):
+    """The leader's own check of every region's agent (controlplane/probe.py): it
+    stores one health report per region."""
+
+    async def probe_once(self) -> None: ...
 
 
 class TickObserver(Protocol):
@@ -72,7 +78,7 @@ class ReconcileLoop:
         clock: Clock,
         leadership: Leadership,
         orchestrator: Orchestrator,
-        prober: AgentProber | None,
+        prober: Prober | None,
         actor: str,
         observer: TickObserver | None = None,
         ladder: Ladder | None = None,
@@ -93,6 +99,8 @@ class ReconcileLoop:
         self.ticks = 0
         self.writes = StoreWrites()  # whether etcd takes writes, for status and metrics
         self._was_leader = False
+        self._probing: asyncio.Task[None] | None = None  # the agents' check, beside ticks
+        self._probe_refused: StoreError | None = None  # the last check's write refusal
 
     def stalled(self) -> bool:
         """True when no tick has completed for three periods (health goes NOT_SERVING)."""
@@ -103,14 +111,14 @@ class ReconcileLoop:
         leader = self.leadership.is_leader
         if self._was_leader and not leader:
             log.warning("no longer leader: stopping all actions")
+            await self.stop_probe()
             await self.orchestrator.stop_failovers()
         self._was_leader = leader
         # Also proves the store is reachable; cheap (no key is read).
         self._alarms_read(await self.store.alarms())
         if not leader:
             return None
-        if self.prober is not None:
-            await self.prober.probe_once()
+        self._start_probe()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
         self.tick_snapshot = snap
         # Job results first: a job that finishes from here on is recorded next tick.
@@ -124,6 +132,34 @@ class ReconcileLoop:
             log.info("tick: %s", summary)
         self.last_result = result
         return result
+
+    def _start_probe(self) -> None:
+        """The leader's check of the agents runs beside the ticks, one at a time, never
+        inside one: a dead agent's check waits out its timeout (0.8 x the probe
+        interval), and the tick that fails its region over must not wait with it. Its
+        reports are the next tick's input (a changed verdict wakes the loop at once)."""
+        if self.prober is None or (self._probing is not None and not self._probing.done()):
+            return
+        self._probing = asyncio.create_task(self._probe(self.prober), name="agent-probe")
+
+    async def _probe(self, prober: Prober) -> None:
+        try:
+            await prober.probe_once()
+            self._probe_refused = None
+        except StoreUnavailable as e:
+            log.warning("the agents' check was not stored (store unavailable): %s", e)
+        except StoreError as e:
+            self._probe_refused = e  # the next tick counts it as its own refusal
+        except Exception:
+            log.exception("the agents' check failed; the next tick starts another")
+
+    async def stop_probe(self) -> None:
+        """Cancel a running check of the agents (leadership lost, or shutdown)."""
+        task, self._probing = self._probing, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._probe_refused = None
 
     async def run(self) -> None:
         period = self.topology.timing.loop_period_s
@@ -171,7 +207,10 @@ class ReconcileLoop:
                 result = await self.tick()
             self.last_progress = time.monotonic()
             self.ticks += 1
-            self._writes_completed()
+            if self._probe_refused is not None:
+                self._writes_refused(self._probe_refused)  # the leader's reports were refused
+            else:
+                self._writes_completed()
             self._observe(result)
         except StoreUnavailable as e:
             # Acting blind is worse than not acting: wait for the store.

@@ -268,6 +268,7 @@ class ControlPlaneReplica:
             self.stopping.set()  # /readyz answers 503 and event streams end, first
             draining_until = time.monotonic() + HTTP_DRAIN_S
             await self._set_health(False)
+            await self.loop.stop_probe()
             await self.orchestrator.stop_failovers()
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.election.resign())
