@@ -27,4 +27,4 @@ if [ -n "$VLLM_PID" ]; then
 fi
 rm -f "$VLLM_LOG"
 echo "==> pytest"
-exec .venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"
+exec .venv/bin/pytest -q -p no:cacheprovider --durations=40 "$@"
