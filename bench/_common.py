@@ -23,10 +23,11 @@ import yaml
 from chaos.lab.local_etcd import etcd_available
 from chaos.lab.procs import Proc
 from controlplane.kernel.codec import encode
-from controlplane.kernel.config import EtcdConfig, parse_topology
+from controlplane.kernel.config import parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

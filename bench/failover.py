@@ -45,9 +45,10 @@ from bench.failover_deploy import (
 )
 from bench.failover_rounds import Bench, FailoverRound, LeaderRound, Watcher
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.kernel.config import ConfigError, EtcdConfig
+from controlplane.kernel.config import ConfigError
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 
 @dataclass(frozen=True)

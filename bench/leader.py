@@ -43,7 +43,6 @@ from bench.failover_rounds import Seen, Watcher
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import running_lab
 from controlplane.kernel.codec import CorruptValue, decode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
@@ -53,6 +52,7 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import EventType, KeyValue
+from controlplane.kernel.store.settings import EtcdConfig
 
 HOLD_S = 2.0  # the pre-warm step's minimum length, so that "during" can be hit
 

@@ -44,11 +44,12 @@ from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.core.failover import routing_recovery_step
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.config import EtcdConfig, Topology, parse_topology
+from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
 from controlplane.kernel.prefix_catalog import PrefixCatalog
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.vllm_metrics import parse_gauges
 from controlplane.prefix_aggregator import PrefixAggregator
 from regions.pool.processes import free_port, read_ready

@@ -53,7 +53,7 @@ from chaos.lab.local_etcd import EtcdServer, etcd_available
 from controlplane.core.steps import failover_step_write
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
-from controlplane.kernel.config import EtcdConfig, Topology, parse_topology
+from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     FailoverPlan,
@@ -67,6 +67,7 @@ from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import MAX_TXN_OPS, Compare, Op, Put, StoreError
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.orchestrator import Orchestrator
 from controlplane.prewarm import NoPrefixData
 

@@ -59,9 +59,9 @@ from bench._common import BenchError, Reporter, goals_and_met, main
 from chaos.drills.traffic import Traffic
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import running_lab
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import StoreError, StoreUnavailable, WatchEvent
+from controlplane.kernel.store.settings import EtcdConfig
 
 MB = 1_000_000
 ETCD_DB = "etcd_mvcc_db_total_size_in_bytes"

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from controlplane.core.compaction import RevisionWindow
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.port import Store, StoreError, StoreUnavailable
+from controlplane.kernel.store.settings import EtcdConfig
 
 log = logging.getLogger("tectonic.compactor")
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from chaos.lab.local_etcd import EtcdServer, etcd_available
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,9 @@ from chaos.lab.deployment import DeploymentSpec
 from chaos.lab.procs import until
 from chaos.lab.run import drill_on, running_lab
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.model import Readiness, RegionRecord
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(420)]
 

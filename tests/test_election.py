@@ -11,11 +11,11 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdCluster
 from controlplane.election import LeaderElection, NotLeader
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from controlplane.kernel.store.port import Put
+from controlplane.kernel.store.settings import EtcdConfig
 
 LIVENESS_S = 10.0
 TTL = 2

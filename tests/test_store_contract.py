@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import pytest
 
 from chaos.lab.local_etcd import EtcdCluster, EtcdServer
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
@@ -34,6 +33,7 @@ from controlplane.kernel.store.port import (
     StoreUnavailable,
     WatchEvent,
 )
+from controlplane.kernel.store.settings import EtcdConfig
 
 LIVENESS_S = 10.0  # generous bound for "eventually"; machines here are noisy
 

@@ -24,10 +24,11 @@ from chaos.drills.scenario import SCENARIO_DIR, load_all
 from chaos.drills.schedule import SCHEDULE_FILE, load_schedule
 from chaos.drills.service import MANUAL, DrillService, RunDrill, default_holder, history
 from controlplane.kernel.clock import SystemClock
-from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology
+from controlplane.kernel.config import ConfigError, load_topology
 from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.version import add_version_flag
 
 # a target's name -> what builds its RunDrill from the command line (imported only when

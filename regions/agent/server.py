@@ -71,7 +71,6 @@ from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.config import (
     ConfigError,
     DegradedWhen,
-    EtcdConfig,
     describe_errors,
     read_yaml,
 )
@@ -84,6 +83,7 @@ from controlplane.kernel.health_report import (
 from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.reflection import enable_reflection
 from controlplane.kernel.security import SecurityConfig
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.tls import server_credentials
 from regions.agent.engine_version import EngineVersions, refresh_versions
 from regions.agent.metrics import AgentMetrics, MetricsHttp

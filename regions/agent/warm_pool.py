@@ -55,10 +55,8 @@ from pydantic import (
 
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import (
-    HOST_PORT,
     REGION_NAME,
     ConfigError,
-    EtcdConfig,
     describe_errors,
     read_yaml,
 )
@@ -67,6 +65,7 @@ from controlplane.kernel.model import Frozen
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
+from controlplane.kernel.store.settings import HOST_PORT, EtcdConfig
 from regions.agent.pool_lender import PoolLender
 from regions.agent.spec_decode_actuator import SpecDecodeActuator
 from regions.pool.client import ReplicaError

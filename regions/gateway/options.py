@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.config import Topology
 from controlplane.kernel.prefix_tracker import TrackerConfig
+from controlplane.kernel.store.settings import EtcdConfig
 from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig
 from regions.gateway.prefix_export import ExportOptions, tracker_config

@@ -24,12 +24,12 @@ from chaos.drills.service import (
 from chaos.lab.local_etcd import EtcdServer
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditEntry
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Put
+from controlplane.kernel.store.settings import EtcdConfig
 
 pytestmark = pytest.mark.etcd
 

@@ -25,8 +25,8 @@ from chaos.drills.result import DrillResult
 from chaos.drills.scenario import find_scenario
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import drill_on, running_lab
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(420)]
 

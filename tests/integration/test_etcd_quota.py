@@ -38,8 +38,8 @@ from chaos.drills.traffic import Traffic
 from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.procs import until
 from chaos.lab.run import running_lab
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]
 

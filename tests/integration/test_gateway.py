@@ -39,12 +39,12 @@ from chaos.lab.procs import (
     wait_ready,
 )
 from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store
+from controlplane.kernel.store.settings import EtcdConfig
 from regions.pool.processes import free_port, read_ready
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]

@@ -22,11 +22,11 @@ import pytest
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health
 from controlplane.kernel.pool_members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.server import AgentConfig, AgentHandle, KubeDiscoveryConfig, serve_agent
 from regions.agent.warm_pool import load_pool_config
 from regions.kube.pod_labels import POOL_STATE_LABEL

@@ -35,9 +35,9 @@ from controlplane.kernel.capacity_record import (
     WorkloadProfile,
 )
 from controlplane.kernel.codec import encode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 from regions.gateway.admission_gate import RegionGate
 from regions.picker.__main__ import parse_args
 from regions.picker.server import PickerServer

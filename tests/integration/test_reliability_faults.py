@@ -51,12 +51,13 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.procs import Proc, until
 from chaos.lab.run import running_lab
 from controlplane.kernel.codec import CorruptValue, decode
-from controlplane.kernel.config import EtcdConfig, Topology, load_topology
+from controlplane.kernel.config import Topology, load_topology
 from controlplane.kernel.model import AuditEntry
 from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.reports import PROBE_OBSERVER
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(330)]

@@ -26,7 +26,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.local_etcd import ETCD_BINARY, FAST_FLAGS
 from controlplane.kernel.auth import RETRY_AFTER_KEY
-from controlplane.kernel.config import EtcdConfig, Topology
+from controlplane.kernel.config import Topology
 from controlplane.kernel.security import (
     LimitsConfig,
     Role,
@@ -39,6 +39,7 @@ from controlplane.kernel.security import (
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.tls import aio_channel, channel_credentials
 from regions.agent.server import AgentConfig, serve_agent
 from regions.pool.processes import free_port

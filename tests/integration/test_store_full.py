@@ -61,10 +61,10 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.sessions import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import StoreFull
+from controlplane.kernel.store.settings import EtcdConfig
 from tests.integration.test_prometheus_lab import RULES, Prom, prometheus, prometheus_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]

@@ -9,10 +9,10 @@ import pytest
 from controlplane.compactor import Compactor
 from controlplane.core.compaction import RevisionWindow
 from controlplane.kernel.clock import FakeClock
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.store.settings import EtcdConfig
 
 
 def test_nothing_is_compacted_before_a_sample_is_a_retention_old() -> None:

@@ -13,7 +13,7 @@ from tectonic_api.v1 import agent_pb2, controlplane_pb2
 
 from controlplane.cli.client import EXIT_BAD_INPUT, EXIT_REFUSED, _exit_code, _message
 from controlplane.kernel.auth import _bearer
-from controlplane.kernel.config import ConfigError, EtcdConfig, load_topology, parse_topology
+from controlplane.kernel.config import ConfigError, load_topology, parse_topology
 from controlplane.kernel.security import (
     METHOD_PERMISSIONS,
     RATE_LIMITED,
@@ -32,6 +32,7 @@ from controlplane.kernel.security import (
     roles_with,
     verify_token,
 )
+from controlplane.kernel.store.settings import EtcdConfig
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = yaml.safe_load((REPO / "examples/topology.yaml").read_text())

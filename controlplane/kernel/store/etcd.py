@@ -34,7 +34,6 @@ import aetcd.exceptions
 import grpc
 from aetcd import rpc
 
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.store.etcd_secure import SecureEtcdClient
 from controlplane.kernel.store.port import (
     Compare,
@@ -54,6 +53,7 @@ from controlplane.kernel.store.port import (
     WatchEvent,
 )
 from controlplane.kernel.store.retry import retrying
+from controlplane.kernel.store.settings import EtcdConfig
 
 T = TypeVar("T")
 

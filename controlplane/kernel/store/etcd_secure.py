@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from controlplane.kernel.config import EtcdConfig
 from controlplane.kernel.store.port import StoreError
+from controlplane.kernel.store.settings import EtcdConfig
 
 _AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
 _INVALID_TOKEN = ("invalid auth token", "user name is empty")

@@ -1,0 +1,54 @@
+"""How to reach etcd and look after its history: the store's own settings.
+
+They live beside the store, not in the topology module, so that the store depends on
+nothing above it; the topology (``controlplane/kernel/config.py``) holds one of them
+under ``etcd:``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Self
+
+from pydantic import Field, model_validator
+
+from controlplane.kernel.model import Frozen
+
+HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
+
+
+class EtcdConfig(Frozen):
+    endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
+    request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
+    # server_name: the name etcd's certificates carry, when endpoints are addresses.
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+    # etcd's own users (etcdctl auth enable); the password is read from a file so that
+    # the topology file, often in git, holds no secret.
+    user: str | None = None
+    password_file: str | None = None
+    # The leader compacts etcd's history to the revision it had this long ago, every
+    # compact_interval_s (docs/etcd.md); 0: never (then etcd's own
+    # --auto-compaction-* must, or the store fills and refuses every write).
+    compact_retention_s: Annotated[float, Field(ge=0)] = 300.0
+    compact_interval_s: Annotated[float, Field(gt=0)] = 60.0
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> Self:
+        bad = [e for e in self.endpoints if not re.match(HOST_PORT, e)]
+        if bad:
+            raise ValueError(f"endpoints must be host:port, got {bad}")
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together (etcd's client certificate)")
+        if self.cert is not None and self.ca is None:
+            raise ValueError("a client certificate needs ca (TLS to etcd)")
+        if (self.user is None) != (self.password_file is None):
+            raise ValueError("user and password_file go together (etcd authentication)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None
