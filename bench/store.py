@@ -21,8 +21,9 @@ The truth is etcd's, not Tectonic's:
   ``db_mb_after`` the size at the end;
 * who writes how much: one watch of the deployment's whole prefix from the revision at
   which the traffic starts, summing each event's value size by writer, read off the key
-  (the README's table of keys): ``prefix-exports/<gateway>``, ``sessions/`` (by the
-  pin's home: the gateway a session enters by), ``session-moves/`` (by its ``by``),
+  (the table of keys in docs/architecture.md §2): ``prefix-exports/<gateway>``,
+  ``sessions/`` (by the pin's home: the gateway a session enters by), ``session-moves/``
+  (by its ``by``),
   ``session-leases/`` (``shared``) are the gateways'; ``leader``, ``spec``,
   ``regions/<r>/{state,health}``, ``routing/``, ``prefixes/``, ``prefix-wanted/``,
   ``degradation/``, ``audit/``, ``intent-outcomes/`` the leader's; ``reports/`` are
@@ -72,7 +73,7 @@ CP_COMPACTIONS = "tectonic_store_compactions_total"
 CP_COMPACTED = "tectonic_store_compacted_revision"
 PAYLOADS_DROPPED = "tectonic_gateway_prefix_payloads_dropped_total"
 
-# Who writes the keys under each first path segment (README, "State in etcd").
+# Who writes the keys under each first path segment (docs/architecture.md §2).
 GATEWAY_SEGMENTS = frozenset({"prefix-exports", "sessions", "session-moves", "session-leases"})
 LEADER_SEGMENTS = frozenset(
     {

@@ -37,9 +37,6 @@ RUN_SECTION = "## Running it yourself"
 NOT_RUN = {
     "scripts/demo.sh": "the demo and the test command: tests/test_demo.py runs the demo; "
     "CI runs scripts/test.sh",
-    ".venv/bin/python -m chaos.lab.run region-blackout": "each line starts a lab of its own or "
-    "a drill service; tests/test_drills.py, tests/test_demo.py and "
-    "tests/integration/test_failoverctl_drills.py run these entry points",
 }
 PORTS = (
     2379,

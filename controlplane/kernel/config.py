@@ -34,12 +34,25 @@ class DegradedWhen(Frozen):
     topology so that every agent of a cluster judges by the same numbers; the control
     plane hands each agent its region's in the answer to every report."""
 
-    queue_over: Annotated[int | None, Field(ge=0)] = None  # waiting requests, all replicas
+    queue_over: Annotated[
+        int | None, Field(ge=0, description="waiting requests of all the region's replicas")
+    ] = None
     # Over the window between two probes. The p99 (seconds) is read from vLLM's TTFT
     # histogram, so it is only as fine as its buckets (..., 0.5, 0.75, 1, 2.5 s); 2560 s
     # is its top finite one. The error rate: the share of API answers that are 5xx.
-    ttft_p99_over_s: Annotated[float | None, Field(gt=0, lt=2560)] = None
-    error_rate_over: Annotated[float | None, Field(ge=0, lt=1)] = None
+    ttft_p99_over_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            lt=2560,
+            description="first-token p99 in seconds between two probes, read from vLLM's "
+            "TTFT histogram (so only as fine as its buckets)",
+        ),
+    ] = None
+    error_rate_over: Annotated[
+        float | None,
+        Field(ge=0, lt=1, description="share of API answers that are 5xx between two probes"),
+    ] = None
 
     def describe(self) -> str:
         """The thresholds as an operator reads them ("ttft p99 over 5s, error rate
@@ -55,6 +68,9 @@ class DegradedWhen(Frozen):
 
 
 class RegionConfig(Frozen):
+    """One region: where its agent and vLLM servers are, its residency zone, what it
+    bears, and where its traffic goes when it fails."""
+
     name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
     zone: Annotated[
         str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
@@ -64,7 +80,12 @@ class RegionConfig(Frozen):
     ]
     capacity_rps: Annotated[
         float,
-        Field(gt=0, description="Safe throughput under SLO, after the factor of safety"),
+        Field(
+            gt=0,
+            description="Safe throughput under SLO, after the factor of safety: what "
+            "failovers plan on until a capacity probe measures the region, and again when "
+            "that measurement is stale",
+        ),
     ]
     failover_to: Annotated[
         tuple[str, ...],
@@ -77,12 +98,29 @@ class RegionConfig(Frozen):
             "balancer) that gateways forward to"
         ),
     ] = ()
-    degraded_when: DegradedWhen = DegradedWhen()
+    degraded_when: Annotated[
+        DegradedWhen,
+        Field(description="the thresholds over which the region's agent calls it DEGRADED"),
+    ] = DegradedWhen()
     # Bearing capacity (docs/capacity.md): the SLA a capacity probe holds the region to,
     # and the factor of safety its allowed load keeps under the measured ultimate one
     # (1.5 for a forgiving service, 3 for a critical one).
-    slo: CapacitySLO = CapacitySLO(ttft_p99_s=2.0)
-    factor_of_safety: Annotated[float, Field(ge=1, le=10)] = 2.0
+    slo: Annotated[
+        CapacitySLO,
+        Field(
+            description="the SLA a capacity probe holds the region to (docs/capacity.md): "
+            "first-token p99 in seconds, error share, and the probe's criteria"
+        ),
+    ] = CapacitySLO(ttft_p99_s=2.0)
+    factor_of_safety: Annotated[
+        float,
+        Field(
+            ge=1,
+            le=10,
+            description="allowed load = the measured ultimate load / this (1.5 for a "
+            "forgiving service, 3 for a critical one)",
+        ),
+    ] = 2.0
     entry: Annotated[
         str | None,
         Field(
@@ -95,6 +133,7 @@ class RegionConfig(Frozen):
 
     @model_validator(mode="after")
     def _replica_urls(self) -> Self:
+        """Each replica is a base URL: http(s)://host[:port], no path."""
         bad = [u for u in self.replicas if not re.match(r"^https?://[^/\s]+$", u)]
         if bad:
             raise ValueError(f"replicas must be base URLs like http://host:8000, got {bad}")
@@ -102,20 +141,52 @@ class RegionConfig(Frozen):
 
 
 class TimingConfig(Frozen):
-    probe_interval_s: Annotated[float, Field(gt=0)] = 1.0
-    failure_threshold: Annotated[int, Field(ge=1, description="bad evaluations to go down")] = 3
-    success_threshold: Annotated[int, Field(ge=1, description="good evaluations to come up")] = 3
-    report_stale_s: Annotated[float, Field(gt=0)] = 5.0
-    quorum: Annotated[int, Field(ge=1, le=16, description="observers that must agree")] = 2
-    degraded_dwell_s: Annotated[float, Field(ge=0)] = 30.0
-    recovery_dwell_s: Annotated[float, Field(ge=0)] = 30.0
-    failover_cooldown_s: Annotated[float, Field(ge=0)] = 300.0
-    loop_period_s: Annotated[float, Field(gt=0)] = 1.0
-    retry_timeout_s: Annotated[float, Field(gt=0)] = 2.0
-    lease_ttl_s: Annotated[int, Field(ge=2, description="leader lease TTL, whole seconds")] = 10
+    """How fast health is judged and the leader acts (docs/architecture.md §3, §7)."""
+
+    probe_interval_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="agents report and the leader probes this often; health is "
+            "folded at most this often",
+        ),
+    ] = 1.0
+    failure_threshold: Annotated[
+        int, Field(ge=1, description="bad evaluations in a row before UNHEALTHY")
+    ] = 3
+    success_threshold: Annotated[
+        int, Field(ge=1, description="good evaluations in a row before healthy again")
+    ] = 3
+    report_stale_s: Annotated[
+        float, Field(gt=0, description="reports older than this do not vote")
+    ] = 5.0
+    quorum: Annotated[
+        int, Field(ge=1, le=16, description="observers that must agree a region is down")
+    ] = 2
+    degraded_dwell_s: Annotated[
+        float, Field(ge=0, description="healthy this long before DEGRADED -> NORMAL")
+    ] = 30.0
+    recovery_dwell_s: Annotated[
+        float, Field(ge=0, description="healthy this long before FAILING_OVER -> RECOVERED")
+    ] = 30.0
+    failover_cooldown_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="at most one automatic failover per region per cooldown (an "
+            "operator's failover is not held by it)",
+        ),
+    ] = 300.0
+    loop_period_s: Annotated[float, Field(gt=0, description="the reconcile tick")] = 1.0
+    retry_timeout_s: Annotated[
+        float, Field(gt=0, description="bound on the retries of one store call inside a tick")
+    ] = 2.0
+    lease_ttl_s: Annotated[int, Field(ge=2, description="the leader's lease, whole seconds")] = 10
 
     @model_validator(mode="after")
     def _invariants(self) -> Self:
+        """loop_period_s + 2 x retry_timeout_s <= lease_ttl_s, so a leader never acts on
+        a lease that may have expired; report_stale_s >= 2 x probe_interval_s."""
         budget = self.loop_period_s + 2 * self.retry_timeout_s
         if budget > self.lease_ttl_s:
             raise ValueError(
@@ -136,26 +207,68 @@ class RecoveryConfig(Frozen):
     ``recovery`` section and ``baseline`` set the pace and the guard
     (``ladder_file.recovery_config``)."""
 
-    step_percent: Annotated[float, Field(gt=0, le=100)] = 10.0
-    step_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    step_percent: Annotated[
+        float, Field(gt=0, le=100, description="new-session weight moved home per step")
+    ] = 10.0
+    step_interval_s: Annotated[float, Field(ge=0, description="time between steps")] = 10.0
     # Traffic guard: during RECOVERED, a breach of any threshold below steps the home
     # weight back one increment and pauses until the signals are calm for one interval.
     # None: that signal is not guarded; the first-token guard needs a baseline (without a
     # ladder file: none, so only the error rate is guarded by default).
-    guard_ttft_p99_over_baseline: Annotated[float | None, Field(gt=1, le=100)] = 1.5
-    guard_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = 0.02
-    guard_auth_error_rate_over: Annotated[float | None, Field(gt=0, lt=1)] = None
-    guard_headroom_under: Annotated[float | None, Field(gt=0, lt=1)] = None
-    guard_queue_depth_over: Annotated[float | None, Field(gt=0)] = None
-    baseline_ttft_p99_s: Annotated[float | None, Field(gt=0, le=60)] = None
-    baseline_per_region: dict[str, Annotated[float, Field(gt=0, le=60)]] = Field(
-        default_factory=dict
-    )
+    guard_ttft_p99_over_baseline: Annotated[
+        float | None,
+        Field(
+            gt=1,
+            le=100,
+            description="guard: a first-token p99 above this x the baseline steps the home "
+            "weight back one increment and pauses; needs a baseline (the ladder file's, "
+            "or baseline_ttft_p99_s)",
+        ),
+    ] = 1.5
+    guard_error_rate_over: Annotated[
+        float | None, Field(gt=0, lt=1, description="guard: the same for the 5xx share")
+    ] = 0.02
+    guard_auth_error_rate_over: Annotated[
+        float | None, Field(gt=0, lt=1, description="guard: the same for the 401/403 share")
+    ] = None
+    guard_headroom_under: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            lt=1,
+            description="guard: the same when headroom (1 - load / capacity) falls under this",
+        ),
+    ] = None
+    guard_queue_depth_over: Annotated[
+        float | None, Field(gt=0, description="guard: the same for the region's waiting requests")
+    ] = None
+    baseline_ttft_p99_s: Annotated[
+        float | None,
+        Field(gt=0, le=60, description="the guard's first-token baseline when no ladder gives one"),
+    ] = None
+    baseline_per_region: Annotated[
+        dict[str, Annotated[float, Field(gt=0, le=60)]],
+        Field(description="the same baseline per region name, over baseline_ttft_p99_s"),
+    ] = Field(default_factory=dict)
     # Before the first step, replay the region's own catalog (prefixes/<r>) on it, within
     # prewarm.budget_s: this share of its shared prefixes (1.0: as many as the budget and
     # its KV capacity allow; its replicas are idle then).
-    prewarm: bool = True
-    prewarm_top_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    prewarm: Annotated[
+        bool,
+        Field(
+            description="before the first step, replay the region's own prefix catalog "
+            "on it, within prewarm.budget_s"
+        ),
+    ] = True
+    prewarm_top_fraction: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=1,
+            description="the share of its catalog to replay (1.0: as much as the budget "
+            "and its KV capacity allow; its replicas are idle then)",
+        ),
+    ] = 1.0
 
     @property
     def steps(self) -> int:
@@ -166,9 +279,15 @@ class RecoveryConfig(Frozen):
 
 
 class PrewarmConfig(Frozen):
-    budget_s: Annotated[float, Field(gt=0, le=600)] = 30.0
+    """What a failover replays on its targets before traffic moves (docs/architecture.md
+    §4)."""
+
+    budget_s: Annotated[
+        float, Field(gt=0, le=600, description="time a failover's pre-warm may take")
+    ] = 30.0
     top_fraction: Annotated[
-        float, Field(gt=0, lt=1, description="share of shared prefixes to replay (top 1 %)")
+        float,
+        Field(gt=0, lt=1, description="share of the source's shared prefixes to replay"),
     ] = 0.01
     verify: Annotated[
         int, Field(ge=0, le=256, description="warmed prefixes re-sent to read vLLM's hits")
@@ -186,24 +305,52 @@ class PrefixesConfig(Frozen):
     chars_per_token: Annotated[
         float, Field(gt=0.5, le=64, description="the character proxy's ratio (calibrated)")
     ] = 4.0
-    level_tokens: Annotated[int, Field(ge=1, description="count a prompt every N tokens")] = 256
+    level_tokens: Annotated[
+        int, Field(ge=1, description="count a prompt every this many tokens")
+    ] = 256
     min_sessions: Annotated[
         int, Field(ge=1, le=64, description="K: distinct sessions before a prefix may leave")
     ] = 3
-    export_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    export_interval_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=300,
+            description="gateways write their export this often (on a lease of 3 x this)",
+        ),
+    ] = 10.0
     # etcd refuses requests over 1.5 MiB; leave room for the key and the txn around it.
-    export_max_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 512 * 1024
-    aggregate_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    export_max_bytes: Annotated[
+        int,
+        Field(
+            ge=4096,
+            le=1_400_000,
+            description="an export is cut to this, its lowest-ranked payloads first",
+        ),
+    ] = 512 * 1024
+    aggregate_interval_s: Annotated[
+        float,
+        Field(gt=0, le=3600, description="the leader merges exports into catalogs this often"),
+    ] = 10.0
     max_entries: Annotated[int, Field(ge=1, le=4096, description="catalog size per region")] = 256
     # Which replica of a region serves a prompt is a hash of its first routing_chars
     # characters; gateways route by it and agents pre-warm by it, so all use this value.
     routing_chars: Annotated[
-        int, Field(ge=1, le=65536, description="prompt characters that pick the replica")
+        int,
+        Field(
+            ge=1,
+            le=65536,
+            description="prompt characters whose hash picks a region's replica: gateways "
+            "route by it and agents pre-warm by it",
+        ),
     ] = 256
-    max_catalog_bytes: Annotated[int, Field(ge=4096, le=1_400_000)] = 1024 * 1024
+    max_catalog_bytes: Annotated[
+        int, Field(ge=4096, le=1_400_000, description="a catalog is cut to this")
+    ] = 1024 * 1024
 
     @model_validator(mode="after")
     def _levels(self) -> Self:
+        """level_tokens is a multiple of block_size: a prefix is counted at whole blocks."""
         if self.level_tokens % self.block_size:
             raise ValueError(
                 f"level_tokens ({self.level_tokens}) must be a multiple of block_size "
@@ -221,22 +368,63 @@ class PrefixesConfig(Frozen):
 
 
 class Topology(Frozen):
-    cluster: Annotated[str, Field(pattern=REGION_NAME)] = "default"
-    etcd: EtcdConfig = EtcdConfig()
-    regions: Annotated[tuple[RegionConfig, ...], Field(min_length=1)]
-    timing: TimingConfig = TimingConfig()
-    recovery: RecoveryConfig = RecoveryConfig()
-    prewarm: PrewarmConfig = PrewarmConfig()
+    """The topology file: one per deployment, read by the control plane and the
+    gateways (and by the agents and the drill service for their etcd settings)."""
+
+    cluster: Annotated[
+        str,
+        Field(pattern=REGION_NAME, description="deployment name; etcd prefix /tectonic/<cluster>/"),
+    ] = "default"
+    etcd: Annotated[EtcdConfig, Field(description="how to reach etcd")] = EtcdConfig()
+    regions: Annotated[
+        tuple[RegionConfig, ...], Field(min_length=1, description="the regions, one entry each")
+    ]
+    timing: Annotated[
+        TimingConfig, Field(description="health, reconcile loop and leadership timing")
+    ] = TimingConfig()
+    recovery: Annotated[
+        RecoveryConfig,
+        Field(
+            description="graduated recovery; with a ladder file, its recovery: section "
+            "sets the pace instead"
+        ),
+    ] = RecoveryConfig()
+    prewarm: Annotated[PrewarmConfig, Field(description="the pre-warm of failover targets")] = (
+        PrewarmConfig()
+    )
     # The degradation ladder file (runbooks/degradation.yaml), relative to the topology
     # file; None: no ladder, degraded regions keep every feature.
-    degradation_ladder: str | None = None
-    prefixes: PrefixesConfig = PrefixesConfig()
-    capacity: CapacityPolicy = CapacityPolicy()
+    degradation_ladder: Annotated[
+        str | None,
+        Field(
+            description="the ladder file (runbooks/degradation.yaml), relative to the "
+            "topology file; the leader walks it for DEGRADED regions and short failover "
+            "targets (format: runbooks/README.md). Unset: no ladder, degraded regions "
+            "keep every feature"
+        ),
+    ] = None
+    prefixes: Annotated[
+        PrefixesConfig,
+        Field(description="prefix counting and the per-region catalogs of pre-warm"),
+    ] = PrefixesConfig()
+    capacity: Annotated[
+        CapacityPolicy,
+        Field(
+            description="when a capacity probe's measurement may be used (older than "
+            "max_age_s it is stale: the typed capacity_rps is used, and alerted), and the "
+            "capacity-utilisation (CBU) thresholds of status, alerts and the ladder "
+            "(docs/capacity.md)"
+        ),
+    ] = CapacityPolicy()
     # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
-    security: SecurityConfig | None = None
+    security: Annotated[
+        SecurityConfig | None,
+        Field(description="TLS, tokens, roles and limits (controlplane/SECURITY.md); unset: off"),
+    ] = None
 
     @model_validator(mode="after")
     def _references(self) -> Self:
+        """Region names are unique; failover_to names known regions, never its own."""
         names = [r.name for r in self.regions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -175,13 +175,24 @@ class TlsConfig(Frozen):
 
 
 class TokenEntry(Frozen):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")]
-    role: Role
+    """A principal's bearer token, stored as its scrypt hash (controlplane/SECURITY.md,
+    "Making a token")."""
+
+    name: Annotated[
+        str,
+        Field(
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$",
+            description="the principal, as the audit log shows it; one name may hold two "
+            "tokens (rotation) of one role",
+        ),
+    ]
+    role: Annotated[Role, Field(description="what the token may do (controlplane/SECURITY.md)")]
     hash: Annotated[str, Field(description="scrypt$N$r$p$salt$digest (hash-token prints it)")]
 
     @field_validator("hash")
     @classmethod
     def _hash_format(cls, v: str) -> str:
+        """hash is scrypt$N$r$p$salt$digest with N a power of two and r, p in range."""
         m = HASH_RE.match(v)
         if m is None:
             raise ValueError(
@@ -202,6 +213,8 @@ class TokenEntry(Frozen):
 
 
 class LimitsConfig(Frozen):
+    """Request size and command rate limits of the control plane's gRPC server."""
+
     max_request_bytes: Annotated[
         int, Field(ge=1024, le=16 * 1024 * 1024, description="larger requests: RESOURCE_EXHAUSTED")
     ] = 64 * 1024
@@ -212,17 +225,36 @@ class LimitsConfig(Frozen):
 
 
 class SecurityConfig(Frozen):
-    tls: TlsConfig | None = None
+    """The ``security:`` section (controlplane/SECURITY.md); without it, security is off."""
+
+    tls: Annotated[
+        TlsConfig | None, Field(description="TLS on every gRPC link; unset: plaintext")
+    ] = None
     # The principals every server of the deployment accepts. Empty: no token checks
     # (TLS only), and no role checks either.
-    tokens: tuple[TokenEntry, ...] = ()
+    tokens: Annotated[
+        tuple[TokenEntry, ...],
+        Field(
+            description="the principals every server accepts; empty: no token or role "
+            "checks (TLS only)"
+        ),
+    ] = ()
     # This process's own token, for the calls it makes (agents and gateways: reporter;
     # the control plane, to agents: operator). The env TECTONIC_TOKEN wins over it.
-    token_file: str | None = None
-    limits: LimitsConfig = LimitsConfig()
+    token_file: Annotated[
+        str | None,
+        Field(
+            description="this process's own bearer token, for the calls it makes (agents "
+            "and gateways: reporter; control planes: operator); TECTONIC_TOKEN wins over it"
+        ),
+    ] = None
+    limits: Annotated[LimitsConfig, Field(description="request size and command rate limits")] = (
+        LimitsConfig()
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
+        """No token hash is listed twice, and one name has one role."""
         selectors = [t.selector for t in self.tokens]
         if len(set(selectors)) != len(selectors):
             raise ValueError("tokens: the same token hash is listed twice")

@@ -18,26 +18,64 @@ HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$"
 
 
 class EtcdConfig(Frozen):
-    endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = ("127.0.0.1:2379",)
-    request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    """How every process reaches etcd, and how the leader compacts its history
+    (docs/etcd.md). Besides the topology's readers, the agent reads this section from
+    its ``--security`` file (the endpoints are its ``--etcd``) and the drill service from
+    its ``--topology`` (``--etcd`` overrides the endpoints)."""
+
+    endpoints: Annotated[
+        tuple[str, ...],
+        Field(min_length=1, description="host:port of each member; calls fail over between them"),
+    ] = ("127.0.0.1:2379",)
+    request_timeout_s: Annotated[
+        float, Field(gt=0, description="timeout of one call; its retries stop after twice this")
+    ] = 2.0
     # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
     # server_name: the name etcd's certificates carry, when endpoints are addresses.
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    server_name: str | None = None
+    ca: Annotated[
+        str | None, Field(description="CA bundle (PEM) that signs etcd's certificates: TLS to etcd")
+    ] = None
+    cert: Annotated[
+        str | None,
+        Field(description="client certificate (PEM), for etcd's --client-cert-auth; needs ca"),
+    ] = None
+    key: Annotated[str | None, Field(description="the client certificate's key (PEM)")] = None
+    server_name: Annotated[
+        str | None,
+        Field(
+            description="the name etcd's certificates carry, when the endpoints are "
+            "addresses (default: the first endpoint's host)"
+        ),
+    ] = None
     # etcd's own users (etcdctl auth enable); the password is read from a file so that
     # the topology file, often in git, holds no secret.
-    user: str | None = None
-    password_file: str | None = None
+    user: Annotated[
+        str | None, Field(description="etcd user (etcdctl auth enable); needs password_file")
+    ] = None
+    password_file: Annotated[
+        str | None,
+        Field(description="file holding the user's password, so the topology holds no secret"),
+    ] = None
     # The leader compacts etcd's history to the revision it had this long ago, every
     # compact_interval_s (docs/etcd.md); 0: never (then etcd's own
     # --auto-compaction-* must, or the store fills and refuses every write).
-    compact_retention_s: Annotated[float, Field(ge=0)] = 300.0
-    compact_interval_s: Annotated[float, Field(gt=0)] = 60.0
+    compact_retention_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="the leader compacts etcd's history to the revision it had this "
+            "long ago; a watcher further behind relists. 0: never (then etcd's own "
+            "--auto-compaction-* must, docs/etcd.md)",
+        ),
+    ] = 300.0
+    compact_interval_s: Annotated[
+        float, Field(gt=0, description="how often the leader compacts")
+    ] = 60.0
 
     @model_validator(mode="after")
     def _endpoints(self) -> Self:
+        """Endpoints are host:port; cert and key go together and need ca; user and
+        password_file go together."""
         bad = [e for e in self.endpoints if not re.match(HOST_PORT, e)]
         if bad:
             raise ValueError(f"endpoints must be host:port, got {bad}")

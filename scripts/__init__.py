@@ -1,0 +1,1 @@
+"""Developer tools (not shipped): a package so that the tests and mypy import them by name."""
