@@ -45,9 +45,17 @@ class CapacitySLO(Frozen):
     """What a step must meet to count as within the SLA, and the probe's criteria."""
 
     ttft_p99_s: Annotated[float, Field(gt=0, description="first-token p99 the SLO allows")]
-    error_rate: Annotated[float, Field(ge=0, lt=1)] = 0.005
-    failure_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.05
-    knee_factor: Annotated[float, Field(gt=1)] = 2.0
+    error_rate: Annotated[
+        float, Field(ge=0, lt=1, description="share of errors a step may have within the SLA")
+    ] = 0.005
+    failure_error_rate: Annotated[
+        float,
+        Field(gt=0, le=1, description="share of errors at which the probe stops climbing"),
+    ] = 0.05
+    knee_factor: Annotated[
+        float,
+        Field(gt=1, description="the knee: where p99 passes this x the lowest step's"),
+    ] = 2.0
     # A sustained step keeps up when it completes at least (1 - this) of what arrived in
     # its judged window and its backlog grows by at most this share of those arrivals.
     served_tolerance: Annotated[float, Field(gt=0, lt=0.5)] = 0.05

@@ -209,8 +209,12 @@ class CapacityPolicy(Frozen):
     thresholds of the status, alerts and the ladder trigger."""
 
     max_age_s: Annotated[float, Field(gt=0)] = 14 * 86400.0  # two weekly probe windows
-    warn_cbu: Annotated[float, Field(gt=0)] = 0.8
-    page_cbu: Annotated[float, Field(gt=0)] = 1.0
+    warn_cbu: Annotated[float, Field(gt=0, description="capacity utilisation (CBU) that warns")] = (
+        0.8
+    )
+    page_cbu: Annotated[float, Field(gt=0, description="capacity utilisation (CBU) that pages")] = (
+        1.0
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> CapacityPolicy:
