@@ -140,6 +140,8 @@ async def test_the_probe_finds_what_the_replica_sustains_never_far_above(
         # only sustained steps (a warm-up, then a judged window) decide
         held = [s for s in measured.steps if s.warmup_s is not None]
         assert held and all(s.served_ratio is not None for s in held)
+        # each step's knee limit follows its own requests' unloaded p99 (a fitted line)
+        assert all(s.unloaded_p99_s is not None and s.unloaded_p99_s > 0 for s in measured.steps)
     assert warm.ultimate_rps > cold.ultimate_rps
     assert 0.3 < record.beta <= 0.99
     assert record.r_base_rps == pytest.approx(cold.ultimate_rps, rel=0.2)
