@@ -174,7 +174,7 @@ def test_a_step_over_the_slo_but_under_the_knee_limit_ends_the_knee_search() -> 
     assert curve.ultimate_rps == 5.5 and curve.knee_rps == 5.5
 
 
-def test_the_search_never_asks_for_a_rate_it_already_held() -> None:
+def test_a_step_between_that_misses_the_slo_halves_the_ultimates_bracket_again() -> None:
     search = SustainedSearch(floor_rps=4.0, bound_rps=20.0, precision=0.01)
     steps = [held(5.5, 0.7), held(6.0, 1.1), held(6.4, 1.3)]
     rate = search.next_rate(steps, SLO, 0.6)
