@@ -24,6 +24,7 @@ from controlplane.kernel.codec import decode
 from controlplane.kernel.model import Readiness, RegionRecord
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
+from tests.drill_paths import blackout_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(420)]
 
@@ -73,8 +74,7 @@ async def test_blackout_drill_passes_on_a_healthy_system_and_a_dry_run_touches_n
             names = {c.name for c in result.criteria}
             assert {"prewarm_attainment", "session_consistency", "rto", "state_path"} <= names
             # measured, not assumed: the path comes from the leader's audit trail
-            path = [t.to_state for t in result.transitions if t.region == "us-east"]
-            assert path == ["FAILING_OVER", "RECOVERED", "NORMAL"]
+            assert blackout_path(result, "us-east") == ["FAILING_OVER", "RECOVERED", "NORMAL"]
             assert (
                 result.figures["requests"] > 100
                 and result.figures["prewarm_attained_fraction"] == 1.0

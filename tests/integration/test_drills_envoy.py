@@ -27,6 +27,7 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.run import drill_on, running_lab
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
+from tests.drill_paths import blackout_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(420)]
 
@@ -117,8 +118,7 @@ async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
 
 async def test_the_blackout_drill_passes_through_envoy_and_the_pickers(tmp_path: Path) -> None:
     result = await envoy_drill("region-blackout", tmp_path)
-    path = [t.to_state for t in result.transitions if t.region == TARGET]
-    assert path == ["FAILING_OVER", "RECOVERED", "NORMAL"]
+    assert blackout_path(result, TARGET) == ["FAILING_OVER", "RECOVERED", "NORMAL"]
     assert result.figures["prewarm_attained_fraction"] == 1.0  # the pickers' exports
 
 
