@@ -66,8 +66,8 @@ from chaos.capacity.stats import percentile, recovery_time
 from chaos.capacity.verdicts import Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload, arrivals, requests
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.kernel.capacity import CapacitySLO, fit_hit_effect
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO, fit_hit_effect
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
 
 MAX_MODEL_LEN = 16_384  # every prompt the workloads make fits, with its output
 

@@ -34,7 +34,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._common import percentile
-from controlplane.kernel.vllm_metrics import RUNNING, parse_gauges
+from controlplane.kernel.vllm.metrics import RUNNING, parse_gauges
 
 SUCCESS = "vllm:request_success_total"
 GENERATED = "vllm:generation_tokens_total"

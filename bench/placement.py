@@ -78,7 +78,7 @@ from bench._common import (
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import start_gateway, start_simulators
 from chaos.lab.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_VENV
-from controlplane.kernel.vllm_metrics import (
+from controlplane.kernel.vllm.metrics import (
     PREFIX_HITS,
     PREFIX_QUERIES,
     RUNNING,

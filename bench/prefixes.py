@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bench._common import at_least
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
-from controlplane.kernel.prefixes import FingerprintParams, PromptRequest, levels
+from controlplane.kernel.prefix.identity import FingerprintParams, PromptRequest, levels
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig
 
 REGION = "bench"
 MODEL = "bench-model"

@@ -52,19 +52,19 @@ from bench._common import (
 )
 from bench._stream import streamed_completion
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.kernel.prefixes import PromptKind
-from controlplane.kernel.prewarm_selection import (
+from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.prewarm import (
     Candidate,
     PrewarmLimits,
     ReplayPayload,
     Residency,
     select_prewarm,
 )
-from controlplane.kernel.ring import prefix_key
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_executor import cache_counters, execute_prewarm
 from regions.agent.prewarm_plan import assign, routing_text
 from regions.agent.service import PrewarmServiceConfig
+from regions.dataplane.ring import prefix_key
 from regions.gateway.replicas import ReplicaBalancer
 
 MODEL = "tiny"

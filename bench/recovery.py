@@ -47,10 +47,10 @@ from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
-from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from controlplane.prefix_aggregator import PrefixAggregator
 from regions.pool.processes import free_port, read_ready
 

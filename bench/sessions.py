@@ -63,7 +63,7 @@ from controlplane.kernel.model import (
     RegionState,
     Routing,
 )
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import MAX_TXN_OPS, Compare, Op, Put, StoreError

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 
 from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
-from controlplane.kernel.ladder import Ladder
-from controlplane.kernel.ladder_file import topology_ladder
+from controlplane.kernel.ladder.file import topology_ladder
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.version import add_version_flag
 from controlplane.prewarm import Prewarmer
 

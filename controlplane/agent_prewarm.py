@@ -7,7 +7,7 @@ For each target of the plan, concurrently:
    gateway's sketch; ``controlplane.prefix_aggregator``);
 2. ask the target agent (``RegionAgent.Describe``) for its block size, KV capacity and
    prefill rate;
-3. choose (:func:`controlplane.kernel.prefix_catalog.catalog_selection`): the top 1 % of
+3. choose (:func:`controlplane.kernel.prefix.catalog.catalog_selection`): the top 1 % of
    shared prefixes, only those seen from K sessions and only within one residency
    zone, as many as the budget and the KV capacity allow;
 4. stream ``RegionAgent.Prewarm`` (wake WARM replicas, replay, verify with vLLM's
@@ -44,10 +44,10 @@ from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan, PrewarmFigures
-from controlplane.kernel.prefix_catalog import PrefixCatalog, catalog_selection
-from controlplane.kernel.prewarm_selection import PrewarmLimits, Residency, SkipReason
+from controlplane.kernel.prefix.catalog import PrefixCatalog, catalog_selection
+from controlplane.kernel.prefix.prewarm import PrewarmLimits, Residency, SkipReason
+from controlplane.kernel.rpc.tls import aio_channel
 from controlplane.kernel.store.port import Store
-from controlplane.kernel.tls import aio_channel
 
 log = logging.getLogger("tectonic.prewarm")
 GRACE_S = 5.0  # past the budget: the agent's own deadline plus its last report

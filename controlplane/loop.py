@@ -25,7 +25,7 @@ from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder import Ladder
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import HealthReport
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot

@@ -30,7 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from controlplane.core.actions import TickResult
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
 from controlplane.core.machine import TRANSITIONS
-from controlplane.kernel.capacity import utilization
+from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.config import Topology
 from controlplane.kernel.model import (
     Decision,

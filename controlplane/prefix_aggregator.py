@@ -44,14 +44,14 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import (
+from controlplane.kernel.prefix.catalog import (
     CatalogEntry,
     PrefixCatalog,
     PrefixWanted,
     wanted_keys,
 )
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prewarm_selection import fewest_to_drop
+from controlplane.kernel.prefix.prewarm import fewest_to_drop
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.port import Compare, Put, Store
 
 log = logging.getLogger("tectonic.prefixes")

@@ -12,8 +12,8 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, ObserverKind
+from controlplane.kernel.rpc.tls import aio_channel
 from controlplane.kernel.store.port import Store
-from controlplane.kernel.tls import aio_channel
 from controlplane.reports import PROBE_OBSERVER, store_report
 
 log = logging.getLogger("tectonic.probe")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import re
 
-from controlplane.kernel.capacity_record import MAX_ENGINE_VERSION
+from controlplane.kernel.capacity.record import MAX_ENGINE_VERSION
+from controlplane.kernel.capacity.serving import MAX_FINGERPRINT
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, ObserverKind
-from controlplane.kernel.serving_config import MAX_FINGERPRINT
 from controlplane.kernel.store.port import Store
 
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")

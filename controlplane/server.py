@@ -29,19 +29,19 @@ from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
 from controlplane.compactor import Compactor
 from controlplane.election import LeaderElection
-from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.cluster_spec import cluster_spec
 from controlplane.kernel.config import Topology
-from controlplane.kernel.decode_guard import DecodeGuard
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder import Ladder
-from controlplane.kernel.ladder_file import recovery_config
-from controlplane.kernel.reflection import enable_reflection
+from controlplane.kernel.ladder.file import recovery_config
+from controlplane.kernel.ladder.model import Ladder
+from controlplane.kernel.rpc.auth import AuthInterceptor
+from controlplane.kernel.rpc.decode_guard import DecodeGuard
+from controlplane.kernel.rpc.reflection import enable_reflection
+from controlplane.kernel.rpc.tls import server_credentials
 from controlplane.kernel.security import SecurityConfig
-from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.port import Store
-from controlplane.kernel.tls import server_credentials
 from controlplane.loop import ReconcileLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.orchestrator import Orchestrator

@@ -21,7 +21,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.procs import start_agent, start_simulator, start_simulators, until
 from controlplane.kernel.model import Health
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.probe_vllm import ReplicaProbe
 from regions.agent.server import SERVICE, AgentConfig, AgentHandle, serve_agent
 from regions.agent.verdict import fold_verdict

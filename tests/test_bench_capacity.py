@@ -22,7 +22,7 @@ import pytest
 
 from bench.capacity_truth import EngineModel, SteadyState, services, truth
 from chaos.capacity.workload import Workload
-from controlplane.kernel.capacity_record import WorkloadProfile
+from controlplane.kernel.capacity.record import WorkloadProfile
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = 1_000_000  # requests per model run in the theory checks (about 0.3 s each): their

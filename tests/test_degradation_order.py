@@ -16,8 +16,8 @@ import yaml
 
 from controlplane.core.ladder_executor import ActionKind, LadderMode, Tick, mode_for, replay
 from controlplane.kernel.config import ConfigError
-from controlplane.kernel.ladder import Ladder, with_headroom
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder.file import load_ladder
+from controlplane.kernel.ladder.model import Ladder, with_headroom
 from controlplane.kernel.model import RegionState
 
 RUNBOOK = Path(__file__).resolve().parent.parent / "runbooks" / "degradation.yaml"

@@ -1,6 +1,6 @@
 """The capacity probe: step-load one replica that is out of rotation and read what it
-bears under its SLO (the model is ``controlplane.kernel.capacity``; the stored result
-``controlplane.kernel.capacity_record.CapacityRecord``).
+bears under its SLO (the model is ``controlplane.kernel.capacity.bearing``; the stored result
+``controlplane.kernel.capacity.record.CapacityRecord``).
 
 - ``workload``: requests shaped like a region's traffic (prompt lengths, shared
   prefixes for the warm workload, every prompt unique for the cold one), seeded;

@@ -1,5 +1,5 @@
 """The capacity probe: the I/O loop around the pure parts of
-``controlplane.kernel.capacity`` (``ProbePlan``, ``SustainedSearch``, ``analyze``).
+``controlplane.kernel.capacity.bearing`` (``ProbePlan``, ``SustainedSearch``, ``analyze``).
 
 Given one replica's URL (out of rotation: this module neither picks, wakes nor parks
 it), :func:`probe_capacity`
@@ -100,7 +100,7 @@ from chaos.capacity.workload import (
     requests,
     warmup_requests,
 )
-from controlplane.kernel.capacity import (
+from controlplane.kernel.capacity.bearing import (
     CapacitySLO,
     Curve,
     ProbePlan,
@@ -112,9 +112,9 @@ from controlplane.kernel.capacity import (
     meets_sla,
     sustained_timing,
 )
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
-from controlplane.kernel.replica_signals import ReplicaMetrics
-from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe
+from controlplane.kernel.vllm.metrics import RUNNING, WAITING, parse_metrics
+from controlplane.kernel.vllm.signals import ReplicaMetrics
 
 log = logging.getLogger("tectonic.capacity")
 
@@ -136,7 +136,7 @@ class ProbeConfig:
     poll_s: float = 0.05
     max_lag_s: float = 0.05  # a step whose generator's lag p99 is above is flagged,
     behind_retries: int = 1  # and run again up to this many times (its arrivals were late)
-    # sustained steps (see controlplane.kernel.capacity.sustained_timing)
+    # sustained steps (see controlplane.kernel.capacity.bearing.sustained_timing)
     min_requests: int = 400  # arrivals judged per sustained step: a p99 to read
     min_screen_requests: int = 20  # a screening step lasts long enough for these
     max_warmup_s: float = 120.0

@@ -1,6 +1,6 @@
 """What the capacity probe reads of its replica before loading it: the model to ask
 for, the engine's version, the context it takes (``max_model_len``) and its serving
-configuration (``controlplane.kernel.serving_config``), which the record keeps so that
+configuration (``controlplane.kernel.capacity.serving``), which the record keeps so that
 a region serving with another is judged stale.
 
 - ``GET /version``: vLLM's version ("" when it does not answer);
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from chaos.capacity.verdicts import AbortCause, ProbeAborted
-from controlplane.kernel.capacity_record import clean_engine_version
-from controlplane.kernel.serving_config import ServingConfig, models_entry, serving_config
+from controlplane.kernel.capacity.record import clean_engine_version
+from controlplane.kernel.capacity.serving import ServingConfig, models_entry, serving_config
 
 _ERRORS = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from chaos.drills.report import CSS
 from chaos.drills.report_plots import save_png
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe
 
 REPORT, RECORD, CURVE = "report.html", "record.json", "curve.png"
 KNEE, ULTIMATE, ALLOWED, SLO = "#f9a825", "#c62828", "#2e7d32", "#555555"

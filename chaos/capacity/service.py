@@ -7,7 +7,7 @@ one. For the region named:
 
 1. its SLA and factor of safety come from the topology, the workload from its prefix
    catalog (``prefixes/<region>``), a rate to try first from its last probe;
-2. replicas are borrowed from its warm pool (``controlplane.kernel.pool_loans``): the
+2. replicas are borrowed from its warm pool (``controlplane.kernel.pool.loans``): the
    one named, or else two WARM ones when ``pools/<region>`` counts two or more asleep
    (one alone when the agent lends only one), two loans on one lease
    (``borrow_together``) so that they are answered, lost and returned together; a
@@ -41,22 +41,22 @@ from chaos.capacity.workload import workload_from_catalog
 from chaos.drills.result import Criterion, DrillResult
 from chaos.drills.service import PROBE_TITLE, ProbeOutcome
 from controlplane.kernel.audit import AuditLog
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry
-from controlplane.kernel.pool_loans import (
+from controlplane.kernel.pool.loans import (
     LoanLost,
     LoanRefused,
     LoanTimedOut,
     borrow_together,
     read_members,
 )
-from controlplane.kernel.pool_members import PoolMembers
-from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.store.port import Put, Store, StoreError
 
 log = logging.getLogger("tectonic.capacity")

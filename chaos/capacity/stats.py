@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chaos.capacity.results import Outcome, RequestResult, loaded
-from controlplane.kernel.capacity import CapacitySLO, Step
+from controlplane.kernel.capacity.bearing import CapacitySLO, Step
 
 
 def percentile(values: Sequence[float], q: float) -> float:

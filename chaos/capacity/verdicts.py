@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.kernel.capacity import (
+from controlplane.kernel.capacity.bearing import (
     CapacitySLO,
     Curve,
     ProbePlan,

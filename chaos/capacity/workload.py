@@ -37,8 +37,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from controlplane.kernel.capacity_record import WorkloadProfile
-from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.capacity.record import WorkloadProfile
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 
 # What a chat template adds around one user message (the simulator's: BOS, role
 # markers and the generation prompt); real templates add about as much or more.

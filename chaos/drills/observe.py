@@ -25,19 +25,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.drills.result import LadderEvent, RegionSample, Sample, Transition
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
-from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import AuditAction, AuditEntry, FailoverStep, RegionRecord
-from controlplane.kernel.replica_signals import (
+from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.store.port import Store
+from controlplane.kernel.vllm.metrics import parse_metrics
+from controlplane.kernel.vllm.signals import (
     Histogram,
     ReplicaMetrics,
     ReplicaWindow,
     fold_windows,
     replica_window,
 )
-from controlplane.kernel.snapshot_reader import read_snapshot
-from controlplane.kernel.store.port import Store
-from controlplane.kernel.vllm_metrics import parse_metrics
 
 log = logging.getLogger("chaos.drills.observe")
 

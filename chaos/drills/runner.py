@@ -42,7 +42,7 @@ from chaos.drills.traffic import Traffic
 from chaos.drills.verdict import DrillRun, Verdict, traffic_marks
 from controlplane.kernel.config import ConfigError, Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
+from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_PATH
 from controlplane.kernel.store.port import Store
 
 log = logging.getLogger("chaos.drills.runner")

@@ -32,7 +32,7 @@ from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.codec import encode
 from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder.file import load_ladder
 from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
 from controlplane.kernel.store.port import Put, Store
 

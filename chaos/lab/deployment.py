@@ -51,7 +51,7 @@ from chaos.lab.procs import (
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_PATH
+from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_PATH
 from regions.pool.processes import free_port
 
 log = logging.getLogger("chaos.lab.deployment")

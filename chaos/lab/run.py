@@ -34,7 +34,7 @@ from chaos.drills.traffic import Traffic
 from chaos.lab.deployment import DATA_PLANES, DataPlane, DeploymentSpec, LocalDeployment
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import ConfigError, load_topology
-from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 

@@ -10,7 +10,6 @@ from controlplane.api.reads import CapacityView, RegionCapacity
 from controlplane.core.intents import IntentOutcome, IntentStatus
 from controlplane.core.store_writes import StoreWritesView
 from controlplane.kernel.codec import encode
-from controlplane.kernel.health_report import health_to_pb
 from controlplane.kernel.model import (
     AuditEntry,
     Decision,
@@ -19,6 +18,7 @@ from controlplane.kernel.model import (
     ObserverKind,
     RegionState,
 )
+from controlplane.kernel.rpc.health_report import health_to_pb
 from controlplane.kernel.snapshot import RegionView
 
 _INTENT_STATE = {

@@ -35,7 +35,7 @@ from controlplane.kernel.drills import (
 )
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
 from controlplane.kernel.store.port import Compare, Put, Store, StoreUnavailable
 
 DEFAULT_PREFIXES, MAX_PREFIXES = 20, 256

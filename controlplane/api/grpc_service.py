@@ -50,7 +50,6 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag, json_list
-from controlplane.kernel.health_report import health_from_pb, thresholds_to_pb
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditAction,
@@ -60,8 +59,9 @@ from controlplane.kernel.model import (
     IntentKind,
     RegionState,
 )
-from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.rpc.health_report import health_from_pb, thresholds_to_pb
+from controlplane.kernel.sessions.resolve import SessionPin
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.store.port import Compare, Put, Store
 from controlplane.reports import BadReport, store_report, validate_report

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field
 
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
 from controlplane.core.store_writes import StoreWritesView
-from controlplane.kernel.capacity import utilization
-from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, HitProbe
+from controlplane.kernel.capacity.bearing import utilization
+from controlplane.kernel.capacity.record import CapacityRecord, CapacitySource, HitProbe
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
@@ -37,7 +37,6 @@ from controlplane.kernel.model import (
     Readiness,
     RegionState,
 )
-from controlplane.kernel.replica_signals import LOAD_RAW_SIGNAL
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import (
@@ -47,6 +46,7 @@ from controlplane.kernel.store.port import (
     StoreError,
     StoreUnavailable,
 )
+from controlplane.kernel.vllm.signals import LOAD_RAW_SIGNAL
 
 DEFAULT_HISTORY = 50
 MAX_HISTORY = 1000

@@ -12,9 +12,9 @@ from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 
-from controlplane.kernel.auth import current_principal
 from controlplane.kernel.config import Topology
-from controlplane.kernel.session_store import validate_session_id
+from controlplane.kernel.rpc.auth import current_principal
+from controlplane.kernel.sessions.store import validate_session_id
 from controlplane.kernel.store.port import StoreFull, StoreUnavailable
 
 MAX_REASON = 1024

@@ -24,8 +24,8 @@ from controlplane.cli import render
 from controlplane.cli.client import EXIT_REFUSED, EXIT_UNREACHABLE
 from controlplane.cli.common import JsonOpt, ReasonOpt, _call, _ctx, _show, err, out
 from controlplane.cli.drill_cmds import runs_table
-from controlplane.kernel.capacity import failed, meets_sla
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, ProbeStep
+from controlplane.kernel.capacity.bearing import failed, meets_sla
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, ProbeStep
 from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 
 # A drill service republishes drills/catalog every tick (30 s by default) and holds

@@ -28,7 +28,7 @@ import grpc
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.config import ConfigError
-from controlplane.kernel.tls import sync_channel
+from controlplane.kernel.rpc.tls import sync_channel
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_ABORTED = 0, 1, 2, 3, 4
 EXIT_UNAUTHENTICATED = 5

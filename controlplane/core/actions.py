@@ -14,7 +14,7 @@ from pydantic import Field
 
 from controlplane.core.intents import IntentOutcome
 from controlplane.kernel.cluster_spec import ClusterSpec
-from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
     AuditEntry,
     Decision,

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.kernel.capacity import HitEffect, utilization
-from controlplane.kernel.capacity_record import Bearing, resolve
+from controlplane.kernel.capacity.bearing import HitEffect, utilization
+from controlplane.kernel.capacity.record import Bearing, resolve
 from controlplane.kernel.config import Topology
-from controlplane.kernel.ladder import LOAD_SIGNAL
+from controlplane.kernel.ladder.model import LOAD_SIGNAL
 from controlplane.kernel.snapshot import RegionView
 
 HIT_RATE_SIGNAL = "prefix_hit_rate"  # the agent's, from vLLM's prefix-cache counters

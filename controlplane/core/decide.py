@@ -37,7 +37,7 @@ from controlplane.core.steps import awaited, next_steps, pending_steps
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
-from controlplane.kernel.ladder import Ladder
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import (
     RECOVERY_STEP_DETAIL,
     AuditAction,

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from controlplane.kernel.degradation import DegradationRecord
-from controlplane.kernel.ladder import Ladder, flags_for
+from controlplane.kernel.ladder.model import Ladder, flags_for
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import Frozen, RegionState
 
 

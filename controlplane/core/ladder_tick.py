@@ -15,9 +15,9 @@ from controlplane.core.actions import LadderWrite
 from controlplane.core.bearing import allowed_now
 from controlplane.core.ladder_executor import LadderMode, mode_for, next_ladder_action
 from controlplane.kernel.config import Topology
-from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.details import json_list
-from controlplane.kernel.ladder import Ladder, with_headroom
+from controlplane.kernel.ladder.model import Ladder, with_headroom
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import AuditAction, AuditEntry, RegionState
 from controlplane.kernel.snapshot import Snapshot
 

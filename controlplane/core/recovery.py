@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 
 from controlplane.kernel.config import RecoveryConfig
-from controlplane.kernel.ladder import (
+from controlplane.kernel.ladder.model import (
     AUTH_ERROR_SIGNAL,
     ERROR_SIGNAL,
     HEADROOM_SIGNAL,

@@ -1,6 +1,7 @@
 """The shared kernel: what every Tectonic process builds on (docs/architecture.md §8).
 
-The model, the etcd keys and codec, the store port and its adapters, the audit log,
-leases, sessions, prefixes, the degradation ladder, the topology and security settings.
-It imports nothing else of Tectonic: the control plane, the region agent, the gateway
-and the drills build on it and not on each other (import-linter contracts)."""
+At its root the foundation (model, keys, codec, clock, version), records and keepers on
+the store (audit, leases, watched prefixes), the topology (``config``) and a tick's
+snapshot; beside it rooms that do not import each other: ``store/``, ``capacity/``,
+``prefix/``, ``sessions/``, ``ladder/``, ``pool/``, ``vllm/``, ``rpc/``. It imports
+nothing else of Tectonic; a layers contract in pyproject.toml keeps its floors."""

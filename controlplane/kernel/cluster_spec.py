@@ -23,8 +23,8 @@ from collections.abc import Collection, Sequence
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import DegradedWhen, Topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder import Ladder
-from controlplane.kernel.ladder_file import recovery_config
+from controlplane.kernel.ladder.file import recovery_config
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.store.port import Store
 

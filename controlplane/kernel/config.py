@@ -14,10 +14,10 @@ from typing import Annotated, Self
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import CapacityPolicy
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import CapacityPolicy
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import FingerprintParams
+from controlplane.kernel.prefix.identity import FingerprintParams
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.settings import HOST_PORT, EtcdConfig
 

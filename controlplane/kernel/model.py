@@ -56,7 +56,7 @@ class HealthReport(Frozen):
     detail: str = ""
     # vLLM's /version of the region's replicas, as its agent read them ("" unknown)
     engine_version: str = Field("", exclude_if=lambda v: not v)
-    # Their serving configuration's fingerprint (serving_config.py; "" unknown)
+    # Their serving configuration's fingerprint (kernel/capacity/serving.py; "" unknown)
     serving_config: str = Field("", exclude_if=lambda v: not v)
 
 
@@ -74,7 +74,7 @@ class RegionHealth(Frozen):
     # The engine the region runs, from its agents' latest fresh report ("" unknown):
     # a capacity probe of another engine is stale.
     engine_version: str = Field("", exclude_if=lambda v: not v)
-    # Its serving configuration (serving_config.py's fingerprint), from the same reports:
+    # Its serving configuration (kernel/capacity/serving.py's fingerprint), from the same reports:
     # a capacity probe under another configuration is stale too.
     serving_config: str = Field("", exclude_if=lambda v: not v)
     evaluated_at: float = 0.0  # hysteresis counts evaluations, at most one per probe interval

@@ -1,8 +1,8 @@
 """Who may call what: the ``security:`` topology section, bearer tokens, roles, rate limits.
 
 Pure: models, hashing, the role table and the token check; no gRPC, no files (the
-adapters are ``controlplane/kernel/tls.py`` and ``controlplane/kernel/auth.py``). Security is off
-unless the topology has a ``security:`` section (controlplane/SECURITY.md).
+adapters are ``controlplane/kernel/rpc/tls.py`` and ``controlplane/kernel/rpc/auth.py``).
+Security is off unless the topology has a ``security:`` section (controlplane/SECURITY.md).
 
 Tokens look like ``tct_<selector>_<secret>``: 32 hex characters, then 43 URL-safe
 base64 characters (256 random bits). The configuration stores only

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
-from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
     ControlFlags,
     Frozen,

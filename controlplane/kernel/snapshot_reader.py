@@ -7,12 +7,12 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
-from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
     ControlFlags,
     HealthReport,
@@ -22,7 +22,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.store.port import KeyValue, RevisionCompacted, Store
 

@@ -1,6 +1,6 @@
 """Which engine the region's replicas run: vLLM's ``GET /version``, read by the agent and
 sent with its health reports, so that the leader can tell a capacity probe of another
-engine from a fresh one (``controlplane.kernel.capacity_record.resolve``).
+engine from a fresh one (``controlplane.kernel.capacity.record.resolve``).
 
 An engine changes only when a replica restarts, so a replica's version is read when it
 is first seen up, again when it comes back after being down (a restart may bring a new
@@ -17,7 +17,7 @@ restart), each replica's **serving configuration** is read: ``/v1/models`` (mode
 ``max_model_len``), ``vllm:cache_config_info`` on ``/metrics`` (the KV cache) and, in
 vLLM's dev mode, ``/server_info`` (``max_num_seqs``, which vLLM exports nowhere else);
 each part best effort (what does not answer is left out, and not judged). The region's
-is its up replicas' fingerprints merged (``controlplane.kernel.serving_config``): a
+is its up replicas' fingerprints merged (``controlplane.kernel.capacity.serving``): a
 probe under another configuration is stale too.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from controlplane.kernel.capacity_record import MAX_ENGINE_VERSION, clean_engine_version
-from controlplane.kernel.serving_config import (
+from controlplane.kernel.capacity.record import MAX_ENGINE_VERSION, clean_engine_version
+from controlplane.kernel.capacity.serving import (
     MAX_FINGERPRINT,
     clean_fingerprint,
     merge_fingerprints,

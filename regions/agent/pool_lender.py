@@ -1,7 +1,7 @@
 """The region agent's side of pool loans: ``pool-loans/<region>/`` -> the warm pool.
 
 A borrower (the capacity probe) writes a ``PoolLoan`` on its own lease
-(:mod:`controlplane.kernel.pool_loans`). The agent keeps a local copy of its region's
+(:mod:`controlplane.kernel.pool.loans`). The agent keeps a local copy of its region's
 loans (:class:`controlplane.kernel.watched.WatchedPrefix`: one read, then one watch) and
 hands them to the pool (:meth:`regions.pool.manager.WarmPool.set_loans`) on every
 change, and every ``interval_s`` (level-triggered). The pool lends WARM standby (woken,
@@ -23,7 +23,7 @@ import asyncio
 import logging
 
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_loans import PoolLoan
+from controlplane.kernel.pool.loans import PoolLoan
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.watched import WatchedPrefix
 from regions.pool.manager import WarmPool

@@ -1,7 +1,7 @@
 """Replays prefixes on a region's replicas within a budget, then measures the result
 with vLLM's own counters (docs/architecture.md §4).
 
-Each payload (``controlplane.kernel.prewarm_selection.ReplayPayload``) is sent once with
+Each payload (``controlplane.kernel.prefix.prewarm.ReplayPayload``) is sent once with
 ``max_tokens: 1`` to the replica prefix-aware routing will send its prompts to
 (:mod:`regions.agent.prewarm_plan`), most frequent first, ``per_replica`` at a time on each
 replica: prefill is compute-bound, so more concurrency on one replica only queues.
@@ -31,10 +31,10 @@ from typing import NamedTuple
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.prefix.prewarm import ReplayPayload
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_plan import assign
+from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 from regions.http_errors import describe_error
 
 log = logging.getLogger("tectonic.prewarm")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.kernel.prefixes import PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.prompts import chat_prefix, completion_prefix
-from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, DEFAULT_VNODES, HashRing, prefix_key
+from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
+from regions.dataplane.prompts import chat_prefix, completion_prefix
+from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, DEFAULT_VNODES, HashRing, prefix_key
 
 
 def routing_text(payload: ReplayPayload, chars: int = DEFAULT_PREFIX_CHARS) -> str:

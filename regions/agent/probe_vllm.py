@@ -4,7 +4,7 @@
 timeout, and returns a :class:`ReplicaProbe`: up or down (with a short human reason
 such as ``connection refused``), the scheduler gauges ``vllm:num_requests_waiting`` /
 ``vllm:num_requests_running``, and the raw cumulative figures the window signals are
-computed from (:class:`controlplane.kernel.replica_signals.ReplicaMetrics`):
+computed from (:class:`controlplane.kernel.vllm.signals.ReplicaMetrics`):
 
 - ``vllm:time_to_first_token_seconds`` (``_bucket`` / ``_sum``), summed over label sets;
 - ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (tokens);
@@ -27,8 +27,8 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.replica_signals import ReplicaMetrics
-from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_metrics
+from controlplane.kernel.vllm.metrics import RUNNING, WAITING, parse_metrics
+from controlplane.kernel.vllm.signals import ReplicaMetrics
 from regions.http_errors import describe_error
 
 

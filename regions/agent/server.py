@@ -67,24 +67,24 @@ from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.kernel.auth import AuthInterceptor
 from controlplane.kernel.config import (
     ConfigError,
     DegradedWhen,
     describe_errors,
     read_yaml,
 )
-from controlplane.kernel.decode_guard import DecodeGuard
-from controlplane.kernel.health_report import (
+from controlplane.kernel.model import Frozen, Health
+from controlplane.kernel.rpc.auth import AuthInterceptor
+from controlplane.kernel.rpc.decode_guard import DecodeGuard
+from controlplane.kernel.rpc.health_report import (
     HealthReportClient,
     health_to_pb,
     thresholds_from_pb,
 )
-from controlplane.kernel.model import Frozen, Health
-from controlplane.kernel.reflection import enable_reflection
+from controlplane.kernel.rpc.reflection import enable_reflection
+from controlplane.kernel.rpc.tls import server_credentials
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.settings import EtcdConfig
-from controlplane.kernel.tls import server_credentials
 from regions.agent.engine_version import EngineVersions, refresh_versions
 from regions.agent.metrics import AgentMetrics, MetricsHttp
 from regions.agent.prewarm_executor import answered_replays

@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS
+from controlplane.kernel.prefix.prewarm import ReplayPayload
 from regions.agent.prewarm_executor import PrewarmOutcome, Progress, execute_prewarm
+from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 
 log = logging.getLogger("tectonic.agent")
 MAX_PAYLOADS = 10_000

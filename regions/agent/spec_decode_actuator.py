@@ -24,8 +24,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from controlplane.kernel.degradation import DegradationRecord
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.watched import WatchedPrefix
 from regions.pool.manager import WarmPool

@@ -1,7 +1,7 @@
 """The agent's verdict on its region (pure: probes in, a :class:`RegionVerdict` out).
 
 :func:`fold_verdict` folds one round of replica probes, and the round before it (for
-counter deltas, see :mod:`controlplane.kernel.replica_signals`), into a health verdict
+counter deltas, see :mod:`controlplane.kernel.vllm.signals`), into a health verdict
 with the signals behind it and a one-line reason an operator can read. Its bounds are
 the region's ``degraded_when`` in the topology, as the control plane sent them to the
 agent (regions/agent/server.py). (The leader's
@@ -9,7 +9,7 @@ picture of a region in a tick is another thing: ``controlplane.kernel.snapshot.R
 
 **Served load.** ``load_rps`` (``ladder.LOAD_SIGNAL``, what the planner, CBU and the
 degradation ladder read) is the inference requests the region's replicas started per
-second (first tokens, :mod:`controlplane.kernel.replica_signals`), smoothed over
+second (first tokens, :mod:`controlplane.kernel.vllm.signals`), smoothed over
 ``replica_signals.LOAD_WINDOW_S`` (30 s) by a :class:`LoadWindow` the verdict carries
 to the next round (``load=``); ``load_rps_raw`` is this round's own window (one probe
 interval) for the live view. What Tectonic itself sends is left out:
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controlplane.kernel.ladder import LOAD_SIGNAL
+from controlplane.kernel.ladder.model import LOAD_SIGNAL
 from controlplane.kernel.model import Frozen, Health
-from controlplane.kernel.replica_signals import (
+from controlplane.kernel.vllm.signals import (
     LOAD_RAW_SIGNAL,
     LoadWindow,
     ReplicaWindow,

@@ -5,7 +5,7 @@
 the pool before serving, probes the pool's ACTIVE replicas each tick, reconciles the
 pool in a loop of its own (a launch takes minutes and must never hold up probing),
 serves it as the ``ReplicaSet`` that ``RegionAgent.Prewarm`` wakes, and publishes
-:class:`~controlplane.kernel.pool_members.PoolMembers` to ``pools/<region>`` so that
+:class:`~controlplane.kernel.pool.members.PoolMembers` to ``pools/<region>`` so that
 gateways route only to ACTIVE replicas (a WARM one sleeps and would hang requests).
 
 The file (every field but ``launcher`` is optional; see regions/pool/README.md)::
@@ -62,7 +62,7 @@ from controlplane.kernel.config import (
 )
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.store.settings import HOST_PORT, EtcdConfig

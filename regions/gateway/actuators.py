@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.kernel.admission_limit import DEFAULT_BATCH_VALUES
-from controlplane.kernel.degradation import FeatureFlags
-from controlplane.kernel.prompts import BadRequest, chat_messages
+from controlplane.kernel.ladder.record import FeatureFlags
+from regions.dataplane.admission_limit import DEFAULT_BATCH_VALUES
+from regions.dataplane.prompts import BadRequest, chat_messages
 from regions.gateway.requests import Endpoint, ProxyRequest
 
 DEFAULT_CHARS_PER_TOKEN = 4.0

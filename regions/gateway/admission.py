@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from controlplane.kernel.degradation import FeatureFlags
-from controlplane.kernel.ring import prefix_key
-from controlplane.kernel.session_store import validate_session_id
-from controlplane.kernel.sessions import WarmCheck
+from controlplane.kernel.ladder.record import FeatureFlags
+from controlplane.kernel.sessions.resolve import WarmCheck
+from controlplane.kernel.sessions.store import validate_session_id
+from regions.dataplane.ring import prefix_key
 from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority, shed
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.requests import Endpoint, ProxyRequest, parse

@@ -1,5 +1,5 @@
 """Admission control in the gateway: the asyncio side of the kernel's limiter
-(``controlplane/kernel/admission_limit.py``), one per region, each with a limit per
+(``regions/dataplane/admission_limit.py``), one per region, each with a limit per
 replica and one queue for the region.
 
 Per region rather than per replica, so that a request that finds its replica full
@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from controlplane.kernel.admission_bound import BoundAt
-from controlplane.kernel.admission_limit import (
+from controlplane.kernel.config import Topology
+from regions.dataplane.admission_bound import BoundAt
+from regions.dataplane.admission_limit import (
     AdmissionLimiter,
     Events,
     Grant,
@@ -42,7 +43,6 @@ from controlplane.kernel.admission_limit import (
     Waiting,
     priority_of,
 )
-from controlplane.kernel.config import Topology
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.replicas import ReplicaBalancer
 

@@ -30,11 +30,11 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from controlplane.kernel.degradation import FeatureFlags
-from controlplane.kernel.prompts import BadRequest
-from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS, prefix_key
-from controlplane.kernel.session_store import InvalidSessionId
-from controlplane.kernel.sessions import NoRegionServing, self_routed, spill_region
+from controlplane.kernel.ladder.record import FeatureFlags
+from controlplane.kernel.sessions.resolve import NoRegionServing, self_routed, spill_region
+from controlplane.kernel.sessions.store import InvalidSessionId
+from regions.dataplane.prompts import BadRequest
+from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, prefix_key
 from regions.gateway.actuators import ActuatorConfig, Refusal
 from regions.gateway.admission import Admission, Refused
 from regions.gateway.continuation import ContinuationConfig, Continuer

@@ -3,7 +3,7 @@
 changes and every ``recheck_s`` (a record turns stale with no write), each region's
 bound handed to its admission gate.
 
-A region's bound is :func:`controlplane.kernel.admission_bound.inflight_bound` of its
+A region's bound is :func:`regions.dataplane.admission_bound.inflight_bound` of its
 record, at the lowest hit rate probed (this process does not know the hit rate the
 region serves now; cold is what a failover's moved traffic has), unless the record is
 stale by the topology's ``capacity`` policy (``capacity_record.resolve``'s rule: too old,
@@ -24,14 +24,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from controlplane.kernel.admission_bound import BoundAt, InflightBound, inflight_bound
-from controlplane.kernel.capacity_record import CapacityRecord, CapacitySource, resolve
+from controlplane.kernel.capacity.record import CapacityRecord, CapacitySource, resolve
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionHealth
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.watched import WatchedPrefix
+from regions.dataplane.admission_bound import BoundAt, InflightBound, inflight_bound
 from regions.gateway.admission_gate import AdmissionGates
 
 log = logging.getLogger("tectonic.gateway.capacity")

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 import uvloop
 from pydantic import ValidationError
 
-from controlplane.kernel.admission_bound import BoundAt
 from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import ConfigError, PrefixesConfig, load_topology
 from controlplane.kernel.store.settings import HOST_PORT
+from regions.dataplane.admission_bound import BoundAt
 from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig
 from regions.gateway.options import GatewayOptions

@@ -20,9 +20,9 @@ import logging
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.cluster_spec import cluster_spec
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_members import PoolMembers
-from controlplane.kernel.prefix_tracker import PrefixTracker
-from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.prefix.tracker import PrefixTracker
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
 from regions.gateway.admission_gate import AdmissionGates

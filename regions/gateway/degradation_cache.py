@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.watched import WatchedPrefix
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from controlplane.kernel.admission_limit import PRIORITIES, REFUSAL_REASONS
 from controlplane.kernel.version import build_info
+from regions.dataplane.admission_limit import PRIORITIES, REFUSAL_REASONS
 from regions.gateway.actuators import Action
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

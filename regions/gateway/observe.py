@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from controlplane.kernel.prefix_tracker import PrefixTracker
-from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.prefix.identity import PromptRequest
+from controlplane.kernel.prefix.tracker import PrefixTracker
 
 
 class PrefixObserver(Protocol):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from controlplane.kernel.config import Topology
-from controlplane.kernel.prefix_tracker import TrackerConfig
+from controlplane.kernel.prefix.tracker import TrackerConfig
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.gateway.admission_gate import AdmissionOptions
 from regions.gateway.app import AppConfig

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.watched import WatchedPrefix
 

@@ -42,13 +42,13 @@ from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.leases import LeaseKeeper
-from controlplane.kernel.prefix_catalog import PrefixWanted
-from controlplane.kernel.prefix_tracker import (
+from controlplane.kernel.prefix.catalog import PrefixWanted
+from controlplane.kernel.prefix.prewarm import fewest_to_drop, restore_payloads
+from controlplane.kernel.prefix.tracker import (
     PrefixTracker,
     TrackerConfig,
     TrackerExport,
 )
-from controlplane.kernel.prewarm_selection import fewest_to_drop, restore_payloads
 from controlplane.kernel.store.port import LeaseNotFound, Store, StoreError
 
 log = logging.getLogger("tectonic.gateway.prefixes")

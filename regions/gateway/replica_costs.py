@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.kernel.vllm_metrics import PREFIX_HITS, PREFIX_QUERIES
+from controlplane.kernel.vllm.metrics import PREFIX_HITS, PREFIX_QUERIES
 
 E2E = "vllm:e2e_request_latency_seconds"
 QUEUE = "vllm:request_queue_time_seconds"

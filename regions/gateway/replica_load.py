@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from controlplane.kernel.vllm_metrics import RUNNING, WAITING, parse_gauges
+from controlplane.kernel.vllm.metrics import RUNNING, WAITING, parse_gauges
 from regions.gateway.replica_costs import COST_METRICS, CostEstimator
 from regions.gateway.replicas import ReplicaBalancer
 

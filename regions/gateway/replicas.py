@@ -52,7 +52,7 @@ import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from controlplane.kernel.ring import (
+from regions.dataplane.ring import (
     DEFAULT_VNODES,
     HashRing,
 )

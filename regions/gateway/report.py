@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.kernel.health_report import HealthReportClient, health_to_pb
 from controlplane.kernel.model import Health
+from controlplane.kernel.rpc.health_report import HealthReportClient, health_to_pb
 from controlplane.kernel.security import SecurityConfig
 
 log = logging.getLogger("tectonic.gateway.report")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
 
-from controlplane.kernel.prefixes import PromptRequest
-from controlplane.kernel.prompts import (
+from controlplane.kernel.prefix.identity import PromptRequest
+from regions.dataplane.prompts import (
     BadRequest,
     chat_messages,
     chat_prefix,

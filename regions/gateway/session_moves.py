@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.sessions import SessionMoves
+from controlplane.kernel.sessions.resolve import SessionMoves
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.watched import WatchedPrefix
 

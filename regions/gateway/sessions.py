@@ -49,8 +49,7 @@ from typing import Protocol
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import CorruptValue
 from controlplane.kernel.model import Routing
-from controlplane.kernel.session_store import SessionContention
-from controlplane.kernel.sessions import (
+from controlplane.kernel.sessions.resolve import (
     NoRegionServing,
     PinAction,
     Resolution,
@@ -62,6 +61,7 @@ from controlplane.kernel.sessions import (
     routing_of,
     self_routed,
 )
+from controlplane.kernel.sessions.store import SessionContention
 from controlplane.kernel.store.port import StoreError, StoreUnavailable
 from regions.gateway.metrics import GatewayMetrics
 
@@ -70,7 +70,7 @@ PROBE_SESSION = "_gateway_probe"  # read (never written) to learn that etcd is b
 
 
 class SessionStoreLike(Protocol):
-    """The part of ``controlplane.kernel.session_store.SessionStore`` the gateway uses."""
+    """The part of ``controlplane.kernel.sessions.store.SessionStore`` the gateway uses."""
 
     async def get(self, session_id: str) -> tuple[SessionPin, int] | None: ...
 
@@ -147,7 +147,7 @@ class SessionResolver:
 
     async def region_for(self, session_id: str, warm: WarmCheck | None = None) -> str:
         """The region that serves ``session_id`` now; raises NoRegionServing. ``warm``
-        places a new session warm first (``controlplane.kernel.sessions.warm_first``);
+        places a new session warm first (``controlplane.kernel.sessions.resolve.warm_first``);
         concurrent requests of one session share the first one's resolution."""
         routings = self._routing.routings
         entry = self._pins.get(session_id)

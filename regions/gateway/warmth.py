@@ -12,7 +12,7 @@ those. Two things, both in the gateway, which saw every prompt it sent:
 * **warm-first placement**: while ``routing/<home>`` splits new sessions (graduated
   recovery), a new session whose weighted pick is home but whose prompt home has not
   answered since it came back (``RegionWarmth``) goes to the other targets, which
-  carried home's traffic during the failover (``controlplane.kernel.sessions.
+  carried home's traffic during the failover (``controlplane.kernel.sessions.resolve.
   warm_first``), and the gateway replays that prompt at home; its next new sessions
   follow the weights. A prompt the gateway never had answered is not steered: it is
   cold everywhere.
@@ -34,7 +34,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from prometheus_client import Counter
 
 from controlplane.kernel.model import Routing
-from controlplane.kernel.sessions import self_routed
+from controlplane.kernel.sessions.resolve import self_routed
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.replicas import ReplicaBalancer

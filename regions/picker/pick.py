@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.kernel.prompts import BadRequest
-from controlplane.kernel.ring import prefix_key
-from controlplane.kernel.session_store import InvalidSessionId
-from controlplane.kernel.sessions import NoRegionServing, spill_region
+from controlplane.kernel.sessions.resolve import NoRegionServing, spill_region
+from controlplane.kernel.sessions.store import InvalidSessionId
+from regions.dataplane.prompts import BadRequest
+from regions.dataplane.ring import prefix_key
 from regions.gateway.actuators import Action, Refusal
 from regions.gateway.admission import Admission, Admitted, Refused
 from regions.gateway.admission_gate import AdmissionGates, Grant

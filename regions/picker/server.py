@@ -25,7 +25,7 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controlplane.kernel.reflection import enable_reflection
+from controlplane.kernel.rpc.reflection import enable_reflection
 from controlplane.kernel.store.port import Store
 from regions.gateway.admission import Admission
 from regions.gateway.core import DataPlaneCore

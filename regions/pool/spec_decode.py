@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from controlplane.kernel.degradation import DegradationRecord
+from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import Frozen
 from regions.pool.states import PoolTarget, Replica, ReplicaState, is_stale
 

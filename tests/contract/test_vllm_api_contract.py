@@ -30,7 +30,7 @@ import aiohttp
 import pytest
 
 from chaos.lab.procs import until
-from controlplane.kernel.replica_signals import replica_window
+from controlplane.kernel.vllm.signals import replica_window
 from regions.agent.probe_vllm import probe_replica
 from tests.contract.conftest import MAX_MODEL_LEN, Backend
 

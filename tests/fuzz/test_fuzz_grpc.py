@@ -53,8 +53,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulator
 from controlplane.core.intents import IntentOutcome
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.drills import DrillCatalog, DrillRequest, ScenarioInfo
@@ -68,10 +68,10 @@ from controlplane.kernel.model import (
     RegionRecord,
     RegionState,
 )
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
+from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from tests.integration.cp_harness import REGIONS, fast_topology, running_replica

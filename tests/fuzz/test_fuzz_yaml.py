@@ -1,7 +1,7 @@
 """Property-based fuzzing of every YAML file Tectonic reads (issue 8, item 5).
 
 Loaders: the topology (``controlplane.kernel.config.load_topology``), the degradation ladder
-(``controlplane.kernel.ladder_file.load_ladder``), drill scenarios (``chaos.drills.scenario``), the
+(``controlplane.kernel.ladder.file.load_ladder``), drill scenarios (``chaos.drills.scenario``), the
 drill schedule (``chaos.drills.schedule``, alone and bound to the shipped scenarios) and the
 agent's warm-pool config (``regions.agent.warm_pool.load_pool_config``).
 
@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from chaos.drills.scenario import SCENARIO_DIR, load_scenario
 from chaos.drills.schedule import SCHEDULE_FILE, known_scenarios, load_schedule
 from controlplane.kernel.config import ConfigError, load_topology
-from controlplane.kernel.ladder_file import DEFAULT_PATH as LADDER_FILE
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_FILE
+from controlplane.kernel.ladder.file import load_ladder
 from regions.agent.warm_pool import load_pool_config
 from tests.fuzz.mutations import keys_of, mutated
 from tests.integration.cp_harness import fast_topology

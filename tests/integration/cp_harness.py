@@ -12,7 +12,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.config import Topology, parse_topology
-from controlplane.kernel.ladder import Ladder
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store
 from controlplane.server import ControlPlaneReplica
@@ -71,7 +71,7 @@ async def running_replica(
     """``http_listen`` (e.g. ``127.0.0.1:0``) also serves the HTTP API, on
     ``replica.http_port``. ``store``: use this one (closed by the caller) instead of a
     new EtcdStore on the topology's etcd. ``stub`` is plaintext and tokenless: with the
-    topology's ``security`` on, make your own channel (``controlplane.kernel.tls``)."""
+    topology's ``security`` on, make your own channel (``controlplane.kernel.rpc.tls``)."""
     own_store = store is None
     if store is None:
         store = EtcdStore(topology.etcd)

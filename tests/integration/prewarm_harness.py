@@ -16,7 +16,7 @@ from controlplane.kernel.codec import decode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverStep, RegionRecord
-from controlplane.kernel.prefix_catalog import PrefixCatalog
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.agent.prewarm_executor import cache_counters
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent

@@ -16,8 +16,8 @@ from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
-from controlplane.kernel.prefixes import PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
+from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
 from regions.agent.cli import parse_args
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.warm_pool import parse_pool_config

@@ -17,8 +17,8 @@ from chaos.capacity.replica_info import read_replica
 from chaos.capacity.results import Outcome, RequestResult, workload_errors
 from chaos.capacity.workload import Workload, fit_context, requests
 from chaos.lab.procs import Proc, start_simulator, start_simulators
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityPolicy,
     CapacityRecord,
     CapacitySource,

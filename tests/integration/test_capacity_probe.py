@@ -28,9 +28,9 @@ from chaos.capacity.stats import sustained_figures
 from chaos.capacity.verdicts import AbortCause, Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload, arrivals
 from chaos.lab.procs import Proc, start_simulator
-from controlplane.kernel.admission_bound import InflightBound, inflight_bound
-from controlplane.kernel.capacity import CapacitySLO, keeps_up
-from controlplane.kernel.capacity_record import CapacityRecord, WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO, keeps_up
+from controlplane.kernel.capacity.record import CapacityRecord, WorkloadProfile
+from regions.dataplane.admission_bound import InflightBound, inflight_bound
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

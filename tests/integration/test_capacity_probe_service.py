@@ -29,16 +29,16 @@ from chaos.drills.schedule import parse_schedule
 from chaos.drills.service import DrillService, history
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditEntry
-from controlplane.kernel.pool_loans import read_members
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.loans import read_members
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import EventType
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent

@@ -26,8 +26,8 @@ import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.procs import until as poll
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityRecord,
     HitProbe,
     ProbeStep,

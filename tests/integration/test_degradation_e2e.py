@@ -18,7 +18,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulator, until
 from controlplane.kernel.config import parse_topology
-from controlplane.kernel.ladder_file import DEFAULT_PATH, load_ladder
+from controlplane.kernel.ladder.file import DEFAULT_PATH, load_ladder
 from regions.agent.server import AgentConfig, serve_agent
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer

@@ -22,8 +22,8 @@ from chaos.capacity.stats import percentile
 from chaos.capacity.workload import Workload, arrivals, requests
 from chaos.lab.procs import Proc, start_simulator
 from controlplane.core.failover import plan_failover
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import WorkloadProfile
 from controlplane.kernel.model import FailoverPlan, Health, RegionHealth
 from tests.unit.world import World
 

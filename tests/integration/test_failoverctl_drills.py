@@ -24,9 +24,9 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.drills import DrillSummary
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Readiness
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import FingerprintParams, PromptKind
-from controlplane.kernel.prewarm_selection import ChatMessage, ReplayPayload
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import FingerprintParams, PromptKind
+from controlplane.kernel.prefix.prewarm import ChatMessage, ReplayPayload
 from controlplane.kernel.store.etcd import EtcdStore
 from tests.integration.cp_harness import fast_topology, running_replica
 from tests.integration.test_failoverctl import ctl

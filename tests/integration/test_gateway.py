@@ -41,7 +41,7 @@ from chaos.lab.procs import (
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.store.settings import EtcdConfig

@@ -23,8 +23,8 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.kernel.admission_limit import Priority
 from controlplane.kernel.config import Topology, parse_topology
+from regions.dataplane.admission_limit import Priority
 from regions.gateway.admission_gate import AdmissionOptions, RegionGate
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer

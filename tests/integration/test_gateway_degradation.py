@@ -28,8 +28,8 @@ from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology, parse_topology
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.server import GatewayServer
 from tests.integration.cp_harness import fast_topology, running_gateway

@@ -25,7 +25,7 @@ from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
-from controlplane.kernel.sessions import SessionPin, placement
+from controlplane.kernel.sessions.resolve import SessionPin, placement
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer

@@ -47,7 +47,7 @@ import yaml
 from chaos.drills.schedule_model import known_scenarios, load_schedule
 from chaos.kube.service import TargetConfig
 from controlplane.kernel.config import RegionConfig, Topology, parse_topology
-from controlplane.kernel.ladder_file import topology_ladder
+from controlplane.kernel.ladder.file import topology_ladder
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "tectonic"

@@ -24,7 +24,7 @@ from chaos.lab.procs import until
 from controlplane.kernel.codec import decode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.server import AgentConfig, AgentHandle, KubeDiscoveryConfig, serve_agent

@@ -26,9 +26,8 @@ import yaml
 from chaos.lab.envoy import EnvoySpec, start_envoy
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
-from controlplane.kernel.admission_limit import Priority
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityRecord,
     HitProbe,
     ProbeStep,
@@ -38,6 +37,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
+from regions.dataplane.admission_limit import Priority
 from regions.gateway.admission_gate import RegionGate
 from regions.picker.__main__ import parse_args
 from regions.picker.server import PickerServer

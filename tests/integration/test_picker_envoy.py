@@ -36,10 +36,10 @@ from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_picker, start_simulator, start_simulators, until
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.model import Routing
-from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.pool.processes import free_port

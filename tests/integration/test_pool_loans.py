@@ -22,7 +22,7 @@ from chaos.lab.procs import until
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_loans import (
+from controlplane.kernel.pool.loans import (
     LoanLost,
     LoanRefused,
     LoanTimedOut,
@@ -31,10 +31,10 @@ from controlplane.kernel.pool_loans import (
     borrow_together,
     read_members,
 )
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.warm_pool import AgentPool, AgentPoolConfig
 from regions.pool.launchers import SimulatorLauncher

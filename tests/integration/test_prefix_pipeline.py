@@ -16,8 +16,8 @@ from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import PrefixesConfig, Topology, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import PrefixCatalog
-from controlplane.kernel.prefixes import PromptKind, PromptRequest, levels
+from controlplane.kernel.prefix.catalog import PrefixCatalog
+from controlplane.kernel.prefix.identity import PromptKind, PromptRequest, levels
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer

@@ -23,15 +23,15 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.ring import prefix_key
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.prewarm_executor import HITS, cache_counters
 from regions.agent.prewarm_plan import assign, routing_text
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.service import PrewarmServiceConfig
+from regions.dataplane.ring import prefix_key
 from regions.gateway.replicas import ReplicaBalancer
 
 BLOCK = 16

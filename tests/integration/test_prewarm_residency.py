@@ -21,9 +21,9 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import FailoverPlan
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import FingerprintParams, PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import FingerprintParams, PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.prewarm_executor import cache_counters
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent

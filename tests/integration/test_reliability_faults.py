@@ -53,7 +53,7 @@ from chaos.lab.run import running_lab
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology, load_topology
 from controlplane.kernel.model import AuditEntry
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore

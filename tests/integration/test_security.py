@@ -25,8 +25,9 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.local_etcd import ETCD_BINARY, FAST_FLAGS
-from controlplane.kernel.auth import RETRY_AFTER_KEY
 from controlplane.kernel.config import Topology
+from controlplane.kernel.rpc.auth import RETRY_AFTER_KEY
+from controlplane.kernel.rpc.tls import aio_channel, channel_credentials
 from controlplane.kernel.security import (
     LimitsConfig,
     Role,
@@ -40,7 +41,6 @@ from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import StoreError
 from controlplane.kernel.store.settings import EtcdConfig
-from controlplane.kernel.tls import aio_channel, channel_credentials
 from regions.agent.server import AgentConfig, serve_agent
 from regions.pool.processes import free_port
 from tests.integration.certs import CertAuthority, Leaf, make_ca

@@ -26,7 +26,7 @@ from chaos.lab.procs import Proc, start_simulators
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.sessions import SessionPin, routing_of, self_routed
+from controlplane.kernel.sessions.resolve import SessionPin, routing_of, self_routed
 from regions.gateway.server import GatewayServer
 from tests.integration.cp_harness import (
     fast_topology,

@@ -27,8 +27,8 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
-from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import PinAction
+from controlplane.kernel.sessions.resolve import PinAction
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore, _txn_request
 from controlplane.kernel.store.port import (
     Compare,

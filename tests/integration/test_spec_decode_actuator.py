@@ -21,11 +21,11 @@ from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.warm_pool import AgentPool, parse_pool_config
 from regions.gateway.server import GatewayServer

@@ -61,7 +61,7 @@ from chaos.lab.deployment import DeploymentSpec, LocalDeployment
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
 from controlplane.kernel.codec import decode
-from controlplane.kernel.sessions import SessionPin
+from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import StoreFull
 from controlplane.kernel.store.settings import EtcdConfig

@@ -16,7 +16,7 @@ from aiohttp import web
 from chaos.lab.procs import start_simulators
 from chaos.lab.vllm_cpu import SETUP_HINT, TINY_MODEL_DIR, VLLM_PYTHON, vllm_available
 from controlplane.kernel.clock import FakeClock
-from controlplane.kernel.vllm_metrics import parse_gauges
+from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec
 from regions.pool.manager import PoolSnapshot, WarmPool

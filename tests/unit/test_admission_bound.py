@@ -1,5 +1,5 @@
 """Admission control's bound from the measured capacity: Little's law over the probe's
-recorded in-flight (controlplane/kernel/admission_bound.py), the staleness rule and the
+recorded in-flight (regions/dataplane/admission_bound.py), the staleness rule and the
 flag that overrides it (regions/gateway/capacity_bounds.py), the limiter following a
 new bound, and both command lines' admission flags."""
 
@@ -12,10 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chaos.capacity.results import Outcome, RequestResult, mean_inflight
-from controlplane.kernel.admission_bound import BoundAt, InflightBound, inflight_at, inflight_bound
-from controlplane.kernel.admission_limit import AdmissionLimiter, Grant, LimitConfig, Priority
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityRecord,
     HitProbe,
     ProbeStep,
@@ -26,6 +24,8 @@ from controlplane.kernel.config import load_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionHealth
 from controlplane.kernel.store.memory import MemoryStore
+from regions.dataplane.admission_bound import BoundAt, InflightBound, inflight_at, inflight_bound
+from regions.dataplane.admission_limit import AdmissionLimiter, Grant, LimitConfig, Priority
 from regions.gateway.__main__ import parse_args as gateway_args
 from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
 from regions.gateway.capacity_bounds import CapacityBounds, region_bound

@@ -1,4 +1,4 @@
-"""The admission limiter (controlplane.kernel.admission_limit), driven with a fake clock:
+"""The admission limiter (regions.dataplane.admission_limit), driven with a fake clock:
 its limit stays within bounds and is never admitted past, batch is refused before
 interactive, the limit grows under good first-token times and shrinks under bad ones,
 and the queue waits, times out and stands as its docstring says."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from controlplane.kernel.admission_limit import (
+from regions.dataplane.admission_limit import (
     AdmissionLimiter,
     Events,
     Grant,

@@ -39,8 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.lab.local_etcd import EtcdServer
 from controlplane.cli.failoverctl import app as failoverctl_app
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.model import (
     ControlFlags,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.core.bearing import Target, moved_hit_rate, split
-from controlplane.kernel.capacity import HitEffect
+from controlplane.kernel.capacity.bearing import HitEffect
 
 BETA = 0.85
 

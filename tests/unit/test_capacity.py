@@ -1,4 +1,4 @@
-"""The bearing-capacity model (controlplane.kernel.capacity): the knee, the ultimate and
+"""The bearing-capacity model (controlplane.kernel.capacity.bearing): the knee, the ultimate and
 failure loads read from a probe's steps, the probe's plan, the cache effect's fit."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from controlplane.kernel.capacity import (
+from controlplane.kernel.capacity.bearing import (
     CapacitySLO,
     ProbePlan,
     Step,

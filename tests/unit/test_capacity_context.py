@@ -22,7 +22,7 @@ from chaos.capacity.workload import (
     requests,
     warmup_requests,
 )
-from controlplane.kernel.capacity_record import WorkloadProfile
+from controlplane.kernel.capacity.record import WorkloadProfile
 
 PROFILE = WorkloadProfile(
     prompt_tokens_p50=1500, prompt_tokens_p90=6000, output_tokens=128, shared_prefix_share=0.6

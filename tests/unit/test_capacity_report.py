@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaos.capacity.report import CURVE, RECORD, REPORT, draw_curves, main, write_report
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityRecord,
     HitProbe,
     ProbeStep,

@@ -12,8 +12,8 @@ import pytest
 from chaos.capacity.probe import plan_requests
 from chaos.capacity.verdicts import scaling, ultimate_bracketed
 from chaos.capacity.workload import Workload, requests
-from controlplane.kernel.capacity import CapacitySLO, ProbePlan, Step, analyze
-from controlplane.kernel.capacity_record import WorkloadProfile
+from controlplane.kernel.capacity.bearing import CapacitySLO, ProbePlan, Step, analyze
+from controlplane.kernel.capacity.record import WorkloadProfile
 
 SLO = CapacitySLO(ttft_p99_s=1.0)
 PLAN = ProbePlan(start_rps=2.0, growth=2.0, precision=0.1, max_rps=16.0)

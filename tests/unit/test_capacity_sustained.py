@@ -9,7 +9,7 @@ import pytest
 
 from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import fit_unloaded, percentile, saturation_rps, sustained_figures
-from controlplane.kernel.capacity import (
+from controlplane.kernel.capacity.bearing import (
     CapacitySLO,
     Step,
     SustainedSearch,

@@ -32,12 +32,12 @@ from chaos.capacity.workload import (
     warmup_requests,
     workload_from_catalog,
 )
-from controlplane.kernel.capacity import CapacitySLO, Step
-from controlplane.kernel.capacity_record import WorkloadProfile
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefixes import FingerprintParams, PromptKind
-from controlplane.kernel.prewarm_selection import ReplayPayload
-from controlplane.kernel.replica_signals import ReplicaMetrics
+from controlplane.kernel.capacity.bearing import CapacitySLO, Step
+from controlplane.kernel.capacity.record import WorkloadProfile
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import FingerprintParams, PromptKind
+from controlplane.kernel.prefix.prewarm import ReplayPayload
+from controlplane.kernel.vllm.signals import ReplicaMetrics
 from regions.simulator.tokenizer import Tokenizer, render_chat
 
 SLO = CapacitySLO(ttft_p99_s=1.0)

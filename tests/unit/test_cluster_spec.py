@@ -29,7 +29,7 @@ from controlplane.kernel.cluster_spec import (
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder_file import check_recovery_pace, load_ladder, topology_ladder
+from controlplane.kernel.ladder.file import check_recovery_pace, load_ladder, topology_ladder
 from controlplane.kernel.model import AuditAction, AuditEntry
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.drills import DrillRequest
 from controlplane.kernel.model import Health, HealthReport, Intent, IntentKind, ObserverKind

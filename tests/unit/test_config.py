@@ -74,6 +74,6 @@ def test_routing_chars_default_is_the_gateways_default() -> None:
     # A topology without prefixes.routing_chars must route and pre-warm as a gateway or
     # an agent does when told nothing (an old leader's request carries 0: the default).
     from controlplane.kernel.config import PrefixesConfig
-    from controlplane.kernel.ring import DEFAULT_PREFIX_CHARS
+    from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 
     assert PrefixesConfig().routing_chars == DEFAULT_PREFIX_CHARS

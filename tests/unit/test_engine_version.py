@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from controlplane.kernel.capacity_record import clean_engine_version
+from controlplane.kernel.capacity.record import clean_engine_version
 from controlplane.kernel.model import Health, ObserverKind
 from controlplane.reports import BadReport, validate_report
 from regions.agent.engine_version import EngineVersions, read_version, refresh_versions

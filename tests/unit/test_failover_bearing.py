@@ -7,8 +7,8 @@ import pytest
 from controlplane.core.bearing import allowed_now, cbu_now
 from controlplane.core.failover import plan_failover, resplit_after_prewarm
 from controlplane.core.ladder_tick import ladder_moves
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     CapacityPolicy,
     CapacityRecord,
     CapacitySource,
@@ -16,8 +16,8 @@ from controlplane.kernel.capacity_record import (
     WorkloadProfile,
     resolve,
 )
-from controlplane.kernel.ladder import CBU_SIGNAL, Conditions, with_headroom
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder.file import load_ladder
+from controlplane.kernel.ladder.model import CBU_SIGNAL, Conditions, with_headroom
 from controlplane.kernel.model import FailoverPlan, Health, RegionHealth
 from tests.unit.world import World
 

@@ -17,8 +17,8 @@ from controlplane.core.actions import Job, JobKind
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import Health, Intent, IntentKind, Routing
-from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import PinAction, SessionPin, resolve
+from controlplane.kernel.sessions.resolve import PinAction, SessionPin, resolve
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.port import KeyValue
 from controlplane.orchestrator import Orchestrator
 from tests.unit.world import World

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from controlplane.kernel.codec import encode
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.actuators import (
     Action,

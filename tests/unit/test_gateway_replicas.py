@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.kernel.ring import HashRing, prefix_key
+from regions.dataplane.ring import HashRing, prefix_key
 from regions.gateway.replicas import ReplicaBalancer
 
 REPLICAS = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 from controlplane.kernel.codec import decode
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.sessions import SessionMoves
+from controlplane.kernel.sessions.resolve import SessionMoves
 from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.session_moves import SessionMovesBoard
 

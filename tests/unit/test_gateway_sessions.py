@@ -16,8 +16,8 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
-from controlplane.kernel.session_store import SessionStore
-from controlplane.kernel.sessions import NoRegionServing, pick_region
+from controlplane.kernel.sessions.resolve import NoRegionServing, pick_region
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import KeyValue
 from regions.gateway.metrics import GatewayMetrics

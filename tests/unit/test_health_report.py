@@ -16,7 +16,9 @@ from controlplane.api import convert, grpc_service
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.config import DegradedWhen, parse_topology
-from controlplane.kernel.health_report import (
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health
+from controlplane.kernel.rpc.health_report import (
     HEALTH_TO_PB,
     HealthReportClient,
     health_from_pb,
@@ -24,8 +26,6 @@ from controlplane.kernel.health_report import (
     thresholds_from_pb,
     thresholds_to_pb,
 )
-from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import Health
 from controlplane.kernel.store.memory import MemoryStore
 from regions.pool.processes import free_port
 

@@ -17,15 +17,15 @@ from controlplane.core.ladder_executor import (
     next_ladder_action,
 )
 from controlplane.kernel.config import ConfigError, parse_topology
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
-from controlplane.kernel.ladder import Ladder, flags_for, with_headroom
-from controlplane.kernel.ladder_file import (
+from controlplane.kernel.ladder.file import (
     load_ladder,
     main,
     parse_ladder,
     recovery_config,
     schema_text,
 )
+from controlplane.kernel.ladder.model import Ladder, flags_for, with_headroom
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.model import RegionState
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.server import ControlPlaneReplica
@@ -140,7 +140,7 @@ def test_committed_file_loads_and_schema_is_fresh() -> None:
     ]
     committed = (REPO / "runbooks" / "degradation.schema.json").read_text()
     assert committed == schema_text(), (
-        "stale schema: run python -m controlplane.kernel.ladder_file schema "
+        "stale schema: run python -m controlplane.kernel.ladder.file schema "
         "> runbooks/degradation.schema.json and commit it"
     )
     assert recovery_config(ladder).steps == ladder.recovery.steps == 10

@@ -10,7 +10,7 @@ from pathlib import Path
 from controlplane.core.decide import decide
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder_file import load_ladder
+from controlplane.kernel.ladder.file import load_ladder
 from controlplane.kernel.model import ControlFlags, Health, RegionHealth, RegionRecord, RegionState
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.store.memory import MemoryStore

@@ -15,10 +15,10 @@ from google.protobuf import struct_pb2
 
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import encode
-from controlplane.kernel.degradation import FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.model import Routing
-from controlplane.kernel.session_store import SessionStore
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.memory import MemoryStore
 from regions.gateway.admission import Admission
 from regions.gateway.metrics import GatewayMetrics

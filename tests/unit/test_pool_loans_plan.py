@@ -1,7 +1,7 @@
 """Loans in the warm pool's planner (regions.pool.lending: WARM --lend--> LENT --return-->
 WARM), pure with a plain float ``now``; and what the agent publishes about them
 (``PoolMembers.lent`` / ``loan_refusals``) and the borrower's refusals before it writes
-anything (controlplane.kernel.pool_loans.early_refusal)."""
+anything (controlplane.kernel.pool.loans.early_refusal)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.pool_loans import PoolLoan, early_refusal, early_refusals
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.loans import PoolLoan, early_refusal, early_refusals
+from controlplane.kernel.pool.members import PoolMembers
 from regions.pool.planner import Plan, plan
 from regions.pool.states import (
     ACTIVE,

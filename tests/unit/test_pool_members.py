@@ -10,7 +10,7 @@ import contextlib
 from chaos.lab.procs import until
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.warm_pool import AgentPool, AgentPoolConfig
 from regions.gateway.pool_cache import PoolCache

@@ -17,10 +17,10 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import ConfigError, PrefixesConfig, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import PrefixCatalog, PrefixWanted
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import PromptRequest, levels
-from controlplane.kernel.prewarm_selection import Residency, may_leave
+from controlplane.kernel.prefix.catalog import PrefixCatalog, PrefixWanted
+from controlplane.kernel.prefix.identity import PromptRequest, levels
+from controlplane.kernel.prefix.prewarm import Residency, may_leave
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Compare

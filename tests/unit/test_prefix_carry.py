@@ -8,9 +8,9 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
+from controlplane.kernel.prefix.identity import PromptRequest
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Compare
 from controlplane.prefix_aggregator import PrefixAggregator, carry_payloads

@@ -12,8 +12,8 @@ import pytest
 
 from controlplane.kernel.config import PrefixesConfig, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import PromptRequest
+from controlplane.kernel.prefix.identity import PromptRequest
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from regions.gateway.__main__ import _parser, parse_args
 from regions.gateway.app import AppConfig

@@ -19,10 +19,9 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.prefix_catalog import CatalogEntry, PrefixCatalog, catalog_selection
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import FingerprintParams, Level, PromptRequest, levels
-from controlplane.kernel.prewarm_selection import (
+from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog, catalog_selection
+from controlplane.kernel.prefix.identity import FingerprintParams, Level, PromptRequest, levels
+from controlplane.kernel.prefix.prewarm import (
     PrewarmLimits,
     ReplayPayload,
     Residency,
@@ -30,6 +29,7 @@ from controlplane.kernel.prewarm_selection import (
     replay_payload,
     shared_payloads,
 )
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from controlplane.kernel.store.port import Compare
 from controlplane.prefix_aggregator import PrefixAggregator, fit_catalog

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefix.identity import (
     FingerprintParams,
     PromptRequest,
     calibrate_chars_per_token,
     levels,
     shared_blocks,
 )
-from controlplane.kernel.prewarm_selection import PrewarmLimits, Residency
+from controlplane.kernel.prefix.prewarm import PrewarmLimits, Residency
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig
 from regions.simulator.engine import EngineConfig
 from regions.simulator.server import SimConfig, serve
 from regions.simulator.tokenizer import Tokenizer, render_chat

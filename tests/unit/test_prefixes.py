@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.kernel.prefix_tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefix.identity import (
     FingerprintParams,
     PromptKind,
     PromptRequest,
@@ -22,7 +21,7 @@ from controlplane.kernel.prefixes import (
     render_chat,
     shared_blocks,
 )
-from controlplane.kernel.prewarm_selection import (
+from controlplane.kernel.prefix.prewarm import (
     Candidate,
     PrewarmLimits,
     ReplayPayload,
@@ -33,6 +32,7 @@ from controlplane.kernel.prewarm_selection import (
     select_prewarm,
     top_n,
 )
+from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 
 B = 16
 PARAMS = FingerprintParams(block_size=B, chars_per_token=4.0, level_tokens=B)  # every block
@@ -410,7 +410,7 @@ def test_unique_prompts_stay_out_of_the_sketch_and_the_payload_map() -> None:
 
 
 def test_memoised_chain_roots_and_the_short_prompt_exit_change_no_key() -> None:
-    from controlplane.kernel import prefixes
+    from controlplane.kernel.prefix import identity as prefixes
 
     text = "x" * 64 * 40
 

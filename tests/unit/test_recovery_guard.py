@@ -16,7 +16,7 @@ from controlplane.core.recovery import (
 )
 from controlplane.core.steps import recovery_pending
 from controlplane.kernel.config import RecoveryConfig
-from controlplane.kernel.ladder_file import load_ladder, recovery_config
+from controlplane.kernel.ladder.file import load_ladder, recovery_config
 from controlplane.kernel.model import (
     AuditAction,
     Health,

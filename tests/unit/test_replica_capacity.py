@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.kernel.config import parse_topology
-from controlplane.kernel.pool_members import PoolMembers
-from controlplane.kernel.ring import prefix_key
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.memory import MemoryStore
+from regions.dataplane.ring import prefix_key
 from regions.gateway.app import AppConfig
 from regions.gateway.core import DataPlaneCore
 from regions.gateway.options import GatewayOptions

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.kernel.model import Health
-from controlplane.kernel.replica_signals import (
+from controlplane.kernel.vllm.metrics import parse_gauges, parse_metrics
+from controlplane.kernel.vllm.signals import (
     Histogram,
     RegionSignals,
     ReplicaMetrics,
@@ -21,7 +22,6 @@ from controlplane.kernel.replica_signals import (
     merge_histograms,
     replica_window,
 )
-from controlplane.kernel.vllm_metrics import parse_gauges, parse_metrics
 from regions.agent.probe_vllm import ReplicaProbe
 from regions.agent.verdict import fold_verdict
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.kernel.vllm_metrics import PREFIX_HITS, PREFIX_QUERIES
+from controlplane.kernel.vllm.metrics import PREFIX_HITS, PREFIX_QUERIES
 from regions.gateway.replica_cache import MAX_RANKS, SentKeys
 from regions.gateway.replica_costs import E2E, QUEUE, TTFT, CostEstimator, Costs
 from regions.gateway.replica_load import ReplicaLoadPoller

@@ -12,8 +12,8 @@ import yaml
 from tectonic_api.v1 import agent_pb2, controlplane_pb2
 
 from controlplane.cli.client import EXIT_BAD_INPUT, EXIT_REFUSED, _exit_code, _message
-from controlplane.kernel.auth import _bearer
 from controlplane.kernel.config import ConfigError, load_topology, parse_topology
+from controlplane.kernel.rpc.auth import _bearer
 from controlplane.kernel.security import (
     METHOD_PERMISSIONS,
     RATE_LIMITED,

@@ -12,7 +12,7 @@ import random
 import aiohttp
 import pytest
 
-from controlplane.kernel.replica_signals import (
+from controlplane.kernel.vllm.signals import (
     LOAD_RAW_SIGNAL,
     LOAD_WINDOW_S,
     Histogram,

@@ -1,5 +1,5 @@
 """A capacity record knows the serving configuration it measured under
-(controlplane/kernel/serving_config.py): what is read of a replica, the fingerprint,
+(controlplane/kernel/capacity/serving.py): what is read of a replica, the fingerprint,
 the region's merge of its replicas', and a record made stale by a changed one (as by
 another engine) in the planner's resolve, the leader's fold, the report's validation
 and the gateway's admission bound. Pure."""
@@ -11,9 +11,8 @@ import json
 import pytest
 
 from controlplane.core.health import fold_health
-from controlplane.kernel.admission_bound import InflightBound
-from controlplane.kernel.capacity import CapacitySLO
-from controlplane.kernel.capacity_record import (
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import (
     Bearing,
     CapacityPolicy,
     CapacityRecord,
@@ -22,11 +21,7 @@ from controlplane.kernel.capacity_record import (
     WorkloadProfile,
     resolve,
 )
-from controlplane.kernel.codec import decode, encode
-from controlplane.kernel.config import load_topology
-from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import Health, HealthReport, ObserverKind, RegionHealth
-from controlplane.kernel.serving_config import (
+from controlplane.kernel.capacity.serving import (
     MAX_FINGERPRINT,
     ServingConfig,
     cache_info,
@@ -38,10 +33,15 @@ from controlplane.kernel.serving_config import (
     scheduler_info,
     serving_config,
 )
+from controlplane.kernel.codec import decode, encode
+from controlplane.kernel.config import load_topology
+from controlplane.kernel.keys import Keys
+from controlplane.kernel.model import Health, HealthReport, ObserverKind, RegionHealth
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.reports import BadReport, validate_report
 from regions.agent.engine_version import EngineVersions
 from regions.agent.probe_vllm import ReplicaProbe
+from regions.dataplane.admission_bound import InflightBound
 from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
 from regions.gateway.capacity_bounds import CapacityBounds, region_bound
 from regions.gateway.metrics import GatewayMetrics

@@ -13,8 +13,8 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditEntry, Routing
-from controlplane.kernel.session_store import InvalidSessionId, SessionStore
-from controlplane.kernel.sessions import PinAction, SessionPin
+from controlplane.kernel.sessions.resolve import PinAction, SessionPin
+from controlplane.kernel.sessions.store import InvalidSessionId, SessionStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Compare, KeyValue, Op, TxnResult
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.kernel.model import Routing
-from controlplane.kernel.sessions import (
+from controlplane.kernel.sessions.resolve import (
     NoRegionServing,
     PinAction,
     SessionPin,
@@ -126,7 +126,7 @@ def test_a_placement_lists_only_serving_targets_by_name() -> None:
 
 def test_spill_goes_to_a_serving_region_of_the_same_zone_chosen_by_the_session() -> None:
     from controlplane.kernel.model import Routing
-    from controlplane.kernel.sessions import spill_region
+    from controlplane.kernel.sessions.resolve import spill_region
 
     zones = {"east": "us", "west": "us", "central": "us", "eu": "eu"}
     routings = {"central": Routing(targets={"west": 1.0}, epoch=2)}  # central failed over

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import ConfigError
-from controlplane.kernel.degradation import DegradationRecord, FeatureFlags
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.warm_pool import AgentPool, parse_pool_config
 from regions.pool.launchers import SimulatorLauncher, VllmSpec, vllm_command

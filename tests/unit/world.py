@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from controlplane.core.actions import JobKind, TickResult, Write
 from controlplane.core.decide import decide
 from controlplane.core.intents import IntentOutcome
-from controlplane.kernel.capacity_record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
@@ -42,7 +42,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.memory import MemoryStore

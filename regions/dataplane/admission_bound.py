@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controlplane.kernel.capacity_record import CapacityRecord, HitProbe, ProbeStep
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, ProbeStep
 
 
 class BoundAt(StrEnum):

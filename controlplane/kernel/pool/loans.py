@@ -47,7 +47,7 @@ from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.leases import LeaseKeeper, LeaseLost
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.pool_members import PoolMembers
+from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.port import Delete, Put, Store, StoreError, StoreUnavailable
 
 log = logging.getLogger("tectonic.pool_loans")

@@ -11,7 +11,7 @@ assumed: ``scaling_measured`` says which).
 :func:`resolve` is how the planner and the status read it: the allowed capacity at a hit
 rate, from the record when it is fresh and from the same engine, else from the
 topology's typed ``capacity_rps`` (the fallback), with the reason; a record of another
-serving configuration (``serving_config.py``: max_num_seqs, max_model_len, the KV
+serving configuration (``capacity/serving.py``: max_num_seqs, max_model_len, the KV
 cache...) than the region runs now is stale as one of another engine is. Pure.
 """
 
@@ -25,9 +25,9 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from controlplane.kernel.capacity import CapacitySLO, Curve, HitEffect, Step
+from controlplane.kernel.capacity.bearing import CapacitySLO, Curve, HitEffect, Step
+from controlplane.kernel.capacity.serving import ServingConfig, differences
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.serving_config import ServingConfig, differences
 
 
 class ProbeStep(Frozen):
@@ -40,8 +40,8 @@ class ProbeStep(Frozen):
     timeouts: Annotated[int, Field(ge=0)] = 0
     duration_s: Annotated[float, Field(gt=0)] = 1.0
     # Requests held at once on average over the step (their send-to-end times over its
-    # span): admission control's bound (admission_bound.py). None: probed before it was
-    # recorded.
+    # span): admission control's bound (regions/dataplane/admission_bound.py). None:
+    # probed before it was recorded.
     mean_inflight: Annotated[float | None, Field(ge=0, exclude_if=lambda v: v is None)] = None
     # A sustained step's (absent: a screening step from an empty queue): its warm-up
     # before the judged window (``duration_s``), completions over arrivals in the window

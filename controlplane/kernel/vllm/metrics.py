@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from controlplane.kernel.replica_signals import Histogram, ReplicaMetrics
+from controlplane.kernel.vllm.signals import Histogram, ReplicaMetrics
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"

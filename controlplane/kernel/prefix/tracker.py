@@ -2,11 +2,11 @@
 
 A gateway holds one :class:`PrefixTracker` behind its ``PrefixObserver``
 (``regions/gateway/observe.py``). Per request it computes the prompt's level keys
-(``controlplane.kernel.prefixes``: vLLM-aligned block chains, or their character proxy)
+(``controlplane.kernel.prefix.identity``: vLLM-aligned block chains, or their character proxy)
 and counts each key in the serving region's **frequent-items sketch** (Apache
 DataSketches ``frequent_strings_sketch``, a Misra-Gries sketch with a bounded map:
 at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable; typed in
-``controlplane.kernel.sketches``). Next to it:
+``controlplane.kernel.prefix.sketches``). Next to it:
 
 * a doorkeeper (:class:`Doorkeeper`, two small Bloom filters, local): a key enters
   the sketch only on its second sighting (with weight 2), so the unique suffix levels
@@ -29,7 +29,7 @@ at most ``0.75 * 2**lg_max_map_size`` keys, mergeable, serializable; typed in
 written as one payload, :class:`TrackerExport`); payloads of prefixes seen from fewer
 than K sessions are left out: they never leave the gateway. The leader
 ``merge()``-s every gateway's export and asks ``top(...)`` what to replay on a
-failover target (``controlplane.kernel.prewarm_selection.select_prewarm``).
+failover target (``controlplane.kernel.prefix.prewarm.select_prewarm``).
 
 The tracker is not thread-safe: the gateway calls it from its event loop.
 """
@@ -49,11 +49,11 @@ from pydantic import (
     field_validator,
 )
 
-from controlplane.kernel import sketches
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import FingerprintParams, Level, PromptRequest, levels
-from controlplane.kernel.prewarm_selection import (
+from controlplane.kernel.prefix import sketches
+from controlplane.kernel.prefix.identity import FingerprintParams, Level, PromptRequest, levels
+from controlplane.kernel.prefix.prewarm import (
     Candidate,
     PrewarmLimits,
     ReplayPayload,
@@ -67,7 +67,7 @@ from controlplane.kernel.prewarm_selection import (
     share_in_json,
     top_n,
 )
-from controlplane.kernel.sketches import DistinctSketch, FrequentItem
+from controlplane.kernel.prefix.sketches import DistinctSketch, FrequentItem
 
 log = logging.getLogger("tectonic.prefixes")
 

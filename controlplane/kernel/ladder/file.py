@@ -1,8 +1,8 @@
 """Loads ``runbooks/degradation.yaml`` and exports its JSON schema (docs/architecture.md §5).
 
 Check a file (exit 0, or 2 with one line per problem):
-``python -m controlplane.kernel.ladder_file check runbooks/degradation.yaml``; regenerate the
-schema: ``python -m controlplane.kernel.ladder_file schema > runbooks/degradation.schema.json``.
+``python -m controlplane.kernel.ladder.file check runbooks/degradation.yaml``; regenerate the
+schema: ``python -m controlplane.kernel.ladder.file schema > runbooks/degradation.schema.json``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from controlplane.kernel.config import (
     describe_errors,
     read_yaml,
 )
-from controlplane.kernel.ladder import ACTUATORS, Ladder
+from controlplane.kernel.ladder.model import ACTUATORS, Ladder
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "runbooks" / "degradation.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "runbooks" / "degradation.yaml"
 
 
 def parse_ladder(data: object, source: str = "<ladder>") -> Ladder:
@@ -116,7 +116,7 @@ def describe(ladder: Ladder) -> str:
     return "\n".join(lines)
 
 
-USAGE = "usage: python -m controlplane.kernel.ladder_file {schema | check [FILE]}"
+USAGE = "usage: python -m controlplane.kernel.ladder.file {schema | check [FILE]}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 ``datasketches`` ships no type hints: the Protocols here name the part of each sketch
 the tracker calls, and the functions build, merge, serialize and read them, so
-``controlplane.kernel.prefix_tracker`` deals only in these types.
+``controlplane.kernel.prefix.tracker`` deals only in these types.
 
 * **frequent items** (``frequent_strings_sketch``, Misra-Gries with a bounded map):
   which keys are heavy hitters, with lower and upper bounds on their counts;

@@ -1,7 +1,7 @@
 """The degradation ladder as data: the model of ``runbooks/degradation.yaml``
 (docs/architecture.md §5).
 
-Pure: no file or clock here (``controlplane.kernel.ladder_file`` loads the YAML, the executor
+Pure: no file or clock here (``controlplane.kernel.ladder.file`` loads the YAML, the executor
 in ``controlplane.core.ladder_executor`` walks the ladder). Validation rejects a file
 that degrades a protected feature, repeats a step or an actuator, or names an actuator
 the gateways and agents do not implement; every message names the field and the fix.
@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from controlplane.kernel.degradation import FeatureFlags
+from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.model import Frozen
 
 # docs/architecture.md §5 promises these are never degraded; a file may add to the set, not

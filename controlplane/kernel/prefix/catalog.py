@@ -1,6 +1,6 @@
 """The leader's per-region catalog of top prefixes (``prefixes/<r>`` in etcd).
 
-The leader merges every gateway's tracker export (``controlplane.kernel.prefix_tracker``)
+The leader merges every gateway's tracker export (``controlplane.kernel.prefix.tracker``)
 and writes, per serving region, the ranked heavy hitters with what residency needs
 (distinct sessions seen, capped at K) and, for those that may leave, the replay
 payload. A failover reads the source's catalog and asks :func:`catalog_selection`
@@ -21,8 +21,8 @@ from pydantic import (
 )
 
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import FingerprintParams
-from controlplane.kernel.prewarm_selection import (
+from controlplane.kernel.prefix.identity import FingerprintParams
+from controlplane.kernel.prefix.prewarm import (
     Candidate,
     PrewarmLimits,
     ReplayPayload,

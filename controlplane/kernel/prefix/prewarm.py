@@ -1,6 +1,6 @@
 """Replay payloads, residency and the pre-warm choice (pure).
 
-A prefix the tracker counts (its key from ``controlplane.kernel.prefixes``) carries a
+A prefix the tracker counts (its key from ``controlplane.kernel.prefix.identity``) carries a
 :class:`ReplayPayload`: what prefills it again, byte for byte, on another region.
 
 **Residency** (docs/architecture.md §4): a prefix may leave its region only when seen from at
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol, Self, TypeVar
 from pydantic import Field, model_validator
 
 from controlplane.kernel.model import Frozen
-from controlplane.kernel.prefixes import (
+from controlplane.kernel.prefix.identity import (
     FingerprintParams,
     Level,
     PromptKind,

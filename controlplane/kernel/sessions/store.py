@@ -1,6 +1,6 @@
 """Sticky sessions in etcd (docs/architecture.md §2): the adapter over the Store port.
 
-Which region serves a session is decided purely by ``controlplane.kernel.sessions``;
+Which region serves a session is decided purely by ``controlplane.kernel.sessions.resolve``;
 this module reads ``sessions/<id>``, asks the core, and writes what it says:
 
 * CREATE — a create-if-absent transaction. Two gateways racing for a new session
@@ -39,8 +39,8 @@ from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry, Routing
-from controlplane.kernel.session_leases import BucketLeases
-from controlplane.kernel.sessions import (
+from controlplane.kernel.sessions.leases import BucketLeases
+from controlplane.kernel.sessions.resolve import (
     PinAction,
     Resolution,
     SessionPin,
@@ -134,7 +134,7 @@ class SessionStore:
         warm: WarmCheck | None = None,
     ) -> Resolution:
         """Where ``session_id`` is served, writing what the core decided (``warm``: see
-        ``controlplane.kernel.sessions.warm_first``). Raises
+        ``controlplane.kernel.sessions.resolve.warm_first``). Raises
         NoRegionServing (answer 503), InvalidSessionId / ValueError (bad input),
         SessionContention or StoreUnavailable (temporary)."""
         self._check_region("home", home)

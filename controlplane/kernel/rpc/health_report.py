@@ -1,7 +1,7 @@
 """Reporting health to the control plane, shared by the region agent and the gateway.
 
 :class:`HealthReportClient` holds one channel per listed control-plane endpoint (TLS
-and this process's bearer token as :func:`controlplane.kernel.tls.aio_channel` gives
+and this process's bearer token as :func:`controlplane.kernel.rpc.tls.aio_channel` gives
 them), sends each ``ReportHealth`` to the endpoint that took the last one and, when
 that one fails or refuses, tries the others in turn. When none takes a report it logs
 one warning, at most every ``warn_every_s`` seconds, on the caller's logger: an
@@ -29,8 +29,8 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.model import Health
+from controlplane.kernel.rpc.tls import ChannelOptions, aio_channel
 from controlplane.kernel.security import SecurityConfig
-from controlplane.kernel.tls import ChannelOptions, aio_channel
 
 HEALTH_TO_PB: Mapping[Health, pb.Health] = {
     Health.HEALTHY: pb.HEALTHY,

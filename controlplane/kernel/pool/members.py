@@ -5,7 +5,7 @@ topology's static ``regions[].replicas`` when none does. The agent writes it at 
 and whenever its ACTIVE set (or its WARM count) changes; it carries no lease, because
 the replicas keep serving when the agent restarts.
 
-It also answers loans (``pool-loans/<region>/<loan_id>``, :mod:`controlplane.kernel.pool_loans`):
+It also answers loans (``pool-loans/<region>/<loan_id>``, :mod:`controlplane.kernel.pool.loans`):
 ``lent`` names the replica lent for each loan (awake, never in ``active``) and
 ``loan_refusals`` why a loan is not served. Both default to empty, so a value written
 before loans existed still reads; they are left out of the JSON while empty, so that a

@@ -26,7 +26,7 @@ Two ways to cut a prompt into blocks:
 instead of 128, and deeper levels of a shared prefix are found at 256-token grain.
 
 What a prefix carries to another region (its replay payload), whether it may leave
-(residency) and which prefixes to replay there: ``controlplane.kernel.prewarm_selection``.
+(residency) and which prefixes to replay there: ``controlplane.kernel.prefix.prewarm``.
 """
 
 from __future__ import annotations
