@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from controlplane.core.actions import TickResult
@@ -52,10 +52,10 @@ class Leadership(Protocol):
 
 
 class Prober(Protocol):
-    """The leader's own check of every region's agent (controlplane/probe.py): it
-    stores one health report per region."""
+    """The leader's own check of every region's agent (controlplane/probe.py): one
+    health report per region, which the loop stores through the leader's fence."""
 
-    async def probe_once(self) -> None: ...
+    async def probe_once(self) -> Sequence[HealthReport]: ...
 
 
 class TickObserver(Protocol):
@@ -121,15 +121,14 @@ class ReconcileLoop:
         self._start_probe()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
         self.tick_snapshot = snap
+        await self.orchestrator.prepare(snap)
         # Job results first: a job that finishes from here on is recorded next tick.
         jobs = self.orchestrator.jobs()
         result = decide(snap, self.topology, self.actor, jobs, self.ladder, self.spec)
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
-        await self.orchestrator.apply(result)
-        summary = result.summary()
-        if summary != "no change":
-            log.info("tick: %s", summary)
+        lost = await self.orchestrator.apply(result)
+        _tell(result, lost)
         self.last_result = result
         return result
 
@@ -144,8 +143,10 @@ class ReconcileLoop:
 
     async def _probe(self, prober: Prober) -> None:
         try:
-            await prober.probe_once()
+            await self.orchestrator.write_reports(await prober.probe_once())
             self._probe_refused = None
+        except NotLeader:
+            pass  # the next tick sees it and stops the checks
         except StoreUnavailable as e:
             log.warning("the agents' check was not stored (store unavailable): %s", e)
         except StoreError as e:
@@ -309,6 +310,18 @@ class ReconcileLoop:
 
 def _any_change(ev: WatchEvent) -> bool:
     return True
+
+
+def _tell(result: TickResult, lost: Sequence[str]) -> None:
+    """The tick's one sentence: what it decided and, if any, what did not land. A
+    change of state (a transition, a ladder move, a refused intent) is a warning; a
+    recorded step or a started job is information."""
+    summary = result.summary()
+    if lost:
+        summary += "; not written (state or leadership changed; the next tick re-decides): "
+        summary += ", ".join(lost)
+    if summary != "no change":
+        log.log(logging.WARNING if result.changes_state() else logging.INFO, "tick: %s", summary)
 
 
 class _HealthChanges:

@@ -1,10 +1,15 @@
 """Carries out what the pure core decided: it applies the tick's writes and starts its
-jobs, nothing else (docs/architecture.md §7.1).
+jobs, nothing else (docs/architecture.md §7.1). It reads nothing: what a write depends
+on (revisions to compare, an intent's claim) came with the snapshot the core decided on,
+and the one lease intent outcomes share is made ready before the tick decides
+(``prepare``).
 
-Every write is one fenced transaction. Fencing: each also compares the leader key's
-value and create revision, so a replica that lost leadership (even one paused past its
-lease) can no longer change anything. A failed compare is not an error: the next tick
-re-reads the snapshot and decides again (level-triggered).
+Every write is one fenced transaction (``controlplane/fenced.py``): each also compares
+the leader key's value and create revision, so a replica that lost leadership (even one
+paused past its lease) can no longer change anything. A failed compare is not an
+error: the next tick re-reads the snapshot and decides again (level-triggered). What a
+tick did is told once, by the loop's one sentence per tick; here only a write that did
+not land is logged.
 
 Jobs (``controlplane/jobs.py``) are the cycle's slow I/O: a failover's pre-warm of its
 targets, a recovery's pre-warm of the home region before its first traffic step
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from controlplane.core.actions import (
@@ -34,10 +39,11 @@ from controlplane.core.actions import (
     WriteHealth,
 )
 from controlplane.core.intents import IntentOutcome
+from controlplane.fenced import Fence, FencedWriter
 from controlplane.jobs import JobExecutor
 from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
-from controlplane.kernel.codec import CorruptValue, decode, encode
+from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
@@ -45,9 +51,10 @@ from controlplane.kernel.model import (
     Decision,
     FailoverProgress,
     FailoverStep,
-    Intent,
+    HealthReport,
     PrewarmFigures,
 )
+from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
@@ -67,8 +74,6 @@ log = logging.getLogger("tectonic.orchestrator")
 # per hour, so a busy day grants 24 leases, not one per intent.
 INTENT_OUTCOME_TTL_S = 24 * 3600
 OUTCOME_LEASE_REUSE_S = 3600
-
-Fence = Callable[[], Sequence[Compare]]
 
 
 class WriteObserver(Protocol):
@@ -95,7 +100,8 @@ class Catalogs(Protocol):
     """Writes every region's prefix catalog (controlplane/prefix_aggregator.py)."""
 
     async def run_once(self) -> Mapping[str, object]:
-        """One merge of every export, its writes fenced; raises StoreError."""
+        """One merge of every export, written through the leader's fenced writer;
+        raises StoreError."""
         ...
 
     def forget(self) -> None:
@@ -117,7 +123,8 @@ class Orchestrator:
         catalogs: Catalogs | None = None,
     ) -> None:
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
-        self.fence, self.prewarmer, self.actor = fence, prewarmer, actor
+        self.writer = FencedWriter(store, fence)
+        self.prewarmer, self.actor = prewarmer, actor
         self.observer, self.catalogs = observer, catalogs
         self.audit = AuditLog(keys, actor)
         self.executor = JobExecutor(self._run_job, self._job_done, clock.now)
@@ -128,10 +135,7 @@ class Orchestrator:
     # ---- writes ------------------------------------------------------------------------
     async def write(self, w: Write) -> bool:
         """One region's change as one fenced CAS transaction. False if it lost a race."""
-        compares = [
-            *self.fence(),
-            Compare.mod_revision(self.keys.region_state(w.region), w.expected_rev),
-        ]
+        compares = [Compare.mod_revision(self.keys.region_state(w.region), w.expected_rev)]
         compares += [
             Compare.mod_revision(self.keys.routing(r), rev) for r, rev in w.routing_revs.items()
         ]
@@ -139,25 +143,16 @@ class Orchestrator:
         ops += [Put(self.keys.routing(r), encode(v)) for r, v in w.routing.items()]
         ops += [self.audit.op(a) for a in w.audit]
         if w.intent_outcome is not None:
-            ops += await self._resolve_intent_ops(w.intent_outcome)
-        res = await self._txn(compares, ops)
-        if not res.succeeded:
-            log.info(
-                "write for %s lost a race (state or routing changed, or leadership "
-                "lost); the next tick re-decides",
-                w.region,
-            )
-        return res.succeeded
+            more, ops = self._resolve_intent(w.intent_outcome, w.free_claim_rev, ops)
+            compares += more
+        return (await self._txn(compares, ops)).succeeded
 
     async def write_ladder(self, lw: LadderWrite) -> bool:
         """A ladder move on ``degradation/<region>``."""
         key = self.keys.degradation(lw.region)
         ok = await self._put_audited(key, lw.expected_rev, encode(lw.record), lw.audit)
         if ok:
-            log.warning("%s: ladder %s %s (%s)", lw.region, lw.kind, lw.step, lw.audit.reason)
             self._held.pop(lw.region, None)
-        else:
-            log.info("%s: ladder change not written (leadership or record changed)", lw.region)
         return ok
 
     async def write_spec(self, sw: SpecWrite) -> bool:
@@ -174,7 +169,7 @@ class Orchestrator:
         compare-and-set on ``rev`` (0: the key must be absent)."""
         cas = Compare.mod_revision(key, rev) if rev else Compare.absent(key)
         ops = [Put(key, value), self.audit.op(entry)]
-        return (await self._txn([*self.fence(), cas], ops)).succeeded
+        return (await self._txn([cas], ops)).succeeded
 
     def _log_holds(self, holds: Mapping[str, str]) -> None:
         for region, why in holds.items():
@@ -185,76 +180,84 @@ class Orchestrator:
     async def write_health(self, items: Sequence[WriteHealth]) -> None:
         ops = [Put(self.keys.region_health(h.region), encode(h.health)) for h in items]
         for i in range(0, len(ops), MAX_TXN_OPS):
-            await self.store.txn(list(self.fence()), ops[i : i + MAX_TXN_OPS])
+            await self.writer.txn(ops[i : i + MAX_TXN_OPS])
 
-    async def drop_intent(self, d: DropIntent) -> None:
-        log.warning("intent %s refused: %s", d.intent_id, d.audit.result)
-        ops = [self.audit.op(d.audit), *await self._resolve_intent_ops(d.outcome)]
-        await self._txn([*self.fence()], ops)
+    async def drop_intent(self, d: DropIntent) -> bool:
+        compares, ops = self._resolve_intent(d.outcome, d.free_claim_rev, [self.audit.op(d.audit)])
+        return (await self._txn(compares, ops)).succeeded
+
+    async def write_reports(self, reports: Sequence[HealthReport]) -> None:
+        """The agents' check (``controlplane/probe.py``): observations like any agent's,
+        written through the leader's fence all the same."""
+        ops = [Put(self.keys.report(r.region, r.observer), encode(r)) for r in reports]
+        for i in range(0, len(ops), MAX_TXN_OPS):
+            await self.writer.txn(ops[i : i + MAX_TXN_OPS])
 
     # ---- operator intents' outcomes -------------------------------------------------------
-    async def _resolve_intent_ops(self, outcome: IntentOutcome) -> list[Op]:
-        """Delete the intent, record its outcome (GetIntent reads it) and free the
-        region's claim if it is this intent's (the API then takes the next one)."""
-        ops: list[Op] = [
-            Delete(self.keys.intent(outcome.id)),
-            Put(self.keys.intent_outcome(outcome.id), encode(outcome), await self._lease()),
-        ]
-        claim = self.keys.intent_claim(outcome.region)
-        kv = await self.store.get(claim)
-        if kv is not None and _claim_holder(kv.value, claim) in (outcome.id, None):
-            ops.append(Delete(claim))  # ours, or unreadable (then it would block forever)
-        return ops
-
-    async def _lease(self) -> int:
+    async def prepare(self, snap: Snapshot) -> None:
+        """Before the tick decides on ``snap``: the lease intent outcomes share, when an
+        intent waits and the lease is missing or due for renewal (one per hour, so a
+        busy day grants 24 leases, not one per intent). Apply then only writes."""
         now = self.clock.now()
-        if self._outcome_lease is None or now - self._outcome_lease[1] >= OUTCOME_LEASE_REUSE_S:
+        held = self._outcome_lease
+        if snap.intents and (held is None or now - held[1] >= OUTCOME_LEASE_REUSE_S):
             ttl = INTENT_OUTCOME_TTL_S + OUTCOME_LEASE_REUSE_S
             self._outcome_lease = (await self.store.grant_lease(ttl), now)
-        return self._outcome_lease[0]
+
+    def _resolve_intent(
+        self, outcome: IntentOutcome, free_claim_rev: int, ops: list[Op]
+    ) -> tuple[list[Compare], list[Op]]:
+        """``ops`` and: delete the intent, record its outcome (GetIntent reads it), and
+        free the region's claim when the snapshot showed it this intent's or unreadable
+        (the API then takes the next one), compare-and-delete at that revision."""
+        if self._outcome_lease is None:
+            raise RuntimeError("an intent outcome to write, but prepare() granted no lease")
+        ops = [
+            *ops,
+            Delete(self.keys.intent(outcome.id)),
+            Put(self.keys.intent_outcome(outcome.id), encode(outcome), self._outcome_lease[0]),
+        ]
+        if not free_claim_rev:
+            return [], ops
+        claim = self.keys.intent_claim(outcome.region)
+        return [Compare.mod_revision(claim, free_claim_rev)], [*ops, Delete(claim)]
 
     async def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         try:
-            return await self.store.txn(compares, ops)
+            return await self.writer.txn(ops, compares)
         except LeaseNotFound:
             self._outcome_lease = None  # gone (etcd restored from backup?): the next tick
             raise  # grants a new one
 
-    async def apply(self, result: TickResult) -> None:
+    async def apply(self, result: TickResult) -> tuple[str, ...]:
+        """Every write of ``result``, then its jobs; returns what did not land (a region's
+        write, a ladder move, a refusal that lost its compare), for the tick's sentence."""
+        lost: list[str] = []
         if result.spec is not None:
             await self.write_spec(result.spec)
         if result.health:
             await self.write_health(result.health)
         for dropped in result.dropped:
-            await self.drop_intent(dropped)
+            if not await self.drop_intent(dropped):
+                lost.append(f"intent {dropped.intent_id}'s refusal")
         for w in result.writes:
             if await self.write(w):
                 self._written(w, result.now)
+            else:
+                lost.append(f"{w.region}'s write")
         for lw in result.ladder:
-            await self.write_ladder(lw)
+            if not await self.write_ladder(lw):
+                lost.append(f"{lw.region}'s ladder {lw.kind}")
         self._log_holds(result.ladder_holds)
         self.executor.keep_only(result.awaiting)
         for job in result.jobs:
             self.executor.start(job)
+        return tuple(lost)
 
     def _written(self, w: Write, now: float) -> None:
         self.executor.recorded(w.consumes)
-        if d := w.decision:
-            log.warning(
-                "%s: %s -> %s (%s by %s): %s",
-                d.region,
-                d.from_state.value,
-                d.to_state.value,
-                d.trigger,
-                d.actor,
-                d.reason,
-            )
-            if self.observer is not None:
-                self.observer.transitioned(d)
-        if FailoverStep.SWITCH in w.failover_steps:
-            log.warning(
-                "%s: routing switched: %s", w.region, {k: v.targets for k, v in w.routing.items()}
-            )
+        if (d := w.decision) and self.observer is not None:
+            self.observer.transitioned(d)
         fo = w.record.failover
         if self.observer is not None and fo is not None:
             for step in w.failover_steps:
@@ -316,11 +319,3 @@ class Orchestrator:
         await self.executor.stop()
         if self.catalogs is not None:
             self.catalogs.forget()
-
-
-def _claim_holder(raw: bytes, key: str) -> str | None:
-    """The id of the intent holding a region's claim; None if the value is unreadable."""
-    try:
-        return decode(Intent, raw, key).id
-    except CorruptValue:
-        return None

@@ -14,8 +14,9 @@ periodic job (``controlplane.core.publish.prefix_aggregation``).
 * An export that does not parse, or was counted with other fingerprint parameters
   or another K, is skipped with a warning (once per gateway and problem); the others
   are merged.
-* Every write is fenced by leadership (the election's compares in the same txn), so
-  a deposed leader writes nothing. Not leading, ``run_once`` reads nothing either.
+* Every write is fenced by leadership (``controlplane/fenced.py``: the election's
+  compares in the same txn), so a deposed leader writes nothing. Not leading,
+  ``run_once`` reads nothing either.
 * A region that no live export mentions keeps its last catalog (its ``at`` shows its
   age): when a region dies with its gateways, the failover still finds what was hot.
 * A payload, once in a region's catalog, stays while its entry does (still ranked,
@@ -37,9 +38,10 @@ periodic job (``controlplane.core.publish.prefix_aggregation``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection
 
 from controlplane.election import NotLeader
+from controlplane.fenced import Fence, FencedWriter
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import PrefixesConfig
@@ -52,11 +54,10 @@ from controlplane.kernel.prefix.catalog import (
 )
 from controlplane.kernel.prefix.prewarm import fewest_to_drop
 from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
-from controlplane.kernel.store.port import Compare, Put, Store
+from controlplane.kernel.store.port import Put, Store
 
 log = logging.getLogger("tectonic.prefixes")
 
-Fence = Callable[[], Sequence[Compare]]  # raises NotLeader when not leading
 REWRITE_EVERY = 6  # rounds
 READ_BYTES = 32 << 20  # exports read per page (the client takes up to 64 MiB)
 
@@ -75,6 +76,7 @@ class PrefixAggregator:
         """``regions``: the topology's; catalogs of others are not written."""
         self.store, self.keys, self.config = store, keys, config
         self.clock, self.fence = clock, fence
+        self.writer = FencedWriter(store, fence)
         self.regions = None if regions is None else frozenset(regions)
         self._tracker_config = TrackerConfig(
             params=config.params,
@@ -124,15 +126,14 @@ class PrefixAggregator:
             catalog = self._fit(carry_payloads(fresh, await self._previous(region)))
             if not self._due(region, catalog):
                 continue
-            try:
-                fence = self.fence()
-            except NotLeader:
-                fence = None
             puts = [Put(self.keys.prefixes(region), encode(catalog))]
             wanted = wanted_keys(catalog)
             if self._wanted.get(region) != wanted:
                 puts.append(Put(self.keys.prefix_wanted(region), encode(wanted)))
-            result = None if fence is None else await self.store.txn(fence, puts)
+            try:
+                result = await self.writer.txn(puts)
+            except NotLeader:
+                result = None
             if result is None or not result.succeeded:
                 log.info("prefix catalogs not written: leadership lost")
                 self.forget()

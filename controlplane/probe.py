@@ -10,19 +10,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.config import Topology
-from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, ObserverKind
 from controlplane.kernel.rpc.tls import aio_channel
-from controlplane.kernel.store.port import Store
-from controlplane.reports import PROBE_OBSERVER, store_report
+from controlplane.reports import PROBE_OBSERVER
 
 log = logging.getLogger("tectonic.probe")
 AGENT_SERVICE = "tectonic.v1.RegionAgent"
 
 
 class AgentProber:
-    def __init__(self, store: Store, keys: Keys, topology: Topology, clock: Clock) -> None:
-        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+    def __init__(self, topology: Topology, clock: Clock) -> None:
+        self.topology, self.clock = topology, clock
         # Health checks need no token, but a TLS agent takes only TLS (with our cert).
         self._channels = {r.name: aio_channel(r.agent, topology.security) for r in topology.regions}
         self._last: dict[str, Health] = {}
@@ -43,17 +41,18 @@ class AgentProber:
             f"agent {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}",
         )
 
-    async def probe_once(self) -> None:
+    async def probe_once(self) -> list[HealthReport]:
+        """One check of every agent at once: a report per region (the loop stores them
+        through the leader's fence). A changed verdict is logged."""
         names = list(self.topology.names)
         results = await asyncio.gather(*(self.check(n) for n in names))
         now = self.clock.now()
+        reports = []
         for name, (health, detail) in zip(names, results, strict=True):
             if self._last.get(name) is not health:
                 log.info("probe %s: %s (%s)", name, health.value, detail)
                 self._last[name] = health
-            await store_report(
-                self.store,
-                self.keys,
+            reports.append(
                 HealthReport(
                     region=name,
                     observer=PROBE_OBSERVER,
@@ -61,8 +60,9 @@ class AgentProber:
                     health=health,
                     received_at=now,
                     detail=detail,
-                ),
+                )
             )
+        return reports
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()))

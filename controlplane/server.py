@@ -124,9 +124,7 @@ class ControlPlaneReplica:
             observer=self.metrics,
             catalogs=self.prefixes,
         )
-        self.prober = (
-            AgentProber(self.store, self.keys, t, self.clock) if self.probe_agents else None
-        )
+        self.prober = AgentProber(t, self.clock) if self.probe_agents else None
         self.loop = ReconcileLoop(
             self.store,
             self.keys,

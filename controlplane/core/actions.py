@@ -83,6 +83,8 @@ class Write(Frozen):
     audit: tuple[AuditEntry, ...] = ()
     # The operator intent this write carries out: deleted, and its outcome recorded.
     intent_outcome: IntentOutcome | None = None
+    # The region's claim freed with it, compare-and-delete at this revision (0: kept).
+    free_claim_rev: int = 0
     failover_steps: tuple[FailoverStep, ...] = ()  # the failover steps this write records
     consumes: tuple[str, ...] = ()  # ids of the job results it records
 
@@ -98,6 +100,7 @@ class Write(Frozen):
                 "decision": self.decision or later.decision,
                 "audit": (*self.audit, *later.audit),
                 "intent_outcome": self.intent_outcome or later.intent_outcome,
+                "free_claim_rev": self.free_claim_rev or later.free_claim_rev,
                 "failover_steps": (*self.failover_steps, *later.failover_steps),
                 "consumes": (*self.consumes, *later.consumes),
             }
@@ -135,6 +138,7 @@ class DropIntent(Frozen):
     intent_id: str
     audit: AuditEntry
     outcome: IntentOutcome
+    free_claim_rev: int = 0  # as on Write
 
 
 class TickResult(Frozen):
@@ -148,6 +152,10 @@ class TickResult(Frozen):
     awaiting: tuple[str, ...] = ()  # ids of the job results pending steps wait for
     dropped: tuple[DropIntent, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def changes_state(self) -> bool:
+        """A region's state, its ladder or an operator's intent changes this tick."""
+        return any(w.decision for w in self.writes) or bool(self.ladder or self.dropped)
 
     def summary(self) -> str:
         """One sentence: what the leader does this tick and why."""

@@ -453,6 +453,7 @@ def decide(
         if intent.region in writes:
             continue  # one change per region per tick; the next tick takes it
         out = _intent(snap, topology, intent, actor)
+        out = out.model_copy(update={"free_claim_rev": snap.claim_to_free(intent)})
         if isinstance(out, DropIntent):
             dropped.append(out)
         else:

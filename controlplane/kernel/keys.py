@@ -125,6 +125,9 @@ class Keys:
     def intent(self, intent_id: str) -> str:
         return f"{self.root}intents/{intent_id}"
 
+    def intent_claims_prefix(self) -> str:
+        return self.root + "intent-claims/"
+
     def intent_claim(self, region: str) -> str:
         """The region's pending operator intent (``Intent``), created with it if absent and
         deleted when the leader resolves it: one pending intent per region at a time."""

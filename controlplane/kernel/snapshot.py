@@ -58,12 +58,21 @@ class RegionView(Frozen):
         return self.routing or default_routing(self.name)
 
 
+class IntentClaim(Frozen):
+    """A region's claim (``intent-claims/<r>``): the intent holding it (None: the value is
+    unreadable) and the claim's mod revision."""
+
+    holder: str | None
+    rev: int
+
+
 class Snapshot(Frozen):
     now: float
     revision: int = 0
     regions: dict[str, RegionView]
     reports: tuple[HealthReport, ...] = ()
     intents: tuple[Intent, ...] = ()
+    claims: dict[str, IntentClaim] = Field(default_factory=dict)  # by region
     control: ControlFlags = Field(default_factory=ControlFlags)
     leader: str = ""
     # The published cluster spec (``spec``) and its mod revision; None with a
@@ -77,6 +86,13 @@ class Snapshot(Frozen):
         counted as serving."""
         view = self.regions[record.region].model_copy(update={"record": record})
         return self.model_copy(update={"regions": {**self.regions, record.region: view}})
+
+    def claim_to_free(self, intent: Intent) -> int:
+        """The revision of ``intent``'s region claim when resolving the intent frees it
+        (held by this intent, or unreadable, which would block the region forever);
+        0 when it stays (absent, or another intent's)."""
+        claim = self.claims.get(intent.region)
+        return claim.rev if claim is not None and claim.holder in (intent.id, None) else 0
 
     def routings(self) -> dict[str, Routing]:
         return {n: v.effective_routing() for n, v in self.regions.items()}

@@ -23,7 +23,7 @@ from controlplane.kernel.model import (
     Routing,
 )
 from controlplane.kernel.pool.members import PoolMembers
-from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.snapshot import IntentClaim, RegionView, Snapshot
 from controlplane.kernel.store.port import KeyValue, RevisionCompacted, Store
 
 log = logging.getLogger("tectonic.snapshot")
@@ -57,6 +57,7 @@ async def _read_at_one_revision(
     pools_kv = await prefix(keys.pools_prefix())
     reports_page = await store.get_prefix(keys.reports_prefix(), revision=rev)
     intents_page = await store.get_prefix(keys.intents_prefix(), revision=rev)
+    claims_page = await store.get_prefix(keys.intent_claims_prefix(), revision=rev)
     control_kv = await store.get(keys.control(), revision=rev)
     leader_kv = await store.get(keys.leader(), revision=rev)
     spec_kv = await store.get(keys.spec(), revision=rev)
@@ -88,17 +89,29 @@ async def _read_at_one_revision(
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))
+    claims = {
+        kv.key.removeprefix(keys.intent_claims_prefix()): _claim(kv) for kv in claims_page.kvs
+    }
     return Snapshot(
         now=now,
         revision=rev,
         regions=views,
         reports=reports,
         intents=intents,
+        claims=claims,
         control=_parse(ControlFlags, control_kv) or ControlFlags(),
         leader=leader_kv.value.decode() if leader_kv else "",
         spec=_parse(ClusterSpec, spec_kv),
         spec_rev=spec_kv.mod_revision if spec_kv else 0,
     )
+
+
+def _claim(kv: KeyValue) -> IntentClaim:
+    try:  # unreadable: freed when an intent for its region is resolved, quietly until then
+        holder: str | None = decode(Intent, kv.value, kv.key).id
+    except CorruptValue:
+        holder = None
+    return IntentClaim(holder=holder, rev=kv.mod_revision)
 
 
 def _parse(cls: type[M], kv: KeyValue | None) -> M | None:

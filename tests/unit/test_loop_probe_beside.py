@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.kernel.model import Health
+from controlplane.kernel.model import Health, HealthReport
 from controlplane.kernel.store.port import Compare, StoreError
 from controlplane.loop import ReconcileLoop
 from tests.unit.world import World
@@ -37,7 +37,7 @@ class DeadAgentProber:
         self.answer = asyncio.Event()
         self.refuse: StoreError | None = None
 
-    async def probe_once(self) -> None:
+    async def probe_once(self) -> list[HealthReport]:
         self.started += 1
         self.running += 1
         self.most_at_once = max(self.most_at_once, self.running)
@@ -45,6 +45,7 @@ class DeadAgentProber:
             await self.answer.wait()
             if self.refuse is not None:
                 raise self.refuse
+            return []
         finally:
             self.running -= 1
 

@@ -192,6 +192,7 @@ class World:
 
     async def _apply_one(self, w: Write) -> bool:
         await self._push()
+        await self.orchestrator.prepare(self.snapshot())  # as the loop does before deciding
         ok = await self.orchestrator.write(w)
         await self._pull()
         return ok
@@ -219,6 +220,7 @@ class World:
 
     async def _tick_once(self) -> TickResult:
         snap = await read_snapshot(self.store, self.keys, self.topo, self.now)
+        await self.orchestrator.prepare(snap)
         res = decide(snap, self.topo, "cp-test", self.orchestrator.jobs())
         await self.orchestrator.apply(res)
         for _ in range(5):  # the fake pre-warms finish within a few turns of the loop
