@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 
 from bench._common import at_least, terminate_as_interrupt
 from chaos.lab.local_etcd import EtcdServer, etcd_available
+from controlplane.cluster import Cluster
 from controlplane.core.steps import failover_step_write
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
@@ -216,7 +217,7 @@ class Deployment:
         self.clock = SystemClock()
         self.fence = Fence(self.keys.leader())
         self.orch = Orchestrator(
-            self.store, self.keys, self.topo, self.clock, self.fence, NoPrefixData(), ACTOR
+            Cluster(self.store, self.keys, self.topo, self.clock), self.fence, NoPrefixData(), ACTOR
         )
         self.loaded = 0
         self._epoch = 0

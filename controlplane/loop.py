@@ -20,18 +20,14 @@ from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide
 from controlplane.core.store_writes import StoreWrites
 from controlplane.election import NotLeader
-from controlplane.kernel.clock import Clock
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
-from controlplane.kernel.config import Topology
-from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import HealthReport
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import (
     Compare,
-    Store,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -69,29 +65,51 @@ class TickObserver(Protocol):
         """After each tick this replica ran as leader, however it ended."""
 
 
+class NoTicksTold:
+    """No one to tell about ticks (a control plane without metrics: tests, benches)."""
+
+    def tick_done(
+        self, *, leader: bool, snapshot: Snapshot | None, result: TickResult | None
+    ) -> None:
+        pass
+
+    def tick_timed(self, seconds: float) -> None:
+        pass
+
+
 class ReconcileLoop:
     def __init__(
         self,
-        store: Store,
-        keys: Keys,
-        topology: Topology,
-        clock: Clock,
-        leadership: Leadership,
         orchestrator: Orchestrator,
-        prober: Prober | None,
-        actor: str,
+        leadership: Leadership,
+        *,
+        prober: Prober | None = None,
         observer: TickObserver | None = None,
         ladder: Ladder | None = None,
         spec: ClusterSpec | None = None,
-        *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``monotonic`` times each tick (tests pass a fake clock)."""
+        """The cluster (store, keys, topology, clock) and this replica's name are the
+        orchestrator's. What is left out is off, and the first leading tick says so in
+        the log: ``prober``, the leader's own check of the agents; ``ladder``, the
+        degradation ladder; ``spec``, publishing the cluster spec. ``monotonic`` times
+        each tick (tests pass a fake clock)."""
         self.ladder, self.spec = ladder, spec
         self._monotonic = monotonic
-        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+        c = orchestrator.cluster
+        self.store, self.keys, self.topology, self.clock = c.store, c.keys, c.topology, c.clock
         self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
-        self.actor, self.observer = actor, observer
+        self.actor = orchestrator.actor
+        self.observer: TickObserver = observer or NoTicksTold()
+        self._off = [
+            what
+            for what, given in (
+                ("the leader's own check of the agents (their reports alone count)", prober),
+                ("the degradation ladder (no ladder file)", ladder),
+                ("publishing the cluster spec", spec),
+            )
+            if given is None
+        ]
         self.tick_snapshot: Snapshot | None = None  # what the last tick decided on, if any
         self.wake = asyncio.Event()
         self.last_progress = time.monotonic()
@@ -118,6 +136,9 @@ class ReconcileLoop:
         self._alarms_read(await self.store.alarms())
         if not leader:
             return None
+        if self._off:  # once, when this replica first leads
+            log.info("off in this control plane: %s", "; ".join(self._off))
+            self._off = []
         self._start_probe()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
         self.tick_snapshot = snap
@@ -260,16 +281,12 @@ class ReconcileLoop:
             log.warning("a tick completed and etcd has no alarm: states are current again")
 
     def _observe_duration(self, seconds: float) -> None:
-        if self.observer is None:
-            return
         try:
             self.observer.tick_timed(seconds)
         except Exception:
             log.exception("tick observer failed")  # metrics must never stop the loop
 
     def _observe(self, result: TickResult | None) -> None:
-        if self.observer is None:
-            return
         try:
             self.observer.tick_done(
                 leader=self.leadership.is_leader, snapshot=self.tick_snapshot, result=result

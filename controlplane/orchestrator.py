@@ -27,6 +27,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from controlplane.cluster import Cluster
 from controlplane.core.actions import (
     DropIntent,
     Job,
@@ -42,10 +43,7 @@ from controlplane.core.intents import IntentOutcome
 from controlplane.fenced import Fence, FencedWriter
 from controlplane.jobs import JobExecutor
 from controlplane.kernel.audit import AuditLog
-from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import encode
-from controlplane.kernel.config import Topology
-from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditEntry,
     Decision,
@@ -62,7 +60,6 @@ from controlplane.kernel.store.port import (
     LeaseNotFound,
     Op,
     Put,
-    Store,
     StoreError,
     TxnResult,
 )
@@ -96,6 +93,18 @@ class RecoveryPrewarmer(Protocol):
         ...
 
 
+class NoWrites:
+    """No one to tell about writes (a control plane without metrics: tests, benches)."""
+
+    def transitioned(self, d: Decision) -> None:
+        pass
+
+    def failover_step_done(
+        self, region: str, step: FailoverStep, progress: FailoverProgress, at: float
+    ) -> None:
+        pass
+
+
 class Catalogs(Protocol):
     """Writes every region's prefix catalog (controlplane/prefix_aggregator.py)."""
 
@@ -109,25 +118,46 @@ class Catalogs(Protocol):
         ...
 
 
+class NoCatalogs:
+    """This control plane writes no prefix catalogs (a test's or a bench's, which set
+    ``prefixes/<r>`` themselves): the cycle still schedules the periodic merge, which
+    says so in the log once and does nothing."""
+
+    def __init__(self) -> None:
+        self._said = False
+
+    async def run_once(self) -> Mapping[str, object]:
+        if not self._said:
+            log.info("prefix catalogs are off in this control plane: no merge of exports")
+            self._said = True
+        return {}
+
+    def forget(self) -> None:
+        pass
+
+
 class Orchestrator:
     def __init__(
         self,
-        store: Store,
-        keys: Keys,
-        topology: Topology,
-        clock: Clock,
+        cluster: Cluster,
         fence: Fence,
         prewarmer: Prewarmer,
         actor: str,
+        *,
         observer: WriteObserver | None = None,
         catalogs: Catalogs | None = None,
     ) -> None:
-        self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
-        self.writer = FencedWriter(store, fence)
+        """``actor``: this replica, named in what it decides. Without an ``observer``
+        writes are told to no one; without ``catalogs``, see ``NoCatalogs``."""
+        self.cluster = cluster
+        self.store, self.keys, self.topology = cluster.store, cluster.keys, cluster.topology
+        self.clock = cluster.clock
+        self.writer = FencedWriter(cluster.store, fence)
         self.prewarmer, self.actor = prewarmer, actor
-        self.observer, self.catalogs = observer, catalogs
-        self.audit = AuditLog(keys, actor)
-        self.executor = JobExecutor(self._run_job, self._job_done, clock.now)
+        self.observer: WriteObserver = observer or NoWrites()
+        self.catalogs: Catalogs = catalogs or NoCatalogs()
+        self.audit = AuditLog(cluster.keys, actor)
+        self.executor = JobExecutor(self._run_job, self._job_done, cluster.clock.now)
         self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
         self._held: dict[str, str] = {}  # per region: the ladder's hold reason last logged
         self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
@@ -256,10 +286,10 @@ class Orchestrator:
 
     def _written(self, w: Write, now: float) -> None:
         self.executor.recorded(w.consumes)
-        if (d := w.decision) and self.observer is not None:
+        if d := w.decision:
             self.observer.transitioned(d)
         fo = w.record.failover
-        if self.observer is not None and fo is not None:
+        if fo is not None:
             for step in w.failover_steps:
                 self.observer.failover_step_done(w.region, step, fo, now)
 
@@ -285,8 +315,6 @@ class Orchestrator:
         return None
 
     async def _aggregate(self) -> None:
-        if self.catalogs is None:
-            return
         try:
             await self.catalogs.run_once()
         except StoreError as e:
@@ -317,5 +345,4 @@ class Orchestrator:
         """Cancel every job (pre-warms, an aggregation) and forget their results (on
         leadership loss or shutdown)."""
         await self.executor.stop()
-        if self.catalogs is not None:
-            self.catalogs.forget()
+        self.catalogs.forget()

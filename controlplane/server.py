@@ -27,6 +27,7 @@ from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
 from controlplane.api.reads import Reads
+from controlplane.cluster import Cluster
 from controlplane.compactor import Compactor
 from controlplane.election import LeaderElection
 from controlplane.kernel.clock import Clock, SystemClock
@@ -114,10 +115,7 @@ class ControlPlaneReplica:
             self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names
         )
         self.orchestrator = Orchestrator(
-            self.store,
-            self.keys,
-            t,
-            self.clock,
+            Cluster(self.store, self.keys, t, self.clock),
             self.election.fence,
             pre,
             self.replica_id,
@@ -126,14 +124,9 @@ class ControlPlaneReplica:
         )
         self.prober = AgentProber(t, self.clock) if self.probe_agents else None
         self.loop = ReconcileLoop(
-            self.store,
-            self.keys,
-            t,
-            self.clock,
-            self.election,
             self.orchestrator,
-            self.prober,
-            self.replica_id,
+            self.election,
+            prober=self.prober,
             observer=self.metrics,
             ladder=self.ladder,
             spec=cluster_spec(t, self.ladder),

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from chaos.lab.deployment import DeploymentSpec, compressed_ladder, local_topology
+from controlplane.cluster import Cluster
 from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide
 from controlplane.election import NotLeader
@@ -176,7 +177,7 @@ async def leader_tick(
     t, keys = topology(), Keys("t")
     snap = await read_snapshot(store, keys, t, now)
     result = decide(snap, t, "cp-1", spec=spec)
-    orch = Orchestrator(store, keys, t, FakeClock(now), fence, NoPrefixData(), "cp-1")
+    orch = Orchestrator(Cluster(store, keys, t, FakeClock(now)), fence, NoPrefixData(), "cp-1")
     await orch.apply(result)
     return result
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from controlplane.cluster import Cluster
 from controlplane.core.intents import IntentStatus
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
@@ -124,12 +125,11 @@ def test_every_key_the_leader_writes_is_written_under_its_fence() -> None:
     clock = type("C", (), {"now": lambda _self: w.now})()
     leader = Leader(w.keys)
     catalogs = PrefixAggregator(store, w.keys, CFG, clock, leader.fence, regions=w.topo.names)
-    orch = NoReadsInApply(
-        store, w.keys, w.topo, clock, leader.fence, NoPrefixData(), "cp", catalogs=catalogs
-    )
+    cluster = Cluster(store, w.keys, w.topo, clock)
+    orch = NoReadsInApply(cluster, leader.fence, NoPrefixData(), "cp", catalogs=catalogs)
     w.orchestrator = orch
     prober = ReportingProber(w.topo.names, clock)
-    loop = ReconcileLoop(store, w.keys, w.topo, clock, leader, orch, prober, "cp")
+    loop = ReconcileLoop(orch, leader, prober=prober)
 
     async def ticks(n: int, down: str = "") -> None:
         prober.down = down

@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 
+from controlplane.cluster import Cluster
 from controlplane.core.actions import Job, JobKind
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode
@@ -58,7 +59,7 @@ def with_sessions(w: World, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Job],
     pins = asyncio.run(seed())
     old = w.orchestrator
     w.orchestrator = Orchestrator(
-        w.store, w.keys, w.topo, old.clock, list, old.prewarmer, "cp-test"
+        Cluster(w.store, w.keys, w.topo, old.clock), list, old.prewarmer, "cp-test"
     )
     started: list[Job] = []
     start = w.orchestrator.executor.start

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from controlplane.cluster import Cluster
 from controlplane.core.decide import decide
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
@@ -40,7 +41,7 @@ def degraded_snapshot(now: float, paused: bool, ladder_rev: int = 0) -> Snapshot
 
 async def test_no_ladder_step_while_paused_and_the_first_step_after_resume() -> None:
     store, keys, ladder, topo = MemoryStore(), Keys("test"), load_ladder(RUNBOOK), topology()
-    orch = Orchestrator(store, keys, topo, FakeClock(1000.0), list, NoPrefixData(), "cp-1")
+    orch = Orchestrator(Cluster(store, keys, topo, FakeClock(1000.0)), list, NoPrefixData(), "cp-1")
     paused = decide(degraded_snapshot(1000.0, paused=True), topo, "cp-1", ladder=ladder)
     assert paused.ladder == () and paused.ladder_holds == {
         "*": "paused with automation: INC-1 investigating"

@@ -51,8 +51,7 @@ class DeadAgentProber:
 
 
 def loop_over(w: World, prober: DeadAgentProber) -> ReconcileLoop:
-    clock = type("C", (), {"now": lambda _self: w.now})()
-    return ReconcileLoop(w.store, w.keys, w.topo, clock, Leader(), w.orchestrator, prober, "cp")
+    return ReconcileLoop(w.orchestrator, Leader(), prober=prober)
 
 
 async def ticks(w: World, loop: ReconcileLoop, n: int, down: str | None = None) -> None:

@@ -15,6 +15,7 @@ import logging
 
 import pytest
 
+from controlplane.cluster import Cluster
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
@@ -62,19 +63,8 @@ def reconcile_loop(
     store: SlowStore, leadership: Leadership, metrics: ControlPlaneMetrics
 ) -> ReconcileLoop:
     keys, clock = Keys(TOPO.cluster), FakeClock()
-    orchestrator = Orchestrator(store, keys, TOPO, clock, list, NoPrefixData(), "cp-test")
-    return ReconcileLoop(
-        store,
-        keys,
-        TOPO,
-        clock,
-        leadership,
-        orchestrator,
-        None,
-        "cp-test",
-        observer=metrics,
-        monotonic=store.elapsed,
-    )
+    orchestrator = Orchestrator(Cluster(store, keys, TOPO, clock), list, NoPrefixData(), "cp-test")
+    return ReconcileLoop(orchestrator, leadership, observer=metrics, monotonic=store.elapsed)
 
 
 def overruns(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from controlplane.cluster import Cluster
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import translate
@@ -55,8 +56,8 @@ class BreakingStore(MemoryStore):
 
 def reconcile_loop(store: MemoryStore) -> ReconcileLoop:
     keys, clock = Keys(TOPO.cluster), FakeClock()
-    orchestrator = Orchestrator(store, keys, TOPO, clock, list, NoPrefixData(), "cp-test")
-    return ReconcileLoop(store, keys, TOPO, clock, Leadership(True), orchestrator, None, "cp")
+    orchestrator = Orchestrator(Cluster(store, keys, TOPO, clock), list, NoPrefixData(), "cp-test")
+    return ReconcileLoop(orchestrator, Leadership(True))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from controlplane.cluster import Cluster
 from controlplane.core.actions import NO_JOBS, JobKind, Jobs
 from controlplane.core.decide import decide
 from controlplane.core.publish import prefix_aggregation
@@ -274,7 +275,9 @@ async def test_the_leaders_cycle_runs_the_aggregation_as_a_job_and_forgets_on_le
     )
     clock = FakeClock(1000.0)
     agg = PrefixAggregator(store, KEYS, topo.prefixes, clock, fence, regions=topo.names)
-    orch = Orchestrator(store, KEYS, topo, clock, fence, NoPrefixData(), "cp-a", catalogs=agg)
+    orch = Orchestrator(
+        Cluster(store, KEYS, topo, clock), fence, NoPrefixData(), "cp-a", catalogs=agg
+    )
 
     async def tick(advance: float) -> None:
         clock.advance(advance)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 
 from controlplane.api.reads import Reads
+from controlplane.cluster import Cluster
 from controlplane.core.store_writes import StoreWrites
 from controlplane.election import LeaderElection
 from controlplane.kernel.clock import FakeClock
@@ -51,11 +52,9 @@ def test_alarms_that_do_not_refuse_writes_are_not_counted() -> None:
 async def test_status_and_metrics_show_unknown_while_etcd_is_full(keys: Keys) -> None:
     store = MemoryStore()
     clock = FakeClock(1000.0)
-    orchestrator = Orchestrator(store, keys, TOPO, clock, list, NoPrefixData(), "cp-test")
+    orchestrator = Orchestrator(Cluster(store, keys, TOPO, clock), list, NoPrefixData(), "cp-test")
     metrics = ControlPlaneMetrics(TOPO.names, TOPO)
-    loop = ReconcileLoop(
-        store, keys, TOPO, clock, Leadership(True), orchestrator, None, "cp", observer=metrics
-    )
+    loop = ReconcileLoop(orchestrator, Leadership(True), observer=metrics)
     reads = Reads(store, keys, TOPO, clock, "cp", lambda: True, store_writes=loop.writes.view)
     await loop.tick_once()
     status = await reads.status()

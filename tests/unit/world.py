@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from controlplane.cluster import Cluster
 from controlplane.core.actions import JobKind, TickResult, Write
 from controlplane.core.decide import decide
 from controlplane.core.intents import IntentOutcome
@@ -141,7 +142,7 @@ class World:
         self.store = MemoryStore()
         me = weakref.proxy(self)  # no cycle: a world is freed with its test
         self.orchestrator = Orchestrator(
-            self.store, self.keys, self.topo, _Clock(me), list, _Prewarmer(me), "cp-test"
+            Cluster(self.store, self.keys, self.topo, _Clock(me)), list, _Prewarmer(me), "cp-test"
         )
         self._pulled: dict[str, bytes] = {}  # what the last tick read back, by key
 
