@@ -116,7 +116,7 @@ def decision_to_pb(d: Decision) -> pb.Decision:
         region=d.region,
         from_state=state_to_pb(d.from_state),  # type: ignore[arg-type]
         to_state=state_to_pb(d.to_state),  # type: ignore[arg-type]
-        trigger=d.trigger,
+        trigger=str(d.trigger),
         reason=d.reason,
         actor=d.actor,
         at=d.at,

@@ -30,7 +30,7 @@ from controlplane.core.failover import PlanRefused, plan_failover, routing_recov
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
-from controlplane.core.machine import Trigger, fire
+from controlplane.core.machine import fire
 from controlplane.core.publish import prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.steps import awaited, next_steps, pending_steps
@@ -51,6 +51,7 @@ from controlplane.kernel.model import (
     RecoveryStep,
     RegionState,
     Routing,
+    Trigger,
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
 

@@ -10,22 +10,10 @@ planner's (controlplane/core/decide.py), and the orchestrator persists the decis
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 
-from controlplane.kernel.model import Decision, RegionRecord, RegionState, Signals
+from controlplane.kernel.model import Decision, RegionRecord, RegionState, Signals, Trigger
 
 S = RegionState
-
-
-class Trigger(StrEnum):
-    """What moves a region; the value is what a ``Decision`` and the metrics show."""
-
-    DEGRADE = "degrade"  # the region's SLOs are breached
-    RESTORE = "restore"  # healthy again for the dwell
-    FAIL_OVER = "fail_over"  # traffic leaves (automatic, a drain, or a failed drill)
-    RECOVER = "recover"  # healthy for the dwell since the failover: traffic comes back
-    COMPLETE = "complete"  # the last recovery step is home
-    RELAPSE = "relapse"  # unhealthy again while recovering: traffic leaves again
 
 
 # The whole graph: trigger -> (the states it fires from, the state it leads to).
@@ -72,7 +60,7 @@ def fire(
         region=record.region,
         from_state=record.state,
         to_state=dest,
-        trigger=trigger.value,
+        trigger=trigger,
         reason=reason,
         actor=actor,
         at=now,

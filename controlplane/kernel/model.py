@@ -9,7 +9,7 @@ agent clock cannot make a stale report look fresh.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -80,13 +80,32 @@ class RegionHealth(Frozen):
     evaluated_at: float = 0.0  # hysteresis counts evaluations, at most one per probe interval
 
 
+class Trigger(StrEnum):
+    """What moves a region (the edges: ``controlplane/core/machine.py``); the value is
+    what a ``Decision`` and the metrics show."""
+
+    DEGRADE = "degrade"  # the region's SLOs are breached
+    RESTORE = "restore"  # healthy again for the dwell
+    FAIL_OVER = "fail_over"  # traffic leaves (automatic, a drain, or a failed drill)
+    RECOVER = "recover"  # healthy for the dwell since the failover: traffic comes back
+    COMPLETE = "complete"  # the last recovery step is home
+    RELAPSE = "relapse"  # unhealthy again while recovering: traffic leaves again
+
+
+# A trigger this version knows, or the text of one a newer version added. A decision is
+# stored in ``regions/<r>/state`` and the audit log, which neighbouring versions read
+# during a rolling upgrade: an unknown value must read as text, not make the whole
+# record corrupt (the codec drops unknown fields; an enum that grows needs this).
+TriggerValue = Annotated[Trigger | str, Field(union_mode="left_to_right")]
+
+
 class Decision(Frozen):
     """One state transition and why it happened: persisted, audited, streamed."""
 
     region: str
     from_state: RegionState
     to_state: RegionState
-    trigger: str
+    trigger: TriggerValue
     reason: str
     actor: str
     at: float

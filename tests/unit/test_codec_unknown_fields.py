@@ -17,7 +17,17 @@ import pytest
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.drills import DrillRequest
-from controlplane.kernel.model import Health, HealthReport, Intent, IntentKind, ObserverKind
+from controlplane.kernel.model import (
+    Decision,
+    Health,
+    HealthReport,
+    Intent,
+    IntentKind,
+    ObserverKind,
+    RegionRecord,
+    RegionState,
+    Trigger,
+)
 from tests.unit.test_capacity_report import record
 
 
@@ -105,3 +115,29 @@ def test_a_missing_field_is_still_corrupt() -> None:
 def test_the_models_still_refuse_unknown_fields_where_they_are_built() -> None:
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):
         HealthReport.model_validate({**report().model_dump(), "future": 1})
+
+
+def test_a_trigger_a_newer_version_added_reads_as_its_text_and_known_ones_typed() -> None:
+    """A decision sits in ``regions/<r>/state``: an enum value a newer leader adds must
+    not make an older reader take the region's record for corrupt."""
+    decision = Decision(
+        region="us-east",
+        from_state=RegionState.NORMAL,
+        to_state=RegionState.FAILING_OVER,
+        trigger=Trigger.FAIL_OVER,
+        reason="x",
+        actor="cp",
+        at=1.0,
+        epoch=1,
+    )
+    rec = RegionRecord(region="us-east", since=1.0, last_decision=decision)
+    back = decode(RegionRecord, encode(rec), "regions/us-east/state")
+    assert back == rec and back.last_decision is not None
+    assert back.last_decision.trigger is Trigger.FAIL_OVER  # typed, not a bare string
+    data = json.loads(encode(rec))
+    data["last_decision"]["trigger"] = "drain_for_upgrade"  # a later version's trigger
+    newer = decode(RegionRecord, json.dumps(data).encode(), "regions/us-east/state")
+    assert newer.last_decision is not None
+    assert newer.last_decision.trigger == "drain_for_upgrade"
+    assert not isinstance(newer.last_decision.trigger, Trigger)
+    assert encode(newer) == json.dumps(data, separators=(",", ":")).encode()  # kept as read

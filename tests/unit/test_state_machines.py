@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.machine import EDGES, IllegalTransition, Trigger, fire
+from controlplane.core.machine import EDGES, IllegalTransition, fire
 from controlplane.core.recovery import (
     EDGES as RECOVERY_EDGES,
 )
@@ -28,6 +28,7 @@ from controlplane.kernel.model import (
     RecoveryStep,
     RegionRecord,
     RegionState,
+    Trigger,
 )
 
 
