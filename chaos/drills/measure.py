@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
 from chaos.drills.scenario import Fault, Measurements, Scenario, SteadyState
-from controlplane.kernel.model import AuditAction, AuditEntry, PrewarmFigures
+from controlplane.kernel.model import AuditAction, AuditEntry, LadderChange, PrewarmFigures
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def ladder_order_problem(events: Sequence[LadderEvent], reference: Sequence[str]
     otherwise the first deviation, in words."""
     on: list[str] = []
     for e in events:
-        if e.action in ("apply", "reapply"):
+        if e.action in (LadderChange.APPLY, LadderChange.REAPPLY):
             want = reference[len(on)] if len(on) < len(reference) else None
             if e.step != want:
                 return (
@@ -130,7 +130,7 @@ def ladder_order_problem(events: Sequence[LadderEvent], reference: Sequence[str]
                     f"{want!r} (on: {on or 'none'})"
                 )
             on.append(e.step)
-        elif e.action == "restore":
+        elif e.action is LadderChange.RESTORE:
             if not on or e.step != on[-1]:
                 return f"t={e.t:.1f}s restored {e.step!r} while the last applied is {on[-1:]}"
             on.pop()
@@ -139,7 +139,13 @@ def ladder_order_problem(events: Sequence[LadderEvent], reference: Sequence[str]
 
 # ---- the verdict ----------------------------------------------------------------------------
 def judge(m: Measurements, o: Observed) -> list[Criterion]:
-    out = [
+    """The drill's criteria, in the report's order: the steady state before, no abort,
+    the region's path through the states, pre-warm and the ladder, what the synthetic
+    sessions saw, the steady state after. A criterion the scenario does not set is
+    absent, not passed."""
+    mine = [t for t in o.transitions if t.region == o.region]
+    path = [t.to_state for t in mine]
+    return [
         Criterion(
             name="steady_state_before",
             passed=o.steady_before[0],
@@ -152,9 +158,23 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
             measured=o.aborted or "ran to the end",
             required="no abort condition met",
         ),
+        *_path_criteria(m, o.region, path),
+        *([_prewarm(m, o.prewarm)] if m.prewarm_attainment is not None else []),
+        *([_ladder(m, o)] if m.degradation_order else []),
+        *_session_criteria(m, o, path),
+        Criterion(
+            name="steady_state_after",
+            passed=o.steady_after[0],
+            measured="held" if o.steady_after[0] else o.steady_after[1],
+            required="the steady-state hypothesis holds again after the rollbacks",
+        ),
     ]
-    mine = [t for t in o.transitions if t.region == o.region]
-    path = [t.to_state for t in mine]
+
+
+def _path_criteria(m: Measurements, region: str, path: list[str]) -> list[Criterion]:
+    """What the target region's state path must (``expect_states``) and must not
+    (``forbid_states``, more than ``max_failovers`` failovers) be."""
+    out = []
     if m.expect_states:
         out.append(_expect_states(m.expect_states, path))
     if m.forbid_states:
@@ -164,7 +184,7 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
                 name="forbidden_states",
                 passed=not entered,
                 measured=f"entered {', '.join(entered)}" if entered else "none entered",
-                required=f"{o.region} never enters {', '.join(m.forbid_states)}",
+                required=f"{region} never enters {', '.join(m.forbid_states)}",
                 detail=" → ".join(path),
             )
         )
@@ -179,10 +199,13 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
                 detail=" → ".join(path),
             )
         )
-    if m.prewarm_attainment is not None:
-        out.append(_prewarm(m, o.prewarm))
-    if m.degradation_order:
-        out.append(_ladder(m, o))
+    return out
+
+
+def _session_criteria(m: Measurements, o: Observed, path: list[str]) -> list[Criterion]:
+    """What the synthetic sessions saw: consistency (each answered in one region, or
+    in a second only after its one move), the RTO and the error rate."""
+    out = []
     requests = sum(len(s.answers) for s in o.sessions)
     if m.max_consistency_failure_rate is not None:
         moved = {o.region} if "FAILING_OVER" in path or _routing_moved(o) else set()
@@ -221,14 +244,6 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
                 required=f"≤ {m.max_error_rate:.0%}",
             )
         )
-    out.append(
-        Criterion(
-            name="steady_state_after",
-            passed=o.steady_after[0],
-            measured="held" if o.steady_after[0] else o.steady_after[1],
-            required="the steady-state hypothesis holds again after the rollbacks",
-        )
-    )
     return out
 
 
@@ -280,7 +295,7 @@ def _prewarm(m: Measurements, pre: PrewarmFigures | None) -> Criterion:
 def _ladder(m: Measurements, o: Observed) -> Criterion:
     mine = [e for e in o.ladder if e.region == o.region]
     problem = ladder_order_problem(mine, o.reference_ladder)
-    applied = [e.step for e in mine if e.action == "apply"]
+    applied = [e.step for e in mine if e.action is LadderChange.APPLY]
     few = len(set(applied)) < m.min_degradation_steps
     return Criterion(
         name="degradation_order",

@@ -22,6 +22,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import PercentFormatter
 
 from chaos.drills.result import DrillResult, JournalEntry, Sample
+from controlplane.kernel.model import LadderChange
 
 DPI = 100
 STATE_COLORS = {
@@ -32,7 +33,7 @@ STATE_COLORS = {
 }
 OTHER_COLORS = ("#6a1b9a", "#00838f", "#8d6e63", "#546e7a", "#ad1457", "#9e9d24")
 REGION_COLORS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f")
-LADDER_MARKERS = {"apply": "v", "restore": "^", "reapply": "D"}
+LADDER_MARKERS = {LadderChange.APPLY: "v", LadderChange.RESTORE: "^", LadderChange.REAPPLY: "D"}
 FAULT_COLOR, ROLLBACK_COLOR, ABORT_COLOR = "#d32f2f", "#388e3c", "#000000"
 
 Getter = Callable[[Sample], float | None]
@@ -197,9 +198,9 @@ def _state_runs(
 
 def _ladder_marks(ax: Axes, result: DrillResult, regions: Sequence[str]) -> list[Patch | Line2D]:
     row = {r: y for y, r in enumerate(regions)}
-    used: set[str] = set()
+    used: set[LadderChange] = set()
     for ev in result.ladder:
-        marker = LADDER_MARKERS.get(ev.action, "o")
+        marker = LADDER_MARKERS[ev.action]
         used.add(ev.action)
         ax.plot([ev.t], [row[ev.region]], marker=marker, color="black", markersize=7)
         ax.annotate(
@@ -211,7 +212,7 @@ def _ladder_marks(ax: Axes, result: DrillResult, regions: Sequence[str]) -> list
             rotation=20,
         )
     return [
-        Line2D([], [], marker=LADDER_MARKERS.get(a, "o"), color="black", linestyle="", label=a)
+        Line2D([], [], marker=LADDER_MARKERS[a], color="black", linestyle="", label=a.value)
         for a in sorted(used)
     ]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from controlplane.kernel.drills import DrillSummary
-from controlplane.kernel.model import Frozen
+from controlplane.kernel.model import Frozen, LadderChange
 
 __all__ = ["DrillResult", "DrillSummary", "summarize"]
 
@@ -63,7 +63,7 @@ class LadderEvent(Frozen):
 
     t: float
     region: str
-    action: str  # apply | restore | reapply
+    action: LadderChange
     step: str
 
 

@@ -21,6 +21,7 @@ from controlplane.kernel.model import (
     FailoverPlan,
     FailoverStep,
     Frozen,
+    LadderChange,
     PrewarmFigures,
     RegionHealth,
     RegionRecord,
@@ -114,7 +115,7 @@ class LadderWrite(Frozen):
     expected_rev: int
     record: DegradationRecord
     audit: AuditEntry
-    kind: str  # apply / reapply / restore
+    kind: LadderChange
     step: str | None = None
 
 

@@ -29,7 +29,7 @@ from enum import StrEnum
 
 from controlplane.kernel.ladder.model import Ladder, flags_for
 from controlplane.kernel.ladder.record import DegradationRecord
-from controlplane.kernel.model import Frozen, RegionState
+from controlplane.kernel.model import Frozen, LadderChange, RegionState
 
 
 class LadderMode(StrEnum):
@@ -55,6 +55,11 @@ class LadderAction(Frozen):
     @property
     def changed(self) -> bool:
         return self.kind in (ActionKind.APPLY, ActionKind.RESTORE, ActionKind.REAPPLY)
+
+    @property
+    def change(self) -> LadderChange | None:
+        """The move to write and audit; None for a hold or nothing to do."""
+        return LadderChange(self.kind.value) if self.changed else None
 
 
 def mode_for(state: RegionState, *, short_of_headroom: bool = False) -> LadderMode:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from controlplane.core.actions import LadderWrite
 from controlplane.core.bearing import allowed_now
-from controlplane.core.ladder_executor import LadderMode, mode_for, next_ladder_action
+from controlplane.core.ladder_executor import ActionKind, LadderMode, mode_for, next_ladder_action
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import json_list
 from controlplane.kernel.ladder.model import Ladder, with_headroom
@@ -44,14 +44,15 @@ def ladder_moves(
         record = view.ladder or DegradationRecord(region=region.name)
         signals = with_headroom(view.health.signals, allowed_now(view, topology, snap.now))
         action = next_ladder_action(ladder, record, signals, mode, snap.now)
-        if not action.changed:
-            if action.kind.value == "hold":
+        change = action.change
+        if change is None:
+            if action.kind is ActionKind.HOLD:
                 holds[region.name] = action.reason
             continue
         entry = AuditEntry(
             at=snap.now,
             actor=actor,
-            action=AuditAction.of_ladder(action.kind.value),
+            action=AuditAction.of_ladder(change),
             region=region.name,
             reason=action.reason,
             details={"step": action.step or "", "applied": json_list(action.record.applied)},
@@ -62,7 +63,7 @@ def ladder_moves(
                 expected_rev=view.ladder_rev,
                 record=action.record,
                 audit=entry,
-                kind=action.kind.value,
+                kind=change,
                 step=action.step,
             )
         )

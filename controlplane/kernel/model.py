@@ -319,6 +319,14 @@ class Intent(Frozen):
     created_at: float
 
 
+class LadderChange(StrEnum):
+    """A move of a region's degradation ladder, as audited and as the drills judge it."""
+
+    APPLY = "apply"
+    REAPPLY = "reapply"  # the guard put back the last restored step
+    RESTORE = "restore"
+
+
 class AuditAction(StrEnum):
     """What an audit entry records; the value is what etcd and the APIs show.
 
@@ -360,14 +368,15 @@ class AuditAction(StrEnum):
         return cls(f"{_RECOVERY}{step.value}")
 
     @classmethod
-    def of_ladder(cls, change: str) -> AuditAction:
-        """``change``: the ladder action's kind, ``apply``, ``reapply`` or ``restore``."""
-        return cls(f"{_LADDER}{change}")
+    def of_ladder(cls, change: LadderChange) -> AuditAction:
+        return cls(f"{_LADDER}{change.value}")
 
     @property
-    def ladder_change(self) -> str | None:
-        """``apply``, ``reapply`` or ``restore`` for a ladder entry, else None."""
-        return self.value.removeprefix(_LADDER) if self.value.startswith(_LADDER) else None
+    def ladder_change(self) -> LadderChange | None:
+        """The ladder move a ladder entry records, else None."""
+        if not self.value.startswith(_LADDER):
+            return None
+        return LadderChange(self.value.removeprefix(_LADDER))
 
     @property
     def intent_kind(self) -> IntentKind | None:

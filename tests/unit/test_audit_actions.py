@@ -19,6 +19,7 @@ from controlplane.kernel.model import (
     AuditEntry,
     Decision,
     IntentKind,
+    LadderChange,
     RecoveryStep,
     RegionState,
 )
@@ -35,7 +36,7 @@ def test_the_stored_strings_are_the_ones_written_before() -> None:
     assert AuditAction.of_intent(IntentKind.FAILOVER) == "intent_failover"
     assert AuditAction.of_intent(IntentKind.RECOVER) is AuditAction.INTENT_RECOVER
     assert AuditAction.of_recovery(RecoveryStep.PREWARM) is AuditAction.RECOVERY_PREWARM
-    assert AuditAction.of_ladder("reapply") is AuditAction.LADDER_REAPPLY
+    assert AuditAction.of_ladder(LadderChange.REAPPLY) is AuditAction.LADDER_REAPPLY
 
 
 def test_kinds_are_read_back_typed() -> None:
