@@ -60,7 +60,8 @@ from bench.capacity_truth import (
 )
 from bench.capacity_truth import services as engine_services
 from chaos.capacity.load import LoadGenerator, Planned
-from chaos.capacity.probe import ProbeConfig, probe_capacity, recovery_offsets
+from chaos.capacity.probe import probe_capacity
+from chaos.capacity.probe_config import ProbeConfig, recovery_offsets
 from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import percentile, recovery_time
 from chaos.capacity.verdicts import Phase, ProbeAborted, StepReport

@@ -8,7 +8,7 @@ always runs first on a machine warming up):
 
 * **tectonic**: Tectonic's gateway (a real etcd holding the region's routing), whose
   replica choice is prefix affinity bounded by what each replica bears
-  (``regions/gateway/replicas.py``), learned from the replicas' ``/metrics``;
+  (``regions/dataplane/replicas.py``), learned from the replicas' ``/metrics``;
 * **round_robin**: plain round robin, by ``vllm-router --policy round_robin`` (the
   gateway has no mode without its ring, and a proxy written for the bench would add
   its own overhead: this one is the peer's, less its policy);

@@ -64,8 +64,8 @@ from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_executor import cache_counters, execute_prewarm
 from regions.agent.prewarm_plan import assign, routing_text
 from regions.agent.service import PrewarmServiceConfig
+from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.ring import prefix_key
-from regions.gateway.replicas import ReplicaBalancer
 
 MODEL = "tiny"
 AGENT_PER_REPLICA = PrewarmServiceConfig().per_replica_concurrency  # the agent's default

@@ -134,37 +134,14 @@ class AgentPrewarmer:
         # With security: TLS with our certificate, and our own token (role operator).
         async with aio_channel(dst.agent, self.topology.security, options=_CHANNEL_OPTIONS) as ch:
             stub = apb_grpc.RegionAgentStub(ch)  # type: ignore[no-untyped-call]
-            try:
-                desc = await stub.Describe(apb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
-            except grpc.aio.AioRpcError as e:
-                log.error(
-                    "%s: agent %s unreachable (%s); not pre-warmed",
-                    target,
-                    dst.agent,
-                    e.code().name,
-                )
-                desc = None
-            limits = PrewarmLimits(
-                budget_s=budget_s,
-                prefill_tokens_per_s=(
-                    desc.prefill_tokens_per_s
-                    if desc and desc.prefill_tokens_per_s > 0
-                    else FALLBACK_PREFILL_TOKENS_PER_S
-                ),
-                # unknown capacity: let the budget alone bound the choice
-                kv_capacity_blocks=(
-                    desc.kv_capacity_blocks if desc and desc.kv_capacity_blocks else sys.maxsize
-                ),
-                block_size=(
-                    desc.block_size if desc and desc.block_size else catalog.params.block_size
-                ),
-            )
+            desc = await _describe(stub, target, dst.agent)
             residency = Residency(
                 min_sessions=min(self.min_sessions, catalog.min_sessions),
                 source_zone=src.zone,
                 target_zone=dst.zone,
             )
-            sel = catalog_selection(catalog, limits, residency, fraction)
+            # Chosen even for an unreachable agent: its prefixes are counted, not warmed.
+            sel = catalog_selection(catalog, _limits(desc, budget_s, catalog), residency, fraction)
             res["skipped"] = {r.value: float(sel.skipped.get(r, 0)) for r in SkipReason}
             res["prefixes_total"] = float(len(sel.replay))
             res["planned_prefill_s"] = sel.prefill_s
@@ -197,22 +174,7 @@ class AgentPrewarmer:
                 routing_chars=self.topology.prefixes.routing_chars,
             )
             last = await self._stream(stub, req, target, budget_s)
-        if last is None or not last.done:
-            res["targets_unreachable"] = 1.0
-            if last is not None:
-                res["prefixes_warmed"] = float(last.warmed)
-            return PrewarmFigures.model_validate(res)
-        res.update(
-            prefixes_warmed=float(last.warmed),
-            prefixes_failed=float(last.failed),
-            elapsed_s=last.elapsed_s,
-            verified=float(last.verified),
-            verified_hit_rate=last.verified_hit_rate,
-            prompt_tokens=float(last.prompt_tokens),
-            replicas_active=float(last.replicas_active),
-            target_attained={target: last.attainment},
-        )
-        return PrewarmFigures.model_validate(res)
+        return _outcome(res, target, last)
 
     async def _stream(
         self,
@@ -240,6 +202,64 @@ class AgentPrewarmer:
         except grpc.aio.AioRpcError as e:
             log.error("%s: pre-warm stream ended: %s %s", target, e.code().name, e.details())
         return last
+
+
+async def _describe(
+    stub: apb_grpc.RegionAgentStub, target: str, agent: str
+) -> apb.AgentDescription | None:
+    """The target agent's block size, KV capacity and prefill rate; None (logged) when
+    it cannot be reached."""
+    try:
+        desc: apb.AgentDescription = await stub.Describe(
+            apb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S
+        )
+    except grpc.aio.AioRpcError as e:
+        log.error("%s: agent %s unreachable (%s); not pre-warmed", target, agent, e.code().name)
+        return None
+    return desc
+
+
+def _limits(
+    desc: apb.AgentDescription | None, budget_s: float, catalog: PrefixCatalog
+) -> PrewarmLimits:
+    """What bounds the choice on the target: the agent's figures where it gave them,
+    else a typical prefill rate, no KV bound and the catalog's block size."""
+    return PrewarmLimits(
+        budget_s=budget_s,
+        prefill_tokens_per_s=(
+            desc.prefill_tokens_per_s
+            if desc and desc.prefill_tokens_per_s > 0
+            else FALLBACK_PREFILL_TOKENS_PER_S
+        ),
+        # unknown capacity: let the budget alone bound the choice
+        kv_capacity_blocks=(
+            desc.kv_capacity_blocks if desc and desc.kv_capacity_blocks else sys.maxsize
+        ),
+        block_size=(desc.block_size if desc and desc.block_size else catalog.params.block_size),
+    )
+
+
+def _outcome(
+    res: dict[str, object], target: str, last: apb.PrewarmProgress | None
+) -> PrewarmFigures:
+    """The target's figures: ``res`` (the choice) with the agent's last report. A stream
+    that ended before done counts the target as unreachable, keeping what it warmed."""
+    if last is None or not last.done:
+        res["targets_unreachable"] = 1.0
+        if last is not None:
+            res["prefixes_warmed"] = float(last.warmed)
+        return PrewarmFigures.model_validate(res)
+    res.update(
+        prefixes_warmed=float(last.warmed),
+        prefixes_failed=float(last.failed),
+        elapsed_s=last.elapsed_s,
+        verified=float(last.verified),
+        verified_hit_rate=last.verified_hit_rate,
+        prompt_tokens=float(last.prompt_tokens),
+        replicas_active=float(last.replicas_active),
+        target_attained={target: last.attainment},
+    )
+    return PrewarmFigures.model_validate(res)
 
 
 def _sum(values: Iterable[float | None]) -> float | None:

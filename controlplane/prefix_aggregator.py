@@ -1,7 +1,7 @@
 """The leader's half of the prefix pipeline: every gateway's export, merged per region.
 
 Gateways write their tracker exports under ``prefix-exports/`` on their own leases
-(``regions.gateway.prefix_export``). Every ``prefixes.aggregate_interval_s`` the
+(``regions.dataplane.prefix_export``). Every ``prefixes.aggregate_interval_s`` the
 leader reads them all (one consistent read), merges them into a fresh
 ``PrefixTracker`` (counts add, session sets union capped at K) and writes, per
 region, ``prefixes/<region>`` = a :class:`PrefixCatalog`: the ``max_entries`` most

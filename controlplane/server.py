@@ -186,6 +186,46 @@ class ControlPlaneReplica:
             await asyncio.sleep(min(1.0, self.topology.timing.loop_period_s))
 
     async def run(self) -> None:
+        server = self._grpc_server()
+        http = self._http_server(self.http_listen) if self.http_listen else None
+        try:
+            await self._set_health(False)
+            await server.start()
+        except BaseException:
+            if http is not None:
+                http.close()
+            raise
+        log.info(
+            "replica %s serving gRPC on port %d (cluster %s, %d regions)",
+            self.replica_id,
+            self.port,
+            self.topology.cluster,
+            len(self.topology.regions),
+        )
+        if http is not None:
+            http.start()
+            log.info(
+                "replica %s serving HTTP on http://%s:%d (dashboard /, /metrics, /v1/status, "
+                "/docs)",
+                self.replica_id,
+                http.host,
+                self.http_port,
+            )
+        self.started.set()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.election.run(), name="election")
+                tg.create_task(self.loop.run(), name="reconcile-loop")
+                tg.create_task(self.compactor.run(), name="compactor")
+                tg.create_task(self._health_supervisor(), name="health")
+                if http is not None:
+                    tg.create_task(http.supervise(self.stopping), name="http")
+        finally:
+            await self._shut_down(server, http)
+
+    def _grpc_server(self) -> grpc.aio.Server:
+        """The gRPC server with its services, bound to ``listen`` (``port`` set), not
+        started: a bad address fails before anything runs."""
         sec = self.topology.security
         server = grpc.aio.server(
             options=[
@@ -221,53 +261,25 @@ class ControlPlaneReplica:
             self.port = server.add_insecure_port(self.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
-        http = self._http_server(self.http_listen) if self.http_listen else None
-        try:
-            await self._set_health(False)
-            await server.start()
-        except BaseException:
-            if http is not None:
-                http.close()
-            raise
-        log.info(
-            "replica %s serving gRPC on port %d (cluster %s, %d regions)",
-            self.replica_id,
-            self.port,
-            self.topology.cluster,
-            len(self.topology.regions),
-        )
+        return server
+
+    async def _shut_down(self, server: grpc.aio.Server, http: _EmbeddedHttp | None) -> None:
+        """Not ready first (/readyz 503, health NOT_SERVING, event streams end), then stop
+        acting and hand leadership over, then close the listeners: HTTP after its drain,
+        so that load balancers notice."""
+        log.info("replica %s shutting down", self.replica_id)
+        self.stopping.set()  # /readyz answers 503 and event streams end, first
+        draining_until = time.monotonic() + HTTP_DRAIN_S
+        await self._set_health(False)
+        await self.loop.stop_probe()
+        await self.orchestrator.stop_failovers()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.election.resign())
         if http is not None:
-            http.start()
-            log.info(
-                "replica %s serving HTTP on http://%s:%d (dashboard /, /metrics, /v1/status, "
-                "/docs)",
-                self.replica_id,
-                http.host,
-                self.http_port,
-            )
-        self.started.set()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.election.run(), name="election")
-                tg.create_task(self.loop.run(), name="reconcile-loop")
-                tg.create_task(self.compactor.run(), name="compactor")
-                tg.create_task(self._health_supervisor(), name="health")
-                if http is not None:
-                    tg.create_task(http.supervise(self.stopping), name="http")
-        finally:
-            log.info("replica %s shutting down", self.replica_id)
-            self.stopping.set()  # /readyz answers 503 and event streams end, first
-            draining_until = time.monotonic() + HTTP_DRAIN_S
-            await self._set_health(False)
-            await self.loop.stop_probe()
-            await self.orchestrator.stop_failovers()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.election.resign())
-            if http is not None:
-                await http.stop(after=draining_until - time.monotonic())
-            await server.stop(grace=1.0)
-            if self.prober is not None:
-                await self.prober.close()
+            await http.stop(after=draining_until - time.monotonic())
+        await server.stop(grace=1.0)
+        if self.prober is not None:
+            await self.prober.close()
 
     # ---- HTTP ------------------------------------------------------------------------
     def _http_server(self, listen: str) -> _EmbeddedHttp:

@@ -34,7 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.capacity.probe import ProbeConfig, probe_capacity
+from chaos.capacity.probe import probe_capacity
+from chaos.capacity.probe_config import ProbeConfig
 from chaos.capacity.report import write_report
 from chaos.capacity.verdicts import ProbeAborted, StepKind, StepReport
 from chaos.capacity.workload import workload_from_catalog

@@ -78,6 +78,16 @@ class DrillAborted(Exception):
 
 
 @dataclass
+class _Acted:
+    """What the drill's middle (steady state before, faults, observation, rollbacks) did."""
+
+    before: tuple[bool, str] = (False, "not checked")  # the hypothesis before, and why not
+    injected: bool = False  # a fault may have been attempted: the rollbacks ran
+    fault_t: float | None = None  # drill time of the first fault injected
+    extra: list[Criterion] = field(default_factory=list)  # the faults' own criterion
+
+
+@dataclass
 class DrillRunner:
     target: DrillTarget
     store: Store
@@ -117,36 +127,12 @@ class DrillRunner:
         journal.write("phase", "start", scenario=s.name, region=s.region, dry_run=dry_run)
         self.say(f"DRILL {s.name} on {s.region}{' (dry run)' if dry_run else ''}: {s.title}")
         sampler = asyncio.create_task(self._sample(observer, s, journal, mono0))
-        fault_t: float | None = None
-        injected = False  # a fault may have been attempted: the rollbacks must run
-        extra: list[Criterion] = []
-        flaps: list[asyncio.Task[None]] = []
         sessions0 = traffic_marks(self.traffic)
-        try:
-            journal.phase = "steady_before"
-            before = await self._steady(s.steady_state, journal, "before")
-            if dry_run:
-                await self._dry_run(s, journal)
-            elif before[0]:
-                injected = True
-                fault_t, problems = await self._faults(s, journal, observer, mono0, flaps)
-                extra.append(faults_criterion(s.faults, problems))
-                journal.phase = "observe"
-                await self._observe(s, journal, observer)
-        except DrillAborted as e:
-            journal.write("abort", "abort", ok=False, why=str(e))
-            self.say(f"ABORT: {e}")
-        finally:
-            journal.phase = "rollback"
-            for task in flaps:
-                task.cancel()
-            await asyncio.gather(*flaps, return_exceptions=True)
-            if injected:
-                await self._rollbacks(s, journal)
+        acted = await self._act_and_roll_back(s, journal, observer, mono0, dry_run=dry_run)
         journal.phase = "steady_after"
         after = (
             (True, "")
-            if not injected
+            if not acted.injected
             else await self._steady(s.after, journal, "after", abortable=False)
         )
         sampler.cancel()
@@ -160,10 +146,10 @@ class DrillRunner:
             directory=directory,
             started=started,
             mono0=mono0,
-            fault_t=fault_t,
-            before=before,
+            fault_t=acted.fault_t,
+            before=acted.before,
             after=after,
-            extra=extra,
+            extra=acted.extra,
             marks=sessions0,
             dry_run=dry_run,
             gateway_violations=observer.gateway_violations,
@@ -174,6 +160,37 @@ class DrillRunner:
         result = await self._verdict().deliver(run, journal)
         journal.close()
         return result
+
+    async def _act_and_roll_back(
+        self, s: Scenario, journal: Journal, observer: Observer, mono0: float, *, dry_run: bool
+    ) -> _Acted:
+        """The steady state before; if it holds, the faults and the observation (a dry
+        run only says what it would do). An abort ends them early; the rollbacks run
+        whatever happened, once anything may have been injected."""
+        acted = _Acted()
+        flaps: list[asyncio.Task[None]] = []
+        try:
+            journal.phase = "steady_before"
+            acted.before = await self._steady(s.steady_state, journal, "before")
+            if dry_run:
+                await self._dry_run(s, journal)
+            elif acted.before[0]:
+                acted.injected = True
+                acted.fault_t, problems = await self._faults(s, journal, observer, mono0, flaps)
+                acted.extra.append(faults_criterion(s.faults, problems))
+                journal.phase = "observe"
+                await self._observe(s, journal, observer)
+        except DrillAborted as e:
+            journal.write("abort", "abort", ok=False, why=str(e))
+            self.say(f"ABORT: {e}")
+        finally:
+            journal.phase = "rollback"
+            for task in flaps:
+                task.cancel()
+            await asyncio.gather(*flaps, return_exceptions=True)
+            if acted.injected:
+                await self._rollbacks(s, journal)
+        return acted
 
     def _verdict(self) -> Verdict:
         return Verdict(

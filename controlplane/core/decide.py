@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from controlplane.core.actions import (
     NO_JOBS,
     DropIntent,
-    Job,
     Jobs,
     LadderWrite,
     TickResult,
@@ -33,7 +32,7 @@ from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import fire
 from controlplane.core.publish import prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
-from controlplane.core.steps import awaited, next_steps, pending_steps
+from controlplane.core.steps import all_next_steps, awaited, pending_steps
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import routing_text
@@ -475,15 +474,8 @@ def decide(
     # The pre-warms whose results a pending step waits for (recorded or not this tick:
     # a write can lose its race); the executor forgets any other result.
     awaiting = tuple(awaited(name, view.record) for name, view in regions.items())
-    started: list[Job] = []
-    for name in snap.regions:
-        w, new_jobs, note = next_steps(snap, name, writes.get(name), jobs, actor, topology)
-        if w is not None:
-            writes[name] = w
-            snap = snap.with_record(w.record)
-        started += [j for j in new_jobs if j.id not in jobs.running]
-        if note:
-            notes.append(note)
+    snap, writes, started, waits = all_next_steps(snap, writes, jobs, actor, topology)
+    notes += waits
     if aggregate := prefix_aggregation(now, topology.prefixes, jobs):
         started.append(aggregate)
     return TickResult(

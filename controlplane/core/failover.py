@@ -100,61 +100,20 @@ def plan_failover(
     cooldown_s: float | None = None,
 ) -> FailoverPlan:
     """Choose targets for ``source`` or raise PlanRefused naming the broken rule."""
-    if source not in snap.regions:
-        raise PlanRefused(
-            f"unknown region {source!r}; known regions: {sorted(snap.regions)}",
-            code="unknown_region",
-        )
-    if forced and not reason.strip():
-        raise PlanRefused("a forced failover needs a reason", code="reason_required")
-    src = snap.regions[source]
-    if src.record.state is RegionState.FAILING_OVER:
-        raise PlanRefused(f"{source} is already failed over", code="in_progress")
-    cooldown = topology.timing.failover_cooldown_s if cooldown_s is None else cooldown_s
-    last = src.record.last_failover_at
-    if last is not None and snap.now - last < cooldown and not (forced or manual):
-        raise PlanRefused(
-            f"{source} failed over {snap.now - last:.0f}s ago; cooldown is {cooldown:.0f}s "
-            "for automatic failovers (an operator can fail it over with failoverctl)",
-            code="cooldown",
-        )
-    bad = [t for t in requested if t not in snap.regions or t == source]
-    if bad:
-        raise PlanRefused(
-            f"invalid target(s) {bad}: targets must be other known regions "
-            f"({sorted(set(snap.regions) - {source})})",
-            code="unknown_region",
-        )
-
-    excluded: dict[str, str] = {}
-    targets: list[Target] = []
-    for name in _candidates(source, requested, topology):
-        why = _exclusion(snap.regions[name], src, topology, forced, snap.now)
-        if why:
-            excluded[name] = why
-        else:
-            targets.append(target_of(snap.regions[name], topology, snap.now))
-    if not targets:
-        detail = "; ".join(f"{k} {v}" for k, v in excluded.items()) or "no candidate regions"
-        raise PlanRefused(
-            f"no eligible failover target for {source}: {detail}. "
-            "Name targets with --to, or force with a reason.",
-            code="no_target",
-        )
-
-    others_healthy = [
-        v
-        for n, v in snap.regions.items()
-        if n != source and v.in_service and v.health.verdict in (Health.HEALTHY, Health.DEGRADED)
-    ]
-    # Not even force overrides this one: moving traffic off the only healthy region
-    # onto sick ones can only make things worse.
-    if src.health.verdict in (Health.HEALTHY, Health.DEGRADED) and not others_healthy:
-        raise PlanRefused(
-            f"{source} is the last healthy region; routing away from it would leave no "
-            "healthy region serving",
-            code="last_healthy",
-        )
+    # The rules in the order an operator fixes them: the request itself, then the
+    # targets, then the last-healthy rule that not even force lifts.
+    src = _admissible_source(
+        snap,
+        topology,
+        source,
+        reason,
+        requested,
+        forced=forced,
+        manual=manual,
+        cooldown_s=cooldown_s,
+    )
+    targets, excluded = _eligible_targets(snap, topology, source, src, requested, forced)
+    _refuse_last_healthy(snap, source, src)
 
     load = load_of(src)
     # Cold in its new region: the pre-warm has not run when the plan is made.
@@ -187,6 +146,92 @@ def plan_failover(
         cbu_after={k: round(v, 4) for k, v in sp.cbu_after.items()},
         shortfall_rps=round(sp.shortfall_rps, 3),
     )
+
+
+def _admissible_source(
+    snap: Snapshot,
+    topology: Topology,
+    source: str,
+    reason: str,
+    requested: Sequence[str],
+    *,
+    forced: bool,
+    manual: bool,
+    cooldown_s: float | None,
+) -> RegionView:
+    """The source's view, once the request is well formed: a known source not already
+    failed over nor in its cooldown, a reason when forced, known targets."""
+    if source not in snap.regions:
+        raise PlanRefused(
+            f"unknown region {source!r}; known regions: {sorted(snap.regions)}",
+            code="unknown_region",
+        )
+    if forced and not reason.strip():
+        raise PlanRefused("a forced failover needs a reason", code="reason_required")
+    src = snap.regions[source]
+    if src.record.state is RegionState.FAILING_OVER:
+        raise PlanRefused(f"{source} is already failed over", code="in_progress")
+    cooldown = topology.timing.failover_cooldown_s if cooldown_s is None else cooldown_s
+    last = src.record.last_failover_at
+    if last is not None and snap.now - last < cooldown and not (forced or manual):
+        raise PlanRefused(
+            f"{source} failed over {snap.now - last:.0f}s ago; cooldown is {cooldown:.0f}s "
+            "for automatic failovers (an operator can fail it over with failoverctl)",
+            code="cooldown",
+        )
+    bad = [t for t in requested if t not in snap.regions or t == source]
+    if bad:
+        raise PlanRefused(
+            f"invalid target(s) {bad}: targets must be other known regions "
+            f"({sorted(set(snap.regions) - {source})})",
+            code="unknown_region",
+        )
+    return src
+
+
+def _eligible_targets(
+    snap: Snapshot,
+    topology: Topology,
+    source: str,
+    src: RegionView,
+    requested: Sequence[str],
+    forced: bool,
+) -> tuple[list[Target], dict[str, str]]:
+    """The candidates that may take the source's traffic, and why each other one may
+    not (for the plan's notes); PlanRefused when none may."""
+    excluded: dict[str, str] = {}
+    targets: list[Target] = []
+    for name in _candidates(source, requested, topology):
+        why = _exclusion(snap.regions[name], src, topology, forced, snap.now)
+        if why:
+            excluded[name] = why
+        else:
+            targets.append(target_of(snap.regions[name], topology, snap.now))
+    if not targets:
+        detail = "; ".join(f"{k} {v}" for k, v in excluded.items()) or "no candidate regions"
+        raise PlanRefused(
+            f"no eligible failover target for {source}: {detail}. "
+            "Name targets with --to, or force with a reason.",
+            code="no_target",
+        )
+    return targets, excluded
+
+
+def _refuse_last_healthy(snap: Snapshot, source: str, src: RegionView) -> None:
+    """Not even force overrides this one: moving traffic off the only healthy region
+    onto sick ones can only make things worse."""
+    serving = (Health.HEALTHY, Health.DEGRADED)
+    others_healthy = [
+        v
+        for n, v in snap.regions.items()
+        if n != source and v.in_service and v.health.verdict in serving
+    ]
+    if src.health.verdict in serving and not others_healthy:
+        raise PlanRefused(
+            f"{source} is the last healthy region; routing away from it would leave no "
+            "healthy region serving",
+            code="last_healthy",
+        )
 
 
 def _capacity_note(snap: Snapshot, topology: Topology, name: str, moved: float, cbu: float) -> str:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controlplane.kernel.config import TimingConfig
 from controlplane.kernel.model import Health, HealthReport, ObserverKind, RegionHealth, Signals
+from controlplane.kernel.timing import TimingConfig
 
 _UP = (Health.HEALTHY, Health.DEGRADED)
 # When several observers report the same signal, the region's own agent knows best.

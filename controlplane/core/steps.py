@@ -10,6 +10,8 @@ job's result with ``failover_step_write`` or ``recovery_step_write``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from controlplane.core.actions import Job, JobKind, Jobs, Write
 from controlplane.core.failover import resplit_after_prewarm, routing_after_switch
 from controlplane.core.recovery import pending_recovery_steps
@@ -18,6 +20,7 @@ from controlplane.kernel.details import routing_details
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
+    FailoverPlan,
     FailoverProgress,
     FailoverStep,
     PrewarmFigures,
@@ -70,39 +73,91 @@ def failover_step_write(
     switch itself, for SWITCH). With ``topology``, a switch after the pre-warm splits
     the load again by what the targets bear warm (``resplit_after_prewarm``). Raises
     ValueError if the step is not pending."""
-    view = snap.regions[region]
-    rec = view.record
+    rec = snap.regions[region].record
     if step not in pending_steps(rec) or rec.failover is None:
         raise ValueError(f"{region}: step {step.value} is not pending")
-    fo = rec.failover
-    now = snap.now
     if step is FailoverStep.PREWARM:
-        result = prewarm_result or PrewarmFigures()
-        new = rec.model_copy(
-            update={
-                "failover": fo.model_copy(
-                    update={"done": (*fo.done, step), "prewarm_result": result}
-                )
-            }
-        )
-        return Write(
-            region=region,
-            expected_rev=view.record_rev,
-            record=new,
-            failover_steps=(step,),
-            consumes=(failover_job_id(region, fo),),
-            audit=(
-                AuditEntry(
-                    at=now,
-                    actor=actor,
-                    action=AuditAction.PREWARM,
-                    region=region,
-                    reason=fo.plan.reason,
-                    details=result.details(),
-                ),
+        return _prewarm_write(snap, region, actor, prewarm_result or PrewarmFigures())
+    return _switch_write(snap, region, actor, topology)
+
+
+def _prewarm_write(snap: Snapshot, region: str, actor: str, result: PrewarmFigures) -> Write:
+    """Records the failover's pre-warm as done with its figures, and consumes its job."""
+    view = snap.regions[region]
+    rec = view.record
+    fo = rec.failover
+    assert fo is not None  # failover_step_write checked
+    new = rec.model_copy(
+        update={
+            "failover": fo.model_copy(
+                update={"done": (*fo.done, FailoverStep.PREWARM), "prewarm_result": result}
+            )
+        }
+    )
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        failover_steps=(FailoverStep.PREWARM,),
+        consumes=(failover_job_id(region, fo),),
+        audit=(
+            AuditEntry(
+                at=snap.now,
+                actor=actor,
+                action=AuditAction.PREWARM,
+                region=region,
+                reason=fo.plan.reason,
+                details=result.details(),
             ),
-        )
-    # SWITCH: targets that have since failed over themselves are dropped.
+        ),
+    )
+
+
+def _switch_write(snap: Snapshot, region: str, actor: str, topology: Topology | None) -> Write:
+    """The routing switch, recorded as done with the plan it switched by."""
+    view = snap.regions[region]
+    rec = view.record
+    fo = rec.failover
+    assert fo is not None  # failover_step_write checked
+    plan = _plan_at_switch(snap, region, fo, topology)
+    routes = routing_after_switch(snap, plan)
+    new = rec.model_copy(
+        update={
+            "failover": fo.model_copy(
+                update={"done": (*fo.done, FailoverStep.SWITCH), "plan": plan}
+            )
+        }
+    )
+    # No session is written, now or later: one pinned to ``region`` is re-pinned by the
+    # gateway that serves its next request; one that sends none until ``region`` serves
+    # again keeps its pin and is served there again, as nothing of it is cached
+    # elsewhere (docs/architecture.md §2).
+    return Write(
+        region=region,
+        expected_rev=view.record_rev,
+        record=new,
+        routing=routes,
+        routing_revs={k: snap.regions[k].routing_rev for k in routes},
+        failover_steps=(FailoverStep.SWITCH,),
+        audit=(
+            AuditEntry(
+                at=snap.now,
+                actor=actor,
+                action=AuditAction.ROUTING_SWITCH,
+                region=region,
+                reason=plan.reason,
+                details=routing_details(routes),  # {region: JSON {target: weight}}
+            ),
+        ),
+    )
+
+
+def _plan_at_switch(
+    snap: Snapshot, region: str, fo: FailoverProgress, topology: Topology | None
+) -> FailoverPlan:
+    """The plan as it stands when the switch is written: targets that have since failed
+    over themselves are dropped, and the load is split again by the pre-warm's result
+    (with ``topology``). ValueError when no target is left: the next tick retries."""
     live = {
         t: w
         for t, w in fo.plan.targets.items()
@@ -119,32 +174,7 @@ def failover_step_write(
     )
     if topology is not None and fo.prewarm_result is not None:
         plan = resplit_after_prewarm(snap, topology, plan, fo.prewarm_result.attained_fraction)
-    routes = routing_after_switch(snap, plan)
-    new = rec.model_copy(
-        update={"failover": fo.model_copy(update={"done": (*fo.done, step), "plan": plan})}
-    )
-    # No session is written, now or later: one pinned to ``region`` is re-pinned by the
-    # gateway that serves its next request; one that sends none until ``region`` serves
-    # again keeps its pin and is served there again, as nothing of it is cached
-    # elsewhere (docs/architecture.md §2).
-    return Write(
-        region=region,
-        expected_rev=view.record_rev,
-        record=new,
-        routing=routes,
-        routing_revs={k: snap.regions[k].routing_rev for k in routes},
-        failover_steps=(step,),
-        audit=(
-            AuditEntry(
-                at=now,
-                actor=actor,
-                action=AuditAction.ROUTING_SWITCH,
-                region=region,
-                reason=plan.reason,
-                details=routing_details(routes),  # {region: JSON {target: weight}}
-            ),
-        ),
-    )
+    return plan
 
 
 def recovery_step_write(
@@ -227,6 +257,30 @@ def next_steps(
                 snap, name, recovery_pending(rec)[0], actor, jobs.results[rid]
             )
     return out, started, None
+
+
+def all_next_steps(
+    snap: Snapshot,
+    writes: Mapping[str, Write],
+    jobs: Jobs,
+    actor: str,
+    topology: Topology | None = None,
+) -> tuple[Snapshot, dict[str, Write], list[Job], list[str]]:
+    """Every region's ``next_steps`` this tick, each merged with its region's write in
+    ``writes`` (this tick's transitions). Returns the snapshot with the records written,
+    the writes, the jobs to start (not those already running) and why steps wait."""
+    out = dict(writes)  # a region's merged write keeps its place in the tick's order
+    started: list[Job] = []
+    waits: list[str] = []
+    for name in snap.regions:
+        w, new_jobs, note = next_steps(snap, name, out.get(name), jobs, actor, topology)
+        if w is not None:
+            out[name] = w
+            snap = snap.with_record(w.record)
+        started += [j for j in new_jobs if j.id not in jobs.running]
+        if note:
+            waits.append(note)
+    return snap, out, started, waits
 
 
 def awaited(name: str, rec: RegionRecord) -> str:

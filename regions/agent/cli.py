@@ -21,13 +21,26 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from controlplane.kernel.config import ConfigError, load_etcd
+from controlplane.kernel.config import ConfigError, describe_errors, load_etcd, read_yaml
+from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.version import add_version_flag
-from regions.agent.server import AgentConfig, KubeDiscoveryConfig, load_security, serve_agent
+from regions.agent.kube_wiring import KubeDiscoveryConfig
+from regions.agent.pool_config import load_pool_config
+from regions.agent.server import AgentConfig, serve_agent
 from regions.agent.service import PrewarmServiceConfig
-from regions.agent.warm_pool import load_pool_config
 
 log = logging.getLogger("tectonic.agent")
+
+
+def load_security(path: str) -> SecurityConfig:
+    """The ``security:`` section of a YAML file (a topology file, or one with only it)."""
+    data = read_yaml(path, "security file")
+    if not isinstance(data, dict) or not isinstance(data.get("security"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a security: section")
+    try:
+        return SecurityConfig.model_validate(data["security"])
+    except ValidationError as e:
+        raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None
 
 
 def _parser() -> argparse.ArgumentParser:

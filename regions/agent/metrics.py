@@ -31,7 +31,8 @@ from controlplane.kernel.model import Health
 from controlplane.kernel.version import build_info
 from regions.agent.prewarm_executor import PrewarmOutcome
 from regions.agent.probe_vllm import ReplicaProbe
-from regions.pool.manager import ActivationKind, PoolSnapshot
+from regions.pool.hooks import ActivationKind
+from regions.pool.snapshot import PoolSnapshot
 from regions.pool.states import ReplicaState
 
 log = logging.getLogger("tectonic.agent.metrics")

@@ -2,7 +2,7 @@
 
 A prefix is warm only on the replica that will serve it, so each payload goes to the
 replica the gateway's prefix-aware routing picks for it: the owner of the payload's
-routing key on the same consistent-hash ring (``regions.gateway.replicas``), built
+routing key on the same consistent-hash ring (``regions.dataplane.replicas``), built
 from the same replica URLs. The routing key is the first ``prefix_chars`` characters
 of the prompt, so a payload of at least that many characters routes like the full
 prompts it was cut from (the gateway's default, 256 characters, is two CPU blocks of

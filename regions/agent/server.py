@@ -18,7 +18,8 @@ DEGRADED for a replica down).
         --replica http://127.0.0.1:8001 --replica http://127.0.0.1:8002
 
 With ``--pool-config FILE --etcd HOST:PORT --cluster NAME`` instead of ``--replica``
-the agent runs a warm pool (:mod:`regions.agent.warm_pool`, regions/pool/README.md): it
+the agent runs a warm pool (:mod:`regions.agent.warm_pool`, its file
+:mod:`regions.agent.pool_config`, regions/pool/README.md): it
 starts the pool before serving, probes the pool's ACTIVE replicas each tick (adding the
 signals ``replicas_warm`` and ``pool_shortfall``), reconciles the pool in the
 background, wakes WARM replicas for ``Prewarm`` and publishes the ACTIVE set to
@@ -35,7 +36,8 @@ the routable endpoints of that Service's EndpointSlices, listed and watched
 With ``--pool-launcher kubernetes --kube-workload deployment/NAME`` (or a pool file's
 ``launcher: {kind: kubernetes, ...}``) the warm pool scales that workload and labels its
 pods ``tectonic.io/pool-state`` (:mod:`regions.kube.launcher`,
-:mod:`regions.kube.pod_labels`). The Kubernetes client is loaded only then.
+:mod:`regions.kube.pod_labels`; the agent's wiring :mod:`regions.agent.kube_wiring`).
+The Kubernetes client is loaded only then.
 
     tectonic-agent --region eu --control-plane cp:7000 --discovery kubernetes \\
         --kube-namespace models --kube-service vllm-eu --kube-port-name http
@@ -62,17 +64,12 @@ from typing import TYPE_CHECKING
 import aiohttp
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 
-from controlplane.kernel.config import (
-    ConfigError,
-    DegradedWhen,
-    describe_errors,
-    read_yaml,
-)
+from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.model import Frozen, Health
 from controlplane.kernel.rpc.auth import AuthInterceptor
 from controlplane.kernel.rpc.decode_guard import DecodeGuard
@@ -86,7 +83,9 @@ from controlplane.kernel.rpc.tls import server_credentials
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.engine_version import EngineVersions, refresh_versions
+from regions.agent.kube_wiring import KubeDiscoveryConfig, kube_region, kubernetes_pods
 from regions.agent.metrics import AgentMetrics, MetricsHttp
+from regions.agent.pool_config import AgentPoolConfig, check_replica_source
 from regions.agent.prewarm_executor import answered_replays
 from regions.agent.probe_vllm import ReplicaProbe, probe_replica
 from regions.agent.service import (
@@ -96,12 +95,7 @@ from regions.agent.service import (
     StaticReplicas,
 )
 from regions.agent.verdict import RegionVerdict, fold_verdict
-from regions.agent.warm_pool import (
-    AgentPool,
-    AgentPoolConfig,
-    KubernetesLauncherConfig,
-    check_replica_source,
-)
+from regions.agent.warm_pool import AgentPool, PoolPublishing
 
 if TYPE_CHECKING:  # the Kubernetes client loads only for an agent that uses it
     from regions.kube.replicas import KubeRegion
@@ -109,26 +103,7 @@ if TYPE_CHECKING:  # the Kubernetes client loads only for an agent that uses it
 log = logging.getLogger("tectonic.agent")
 SERVICE = "tectonic.v1.RegionAgent"
 _RANK = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.DEGRADED: 2, Health.UNHEALTHY: 3}
-
-
-K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a namespace or Service name
-
-
-class KubeDiscoveryConfig(Frozen):
-    """``--discovery kubernetes``: the Service whose EndpointSlices list the replicas."""
-
-    namespace: str = Field(pattern=K8S_NAME)
-    service: str = Field(pattern=K8S_NAME)
-    port_name: str | None = None  # None with no port: the slices' only port
-    port: int | None = Field(None, ge=1, le=65535)
-    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
-    context: str | None = None
-
-    @model_validator(mode="after")
-    def _one_port(self) -> KubeDiscoveryConfig:
-        if self.port_name is not None and self.port is not None:
-            raise ValueError("give --kube-port-name or --kube-port, not both")
-        return self
+POOL_ETCD_TIMEOUT_S = 2.0  # one call publishing the pool: its retries stop after twice this
 
 
 class AgentConfig(Frozen):
@@ -162,6 +137,13 @@ class AgentConfig(Frozen):
         )
         return self
 
+    def pool_etcd(self) -> EtcdConfig:
+        """The etcd a pool is published to: TLS and users from ``etcd_settings``, the
+        endpoints the agent's ``--etcd``."""
+        return (self.etcd_settings or EtcdConfig()).model_copy(
+            update={"endpoints": tuple(self.etcd), "request_timeout_s": POOL_ETCD_TIMEOUT_S}
+        )
+
 
 class AgentHandle:
     """A running agent. Build with :func:`serve_agent`; stop with :meth:`stop`."""
@@ -176,24 +158,21 @@ class AgentHandle:
         self.metrics = AgentMetrics(config.region, config.replicas, pool=config.pool is not None)
         self.metrics_port = 0
         self._metrics_http: MetricsHttp | None = None
-        self.kube: KubeRegion | None = _kube_region(config) if config.kube else None
+        self.kube: KubeRegion | None = (
+            kube_region(config.kube, config.pool) if config.kube else None
+        )
         self.pool: AgentPool | None = None
         if config.pool is not None:
             if replica_set is not None:
                 raise ValueError("an agent with a pool serves the pool as its replica set")
             assert config.cluster is not None  # checked by AgentConfig
-            kube = self.kube
             self.pool = AgentPool(
                 config.region,
                 config.pool,
-                etcd=config.etcd,
-                cluster=config.cluster,
+                PoolPublishing(config.cluster, config.pool_etcd()),
                 interval_s=config.interval,
-                etcd_settings=config.etcd_settings,
                 on_activation=self.metrics.activated,
-                launcher=kube.launcher if kube else None,
-                on_state=kube.labeler.replica_changed if kube and kube.labeler else None,
-                outlives_agent=kube is not None,
+                pods=kubernetes_pods(self.kube),
             )
         self.replica_set: ReplicaSet = replica_set or self._replica_set()
         self.prewarm_config = prewarm or config.prewarm
@@ -491,36 +470,3 @@ async def serve_agent(
         await handle.stop(grace=0)
         raise
     return handle
-
-
-def _kube_region(config: AgentConfig) -> KubeRegion:
-    """The Kubernetes adapters of ``--discovery kubernetes`` (and of a kubernetes pool)."""
-    from regions.kube.replicas import KubeRegion  # loads the client: only when used
-
-    k = config.kube
-    assert k is not None
-    launcher = config.pool.launcher if config.pool is not None else None
-    kube_pool = launcher if isinstance(launcher, KubernetesLauncherConfig) else None
-    return KubeRegion(
-        namespace=k.namespace,
-        service=k.service,
-        port_name=k.port_name,
-        port=k.port,
-        kubeconfig=k.kubeconfig,
-        context=k.context,
-        workload=kube_pool.workload if kube_pool else None,
-        ready_timeout_s=kube_pool.ready_timeout_s if kube_pool else 900.0,
-        stop_timeout_s=kube_pool.stop_timeout_s if kube_pool else 120.0,
-        pod_labels=kube_pool.pod_labels if kube_pool else False,
-    )
-
-
-def load_security(path: str) -> SecurityConfig:
-    """The ``security:`` section of a YAML file (a topology file, or one with only it)."""
-    data = read_yaml(path, "security file")
-    if not isinstance(data, dict) or not isinstance(data.get("security"), dict):
-        raise ConfigError(f"{path}: expected a mapping with a security: section")
-    try:
-        return SecurityConfig.model_validate(data["security"])
-    except ValidationError as e:
-        raise ConfigError(f"{path} is invalid:\n{describe_errors(e)}") from None

@@ -16,6 +16,9 @@ exposes its progress as agent signals:
 ``prime()`` reads the record once before the pool starts, so that an agent restarted
 while speculative decoding is off launches replicas without it instead of rolling them
 right after.
+
+A pool whose launcher has no ``speculative_config`` gets :class:`SpecDecodeOff` in its
+place, which says once that step 1 is not acted on here.
 """
 
 from __future__ import annotations
@@ -150,3 +153,28 @@ class SpecDecodeActuator:
     def _changed(self, region: str, record: DegradationRecord | None) -> None:
         if region == self.region:
             self._wake.set()  # act on a new record now, not at the next tick
+
+
+class SpecDecodeOff:
+    """Stands in for :class:`SpecDecodeActuator` where the pool's launcher has no
+    ``speculative_config``: every replica runs one kind, so degradation step 1 cannot
+    be acted on here. Says so once, at start; adds no signals, runs nothing."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    async def prime(self, timeout_s: float = 2.0) -> None:
+        log.info(
+            "%s: speculative decoding is not switched by this agent: the pool's launcher "
+            "has no speculative_config (degradation step 1 is not acted on here)",
+            self.region,
+        )
+
+    async def run(self) -> None:
+        return  # nothing to follow
+
+    def signals(self) -> dict[str, float]:
+        return {}
+
+
+SpecDecodeSwitch = SpecDecodeActuator | SpecDecodeOff

@@ -36,8 +36,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from controlplane.kernel.version import add_version_flag
-from regions.gateway.app import AppConfig
-from regions.gateway.cli_common import (
+from regions.dataplane.cli_common import (
     add_admission_flags,
     add_etcd_flags,
     add_prefix_flags,
@@ -48,6 +47,7 @@ from regions.gateway.cli_common import (
     run_main,
     serve,
 )
+from regions.gateway.app import AppConfig
 from regions.gateway.continuation import ContinuationConfig
 from regions.gateway.proxy import ProxyConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
@@ -162,6 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
     options = routing_options(
         p,
         args,
+        GatewayOptions,
         listens=(args.listen,),
         positive=("max_continuations",),
         app=app,

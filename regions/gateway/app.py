@@ -3,11 +3,12 @@
 Per request: read the body (bounded), validate just what routing needs, take the
 session key (a configurable header, else the body's ``user`` field), resolve the
 region (local cache, read-through to etcd on a miss), apply that region's degradation
-actuators (``actuators.py``: shed, cap the context, force ``parallel_tool_calls`` off),
-tell the prefix observer (the whole prompt, for pre-warm), pick a replica by prompt
-prefix, forward and stream back; a stream whose replica fails mid-way is continued
-elsewhere when it may be (``continuation.py``). Every answer says which region served
-it in ``x-tectonic-region`` (a continued stream: the region it started in).
+actuators (``regions/dataplane/actuators.py``: shed, cap the context, force
+``parallel_tool_calls`` off), tell the prefix observer (the whole prompt, for
+pre-warm), pick a replica by prompt prefix, forward and stream back; a stream whose
+replica fails mid-way is continued elsewhere when it may be (``continuation.py``).
+Every answer says which region served it in ``x-tectonic-region`` (a continued stream:
+the region it started in).
 
 ``/tokenize`` and ``/detokenize`` (vLLM's, which clients such as ``vllm bench serve``
 use to size their prompts) go to a replica of the region a request without a session
@@ -20,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -33,23 +34,24 @@ from aiohttp.web_protocol import RequestHandler
 from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.sessions.resolve import NoRegionServing, self_routed, spill_region
 from controlplane.kernel.sessions.store import InvalidSessionId
+from regions.dataplane.actuators import Refusal
+from regions.dataplane.admission import Admission, Refused
+from regions.dataplane.observe import NoopObserver, PrefixObserver
+from regions.dataplane.options import RequestConfig
 from regions.dataplane.prompts import BadRequest
-from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, prefix_key
-from regions.gateway.actuators import ActuatorConfig, Refusal
-from regions.gateway.admission import Admission, Refused
-from regions.gateway.continuation import ContinuationConfig, Continuer
-from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from regions.gateway.observe import NoopObserver, PrefixObserver
-from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
-from regions.gateway.requests import (
+from regions.dataplane.requests import (
     TOKENIZER_PATHS,
     Endpoint,
     ProxyRequest,
     error_type,
     tokenizer_prefix,
 )
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.sessions import SessionResolver
+from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, prefix_key
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.sessions import SessionResolver
+from regions.gateway.continuation import ContinuationConfig, Continuer
+from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
 from regions.gateway.warmth import WarmUps, warmup_body
 from regions.http_expect import expect_handler
 
@@ -60,18 +62,9 @@ NOT_DEGRADED = FeatureFlags()
 
 
 @dataclass(frozen=True)
-class AppConfig:
-    home: str
-    session_header: str = "x-session-id"
-    max_body_bytes: int = 1 << 20
-    # prompt characters that pick the replica; None: the topology's prefixes.routing_chars
-    # (GatewayServer fills it in and refuses another value)
-    prefix_chars: int | None = None
-    retry_after_s: int = 1
-    actuators: ActuatorConfig = field(default_factory=ActuatorConfig)
-    # region -> residency zone (from the topology): where a request may spill when its
-    # region answers nothing; empty: never spill
-    zones: Mapping[str, str] = field(default_factory=dict)
+class AppConfig(RequestConfig):
+    """The data plane's request settings (``RequestConfig``) and the gateway's own."""
+
     # while routing splits home (graduated recovery), place a new session whose prompt
     # home has not answered yet on the other targets and warm home with it; replay at a
     # region that serves again the prompts it answered before (warmth.py)
@@ -319,9 +312,9 @@ class GatewayApp:
     async def _route(
         self, request: web.BaseRequest, endpoint: Endpoint
     ) -> tuple[ProxyRequest, str, str, int, _WarmCheck | None] | web.Response:
-        """Parse, resolve the region, apply its degradation actuators (admission.py):
-        the request as it will be sent, its session, region, ring key and warm check;
-        or a refusal."""
+        """Parse, resolve the region, apply its degradation actuators
+        (``regions/dataplane/admission.py``): the request as it will be sent, its
+        session, region, ring key and warm check; or a refusal."""
         checks: list[_WarmCheck] = []
         warm_ups = self.warm_ups
 

@@ -37,7 +37,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from regions.gateway.requests import Endpoint
+from regions.dataplane.requests import Endpoint
 
 Json = dict[str, object]
 

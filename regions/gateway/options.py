@@ -1,83 +1,25 @@
-"""A data plane's settings (the gateway's, which the endpoint picker shares): where
-etcd is, how long pins are cached and trusted, the replica balancer's load bound, the
-health reports and the prefix tracking."""
+"""The gateway's settings: the data plane's (``regions/dataplane/options.py``, which the
+endpoint picker shares) and its own: where it listens, how it forwards
+(``ProxyConfig``), how long it drains, and its app's (``AppConfig``: warm first,
+stream continuation)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from controlplane.kernel.config import Topology
-from controlplane.kernel.prefix.tracker import TrackerConfig
-from controlplane.kernel.store.settings import EtcdConfig
-from regions.gateway.admission_gate import AdmissionOptions
+from regions.dataplane.options import DataPlaneOptions, completed
 from regions.gateway.app import AppConfig
-from regions.gateway.prefix_export import ExportOptions, tracker_config
 from regions.gateway.proxy import ProxyConfig
-from regions.gateway.replica_load import DEFAULT_POLL_S
-from regions.gateway.replicas import DEFAULT_LOAD_FACTOR
 
 
 @dataclass(frozen=True)
-class GatewayOptions:
-    topology: Topology
+class GatewayOptions(DataPlaneOptions):
     app: AppConfig
     listen: str = "127.0.0.1:0"
-    etcd_endpoints: tuple[str, ...] = ()  # () = the topology's
-    etcd_timeout_s: float = 0.5  # per etcd request; the store retries within 2x this
-    store_timeout_s: float = 1.0  # how long a request waits for etcd before fail-static
-    revalidate_s: float = 300.0  # re-read a cached pin this often (also extends its TTL)
-    max_pins: int = 100_000
-    load_factor: float = DEFAULT_LOAD_FACTOR  # bounds replicas whose slots are unknown
-    # requests a replica runs at once, for all or per URL (others learned); None: learned
-    replica_slots: int | Mapping[str, int] | None = None
-    replica_poll_s: float = DEFAULT_POLL_S  # read replicas' running/waiting; 0: never
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    session_ttl_s: int = 3600
     grace_s: float = 5.0
-    control_planes: tuple[str, ...] = ()  # report region health as a GATEWAY observer
-    observer_id: str = ""  # default: gateway:<home>:<port>; also names the prefix export
-    report_interval_s: float = 1.0
-    prefix_tracking: bool = True  # count prompt prefixes and export them for pre-warm
-    tracker: TrackerConfig | None = None  # None: from the topology's ``prefixes``
-    prefix_export: ExportOptions | None = None  # None: from the topology's ``prefixes``
-    # per-replica in-flight limits steered by first-token time (admission_gate.py); off
-    # unless enabled
-    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
-
-    def etcd(self) -> EtcdConfig:
-        endpoints = self.etcd_endpoints or self.topology.etcd.endpoints
-        # The topology's etcd TLS / auth settings carry over; only these two are flags.
-        return self.topology.etcd.model_copy(
-            update={"endpoints": tuple(endpoints), "request_timeout_s": self.etcd_timeout_s}
-        )
-
-    def tracker_config(self) -> TrackerConfig:
-        return self.tracker or tracker_config(self.topology.prefixes)
-
-    def export_options(self) -> ExportOptions:
-        return self.prefix_export or ExportOptions.from_topology(self.topology.prefixes)
 
 
 def completed_app(options: GatewayOptions) -> AppConfig:
-    """The app's settings, completed from the topology: its prefix length (which must
-    agree), its zones and the context cap's characters per token."""
-    topo = options.topology
-    app_config = options.app
-    chars = topo.prefixes.routing_chars
-    if app_config.prefix_chars not in (None, chars):
-        # The agents' pre-warm replays each prefix where this value sends it.
-        raise ValueError(
-            f"prefix_chars {app_config.prefix_chars} disagrees with the topology's "
-            f"prefixes.routing_chars ({chars}), which every gateway and the agents' "
-            "pre-warm use"
-        )
-    app_config = replace(app_config, prefix_chars=chars)
-    if not app_config.zones:  # the topology's zones bound where requests may spill
-        app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
-    if app_config.actuators.chars_per_token is None:
-        # The context cap estimates tokens with the prefix proxy's calibrated ratio.
-        ratio = topo.prefixes.chars_per_token
-        actuators = replace(app_config.actuators, chars_per_token=ratio)
-        app_config = replace(app_config, actuators=actuators)
-    return app_config
+    """The app's settings, completed from the topology (``completed``)."""
+    return completed(options.app, options.topology)

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from aiohttp import web
 from multidict import CIMultiDict
 
-from regions.gateway.admission_gate import AdmissionGates, Grant, Refusal
+from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant, Refusal
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.requests import error_body, error_type
 from regions.gateway.continuation import Continuer
 from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.requests import error_body, error_type
 from regions.gateway.resume import (
     SSE,
     STREAM_BROKEN_STATUS,
@@ -169,11 +169,11 @@ class Forwarder:
         monotonic: Callable[[], float] = time.monotonic,
         on_attempt: Callable[[str, bool, int], None] | None = None,
         time_first_byte: bool = True,
-        admission: AdmissionGates | None = None,
+        admission: Gates = ADMISSION_OFF,
     ) -> None:
-        # None: admission control off (admission_gate.py)
+        # per-replica in-flight limits, or AdmissionOff (regions/dataplane/admission_gate.py)
         self._admission = admission
-        # (region, answered, status or 0): the gateway's health vote (report.py)
+        # (region, answered, status or 0): the health vote (regions/dataplane/report.py)
         self._on_attempt = on_attempt
         # False: answers that are no generation stay out of the first-token histogram
         self._observe_first_byte = metrics.first_byte if time_first_byte else _untimed
@@ -220,54 +220,79 @@ class Forwarder:
                 break
             if tried:
                 self._metrics.retry(region)
-            grant = None
-            if self._admission is not None:  # may wait for a slot, here or on another replica
-                entered = await self._admission.enter(
-                    region, request.headers, balancer, key, replica, tried, now
-                )
-                if isinstance(entered, Refusal):
-                    return self._overloaded(region, entered)
-                if entered is not None:
-                    grant, replica = entered, entered.replica
+            # may wait for a slot, here or on another replica (AdmissionOff: never)
+            entered = await self._admission.enter(
+                region, request.headers, balancer, key, replica, tried, now
+            )
+            if isinstance(entered, Refusal):
+                return self._overloaded(region, entered)
+            grant = entered
+            if grant is not None:
+                replica = grant.replica
             tried.add(replica)
-            # timed and keyed: the balancer foresees waits and what each replica caches
-            balancer.acquire(replica, now=self._monotonic(), key=key)
-            try:
-                outcome = await self._attempt(
-                    request,
-                    region,
-                    replica,
-                    body,
-                    headers,
-                    started,
-                    Resume(continuer, key, tried, headers) if continuer else None,
-                    grant,
-                )
-            finally:
-                balancer.release(replica)
-                if grant is not None and self._admission is not None:
-                    self._admission.leave(region, grant)
+            resume = Resume(continuer, key, tried, headers) if continuer else None
+            outcome = await self._attempt_held(
+                request, region, balancer, replica, key, body, headers, started, resume, grant
+            )
             if not isinstance(outcome, _Failed):
                 balancer.readmit(replica)
                 return outcome
             failed = outcome
-            self._metrics.error(region, outcome.kind)
-            if self._on_attempt is not None:
-                self._on_attempt(region, False, outcome.status)
-            if outcome.kind == "connect":
-                balancer.eject(replica, self._monotonic() + self.config.eject_s)
-            log.info(
-                "%s %s on %s: %s (%s)",
-                request.method,
-                request.path,
-                replica,
-                outcome.kind,
-                outcome.detail,
-            )
+            self._attempt_failed(request, region, balancer, replica, outcome)
         if failed is not None and failed.status:
             return self._relay_failure(failed, region)  # the replica's own 5xx answer
         raise NoReplica(
             f"no replica of {region} answered: {failed.detail if failed else 'none available'}"
+        )
+
+    async def _attempt_held(
+        self,
+        request: web.BaseRequest,
+        region: str,
+        balancer: ReplicaBalancer,
+        replica: str,
+        key: int,
+        body: bytes,
+        headers: Sequence[tuple[str, str]],
+        started: float,
+        resume: Resume | None,
+        grant: Grant | None,
+    ) -> web.StreamResponse | _Failed:
+        """One attempt on ``replica``, counted in flight on its balancer (timed and
+        keyed: the balancer foresees waits and what each replica caches) and holding
+        admission control's ``grant`` until it ends."""
+        balancer.acquire(replica, now=self._monotonic(), key=key)
+        try:
+            return await self._attempt(
+                request, region, replica, body, headers, started, resume, grant
+            )
+        finally:
+            balancer.release(replica)
+            if grant is not None:
+                self._admission.leave(region, grant)
+
+    def _attempt_failed(
+        self,
+        request: web.BaseRequest,
+        region: str,
+        balancer: ReplicaBalancer,
+        replica: str,
+        failed: _Failed,
+    ) -> None:
+        """Count a failed attempt, vote against its region, and eject a replica that
+        refused the connection for ``eject_s``."""
+        self._metrics.error(region, failed.kind)
+        if self._on_attempt is not None:
+            self._on_attempt(region, False, failed.status)
+        if failed.kind == "connect":
+            balancer.eject(replica, self._monotonic() + self.config.eject_s)
+        log.info(
+            "%s %s on %s: %s (%s)",
+            request.method,
+            request.path,
+            replica,
+            failed.kind,
+            failed.detail,
         )
 
     async def _attempt(
@@ -330,7 +355,7 @@ class Forwarder:
             self._metrics.error(region, "client_gone")  # nobody left to tell
             return resp
         self._first_byte(region, up.status, started)
-        if grant is not None and up.status == 200 and self._admission is not None:
+        if grant is not None and up.status == 200:
             self._admission.first_token(region, grant)
         if resume is not None and up.status == 200 and up.content_type == SSE:
             status = await self._resumer.stream(request, resp, up, region, first, resume)

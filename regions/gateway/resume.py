@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.requests import error_body
 from regions.gateway.continuation import (
     DONE,
     INBAND_ERROR,
@@ -35,8 +37,6 @@ from regions.gateway.continuation import (
     wants_usage,
 )
 from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.requests import error_body
 from regions.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("tectonic.gateway.proxy")

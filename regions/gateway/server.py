@@ -1,7 +1,7 @@
-"""A running gateway: the data plane's core (``core.py``: etcd store, routing cache,
-session resolver, pools, degradation and spec watches, health reports, prefix
-tracking), the HTTP server, and the background tasks behind them, started and stopped
-as one.
+"""A running gateway: the data plane's core (``regions/dataplane/core.py``: etcd
+store, routing cache, session resolver, pools, degradation and spec watches, health
+reports, prefix tracking), the HTTP server, and the background tasks behind them,
+started and stopped as one.
 
 Start-up waits for the first full read of ``routing/`` and ``pools/``; after that, etcd
 being down only means serving from the caches. ``degradation/`` is followed too (the
@@ -11,14 +11,15 @@ listener closes, requests in flight get ``grace_s`` to finish, then the backgrou
 tasks stop.
 
 The cluster spec is checked at start (a disagreement refuses to serve) and followed
-after (``spec_watch.py``): a spec published later that disagrees makes ``wait()``
+after (``regions/dataplane/spec_watch.py``): a spec published later that disagrees makes ``wait()``
 raise SpecDisagreement, for the caller to stop the gateway.
 
 Warm first (``warmth.py``, on unless ``AppConfig.warm_first`` is off) places a new
 session on a target warm for its prompt while routing splits its home.
 
-Admission control (``admission_gate.py``, off unless ``GatewayOptions.admission`` is
-enabled) bounds what each replica holds at once and answers 429 beyond it.
+Admission control (``regions/dataplane/admission_gate.py``, off unless
+``GatewayOptions.admission`` is enabled) bounds what each replica holds at once and
+answers 429 beyond it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import socket
 from aiohttp import web
 
 from controlplane.kernel.store.port import Store
-from regions.gateway.admission_gate import AdmissionGates
+from regions.dataplane.admission_gate import Gates
+from regions.dataplane.core import SPEC_SECTIONS, DataPlaneCore
+from regions.dataplane.observe import PrefixObserver
 from regions.gateway.app import GatewayApp
-from regions.gateway.core import SPEC_SECTIONS, DataPlaneCore
-from regions.gateway.observe import PrefixObserver
+from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.options import GatewayOptions, completed_app
 from regions.gateway.proxy import Forwarder, new_pool
 from regions.gateway.warmth import RegionWarmth, WarmUps
@@ -52,18 +54,21 @@ class GatewayServer:
         observer: PrefixObserver | None = None,
     ) -> None:
         self.options = options
-        self.core = core = DataPlaneCore(options, store=store, observer=observer)
+        self.metrics = GatewayMetrics({r.name: r.zone for r in options.topology.regions})
+        self.core = core = DataPlaneCore(
+            options, store=store, observer=observer, metrics=self.metrics
+        )
         # the parts callers and tests reach for, by their old names
-        self.keys, self.store, self.metrics = core.keys, core.store, core.metrics
+        self.keys, self.store = core.keys, core.store
         self.routing, self.sessions, self.moves = core.routing, core.sessions, core.moves
         self.resolver, self.balancers = core.resolver, core.balancers
         self.pool_cache, self.degradation = core.pool_cache, core.degradation
         self.spec_watch, self.reporter = core.spec_watch, core.reporter
         self.tracker, self.exporter = core.tracker, core.exporter
         self.pool = new_pool(options.proxy)
-        vote = self.reporter.record if self.reporter else None
-        # per-replica in-flight limits (None: off)
-        self.admission: AdmissionGates | None = core.admission
+        vote = self.reporter.record  # a no-op when health reports are off
+        # per-replica in-flight limits (AdmissionOff: off)
+        self.admission: Gates = core.admission
         self.forwarder = Forwarder(
             self.pool,
             self.balancers,

@@ -35,9 +35,9 @@ from prometheus_client import Counter
 
 from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions.resolve import self_routed
+from regions.dataplane.replicas import ReplicaBalancer
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
-from regions.gateway.replicas import ReplicaBalancer
 from regions.gateway.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("tectonic.gateway.warmth")

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from controlplane.kernel.version import add_version_flag
-from regions.gateway.cli_common import (
+from regions.dataplane.cli_common import (
     add_admission_flags,
     add_etcd_flags,
     add_prefix_flags,
@@ -46,6 +46,7 @@ from regions.gateway.cli_common import (
     run_main,
     serve,
 )
+from regions.dataplane.options import DataPlaneOptions
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import PickerConfig
 from regions.picker.server import PickerOptions, PickerServer
@@ -114,6 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
     routing = routing_options(
         p,
         args,
+        DataPlaneOptions,
         listens=(args.listen, args.http_listen),
         positive=("max_endpoints",),
         admission=admission_options(p, args),

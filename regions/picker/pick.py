@@ -1,8 +1,9 @@
 """The endpoint picker's decision for one request, and what it learns from the answer.
 
-The rules are the gateway's, by the same code: ``Admission`` (session key, region from
-etcd's pins and routing through the same cache, the degradation actuators), the same
-prefix-aware bounded-load ``ReplicaBalancer`` per region, the same spill rule
+The rules are the gateway's, by the same code (the data plane's, ``regions/dataplane/``):
+``Admission`` (session key, region from etcd's pins and routing through the same
+cache, the degradation actuators), the same prefix-aware bounded-load
+``ReplicaBalancer`` per region, the same spill rule
 (``spill_region``) and session move (``SessionResolver.move``, a CAS in etcd). What
 differs is who forwards: Envoy, down the ordered list the picker returns.
 
@@ -29,18 +30,18 @@ from dataclasses import dataclass, field
 
 from controlplane.kernel.sessions.resolve import NoRegionServing, spill_region
 from controlplane.kernel.sessions.store import InvalidSessionId
+from regions.dataplane.actuators import Action, Refusal
+from regions.dataplane.admission import Admission, Admitted, Refused
+from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant
+from regions.dataplane.admission_gate import Refusal as Overload
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.prompts import BadRequest
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.requests import Endpoint, error_body, error_type
 from regions.dataplane.ring import prefix_key
-from regions.gateway.actuators import Action, Refusal
-from regions.gateway.admission import Admission, Admitted, Refused
-from regions.gateway.admission_gate import AdmissionGates, Grant
-from regions.gateway.admission_gate import Refusal as Overload
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.observe import NoopObserver, PrefixObserver
-from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.requests import Endpoint, error_body, error_type
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.sessions import SessionResolver
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.sessions import SessionResolver
 from regions.picker.extproc import VIA_HEADER, endpoint_of
 
 log = logging.getLogger("tectonic.picker")
@@ -94,11 +95,11 @@ class Picker:
         routing: RoutingCache,
         resolver: SessionResolver,
         balancers: Mapping[str, ReplicaBalancer],
-        metrics: GatewayMetrics,
+        metrics: DataPlaneMetrics,
         *,
         observer: PrefixObserver | None = None,
         vote: Vote | None = None,
-        gates: AdmissionGates | None = None,
+        gates: Gates = ADMISSION_OFF,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -109,7 +110,7 @@ class Picker:
         self.metrics = metrics
         self.observer = observer or NoopObserver()
         self._vote = vote
-        self.gates = gates  # None: admission control off
+        self.gates = gates  # AdmissionOff: admission control off
         self._monotonic = monotonic
 
     # ---- the request -----------------------------------------------------------------
@@ -161,17 +162,19 @@ class Picker:
         if isinstance(pick, Answer):
             return pick
         pick.body = replacement
-        if self.gates is not None and pick.held is not None:
+        if pick.held is not None:
             return await self._admit(pick, headers, key, subset)
         return pick
 
     async def _admit(
         self, pick: Pick, headers: Mapping[str, str], key: int, subset: frozenset[str] | None
     ) -> Pick | Answer:
-        """Admission control (the gateway's gates, ``admission_gate.py``): a slot on the
-        chosen replica, else on another of its region with room (then first in the
-        list), after waiting at most the queue's wait; or 429 with Retry-After."""
-        assert self.gates is not None and pick.held is not None
+        """Admission control (the data plane's gates,
+        ``regions/dataplane/admission_gate.py``): a slot on the chosen replica, else on
+        another of its region with room (then first in the list), after waiting at most
+        the queue's wait; or 429 with Retry-After. Off (``AdmissionOff``): the pick as
+        it is."""
+        assert pick.held is not None
         balancer, first = pick.held
         region = pick.regions[0]
         outside = set()
@@ -184,7 +187,7 @@ class Picker:
         except BaseException:  # Envoy gave up on the stream while it waited
             self.release(pick)
             raise
-        if entered is None:  # admission does not cover the region
+        if entered is None:  # admission is off, or does not cover the region
             return pick
         if isinstance(entered, Overload):
             self.release(pick)
@@ -351,7 +354,7 @@ class Picker:
         time (the failed attempt in it) steers no limit."""
         pick.steer = False
         serving = pick.replicas.get(endpoint, "")
-        if pick.grant is not None and self.gates is not None:
+        if pick.grant is not None:
             region, grant = pick.grant
             moved = self.gates.move(region, grant, serving) if serving else None
             if moved is None:
@@ -369,7 +372,7 @@ class Picker:
     def first_token(self, pick: Pick) -> None:
         """The answer's first token (its first body chunk, or its headers when Envoy
         does not send bodies): admission control steers the replica's limit by it."""
-        if pick.grant is not None and self.gates is not None and pick.steer:
+        if pick.grant is not None and pick.steer:
             region, grant = pick.grant
             self.gates.first_token(region, grant)
 
@@ -381,7 +384,7 @@ class Picker:
             balancer, replica = pick.held
             pick.held = None
             balancer.release(replica)
-        if pick.grant is not None and self.gates is not None:
+        if pick.grant is not None:
             region, grant = pick.grant
             pick.grant = None
             self.gates.leave(region, grant)

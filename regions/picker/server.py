@@ -1,4 +1,4 @@
-"""A running endpoint picker: the data plane's core (``regions/gateway/core.py``, the
+"""A running endpoint picker: the data plane's core (``regions/dataplane/core.py``, the
 same caches and watches as a gateway), the ext_proc gRPC server with its health
 services, and a small HTTP server for ``/metrics`` and ``/health``.
 
@@ -27,11 +27,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controlplane.kernel.rpc.reflection import enable_reflection
 from controlplane.kernel.store.port import Store
-from regions.gateway.admission import Admission
-from regions.gateway.core import DataPlaneCore
-from regions.gateway.metrics import CONTENT_TYPE
-from regions.gateway.observe import PrefixObserver
-from regions.gateway.options import GatewayOptions, completed_app
+from regions.dataplane.admission import Admission
+from regions.dataplane.core import DataPlaneCore
+from regions.dataplane.metrics import CONTENT_TYPE
+from regions.dataplane.observe import PrefixObserver
+from regions.dataplane.options import DataPlaneOptions, completed
 from regions.picker.extproc import BODY_BUFFERED
 from regions.picker.pick import Picker, PickerConfig
 from regions.picker.service import ExtProcService
@@ -43,7 +43,7 @@ LIVENESS, READINESS = "liveness", "readiness"  # the protocol's health service n
 
 @dataclass(frozen=True)
 class PickerOptions:
-    routing: GatewayOptions  # what it shares with the gateway (its listen is unused)
+    routing: DataPlaneOptions  # what it shares with the gateway
     listen: str = "127.0.0.1:9002"  # ext_proc gRPC (h2c)
     http_listen: str = "127.0.0.1:0"  # /metrics, /health
     body_mode: int = BODY_BUFFERED  # when Envoy does not say in protocol_config
@@ -62,7 +62,7 @@ class PickerServer:
         self.options = options
         routing = options.routing
         topo = routing.topology
-        app = completed_app(routing)
+        app = completed(routing.app, topo)
         self.core = core = DataPlaneCore(routing, store=store, observer=observer, kind="picker")
         actuators = replace(app.actuators, priority_header=app.actuators.priority_header.lower())
         self.admission = Admission(
@@ -86,7 +86,7 @@ class PickerServer:
             core.balancers,
             core.metrics,
             observer=core.observer,
-            vote=core.reporter.record if core.reporter else None,
+            vote=core.reporter.record,  # a no-op when health reports are off
             gates=core.admission,
         )
         self.service = ExtProcService(

@@ -6,6 +6,9 @@
 - :mod:`regions.pool.sizing`   pure: WARM replicas needed for a burst, ``PoolSizeReport``
 - :mod:`regions.pool.launchers` simulator / vLLM (GPU, CPU) launchers, static endpoints
 - :mod:`regions.pool.client`   vLLM's admin HTTP API (sleep, wake + reset, probe)
+- :mod:`regions.pool.snapshot` pure: ``PoolSnapshot``, the pool as its owner sees it
+- :mod:`regions.pool.hooks`    pure: what the pool tells its owner (``PoolHooks``), and
+  which of those hooks are off
 - :mod:`regions.pool.manager`  ``WarmPool``, the adapter that does what the planner says
 
 Nothing is imported here, so that importing the pure modules loads no I/O library.

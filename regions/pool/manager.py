@@ -26,7 +26,8 @@ API (what the region agent uses)::
 ACTIVE URLs, what is lent or the loan refusals change; ``on_activation(kind, ok,
 seconds)`` after each wake (``"wake"``, ok or failed) and resume (``"resume"``) of a
 replica, for metrics; ``on_state(before, after)`` (synchronous too) whenever a replica
-changes state (the pod labels on Kubernetes, regions/kube/pod_labels.py).
+changes state (the pod labels on Kubernetes, regions/kube/pod_labels.py). Each is
+optional: the ones absent are said once at start (:mod:`regions.pool.hooks`).
 ``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
 snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
 A replica is COLD after ``dead_after`` failed probes in a row.
@@ -51,22 +52,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Literal
+from collections.abc import Mapping
 
 import aiohttp
-from pydantic import Field
 
 from controlplane.kernel.clock import Clock, SystemClock
-from controlplane.kernel.model import Frozen
 from regions.pool.client import ReplicaClient, ReplicaError
+from regions.pool.hooks import OnActivation, OnChange, OnState, PoolHooks
 from regions.pool.launchers import Launcher, StaticEndpoints
 from regions.pool.planner import Plan, plan
-from regions.pool.sizing import BurstProfile, PoolSizeReport, check_pool
+from regions.pool.sizing import BurstProfile, check_pool
+from regions.pool.snapshot import PoolSnapshot
 from regions.pool.states import (
     Action,
     PoolConfig,
-    PoolTarget,
     Replica,
     ReplicaState,
     died,
@@ -76,31 +75,6 @@ from regions.pool.states import (
 log = logging.getLogger("tectonic.pool")
 ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
 COLD, LENT = ReplicaState.COLD, ReplicaState.LENT
-ActivationKind = Literal["wake", "resume"]
-OnActivation = Callable[[ActivationKind, bool, float], None]  # kind, ok, seconds
-OnState = Callable[[Replica, Replica], None]  # a replica before and after a state change
-
-
-class PoolSnapshot(Frozen):
-    """The pool as the agent publishes it (and ``--json`` prints it)."""
-
-    replicas: tuple[Replica, ...]
-    target: PoolTarget
-    shortfall: int = 0  # ACTIVE replicas wanted and not yet reachable
-    notes: tuple[str, ...] = ()  # the last plan's deferred moves and shortages
-    size: PoolSizeReport | None = None  # configured warm count vs the configured burst
-    loan_refusals: dict[str, str] = Field(default_factory=dict)  # loan id -> why not
-
-    def urls(self, state: ReplicaState) -> list[str]:
-        return [r.url for r in self.replicas if r.state is state and r.url is not None]
-
-    def lent(self) -> dict[str, str]:
-        """Loan id -> the URL of the replica lent for it."""
-        return {
-            r.loan: r.url
-            for r in self.replicas
-            if r.state is LENT and r.loan is not None and r.url is not None
-        }
 
 
 class WarmPool:
@@ -112,7 +86,7 @@ class WarmPool:
         config: PoolConfig,
         *,
         burst: BurstProfile | None = None,
-        on_change: Callable[[PoolSnapshot], None] | None = None,
+        on_change: OnChange | None = None,
         on_activation: OnActivation | None = None,
         on_state: OnState | None = None,
         clock: Clock | None = None,
@@ -127,9 +101,7 @@ class WarmPool:
         self._clock = clock or SystemClock()
         variant = launcher.variants[0] if launcher.variants else None  # the default kind
         self._target = config.target.model_copy(update={"variant": variant})
-        self._on_change = on_change
-        self._on_activation = on_activation
-        self._on_state = on_state
+        self.hooks = PoolHooks.of(on_change, on_activation, on_state)
         self._dead_after = dead_after
         self._timeouts = (probe_timeout_s, request_timeout_s, reset_timeout_s)
         t = self._clock.now()
@@ -163,6 +135,8 @@ class WarmPool:
         """Bring the pool to its configured sizes (launches wait for ``/health``)."""
         if self._size is not None and (self._size.too_small or not self._size.feasible):
             log.warning("warm pool too small for its burst: %s", self._size.reason)
+        if self.hooks.off:
+            log.info("warm pool: off: %s", "; ".join(self.hooks.off))
         await self.reconcile()
 
     async def activate(self, count: int) -> list[str]:
@@ -302,7 +276,7 @@ class WarmPool:
         for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
             self._move(a, self._at(now))
             if a.kind == "resume":
-                self._activated("resume", True, 0.0)
+                self.hooks.activated("resume", True, 0.0)
         for a in p.of("sleep", "stop", "return"):
             r = self._replicas[a.replica]
             try:
@@ -342,11 +316,8 @@ class WarmPool:
         return self.active(), self.lent(), dict(self._refused)
 
     def _notify(self, was: tuple[list[str], dict[str, str], dict[str, str]]) -> None:
-        if self._on_change is not None and self._view() != was:
-            try:
-                self._on_change(self.snapshot())
-            except Exception:  # a publishing bug must not wedge the pool; it is logged
-                log.exception("warm pool on_change callback failed")
+        if self._view() != was:
+            self.hooks.changed(self.snapshot())
 
     def _refuse(self, loan: str | None, why: str) -> None:
         """Loan ``loan`` will not be served (or no longer is): say why until it is gone."""
@@ -373,17 +344,10 @@ class WarmPool:
                 r.state,
                 why,
             )
-            self._state_changed(before, r)
+            self.hooks.state_changed(before, r)
         if before.state is LENT and r.state is COLD:  # the borrower's replica is gone
             self._refuse(before.loan, f"{before.url} ({r.name}) went COLD while lent: {why}")
         self._notify(was)
-
-    def _state_changed(self, before: Replica, after: Replica) -> None:
-        if self._on_state is not None:
-            try:
-                self._on_state(before, after)
-            except Exception:  # a labelling bug must not wedge the pool; it is logged
-                log.exception("warm pool on_state callback failed")
 
     async def _wake_one(self, a: Action, now: float | None) -> None:
         r = self._replicas[a.replica]
@@ -392,12 +356,12 @@ class WarmPool:
             await self._http.wake(self._url(r))
         except ReplicaError as e:
             log.warning("waking %s %s failed: %s", r.name, r.url, e)
-            self._activated("wake", False, time.monotonic() - started)
+            self.hooks.activated("wake", False, time.monotonic() - started)
             with contextlib.suppress(ReplicaError):
                 await self._http.sleep(self._url(r))  # back to the state we record
             return
         self._move(a, self._at(now))
-        self._activated("wake", True, time.monotonic() - started)
+        self.hooks.activated("wake", True, time.monotonic() - started)
 
     async def _lend_one(self, a: Action, now: float | None) -> None:
         """WARM -> LENT: woken like an activation (its prefix cache reset), not routed."""
@@ -422,13 +386,6 @@ class WarmPool:
         except ReplicaError as e:
             log.warning("resetting the prefix cache of %s before its return failed: %s", url, e)
         await self._http.sleep(url)
-
-    def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
-        if self._on_activation is not None:
-            try:
-                self._on_activation(kind, ok, seconds)
-            except Exception:  # a metrics bug must not wedge the pool; it is logged
-                log.exception("warm pool on_activation callback failed")
 
     async def _launch(self, name: str, now: float | None) -> None:
         """COLD -> WARM: launch (managed) or find reachable (static), then sleep."""

@@ -214,8 +214,35 @@ class Snapshot:
 
 
 def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
+    """The ``/metrics`` page, its families in vLLM's order: the scheduler and its cache
+    now, the requests so far, the sleep state, the cache config, speculative decoding
+    (with a speculative config) and the HTTP server's own counter."""
     base = {"model_name": model, "engine": "0"}
     out = Exposition(stats.created)
+    _scheduler(out, base, snap)
+    _requests(out, base, stats)
+    _sleep_state(out, base, snap.sleep_level)
+    out.gauge(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        [({**snap.cache_info, "engine": "0"}, 1.0)],
+    )
+    if stats.spec_decode is not None:
+        _spec_decode(out, base, stats.spec_decode)
+    out.counter(
+        "http_requests",
+        "Total number of requests by method, status and handler.",
+        [
+            ({"handler": h, "method": m, "status": st}, n)
+            for (h, m, st), n in stats.http_requests.items()
+        ],
+    )
+    return out.text()
+
+
+def _scheduler(out: Exposition, base: Mapping[str, str], snap: Snapshot) -> None:
+    """The scheduler now: requests running and waiting, the KV cache's use, and the
+    prefix cache's counters (what the agent and the capacity probe read)."""
     out.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -241,6 +268,10 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         "Prefix cache hits, in terms of number of cached tokens.",
         [(base, snap.prefix_hits)],
     )
+
+
+def _requests(out: Exposition, base: Mapping[str, str], stats: EngineStats) -> None:
+    """The requests served so far: tokens, completions by reason, latency histograms."""
     out.counter(
         "vllm:prompt_tokens", "Number of prefill tokens processed.", [(base, stats.prompt_tokens)]
     )
@@ -272,8 +303,10 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         base,
         stats.queue_time,
     )
-    # Like vLLM: asleep, awake = 0; level 0 (scheduling paused only) sets no other state.
-    level = snap.sleep_level
+
+
+def _sleep_state(out: Exposition, base: Mapping[str, str], level: int | None) -> None:
+    """Like vLLM: asleep, awake = 0; level 0 (scheduling paused only) sets no other state."""
     state = "awake" if level is None else {1: SLEEP_STATES[1], 2: SLEEP_STATES[2]}.get(level)
     out.gauge(
         "vllm:engine_sleep_state",
@@ -282,22 +315,6 @@ def render_metrics(model: str, stats: EngineStats, snap: Snapshot) -> str:
         "discard_all = 1 means sleep level 2.",
         [({**base, "sleep_state": s}, float(s == state)) for s in SLEEP_STATES],
     )
-    out.gauge(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        [({**snap.cache_info, "engine": "0"}, 1.0)],
-    )
-    if stats.spec_decode is not None:
-        _spec_decode(out, base, stats.spec_decode)
-    out.counter(
-        "http_requests",
-        "Total number of requests by method, status and handler.",
-        [
-            ({"handler": h, "method": m, "status": st}, n)
-            for (h, m, st), n in stats.http_requests.items()
-        ],
-    )
-    return out.text()
 
 
 def _spec_decode(out: Exposition, base: Mapping[str, str], sd: SpecDecodeStats) -> None:

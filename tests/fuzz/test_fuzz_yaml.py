@@ -3,7 +3,7 @@
 Loaders: the topology (``controlplane.kernel.config.load_topology``), the degradation ladder
 (``controlplane.kernel.ladder.file.load_ladder``), drill scenarios (``chaos.drills.scenario``), the
 drill schedule (``chaos.drills.schedule``, alone and bound to the shipped scenarios) and the
-agent's warm-pool config (``regions.agent.warm_pool.load_pool_config``).
+agent's warm-pool config (``regions.agent.pool_config.load_pool_config``).
 
 The inputs start from the real files (``runbooks/degradation.yaml``,
 ``chaos/scenarios/*.yaml``, ``chaos/schedule.yaml``, ``examples/topology.yaml``) and
@@ -30,7 +30,7 @@ from chaos.drills.schedule import SCHEDULE_FILE, known_scenarios, load_schedule
 from controlplane.kernel.config import ConfigError, load_topology
 from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_FILE
 from controlplane.kernel.ladder.file import load_ladder
-from regions.agent.warm_pool import load_pool_config
+from regions.agent.pool_config import load_pool_config
 from tests.fuzz.mutations import keys_of, mutated
 from tests.integration.cp_harness import fast_topology
 

@@ -24,7 +24,7 @@ import pytest
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.vllm_cpu import SETUP_HINT, VllmProc, start_vllm, vllm_available
-from regions.gateway.admission_gate import AdmissionOptions
+from regions.dataplane.admission_gate import AdmissionOptions
 from tests.integration.test_gateway_admission import admitting, gate_of, holding, topology
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.realvllm]

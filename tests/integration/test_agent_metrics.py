@@ -19,8 +19,8 @@ from chaos.lab.procs import until
 from controlplane.kernel.prefix.identity import PromptKind
 from controlplane.kernel.prefix.prewarm import ReplayPayload
 from regions.agent.cli import parse_args
+from regions.agent.pool_config import parse_pool_config
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
-from regions.agent.warm_pool import parse_pool_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

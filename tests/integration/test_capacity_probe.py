@@ -23,8 +23,10 @@ import pytest
 
 from bench.capacity import Options, compute_truth, services
 from chaos.capacity.load import LoadGenerator, RequestResult
-from chaos.capacity.probe import ProbeConfig, plan_requests, probe_capacity
+from chaos.capacity.probe import probe_capacity
+from chaos.capacity.probe_config import ProbeConfig
 from chaos.capacity.stats import sustained_figures
+from chaos.capacity.steps import plan_requests
 from chaos.capacity.verdicts import AbortCause, Phase, ProbeAborted, StepReport
 from chaos.capacity.workload import Workload, arrivals
 from chaos.lab.procs import Proc, start_simulator

@@ -41,8 +41,8 @@ from controlplane.kernel.pool.loans import read_members
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import EventType
+from regions.agent.pool_config import AgentPoolConfig
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
-from regions.agent.warm_pool import AgentPoolConfig
 from regions.pool.states import ReplicaState
 from tests.integration.cp_harness import fast_topology, running_replica
 from tests.integration.test_failoverctl import ctl

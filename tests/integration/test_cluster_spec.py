@@ -31,9 +31,9 @@ from controlplane.kernel.model import AuditAction, AuditEntry
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.server import ControlPlaneReplica
+from regions.dataplane.spec_watch import SpecWatch
 from regions.gateway.app import AppConfig
 from regions.gateway.server import SPEC_SECTIONS, GatewayOptions, GatewayServer
-from regions.gateway.spec_watch import SpecWatch
 
 pytestmark = [pytest.mark.etcd]
 

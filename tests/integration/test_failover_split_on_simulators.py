@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from chaos.capacity.load import LoadGenerator, Planned, RequestResult
-from chaos.capacity.probe import ProbeConfig, probe_capacity
+from chaos.capacity.probe import probe_capacity
+from chaos.capacity.probe_config import ProbeConfig
 from chaos.capacity.stats import percentile
 from chaos.capacity.workload import Workload, arrivals, requests
 from chaos.lab.procs import Proc, start_simulator

@@ -24,8 +24,13 @@ import pytest
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
 from controlplane.kernel.config import Topology, parse_topology
+from regions.dataplane.admission_gate import (
+    AdmissionGates,
+    AdmissionOff,
+    AdmissionOptions,
+    RegionGate,
+)
 from regions.dataplane.admission_limit import Priority
-from regions.gateway.admission_gate import AdmissionOptions, RegionGate
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from tests.integration.cp_harness import fast_topology
@@ -66,7 +71,7 @@ async def admitting(topo: Topology, admission: AdmissionOptions) -> AsyncIterato
 
 
 def gate_of(gw: GatewayServer) -> RegionGate:
-    assert gw.admission is not None
+    assert isinstance(gw.admission, AdmissionGates)
     gate = gw.admission.gate(REGION)
     assert gate is not None
     return gate
@@ -249,7 +254,7 @@ async def test_admission_is_off_by_default(
     etcd: EtcdServer, cluster_name: str, simulator: Proc, http: aiohttp.ClientSession
 ) -> None:
     async with admitting(topology(etcd, cluster_name, simulator.url), AdmissionOptions()) as gw:
-        assert gw.admission is None
+        assert isinstance(gw.admission, AdmissionOff)
         answers = await asyncio.gather(*(stream(http, gw, tokens=3) for _ in range(20)))
         assert {a.status for a in answers} == {200}
         assert "tectonic_gateway_admission_refused_total{" not in await metrics_page(http, gw)

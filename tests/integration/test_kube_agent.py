@@ -27,8 +27,9 @@ from controlplane.kernel.model import Health
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
-from regions.agent.server import AgentConfig, AgentHandle, KubeDiscoveryConfig, serve_agent
-from regions.agent.warm_pool import load_pool_config
+from regions.agent.kube_wiring import KubeDiscoveryConfig
+from regions.agent.pool_config import load_pool_config
+from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.kube.pod_labels import POOL_STATE_LABEL
 from tests.kube_standin import StandIn
 

@@ -37,8 +37,8 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
+from regions.dataplane.admission_gate import AdmissionGates, RegionGate
 from regions.dataplane.admission_limit import Priority
-from regions.gateway.admission_gate import RegionGate
 from regions.picker.__main__ import parse_args
 from regions.picker.server import PickerServer
 from regions.pool.processes import free_port
@@ -97,7 +97,7 @@ class World:
 
     @property
     def gate(self) -> RegionGate:
-        assert self.picker.core.admission is not None
+        assert isinstance(self.picker.core.admission, AdmissionGates)
         gate = self.picker.core.admission.gate(REGION)
         assert gate is not None
         return gate

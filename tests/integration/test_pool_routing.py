@@ -22,8 +22,9 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.vllm.metrics import parse_gauges
+from regions.agent.pool_config import AgentPoolConfig
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
-from regions.agent.warm_pool import AgentPool, AgentPoolConfig
+from regions.agent.warm_pool import AgentPool
 from regions.gateway.server import GatewayServer
 from regions.pool.states import ReplicaState
 from tests.integration.cp_harness import fast_topology, running_gateway

@@ -31,8 +31,8 @@ from regions.agent.prewarm_executor import HITS, cache_counters
 from regions.agent.prewarm_plan import assign, routing_text
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.agent.service import PrewarmServiceConfig
+from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.ring import prefix_key
-from regions.gateway.replicas import ReplicaBalancer
 
 BLOCK = 16
 N_REPLICAS = 4

@@ -26,8 +26,10 @@ from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.vllm.metrics import parse_gauges
+from regions.agent.pool_config import parse_pool_config
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
-from regions.agent.warm_pool import AgentPool, parse_pool_config
+from regions.agent.spec_decode_actuator import SpecDecodeActuator
+from regions.agent.warm_pool import AgentPool
 from regions.gateway.server import GatewayServer
 from regions.pool.spec_decode import NO_SPEC_DECODE, SPEC_DECODE
 from tests.integration.cp_harness import fast_topology, running_gateway
@@ -172,7 +174,7 @@ async def rolled(
         return False
     kinds = [await runs_spec_decode(http, url) for url in members.active]
     actuator = pool_of(agent).spec_decode
-    assert actuator is not None
+    assert isinstance(actuator, SpecDecodeActuator)
     done = actuator.progress is not None and actuator.progress.done
     signals = agent.view.signals
     return (

@@ -19,7 +19,8 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec
-from regions.pool.manager import PoolSnapshot, WarmPool
+from regions.pool.manager import WarmPool
+from regions.pool.snapshot import PoolSnapshot
 from regions.pool.states import PoolConfig, ReplicaState
 
 pytestmark = pytest.mark.slow

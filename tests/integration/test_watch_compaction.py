@@ -32,8 +32,8 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import AuditAction, AuditEntry, Routing
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import StoreError, StoreUnavailable, WatchEvent
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.spec_watch import SpecWatch
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.spec_watch import SpecWatch
 from tests.unit.world import topology
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(60)]

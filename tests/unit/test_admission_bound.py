@@ -1,6 +1,6 @@
 """Admission control's bound from the measured capacity: Little's law over the probe's
 recorded in-flight (regions/dataplane/admission_bound.py), the staleness rule and the
-flag that overrides it (regions/gateway/capacity_bounds.py), the limiter following a
+flag that overrides it (regions/dataplane/capacity_bounds.py), the limiter following a
 new bound, and both command lines' admission flags."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionHealth
 from controlplane.kernel.store.memory import MemoryStore
 from regions.dataplane.admission_bound import BoundAt, InflightBound, inflight_at, inflight_bound
+from regions.dataplane.admission_gate import AdmissionGates, AdmissionOptions
 from regions.dataplane.admission_limit import AdmissionLimiter, Grant, LimitConfig, Priority
+from regions.dataplane.capacity_bounds import CapacityBounds, region_bound
+from regions.dataplane.metrics import DataPlaneMetrics
 from regions.gateway.__main__ import parse_args as gateway_args
-from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
-from regions.gateway.capacity_bounds import CapacityBounds, region_bound
-from regions.gateway.metrics import GatewayMetrics
 from regions.picker.__main__ import parse_args as picker_args
 
 TOPOLOGY = "examples/topology.yaml"
@@ -206,7 +206,7 @@ async def test_the_gateway_reads_each_regions_engine_from_its_health_and_unbound
     topo = load_topology(TOPOLOGY)
     store, keys = MemoryStore(), Keys(topo.cluster)
     zones = {r.name: r.zone for r in topo.regions}
-    gates = AdmissionGates(AdmissionOptions(enabled=True), topo, GatewayMetrics(zones))
+    gates = AdmissionGates(AdmissionOptions(enabled=True), topo, DataPlaneMetrics(zones))
     bounds = CapacityBounds(store, keys, topo, gates, wall=lambda: NOW)
     gate = gates.gate("us-east")
     assert gate is not None
@@ -277,12 +277,12 @@ def test_the_operators_max_inflight_wins_over_the_measured_bound() -> None:
     topo = load_topology(TOPOLOGY)
     zones = {r.name: r.zone for r in topo.regions}
     flagged = AdmissionGates(
-        AdmissionOptions(enabled=True, max_inflight=6), topo, GatewayMetrics(zones)
+        AdmissionOptions(enabled=True, max_inflight=6), topo, DataPlaneMetrics(zones)
     )
     flagged.set_max_inflight("us-east", 3)
     gate = flagged.gate("us-east")
     assert gate is not None and gate.limiter.config.max_limit == 6
-    measured = AdmissionGates(AdmissionOptions(enabled=True), topo, GatewayMetrics(zones))
+    measured = AdmissionGates(AdmissionOptions(enabled=True), topo, DataPlaneMetrics(zones))
     measured.set_max_inflight("us-east", 3)
     measured.set_max_inflight("nowhere", 3)  # not a region of the topology: ignored
     gate = measured.gate("us-east")

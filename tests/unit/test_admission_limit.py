@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from regions.dataplane.admission_gate import AdmissionOptions
 from regions.dataplane.admission_limit import (
     AdmissionLimiter,
     Events,
@@ -24,7 +25,6 @@ from regions.dataplane.admission_limit import (
     priority_of,
 )
 from regions.gateway.__main__ import parse_args as gateway_args
-from regions.gateway.admission_gate import AdmissionOptions
 
 INTER, BATCH = Priority.INTERACTIVE, Priority.BATCH
 TARGET = 1.0

@@ -11,7 +11,7 @@ from controlplane.kernel.model import Health
 from regions.agent.metrics import AgentMetrics, prewarm_result
 from regions.agent.prewarm_executor import PrewarmOutcome
 from regions.agent.probe_vllm import ReplicaProbe
-from regions.pool.manager import PoolSnapshot
+from regions.pool.snapshot import PoolSnapshot
 from regions.pool.states import PoolTarget, Replica, ReplicaState
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -10,9 +10,7 @@ from pydantic import ValidationError
 
 from controlplane.kernel.config import ConfigError
 from regions.agent.cli import parse_args
-from regions.agent.server import AgentConfig
-from regions.agent.warm_pool import (
-    AgentPool,
+from regions.agent.pool_config import (
     AgentPoolConfig,
     SimulatorLauncherConfig,
     StaticLauncherConfig,
@@ -20,6 +18,8 @@ from regions.agent.warm_pool import (
     load_pool_config,
     parse_pool_config,
 )
+from regions.agent.server import AgentConfig
+from regions.agent.warm_pool import AgentPool, PoolPublishing
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher
 
 GOOD = """
@@ -179,12 +179,7 @@ def test_the_security_files_etcd_settings_reach_the_pools_etcd_client(tmp_path: 
     assert config.etcd_settings is not None and config.etcd_settings.ca == "/etc/ca.pem"
     assert config.pool is not None
     pool = AgentPool(
-        "east",
-        config.pool,
-        etcd=config.etcd,
-        cluster="prod",
-        interval_s=1.0,
-        etcd_settings=config.etcd_settings,
+        "east", config.pool, PoolPublishing("prod", config.pool_etcd()), interval_s=1.0
     )
     used = pool.store._config  # type: ignore[attr-defined]
     assert used.endpoints == ("10.0.0.5:2379",) and used.cert == "/etc/c.pem"

@@ -1,4 +1,4 @@
-"""The scaling efficiency's arithmetic (chaos/capacity/probe.py): the pair's ultimate
+"""The scaling efficiency's arithmetic (chaos/capacity/pair.py, steps.py): the pair's ultimate
 per replica over one replica's alone, the pair's plan stopping once its ultimate is
 bracketed under the single one's, and every replica of a pair offered the same
 arrivals and lengths as one alone, with prompts of its own."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from chaos.capacity.probe import plan_requests
+from chaos.capacity.steps import plan_requests
 from chaos.capacity.verdicts import scaling, ultimate_bracketed
 from chaos.capacity.workload import Workload, requests
 from controlplane.kernel.capacity.bearing import CapacitySLO, ProbePlan, Step, analyze

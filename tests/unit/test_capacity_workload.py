@@ -10,13 +10,8 @@ import statistics
 import pytest
 
 from chaos.capacity.load import _Stream
-from chaos.capacity.probe import (
-    ProbeConfig,
-    _hit_rate,
-    _Scrape,
-    prefix_caching,
-    recovery_offsets,
-)
+from chaos.capacity.prefix_cache import Scrape, hit_rate, prefix_caching
+from chaos.capacity.probe_config import ProbeConfig, recovery_offsets
 from chaos.capacity.results import Outcome, RequestResult
 from chaos.capacity.stats import percentile, recovery_time, step_figures, wasted_share
 from chaos.capacity.verdicts import Verdict, verdict
@@ -310,22 +305,22 @@ def test_the_recovery_load_is_an_overload_step_then_the_allowed_rate() -> None:
     assert abs(len(after) / 40 - 5) < 1.5 and all(20 <= t < 60 for t in after)
 
 
-def _scrape(queries: float, hits: float, caching: bool | None = True) -> _Scrape:
+def _scrape(queries: float, hits: float, caching: bool | None = True) -> Scrape:
     m = ReplicaMetrics(at=0, prefix_queries=queries, prefix_hits=hits)
-    return _Scrape({}, m, caching)
+    return Scrape({}, m, caching)
 
 
 def test_the_hit_rate_is_the_counters_deltas_never_assumed() -> None:
     from chaos.capacity.verdicts import Phase, ProbeAborted
 
-    assert _hit_rate([_scrape(100, 10)], [_scrape(1100, 610)], Phase.WARM) == 0.6
+    assert hit_rate([_scrape(100, 10)], [_scrape(1100, 610)], Phase.WARM) == 0.6
     # two replicas: summed deltas (not a mean of rates)
-    assert _hit_rate(
+    assert hit_rate(
         [_scrape(0, 0), _scrape(0, 0)], [_scrape(100, 90), _scrape(900, 0)], Phase.PAIR
     ) == pytest.approx(0.09)
-    assert _hit_rate([_scrape(5, 0, False)], [_scrape(5, 0, False)], Phase.WARM) == 0.0
+    assert hit_rate([_scrape(5, 0, False)], [_scrape(5, 0, False)], Phase.WARM) == 0.0
     with pytest.raises(ProbeAborted, match="did not move"):
-        _hit_rate([_scrape(5, 0, None)], [_scrape(5, 0, None)], Phase.WARM)
+        hit_rate([_scrape(5, 0, None)], [_scrape(5, 0, None)], Phase.WARM)
 
 
 def test_prefix_caching_is_read_from_the_cache_config_info() -> None:

@@ -13,7 +13,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.memory import MemoryStore
-from regions.gateway.actuators import (
+from regions.dataplane.actuators import (
     Action,
     Actuated,
     ActuatorConfig,
@@ -22,8 +22,8 @@ from regions.gateway.actuators import (
     estimate_tokens,
     priority,
 )
-from regions.gateway.degradation_cache import DegradationCache
-from regions.gateway.requests import Endpoint, ProxyRequest, parse
+from regions.dataplane.degradation_cache import DegradationCache
+from regions.dataplane.requests import Endpoint, ProxyRequest, parse
 
 CFG = ActuatorConfig(chars_per_token=4.0, message_overhead_tokens=4)
 WORD = "abcd "  # 5 characters: about 1.25 estimated tokens

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from regions.dataplane.requests import Endpoint
 from regions.gateway.continuation import (
     FOLD_BYTES,
     Broken,
@@ -18,7 +19,6 @@ from regions.gateway.continuation import (
     refusal,
     split_events,
 )
-from regions.gateway.requests import Endpoint
 
 CHAT = Endpoint.CHAT
 COMPLETIONS = Endpoint.COMPLETIONS

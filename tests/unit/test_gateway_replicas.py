@@ -1,4 +1,4 @@
-"""Prefix-aware bounded-load consistent hashing (regions.gateway.replicas): pure."""
+"""Prefix-aware bounded-load consistent hashing (regions.dataplane.replicas): pure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.ring import HashRing, prefix_key
-from regions.gateway.replicas import ReplicaBalancer
 
 REPLICAS = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
 prompts = st.text(min_size=1, max_size=600)

@@ -1,5 +1,5 @@
 """Gateways telling each other about sessions they moved off a region
-(regions.gateway.session_moves): two boards on one MemoryStore, each with its watch."""
+(regions.dataplane.session_moves): two boards on one MemoryStore, each with its watch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from controlplane.kernel.codec import decode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.sessions.resolve import SessionMoves
 from controlplane.kernel.store.memory import MemoryStore
-from regions.gateway.session_moves import SessionMovesBoard
+from regions.dataplane.session_moves import SessionMovesBoard
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""The gateway's session resolver (regions.gateway.sessions): an LRU of pins in front
+"""The gateway's session resolver (regions.dataplane.sessions): an LRU of pins in front
 of the real SessionStore on a MemoryStore, with routing from the real RoutingCache.
 ``set_available(False)`` on the store plays an etcd outage."""
 
@@ -20,9 +20,9 @@ from controlplane.kernel.sessions.resolve import NoRegionServing, pick_region
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import KeyValue
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.sessions import SessionResolver
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.sessions import SessionResolver
 
 REGIONS = ("us-east", "us-west", "eu-west")
 HOME = "us-east"
@@ -55,7 +55,7 @@ class World:
             self.store, keys, regions=REGIONS, clock=self.clock, writer="gw-test"
         )
         self.routing = RoutingCache(self.store, keys, retry_s=0.01, max_retry_s=0.02)
-        self.metrics = GatewayMetrics()
+        self.metrics = DataPlaneMetrics()
 
     def resolver(self, *, max_pins: int = 1000, revalidate_s: float = 300.0) -> SessionResolver:
         return SessionResolver(

@@ -10,8 +10,8 @@ import pytest
 
 from controlplane.kernel.config import ConfigError
 from regions.agent.cli import parse_args
+from regions.agent.pool_config import KubernetesLauncherConfig, load_pool_config
 from regions.agent.server import AgentConfig
-from regions.agent.warm_pool import KubernetesLauncherConfig, load_pool_config
 
 BASE = ["--region", "eu", "--control-plane", "127.0.0.1:7000"]
 KUBE = ["--discovery", "kubernetes", "--kube-namespace", "models", "--kube-service", "vllm-eu"]

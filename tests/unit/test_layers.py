@@ -103,18 +103,21 @@ def test_a_new_service_module_is_covered_without_being_named(tmp_path: Path) -> 
     assert f"{_name('The region agent, gateway, simulator, warm pool')} BROKEN" in out
 
 
-def test_the_kernel_floors_and_the_data_plane_core_break_when_crossed(tmp_path: Path) -> None:
+def test_the_kernel_floors_data_plane_core_and_picker_break_when_crossed(tmp_path: Path) -> None:
     tree = _scratch(tmp_path)
     kernel = tree / "controlplane" / "kernel"
     _add(kernel / "model.py", "import controlplane.kernel.config")  # the foundation up
     _add(kernel / "prefix" / "catalog.py", "import controlplane.kernel.sessions.resolve")
     _add(tree / "regions" / "dataplane" / "prompts.py", "import regions.gateway.app")
+    _add(tree / "regions" / "picker" / "pick.py", "import regions.gateway.proxy")
     out = _lint(tree)
     floors = _name("The kernel has floors")
     assert f"{floors} BROKEN" in out, out[-3000:]
     assert "controlplane.kernel.model -> controlplane.kernel.config" in out
     assert "controlplane.kernel.prefix.catalog -> controlplane.kernel.sessions.resolve" in out
     assert f"{_name('The data plane')} BROKEN" in out
+    assert f"{_name('The endpoint picker builds on')} BROKEN" in out
+    assert "regions.picker.pick -> regions.gateway.proxy" in out
 
 
 def test_a_kernel_module_without_a_floor_breaks_the_floors(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 from controlplane.cluster import Cluster
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.store.etcd import translate
+from controlplane.kernel.store.etcd_errors import translate
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import StoreError, StoreUnavailable, WatchEvent
 from controlplane.loop import ReconcileLoop, _any_change

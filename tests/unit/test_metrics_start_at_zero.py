@@ -18,18 +18,19 @@ from prometheus_client import CollectorRegistry
 from controlplane.core.machine import ALLOWED_EDGES, TRANSITIONS
 from controlplane.kernel.model import Decision, RegionState
 from controlplane.metrics import ControlPlaneMetrics
-from regions.gateway import app, proxy, resume
-from regions.gateway.actuators import Action
-from regions.gateway.metrics import (
+from regions.dataplane.actuators import Action
+from regions.dataplane.metrics import (
     NO_REGION,
     NO_REGION_CODES,
     NO_REGION_KINDS,
     REGION_CODES,
     REGION_KINDS,
     UPSTREAM_KINDS,
-    GatewayMetrics,
+    DataPlaneMetrics,
 )
-from regions.gateway.replicas import ReplicaBalancer
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.gateway import app, proxy, resume
+from regions.gateway.metrics import CONTINUATION_OUTCOMES, GatewayMetrics
 from regions.gateway.upstream import UpstreamPool
 from regions.gateway.warmth import WARMUP_OUTCOMES, RegionWarmth, WarmUps
 
@@ -122,6 +123,17 @@ def test_spills_start_at_zero_between_the_regions_of_a_zone_only() -> None:
     }
 
 
+def test_the_gateway_adds_its_continuations_to_the_data_planes_series() -> None:
+    gateway, picker = GatewayMetrics(ZONES).registry, DataPlaneMetrics(ZONES).registry
+    name = "tectonic_gateway_stream_continuations_total"
+    assert label_sets(gateway, name, "region", "outcome") == {
+        (g, o) for g in ZONES for o in CONTINUATION_OUTCOMES
+    }
+    assert samples(picker, name) == {}  # the picker forwards nothing: Envoy does
+    shared = {s.name for f in picker.collect() for s in f.samples}
+    assert shared <= {s.name for f in gateway.collect() for s in f.samples}
+
+
 def test_counting_after_start_goes_on_the_series_made_at_zero() -> None:
     m = GatewayMetrics(ZONES)
     for _ in range(10):
@@ -151,9 +163,11 @@ def test_warm_ups_start_at_zero_for_every_region() -> None:
 
 
 def test_the_known_label_values_are_all_the_code_counts() -> None:
-    """The lists above hold what the gateway's code counts: every error kind and
-    status it passes, read from its source, is among them."""
-    text = "\n".join(p.read_text() for p in (REPO / "regions" / "gateway").glob("*.py"))
+    """The lists above hold what the gateway's and the picker's code counts: every
+    error kind and status they pass, read from their source (and the data plane's they
+    share), is among them."""
+    sources = ("gateway", "dataplane", "picker")
+    text = "\n".join(p.read_text() for d in sources for p in (REPO / "regions" / d).glob("*.py"))
     counted = set(re.findall(r'metrics\.error\([^,]+,\s*"(\w+)"\)', text))
     counted |= set(re.findall(r'_unavailable\([^,]+,\s*"(\w+)"', text))
     counted |= set(re.findall(r'_Failed\(\s*"(\w+)"', text))  # counted as outcome.kind

@@ -20,11 +20,11 @@ from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.memory import MemoryStore
-from regions.gateway.admission import Admission
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.sessions import SessionResolver
+from regions.dataplane.admission import Admission
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.sessions import SessionResolver
 from regions.picker import extproc
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import Answer, Pick, Picker, PickerConfig
@@ -63,7 +63,7 @@ class World:
             self.store, keys, regions=REGIONS, clock=self.clock, writer="picker-test"
         )
         self.routing = RoutingCache(self.store, keys, retry_s=0.01, max_retry_s=0.02)
-        self.metrics = GatewayMetrics()
+        self.metrics = DataPlaneMetrics()
         self.resolver = SessionResolver(
             self.sessions,
             self.routing,

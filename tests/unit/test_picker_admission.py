@@ -14,7 +14,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from controlplane.kernel.config import parse_topology
-from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
+from regions.dataplane.admission_gate import AdmissionGates, AdmissionOptions
 from regions.picker.extproc import BODY_BUFFERED, BODY_NONE
 from regions.picker.pick import Answer, Pick
 from regions.picker.service import ExtProcService

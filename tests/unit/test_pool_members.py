@@ -12,8 +12,9 @@ from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.memory import MemoryStore
-from regions.agent.warm_pool import AgentPool, AgentPoolConfig
-from regions.gateway.pool_cache import PoolCache
+from regions.agent.pool_config import AgentPoolConfig
+from regions.agent.warm_pool import AgentPool, PoolPublishing
+from regions.dataplane.pool_cache import PoolCache
 from regions.pool.processes import free_port
 
 KEYS = Keys("unit")
@@ -32,7 +33,7 @@ async def test_agent_pool_publishes_in_the_background_while_the_store_is_down(
         {"launcher": {"kind": "static", "urls": [url]}, "active": 1, "warm": 0}
     )
     pool = AgentPool(
-        "eu", config, etcd=(), cluster="unit", interval_s=0.05, store=memory_store, retry_s=0.01
+        "eu", config, PoolPublishing("unit", memory_store, retry_s=0.01), interval_s=0.05
     )
     memory_store.set_available(False)
     await pool.start("agent:eu@test")

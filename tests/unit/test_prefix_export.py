@@ -15,11 +15,11 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.prefix.identity import PromptRequest
 from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
+from regions.dataplane.observe import TrackerObserver
+from regions.dataplane.prefix_export import ExportOptions, PrefixExporter, fit_export
+from regions.dataplane.requests import Endpoint, parse
 from regions.gateway.__main__ import _parser, parse_args
 from regions.gateway.app import AppConfig
-from regions.gateway.observe import TrackerObserver
-from regions.gateway.prefix_export import ExportOptions, PrefixExporter, fit_export
-from regions.gateway.requests import Endpoint, parse
 from regions.gateway.server import GatewayOptions, GatewayServer
 
 PREFIXES = PrefixesConfig(block_size=16, chars_per_token=4.0, level_tokens=16, min_sessions=3)

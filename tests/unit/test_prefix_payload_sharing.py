@@ -33,8 +33,8 @@ from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, Tra
 from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from controlplane.kernel.store.port import Compare
 from controlplane.prefix_aggregator import PrefixAggregator, fit_catalog
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.prefix_export import ExportOptions, PrefixExporter, fit_export
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.prefix_export import ExportOptions, PrefixExporter, fit_export
 
 # A level every 32 tokens = 128 characters: the lab's 5.5 KB template at 43 levels.
 CFG = PrefixesConfig(block_size=16, level_tokens=32, min_sessions=3)
@@ -332,7 +332,7 @@ async def test_payloads_a_size_cut_drops_are_counted() -> None:
             for _ in range(2):
                 t.observe_request("east", f"t{topic}-{s}", PromptRequest("tiny", words(700, topic)))
     blob = t.export()
-    metrics = GatewayMetrics()
+    metrics = DataPlaneMetrics()
     store = MemoryStore()
     ex = PrefixExporter(
         store,

@@ -1,6 +1,6 @@
-"""Replica choice bounded by what each replica bears (regions.gateway.replicas), the
+"""Replica choice bounded by what each replica bears (regions.dataplane.replicas), the
 slots learned from the replicas' running/waiting, and the poller that reads them
-(regions.gateway.replica_load)."""
+(regions.dataplane.replica_load)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from controlplane.kernel.config import parse_topology
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.store.memory import MemoryStore
+from regions.dataplane.core import DataPlaneCore
+from regions.dataplane.off import Off
+from regions.dataplane.options import DataPlaneOptions, RequestConfig
+from regions.dataplane.replica_load import ReplicaLoadPoller
+from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.ring import prefix_key
-from regions.gateway.app import AppConfig
-from regions.gateway.core import DataPlaneCore
-from regions.gateway.options import GatewayOptions
-from regions.gateway.replica_load import ReplicaLoadPoller
-from regions.gateway.replicas import ReplicaBalancer
 
 REPLICAS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 keys = st.integers(min_value=0, max_value=2**64 - 1)
@@ -293,7 +293,7 @@ async def test_the_poller_runs_until_cancelled(
 # ---- wiring ----------------------------------------------------------------------------
 
 
-def _options(**more: object) -> GatewayOptions:
+def _options(**more: object) -> DataPlaneOptions:
     topology = parse_topology(
         {
             "cluster": "t",
@@ -308,16 +308,16 @@ def _options(**more: object) -> GatewayOptions:
             ],
         }
     )
-    return GatewayOptions(topology=topology, app=AppConfig(home="east"), **more)
+    return DataPlaneOptions(topology=topology, app=RequestConfig(home="east"), **more)
 
 
 def test_the_data_plane_gives_its_balancers_the_slots_and_a_poller() -> None:
     core = DataPlaneCore(_options(replica_slots=6), store=MemoryStore(), observer=None)
-    assert core.replica_load is not None
+    assert isinstance(core.replica_load, ReplicaLoadPoller)
     assert core.replica_load.interval_s == 1.0
     assert [core.balancers["east"].slots(r) for r in REPLICAS[:2]] == [6, 6]
     off = DataPlaneCore(_options(replica_poll_s=0), store=MemoryStore())
-    assert off.replica_load is None
+    assert isinstance(off.replica_load, Off)
     assert off.balancers["east"].slots(REPLICAS[0]) is None
 
 

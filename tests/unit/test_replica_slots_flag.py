@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from controlplane.kernel.store.memory import MemoryStore
+from regions.dataplane.core import DataPlaneCore
+from regions.dataplane.options import DataPlaneOptions
 from regions.gateway.__main__ import parse_args as gateway_args
-from regions.gateway.core import DataPlaneCore
-from regions.gateway.options import GatewayOptions
 from regions.picker.__main__ import parse_args as picker_args
 
 TOPOLOGY = "examples/topology.yaml"
@@ -22,15 +22,15 @@ OTHER = "http://127.0.0.1:8009"
 BASE = ["--topology", TOPOLOGY, "--region", "us-east"]
 
 
-def _gateway(argv: Sequence[str]) -> GatewayOptions:
+def _gateway(argv: Sequence[str]) -> DataPlaneOptions:
     return gateway_args([*BASE, *argv])[0]
 
 
-def _picker(argv: Sequence[str]) -> GatewayOptions:
+def _picker(argv: Sequence[str]) -> DataPlaneOptions:
     return picker_args([*BASE, *argv])[0].routing
 
 
-PARSERS: list[Callable[[Sequence[str]], GatewayOptions]] = [_gateway, _picker]
+PARSERS: list[Callable[[Sequence[str]], DataPlaneOptions]] = [_gateway, _picker]
 
 
 @pytest.mark.parametrize("parse", PARSERS)
@@ -50,7 +50,7 @@ PARSERS: list[Callable[[Sequence[str]], GatewayOptions]] = [_gateway, _picker]
     ],
 )
 def test_the_flag_gives_one_count_or_counts_per_replica(
-    parse: Callable[[Sequence[str]], GatewayOptions], flags: list[str], slots: Any
+    parse: Callable[[Sequence[str]], DataPlaneOptions], flags: list[str], slots: Any
 ) -> None:
     assert parse(flags).replica_slots == slots
 
@@ -69,7 +69,7 @@ def test_the_flag_gives_one_count_or_counts_per_replica(
     ],
 )
 def test_a_malformed_value_is_refused_naming_the_flag(
-    parse: Callable[[Sequence[str]], GatewayOptions],
+    parse: Callable[[Sequence[str]], DataPlaneOptions],
     value: str,
     says: str,
     capsys: pytest.CaptureFixture[str],

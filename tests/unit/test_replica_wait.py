@@ -1,6 +1,6 @@
-"""When a full prefix owner is worth waiting for (regions.gateway.replicas), the costs
-it is weighed with (regions.gateway.replica_costs), and the poller that reads them
-from a replica's /metrics (regions.gateway.replica_load)."""
+"""When a full prefix owner is worth waiting for (regions.dataplane.replicas), the costs
+it is weighed with (regions.dataplane.replica_costs), and the poller that reads them
+from a replica's /metrics (regions.dataplane.replica_load)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.kernel.vllm.metrics import PREFIX_HITS, PREFIX_QUERIES
-from regions.gateway.replica_cache import MAX_RANKS, SentKeys
-from regions.gateway.replica_costs import E2E, QUEUE, TTFT, CostEstimator, Costs
-from regions.gateway.replica_load import ReplicaLoadPoller
-from regions.gateway.replicas import ReplicaBalancer
+from regions.dataplane.replica_cache import MAX_RANKS, SentKeys
+from regions.dataplane.replica_costs import E2E, QUEUE, TTFT, CostEstimator, Costs
+from regions.dataplane.replica_load import ReplicaLoadPoller
+from regions.dataplane.replicas import ReplicaBalancer
 
 A, B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 HOLD, SAVING = 0.3, 0.05  # a request holds its slot 300 ms; a hit saves 50 ms

@@ -42,9 +42,9 @@ from controlplane.reports import BadReport, validate_report
 from regions.agent.engine_version import EngineVersions
 from regions.agent.probe_vllm import ReplicaProbe
 from regions.dataplane.admission_bound import InflightBound
-from regions.gateway.admission_gate import AdmissionGates, AdmissionOptions
-from regions.gateway.capacity_bounds import CapacityBounds, region_bound
-from regions.gateway.metrics import GatewayMetrics
+from regions.dataplane.admission_gate import AdmissionGates, AdmissionOptions
+from regions.dataplane.capacity_bounds import CapacityBounds, region_bound
+from regions.dataplane.metrics import DataPlaneMetrics
 from regions.simulator.admin import vllm_config
 from regions.simulator.engine import Engine, EngineConfig
 from tests.unit import test_admission_bound as ab
@@ -226,7 +226,7 @@ async def test_the_gateway_unbounds_a_region_whose_configuration_changed() -> No
 
     store, keys = MemoryStore(), Keys(topo.cluster)
     zones = {r.name: r.zone for r in topo.regions}
-    gates = AdmissionGates(AdmissionOptions(enabled=True), topo, GatewayMetrics(zones))
+    gates = AdmissionGates(AdmissionOptions(enabled=True), topo, DataPlaneMetrics(zones))
     bounds = CapacityBounds(store, keys, topo, gates, wall=lambda: ab.NOW)
     gate = gates.gate("us-east")
     assert gate is not None

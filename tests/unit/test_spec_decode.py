@@ -17,7 +17,9 @@ from controlplane.kernel.config import ConfigError
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.memory import MemoryStore
-from regions.agent.warm_pool import AgentPool, parse_pool_config
+from regions.agent.pool_config import parse_pool_config
+from regions.agent.spec_decode_actuator import SpecDecodeActuator
+from regions.agent.warm_pool import AgentPool, PoolPublishing
 from regions.pool.launchers import SimulatorLauncher, VllmSpec, vllm_command
 from regions.pool.manager import WarmPool
 from regions.pool.planner import Plan, plan
@@ -324,8 +326,9 @@ async def test_prime_reads_the_flag_before_the_pool_launches(memory_store: Memor
     )
     await memory_store.put(keys.degradation("eu"), encode(off))
     cfg = parse_pool_config({"launcher": {"kind": "simulator", "speculative_config": NGRAM}})
-    agent_pool = AgentPool("eu", cfg, etcd=(), cluster="unit", interval_s=0.1, store=memory_store)
-    assert agent_pool.spec_decode is not None and agent_pool.pool.variant == SPEC
+    agent_pool = AgentPool("eu", cfg, PoolPublishing("unit", memory_store), interval_s=0.1)
+    assert isinstance(agent_pool.spec_decode, SpecDecodeActuator)
+    assert agent_pool.pool.variant == SPEC
     await agent_pool.spec_decode.prime()
     assert agent_pool.pool.variant == PLAIN  # COLD slots now launch without it
     assert agent_pool.signals() == {
@@ -336,8 +339,8 @@ async def test_prime_reads_the_flag_before_the_pool_launches(memory_store: Memor
         "spec_decode_roll_left": 0.0,
     }
     memory_store.set_available(False)  # etcd away at start: the configured default
-    again = AgentPool("eu", cfg, etcd=(), cluster="unit", interval_s=0.1, store=memory_store)
-    assert again.spec_decode is not None
+    again = AgentPool("eu", cfg, PoolPublishing("unit", memory_store), interval_s=0.1)
+    assert isinstance(again.spec_decode, SpecDecodeActuator)
     await again.spec_decode.prime(timeout_s=0.5)
     assert again.pool.variant == SPEC and again.signals()["spec_decode_wanted"] == 1.0
     pool = WarmPool(SimulatorLauncher(speculative_config=NGRAM), PoolConfig())

@@ -25,6 +25,7 @@ from controlplane.kernel.version import (
 from controlplane.metrics import ControlPlaneMetrics
 from regions.agent.cli import parse_args as agent_parse_args
 from regions.agent.metrics import AgentMetrics
+from regions.dataplane.metrics import DataPlaneMetrics
 from regions.gateway.metrics import GatewayMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,11 +126,11 @@ def test_the_agents_metrics_text_carries_the_build_info() -> None:
     [
         (lambda: ControlPlaneMetrics(), "controlplane"),
         (lambda: GatewayMetrics(), "gateway"),
-        (lambda: GatewayMetrics(component="picker"), "picker"),
+        (lambda: DataPlaneMetrics(component="picker"), "picker"),
     ],
 )
 def test_every_components_registry_carries_the_build_info(
-    metrics: Callable[[], ControlPlaneMetrics | GatewayMetrics], component: str
+    metrics: Callable[[], ControlPlaneMetrics | DataPlaneMetrics], component: str
 ) -> None:
     labels = {"version": VERSION, "component": component, "python": PYTHON}
     assert metrics().registry.get_sample_value(BUILD_INFO, labels) == 1

@@ -1,7 +1,7 @@
 """The prefix tracker: counts prompt prefixes per region in a mergeable sketch.
 
 A gateway holds one :class:`PrefixTracker` behind its ``PrefixObserver``
-(``regions/gateway/observe.py``). Per request it computes the prompt's level keys
+(``regions/dataplane/observe.py``). Per request it computes the prompt's level keys
 (``controlplane.kernel.prefix.identity``: vLLM-aligned block chains, or their character proxy)
 and counts each key in the serving region's **frequent-items sketch** (Apache
 DataSketches ``frequent_strings_sketch``, a Misra-Gries sketch with a bounded map:
@@ -203,7 +203,7 @@ class _Region:
 
 
 class PrefixTracker:
-    """See the module doc (``regions.gateway.observe.TrackerObserver`` adapts it)."""
+    """See the module doc (``regions.dataplane.observe.TrackerObserver`` adapts it)."""
 
     def __init__(self, config: TrackerConfig | None = None, *, tokenize: Tokenize | None = None):
         self.config = config or TrackerConfig()

@@ -14,10 +14,8 @@ except with TLS or an etcd user (``etcd.ca`` / ``etcd.user``): see ``etcd_secure
   (``txn``, ``create``, ``cas``) are retried only when the failure proves the request
   never took effect (no connection, no leader); otherwise the outcome is unknown and
   StoreUnavailable says so: re-read, then decide again.
-* gRPC errors are translated here: UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED /
-  UNKNOWN → StoreUnavailable; lease not found → LeaseNotFound; no space (the NOSPACE
-  alarm) → StoreFull; the rest (invalid argument, too many ops, compacted, ...) →
-  StoreError.
+* gRPC errors become the port's errors in ``etcd_errors`` (temporary or permanent,
+  and whether a failed request certainly did not take effect).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ import aetcd.exceptions
 import grpc
 from aetcd import rpc
 
+from controlplane.kernel.store.etcd_errors import Compacted, NotApplied, translate
 from controlplane.kernel.store.etcd_secure import SecureEtcdClient
 from controlplane.kernel.store.port import (
     Compare,
@@ -45,9 +44,7 @@ from controlplane.kernel.store.port import (
     Op,
     Page,
     Put,
-    RevisionCompacted,
     StoreError,
-    StoreFull,
     StoreUnavailable,
     TxnResult,
     WatchEvent,
@@ -58,21 +55,6 @@ from controlplane.kernel.store.settings import EtcdConfig
 T = TypeVar("T")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 10,000-key page of large values exceeds 4 MiB
-# Messages of gRPC / etcd errors raised before the request reached raft: retrying a
-# compare-and-set after one of these cannot apply it twice.
-_NOT_APPLIED_MARKERS = (
-    "failed to connect to all addresses",
-    "connections to all backends failing",
-    "Connection refused",
-    "etcdserver: no leader",
-    "etcdserver: too many requests",
-    "etcdserver: not capable",
-    "etcdserver: unhealthy cluster",
-)
-# gRPC core's own words when the transport failed under a call (measured: a watch's
-# first write while its etcd member was being killed): no etcd answer at all, so it is
-# temporary like UNAVAILABLE. etcd's own INTERNAL errors carry other details.
-_TRANSPORT_FAILED = "Internal error from Core"
 # Only requests whose target member has a leader: a member cut off from the quorum
 # then ends our watch stream instead of going silent (etcd's WithRequireLeader).
 _REQUIRE_LEADER = (("hasleader", "true"),)
@@ -93,14 +75,6 @@ _OPS: Mapping[CompareOp, int] = MappingProxyType(
         CompareOp.GT: rpc.Compare.GREATER,
     }
 )
-
-
-class _NotApplied(StoreUnavailable):
-    """Temporary, and the request certainly did not take effect: safe to resend."""
-
-
-class _Compacted(RevisionCompacted):
-    """The revision asked for was compacted away."""
 
 
 def _b(s: str) -> bytes:
@@ -130,37 +104,6 @@ def _kv(m: Any) -> KeyValue:
         m.version,
         m.lease,
     )
-
-
-def translate(e: BaseException, what: str) -> StoreError:
-    """Map an aetcd / gRPC error to the port's errors (temporary vs permanent)."""
-    if isinstance(e, grpc.aio.AioRpcError):
-        code, details = e.code(), e.details() or ""
-        msg = f"etcd {what}: {code.name}: {details}"
-        if "lease not found" in details:
-            return LeaseNotFound(msg)
-        if "compacted" in details:
-            return _Compacted(msg)
-        if "database space exceeded" in details:
-            return StoreFull(msg)
-        if any(marker in details for marker in _NOT_APPLIED_MARKERS):
-            return _NotApplied(msg)
-        if code in (
-            grpc.StatusCode.UNAVAILABLE,
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            grpc.StatusCode.CANCELLED,
-            # etcd answers UNKNOWN "context deadline exceeded" when our deadline ran out
-            # on its side (measured: a member without quorum); etcd's own permanent
-            # errors all carry specific codes.
-            grpc.StatusCode.UNKNOWN,
-        ) or (code is grpc.StatusCode.INTERNAL and details == _TRANSPORT_FAILED):
-            return StoreUnavailable(msg)
-        return StoreError(msg)
-    if isinstance(
-        e, aetcd.exceptions.ConnectionFailedError | aetcd.exceptions.ConnectionTimeoutError
-    ):
-        return StoreUnavailable(f"etcd {what}: {e}")
-    return StoreError(f"etcd {what}: {e!r}")
 
 
 def _txn_request(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> Any:
@@ -306,7 +249,7 @@ class EtcdStore:
         for _attempt in range(3):
             try:
                 return await self._read_pages(start, end, page_size)
-            except _Compacted:
+            except Compacted:
                 continue
         raise StoreUnavailable(f"etcd get_prefix {prefix!r}: snapshot compacted 3 times")
 
@@ -410,7 +353,7 @@ class EtcdStore:
         req = rpc.CompactionRequest(revision=revision, physical=False)
         try:
             await self._call("compact", lambda: self._kv().Compact(req, timeout=self._timeout))
-        except _Compacted:
+        except Compacted:
             return  # compacted there or later already: what was asked holds
 
     async def alarms(self) -> list[str]:
@@ -512,7 +455,7 @@ class EtcdStore:
         """``fn()`` with errors translated, retried within the deadline: any temporary
         error when idempotent, else only errors that prove nothing was applied."""
         await self._ensure_client()
-        retry_on = StoreUnavailable if idempotent else _NotApplied
+        retry_on = StoreUnavailable if idempotent else NotApplied
         async for attempt in retrying(self._deadline, retry_on=retry_on):
             with attempt:
                 try:

@@ -1,6 +1,9 @@
 """What the gateway's and the endpoint picker's command lines share: the etcd, health
-report, prefix tracking and admission control flags, and the life of the server
-process (READY, SIGTERM, exit 2 on a topology that disagrees with the cluster spec)."""
+report, prefix tracking, replica and admission control flags, the data plane's
+options read from them (``routing_options``), and the life of the server process
+(READY, SIGTERM, exit 2 on a topology that disagrees with the cluster spec). Each
+command line adds its own flags and options (``regions/gateway/__main__.py``,
+``regions/picker/__main__.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import uvloop
 from pydantic import ValidationError
@@ -22,29 +25,31 @@ from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import ConfigError, PrefixesConfig, load_topology
 from controlplane.kernel.store.settings import HOST_PORT
 from regions.dataplane.admission_bound import BoundAt
-from regions.gateway.admission_gate import AdmissionOptions
-from regions.gateway.app import AppConfig
-from regions.gateway.options import GatewayOptions
-from regions.gateway.prefix_export import ExportOptions, tracker_config
+from regions.dataplane.admission_gate import AdmissionOptions
+from regions.dataplane.options import DataPlaneOptions, RequestConfig
+from regions.dataplane.prefix_export import ExportOptions, tracker_config
 
 log = logging.getLogger("tectonic.gateway")
 
 
 OBSERVER_ID = r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$"
+Options = TypeVar("Options", bound=DataPlaneOptions)
 
 
 def routing_options(
     p: argparse.ArgumentParser,
     args: argparse.Namespace,
+    options: type[Options],
     *,
     listens: Sequence[str],
     positive: Sequence[str],
     **more: Any,
-) -> GatewayOptions:
+) -> Options:
     """The options both command lines read alike (topology, region, etcd, health
-    reports, prefix tracking, pins), checked: ``listens`` are host:port flags too,
-    ``positive`` the names of flags that must be at least 1; ``more`` the caller's own
-    GatewayOptions fields (``app``'s are completed with the shared ones)."""
+    reports, prefix tracking, pins), checked, as ``options`` (DataPlaneOptions or the
+    caller's extension of it): ``listens`` are host:port flags too, ``positive`` the
+    names of flags that must be at least 1; ``more`` the caller's own fields (``app``'s
+    are completed with the shared ones; default: a RequestConfig)."""
     try:
         topology = load_topology(args.topology)
     except ConfigError as e:
@@ -65,7 +70,7 @@ def routing_options(
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
     prefixes, session_key = prefix_options(p, args, topology.prefixes)
-    app = more.pop("app", None) or AppConfig(home=args.region)
+    app = more.pop("app", None) or RequestConfig(home=args.region)
     app = replace(
         app,
         home=args.region,
@@ -73,7 +78,7 @@ def routing_options(
         max_body_bytes=args.max_body_bytes,
         prefix_chars=topology.prefixes.routing_chars,
     )
-    return GatewayOptions(
+    return options(
         topology=topology,
         app=app,
         etcd_endpoints=endpoints,
@@ -199,7 +204,7 @@ def add_admission_flags(p: argparse.ArgumentParser, *, max_wait_s: float = 1.0) 
         "Each replica gets an in-flight limit that grows while first tokens come within "
         "a target and shrinks when they do not; over it a request waits briefly in its "
         "region's queue or gets 429 with Retry-After. x-priority: batch (or low) is the "
-        "batch partition, anything else interactive (regions/gateway/admission_gate.py).",
+        "batch partition, anything else interactive (regions/dataplane/admission_gate.py).",
     )
     g.add_argument(
         "--admission",

@@ -1,7 +1,8 @@
 """Gateways tell each other when they move sessions off a region that answered nothing.
 
-A spill (``app.py``) moves a session to another region of its zone and CASes its pin
-in etcd, but every other gateway that has the session cached keeps the old pin until
+A spill (the gateway's ``regions/gateway/app.py``, the endpoint picker's
+``regions/picker/pick.py``) moves a session to another region of its zone and CASes
+its pin in etcd, but every other gateway that has the session cached keeps the old pin until
 it revalidates (``revalidate_s``, minutes): should the old region answer again before
 the control plane fails it over (a blip), the session would be served there by them
 and in its new region by this one. So after moving sessions off a region, a gateway

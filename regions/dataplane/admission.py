@@ -16,10 +16,10 @@ from typing import Protocol
 from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.sessions.resolve import WarmCheck
 from controlplane.kernel.sessions.store import validate_session_id
+from regions.dataplane.actuators import ActuatorConfig, Refusal, actuate, priority, shed
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.requests import Endpoint, ProxyRequest, parse
 from regions.dataplane.ring import prefix_key
-from regions.gateway.actuators import ActuatorConfig, Refusal, actuate, priority, shed
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.requests import Endpoint, ProxyRequest, parse
 
 
 class Resolver(Protocol):
@@ -49,7 +49,7 @@ class Admission:
     def __init__(
         self,
         resolver: Resolver,
-        metrics: GatewayMetrics,
+        metrics: DataPlaneMetrics,
         flags: Callable[[str], FeatureFlags],
         *,
         chars: int,

@@ -63,7 +63,7 @@ from controlplane.kernel.sessions.resolve import (
 )
 from controlplane.kernel.sessions.store import SessionContention
 from controlplane.kernel.store.port import StoreError, StoreUnavailable
-from regions.gateway.metrics import GatewayMetrics
+from regions.dataplane.metrics import DataPlaneMetrics
 
 log = logging.getLogger("tectonic.gateway.sessions")
 PROBE_SESSION = "_gateway_probe"  # read (never written) to learn that etcd is back
@@ -110,7 +110,7 @@ class SessionResolver:
         sessions: SessionStoreLike,
         routing: RoutingView,
         home: str,
-        metrics: GatewayMetrics,
+        metrics: DataPlaneMetrics,
         *,
         max_pins: int = 100_000,
         revalidate_s: float = 300.0,

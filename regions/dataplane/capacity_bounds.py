@@ -32,7 +32,7 @@ from controlplane.kernel.model import RegionHealth
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.watched import WatchedPrefix
 from regions.dataplane.admission_bound import BoundAt, InflightBound, inflight_bound
-from regions.gateway.admission_gate import AdmissionGates
+from regions.dataplane.admission_gate import AdmissionGates
 
 log = logging.getLogger("tectonic.gateway.capacity")
 RECHECK_S = 60.0

@@ -39,7 +39,7 @@ from enum import StrEnum
 from controlplane.kernel.ladder.record import FeatureFlags
 from regions.dataplane.admission_limit import DEFAULT_BATCH_VALUES
 from regions.dataplane.prompts import BadRequest, chat_messages
-from regions.gateway.requests import Endpoint, ProxyRequest
+from regions.dataplane.requests import Endpoint, ProxyRequest
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 KEPT_ROLES = frozenset({"system", "developer"})  # never dropped by truncation

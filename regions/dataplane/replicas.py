@@ -52,12 +52,12 @@ import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 
+from regions.dataplane.replica_cache import SentKeys
+from regions.dataplane.replica_costs import Costs
 from regions.dataplane.ring import (
     DEFAULT_VNODES,
     HashRing,
 )
-from regions.gateway.replica_cache import SentKeys
-from regions.gateway.replica_costs import Costs
 
 DEFAULT_LOAD_FACTOR = 1.25
 

@@ -1,14 +1,19 @@
 """What a data plane of Tectonic keeps of the cluster, one implementation for the
-gateway (``server.py``) and the endpoint picker (``regions/picker/``): the etcd store,
-the routing cache, session pins and their resolver, one replica balancer per region,
-the pools, degradation and cluster-spec watches, admission control's gates with the
-``capacity/`` watch that bounds them, the health reporter and the prefix tracker with
-its exporter, and the background tasks behind them.
+gateway (``regions/gateway/server.py``) and the endpoint picker (``regions/picker/``):
+the etcd store, the routing cache, session pins and their resolver, one replica
+balancer per region, the pools, degradation and cluster-spec watches, admission
+control's gates with the ``capacity/`` watch that bounds them, the health reporter and
+the prefix tracker with its exporter, and the background tasks behind them.
 
 A region whose agent runs a warm pool routes to the ACTIVE replicas in ``pools/<r>``
 (its WARM ones sleep); any other region to the topology's ``regions[].replicas``.
 Sessions this process spills off a region are announced in ``session-moves/``, and
 the others' announcements make it re-read its cached pins of that region.
+
+A part its settings turn off (replica load polling, admission control and its
+``capacity/`` watch, health reports, prefix tracking) is an explicit stand-in
+(``off.py``, ``admission_gate.AdmissionOff``), never None, and one log line at start
+names each part that is off and why.
 """
 
 from __future__ import annotations
@@ -25,21 +30,22 @@ from controlplane.kernel.prefix.tracker import PrefixTracker
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
-from regions.gateway.admission_gate import AdmissionGates
-from regions.gateway.capacity_bounds import CapacityBounds
-from regions.gateway.degradation_cache import DegradationCache
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.observe import PrefixObserver, TrackerObserver
-from regions.gateway.options import GatewayOptions
-from regions.gateway.pool_cache import PoolCache
-from regions.gateway.prefix_export import PrefixExporter
-from regions.gateway.replica_load import ReplicaLoadPoller
-from regions.gateway.replicas import ReplicaBalancer
-from regions.gateway.report import HealthReporter
-from regions.gateway.routing_cache import RoutingCache
-from regions.gateway.session_moves import SessionMovesBoard
-from regions.gateway.sessions import SessionResolver
-from regions.gateway.spec_watch import SpecWatch
+from regions.dataplane.admission_gate import AdmissionGates, AdmissionOff, Gates
+from regions.dataplane.capacity_bounds import CapacityBounds
+from regions.dataplane.degradation_cache import DegradationCache
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.observe import NoopObserver, PrefixObserver, TrackerObserver
+from regions.dataplane.off import CapacityOff, ExportOff, Off, ReportsOff
+from regions.dataplane.options import DataPlaneOptions
+from regions.dataplane.pool_cache import PoolCache
+from regions.dataplane.prefix_export import PrefixExporter
+from regions.dataplane.replica_load import ReplicaLoadPoller
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.report import HealthReporter
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.session_moves import SessionMovesBoard
+from regions.dataplane.sessions import SessionResolver
+from regions.dataplane.spec_watch import SpecWatch
 
 log = logging.getLogger("tectonic.gateway")
 
@@ -51,15 +57,18 @@ SPEC_SECTIONS = ("regions", "prefixes")
 class DataPlaneCore:
     """Built from the options; ``supervise`` runs its background tasks until cancelled.
     ``observer``: counts prompts (default: a PrefixTracker exported to etcd, unless
-    ``prefix_tracking`` is off; then ``self.observer`` is None)."""
+    ``prefix_tracking`` is off; then a NoopObserver). ``metrics``: default a
+    DataPlaneMetrics of the topology's regions (the gateway passes its own, which
+    extend them)."""
 
     def __init__(
         self,
-        options: GatewayOptions,
+        options: DataPlaneOptions,
         *,
         store: Store | None = None,
         observer: PrefixObserver | None = None,
         kind: str = "gateway",
+        metrics: DataPlaneMetrics | None = None,
     ) -> None:
         topo = options.topology
         home = options.app.home
@@ -72,7 +81,8 @@ class DataPlaneCore:
         self.keys = Keys(topo.cluster)
         self.store: Store = store or EtcdStore(options.etcd())
         self._own_store = store is None
-        self.metrics = GatewayMetrics({r.name: r.zone for r in topo.regions}, component=kind)
+        zones = {r.name: r.zone for r in topo.regions}
+        self.metrics = metrics or DataPlaneMetrics(zones, component=kind)
         self.routing = RoutingCache(self.store, self.keys)
         self.sessions = SessionStore(
             self.store,
@@ -100,46 +110,68 @@ class DataPlaneCore:
             )
             for r in topo.regions
         }
-        # what each replica bears (its running/waiting), for the balancers' bounds
-        self.replica_load: ReplicaLoadPoller | None = None
-        if options.replica_poll_s > 0:
-            self.replica_load = ReplicaLoadPoller(self.balancers, interval_s=options.replica_poll_s)
         self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
         self.degradation = DegradationCache(self.store, self.keys)
-        self.spec_watch = SpecWatch(
-            self.store, self.keys, cluster_spec(options.topology), SPEC_SECTIONS
-        )
-        # admission control (off unless enabled): per-replica in-flight limits, bounded
-        # by the flag or else by the measured capacity in capacity/<r>
-        self.admission: AdmissionGates | None = None
-        self.capacity: CapacityBounds | None = None
-        if options.admission.enabled:
-            self.admission = AdmissionGates(options.admission, topo, self.metrics)
-            if options.admission.max_inflight is None:
-                self.capacity = CapacityBounds(
-                    self.store, self.keys, topo, self.admission, at=options.admission.bound_at
-                )
-            else:
-                log.info(
-                    "admission bound: %d in flight per replica (--admission-max-inflight; "
-                    "capacity/ is not read)",
-                    options.admission.max_inflight,
-                )
-        self.reporter: HealthReporter | None = None
-        if options.control_planes:
-            self.reporter = HealthReporter(
-                options.control_planes,
-                options.observer_id,
-                interval_s=options.report_interval_s,
-                security=topo.security,
-            )
-        self.tracker: PrefixTracker | None = None
-        self.exporter: PrefixExporter | None = None
-        if observer is None and options.prefix_tracking:
-            observer = self._track_prefixes()
-        self.observer = observer
+        self.spec_watch = SpecWatch(self.store, self.keys, cluster_spec(topo), SPEC_SECTIONS)
+        # the optional parts: each is the real one, or a stand-in that says it is off
+        self.replica_load = self._replica_load()
+        self.admission, self.capacity = self._admission_control()
+        self.reporter = self._reporter()
+        self.tracker: PrefixTracker | None = None  # set when this core tracks prefixes
+        self.observer, self.exporter = self._prefix_tracking(observer)
+        self._say_what_is_off()
 
-    def _track_prefixes(self) -> PrefixObserver:
+    def _replica_load(self) -> ReplicaLoadPoller | Off:
+        """What each replica bears (its running/waiting), for the balancers' bounds."""
+        interval = self.options.replica_poll_s
+        if interval <= 0:
+            why = "replica_poll_s is 0: replicas' running/waiting are not read"
+            return Off("replica load polling", why)
+        return ReplicaLoadPoller(self.balancers, interval_s=interval)
+
+    def _admission_control(self) -> tuple[Gates, CapacityBounds | CapacityOff]:
+        """Per-replica in-flight limits (off unless enabled), bounded by the flag or
+        else by the measured capacity in ``capacity/<r>``."""
+        options, topo = self.options.admission, self.options.topology
+        if not options.enabled:
+            return AdmissionOff("--admission not given"), CapacityOff("admission control is off")
+        gates = AdmissionGates(options, topo, self.metrics)
+        if options.max_inflight is not None:
+            why = f"--admission-max-inflight bounds each replica at {options.max_inflight}"
+            return gates, CapacityOff(why)
+        return gates, CapacityBounds(self.store, self.keys, topo, gates, at=options.bound_at)
+
+    def _reporter(self) -> HealthReporter | ReportsOff:
+        """What this process's requests saw, reported to the control plane."""
+        options = self.options
+        if not options.control_planes:
+            return ReportsOff("no --control-plane given")
+        return HealthReporter(
+            options.control_planes,
+            options.observer_id,
+            interval_s=options.report_interval_s,
+            security=options.topology.security,
+        )
+
+    def _prefix_tracking(
+        self, observer: PrefixObserver | None
+    ) -> tuple[PrefixObserver, PrefixExporter | ExportOff]:
+        """The prompts' observer and the export of what it counts."""
+        if observer is not None:
+            why = "the caller's observer counts the prompts"
+            return observer, ExportOff("the prefix export", why)
+        if not self.options.prefix_tracking:
+            why = "--no-prefix-tracking: a failover warms nothing from this traffic"
+            return NoopObserver(), ExportOff("prefix tracking", why)
+        return self._track_prefixes()
+
+    def _say_what_is_off(self) -> None:
+        parts = (self.replica_load, self.admission, self.capacity, self.reporter, self.exporter)
+        off = [str(part) for part in parts if isinstance(part, Off)]
+        if off:
+            log.info("%s: off: %s", self.kind, "; ".join(off))
+
+    def _track_prefixes(self) -> tuple[PrefixObserver, PrefixExporter]:
         """Count prompt prefixes for pre-warm and export them to etcd on a lease."""
         options, topo = self.options, self.options.topology
         self.tracker = PrefixTracker(options.tracker_config())
@@ -157,24 +189,22 @@ class DataPlaneCore:
                 shared.min_sessions,
                 self.kind,
             )
-        self.exporter = PrefixExporter(
+        exporter = PrefixExporter(
             self.store,
             self.keys,
             self.tracker,
             options.export_options(),
             payloads_dropped=self.metrics.prefix_payloads_dropped,
         )
-        return TrackerObserver(self.tracker)
+        return TrackerObserver(self.tracker), exporter
 
     def name(self, observer: str, process_id: str) -> None:
         """Name this process once its address is known: ``observer`` its health reports,
         ``process_id`` (unique across hosts) its prefix export and session-move notices;
         the options' ``observer_id`` names all three when set."""
-        if self.reporter is not None and not self.options.observer_id:
+        if not self.options.observer_id:
             self.reporter.observer = observer
-        self.moves.gateway_id = self.options.observer_id or process_id
-        if self.exporter is not None:
-            self.exporter.gateway_id = self.options.observer_id or process_id
+        self.moves.gateway_id = self.exporter.gateway_id = self.options.observer_id or process_id
 
     async def loaded(self) -> None:
         """The first full reads of ``routing/`` and ``pools/``: before them, a data
@@ -235,21 +265,18 @@ class DataPlaneCore:
         )
 
     async def supervise(self) -> None:
+        """The background tasks; those of a part that is off end at once."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.routing.run(), name="routing-watch")
             tg.create_task(self.pool_cache.run(), name="pools-watch")
             tg.create_task(self.degradation.run(), name="degradation-watch")
             tg.create_task(self.resolver.run(), name="pin-reconcile")
             tg.create_task(self.moves.run(), name="session-moves")
-            if self.replica_load is not None:
-                tg.create_task(self.replica_load.run(), name="replica-load")
-            if self.capacity is not None:
-                tg.create_task(self.capacity.run(), name="capacity-watch")
-                tg.create_task(self.capacity.rechecks(), name="capacity-recheck")
-            if self.reporter is not None:
-                tg.create_task(self.reporter.run(), name="health-report")
-            if self.exporter is not None:
-                tg.create_task(self.exporter.run(), name="prefix-export")
+            tg.create_task(self.replica_load.run(), name="replica-load")
+            tg.create_task(self.capacity.run(), name="capacity-watch")
+            tg.create_task(self.capacity.rechecks(), name="capacity-recheck")
+            tg.create_task(self.reporter.run(), name="health-report")
+            tg.create_task(self.exporter.run(), name="prefix-export")
 
     @staticmethod
     async def first_ended(spec: asyncio.Task[None] | None, tasks: asyncio.Task[None]) -> None:
@@ -264,7 +291,6 @@ class DataPlaneCore:
 
     async def close(self) -> None:
         """After ``supervise`` is cancelled: the reporter's channels and our store."""
-        if self.reporter is not None:
-            await self.reporter.close()
+        await self.reporter.close()
         if self._own_store:
             await self.store.close()

@@ -1,4 +1,4 @@
-"""Admission control in the gateway: the asyncio side of the kernel's limiter
+"""Admission control in a data plane: the asyncio side of the kernel's limiter
 (``regions/dataplane/admission_limit.py``), one per region, each with a limit per
 replica and one queue for the region.
 
@@ -7,12 +7,14 @@ takes another replica of the region with room (the router's order: prefix affini
 worth a prefill, not a wait), and a waiter takes the first slot that frees on any of
 them instead of queueing behind one slow replica.
 
-The forwarder asks ``enter`` before each attempt (the request waits here at most the
-queue's wait, or is refused), reports the attempt's first token (``first_token``: the
-time from the grant, which the limit is steered by) and ends it (``leave``). Only
+The gateway's forwarder asks ``enter`` before each attempt (the request waits here at
+most the queue's wait, or is refused), reports the attempt's first token
+(``first_token``: the time from the grant, which the limit is steered by) and ends it
+(``leave``). Only
 streamed answers have a first token before their end: a non-streamed one holds its
-slot but teaches the limit nothing. Continuations of a cut stream (``resume.py``) go
-round admission: they finish a request admitted already.
+slot but teaches the limit nothing. Continuations of a cut stream
+(``regions/gateway/resume.py``) go round admission: they finish a request admitted
+already.
 
 The first-token target defaults to the region's ``slo.ttft_p99_s`` less the queue's
 wait (a request may have waited that long here before its replica starts; at least
@@ -21,7 +23,8 @@ half the SLO), so that waiting plus the replica's first token fits the SLO.
 Each replica's limit is bounded by ``max_inflight`` when the operator sets it, else by
 the region's measured capacity (``capacity_bounds.py`` calls ``set_max_inflight`` as
 ``capacity/<region>`` changes), else not at all. The endpoint picker uses the same
-gates (``regions/picker/pick.py``).
+gates (``regions/picker/pick.py``). Off (the default), both take ``AdmissionOff``,
+which lets every request through.
 """
 
 from __future__ import annotations
@@ -43,10 +46,20 @@ from regions.dataplane.admission_limit import (
     Waiting,
     priority_of,
 )
-from regions.gateway.metrics import GatewayMetrics
-from regions.gateway.replicas import ReplicaBalancer
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.off import Off
+from regions.dataplane.replicas import ReplicaBalancer
 
-__all__ = ["AdmissionGates", "AdmissionOptions", "Grant", "Refusal", "RegionGate"]
+__all__ = [
+    "ADMISSION_OFF",
+    "AdmissionGates",
+    "AdmissionOff",
+    "AdmissionOptions",
+    "Gates",
+    "Grant",
+    "Refusal",
+    "RegionGate",
+]
 
 
 @dataclass(frozen=True)
@@ -90,7 +103,7 @@ class RegionGate:
         self,
         region: str,
         limiter: AdmissionLimiter,
-        metrics: GatewayMetrics,
+        metrics: DataPlaneMetrics,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.region = region
@@ -231,7 +244,7 @@ class AdmissionGates:
         self,
         options: AdmissionOptions,
         topology: Topology,
-        metrics: GatewayMetrics,
+        metrics: DataPlaneMetrics,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
@@ -295,3 +308,44 @@ class AdmissionGates:
         region's replicas, or released already), nothing changed."""
         gate = self._gates.get(region)
         return None if gate is None else gate.move(grant, replica)
+
+
+class AdmissionOff(Off):
+    """Admission control off (``AdmissionOptions.enabled`` false, the default): every
+    request is let through at once, as ``AdmissionGates`` lets through those of a region
+    it does not cover; no limit, no queue, no 429."""
+
+    def __init__(self, why: str = "not enabled") -> None:
+        super().__init__("admission control", why)
+
+    def gate(self, region: str) -> RegionGate | None:
+        return None
+
+    async def enter(
+        self,
+        region: str,
+        headers: Mapping[str, str],
+        balancer: ReplicaBalancer,
+        key: int,
+        first: str,
+        tried: set[str],
+        now: float,
+    ) -> Grant | Refusal | None:
+        return None
+
+    def set_max_inflight(self, region: str, limit: int | None) -> None:
+        return None
+
+    def first_token(self, region: str, grant: Grant) -> None:
+        return None
+
+    def leave(self, region: str, grant: Grant) -> None:
+        return None
+
+    def move(self, region: str, grant: Grant, replica: str) -> Grant | None:
+        return None
+
+
+# What the forwarder and the picker take: the gates, or admission control off.
+Gates = AdmissionGates | AdmissionOff
+ADMISSION_OFF = AdmissionOff()  # their default (a data plane's core says why it is off)

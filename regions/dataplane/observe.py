@@ -1,10 +1,10 @@
 """The hook through which the pre-warm tracker sees every request's prompt.
 
-The gateway calls ``observe`` once per proxied request, on the hot path, before
-forwarding: an implementation must be cheap and must not block or raise (count into
-an in-memory sketch; ship it elsewhere from a background task, as
-``regions.gateway.prefix_export`` does).
-"""
+A data plane (the gateway, the endpoint picker) calls ``observe`` once per request, on
+the hot path, before it is forwarded: an implementation must be cheap and must not
+block or raise (count into an in-memory sketch; ship it elsewhere from a background
+task, as ``regions.dataplane.prefix_export`` does). ``NoopObserver`` stands in when
+prefix tracking is off."""
 
 from __future__ import annotations
 

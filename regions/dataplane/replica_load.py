@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import aiohttp
 
 from controlplane.kernel.vllm.metrics import RUNNING, WAITING, parse_gauges
-from regions.gateway.replica_costs import COST_METRICS, CostEstimator
-from regions.gateway.replicas import ReplicaBalancer
+from regions.dataplane.replica_costs import COST_METRICS, CostEstimator
+from regions.dataplane.replicas import ReplicaBalancer
 
 log = logging.getLogger("tectonic.gateway")
 _READ = frozenset({RUNNING, WAITING}) | COST_METRICS
