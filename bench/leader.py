@@ -40,8 +40,9 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from bench._common import BenchError, Reporter, goals_and_met, main
 from bench.failover_rounds import Seen, Watcher
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.model import (
     AuditAction,

@@ -40,8 +40,9 @@ import aiohttp
 from bench._common import BenchError, Reporter, goals_and_met, main
 from chaos.drills.measure import SessionLog, consistency_violations
 from chaos.drills.traffic import MODEL, REGION_HEADER, SESSION_HEADER, system_prompt
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 
 VICTIM = "us-east"
 CONTINUATIONS = "tectonic_gateway_stream_continuations_total"

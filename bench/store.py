@@ -58,8 +58,9 @@ import yaml
 
 from bench._common import BenchError, Reporter, goals_and_met, main
 from chaos.drills.traffic import Traffic
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import StoreError, StoreUnavailable, WatchEvent
 from controlplane.kernel.store.settings import EtcdConfig

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.lab.deployment import REGIONS
 from chaos.lab.local_etcd import etcd_available
+from chaos.lab.spec import REGIONS
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 REPO = Path(__file__).resolve().parent.parent

@@ -17,9 +17,9 @@ import pytest
 
 from chaos.drills.result import JournalEntry
 from chaos.drills.scenario import find_scenario
-from chaos.lab.deployment import DeploymentSpec
 from chaos.lab.procs import until
 from chaos.lab.run import drill_on, running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import Readiness, RegionRecord
 from controlplane.kernel.store.etcd import EtcdStore

@@ -32,8 +32,8 @@ from chaos.drills.result import DrillResult
 from chaos.drills.runner import dump
 from chaos.drills.scenario import find_scenario
 from chaos.lab.demo_live import LiveView
-from chaos.lab.deployment import DataPlane, DeploymentSpec
 from chaos.lab.run import REPORTS, add_data_plane_flag, data_plane_words, run_in_lab
+from chaos.lab.spec import DataPlane, DeploymentSpec
 from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
 from controlplane.kernel.config import ConfigError, DegradedWhen
 

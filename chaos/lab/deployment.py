@@ -26,19 +26,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
-import socket
 import urllib.request
-import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import yaml
 
 from chaos.lab.envoy import EnvoyProc, EnvoySpec, start_envoy
 from chaos.lab.local_etcd import EtcdCluster
+from chaos.lab.ports import LOCALHOST, reserved_port
 from chaos.lab.procs import (
     Proc,
     launch_simulator,
@@ -48,105 +44,22 @@ from chaos.lab.procs import (
     start_picker,
     wait_ready,
 )
+from chaos.lab.spec import SIM_ARGS, DeploymentSpec, compressed_ladder, local_topology
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
-from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_PATH
-from regions.pool.processes import free_port
 
 log = logging.getLogger("chaos.lab.deployment")
 
-REGIONS = ("us-east", "us-west", "us-central")
-# vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which
-# is how the pre-warm is verified while live traffic runs on the same replicas.
-SIM_ARGS = ("--enable-prompt-tokens-details",)
-LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
 # Real vLLM start-up: ~20 s alone, but three at once, or one beside two busy ones, on two
 # cores have taken over 110 s here.
 VLLM_START_TIMEOUT_S = 300.0
-DataPlane = Literal["gateway", "envoy"]
-DATA_PLANES: tuple[DataPlane, ...] = ("gateway", "envoy")
 # Active-active: a drill through Envoy runs on the shipped shape, two pickers per Envoy.
 PICKERS_PER_REGION = 2
-LOCALHOST = "127.0.0.1"
 # A picker must answer within Envoy's ext_proc message_timeout (1 s in the shipped file),
 # or Envoy fails the request open: so it waits at most 0.5 s for etcd before serving from
 # its cache (its default, 1 s, is the timeout itself). Seen on a loaded machine: requests
 # failed open while etcd answered slowly, and one in a region that was down got a 503.
 PICKER_ARGS = ("--report-interval", "0.5", "--store-timeout", "0.5")
-EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-RESERVED_FLOOR = 20000  # the lowest port reserved_port() hands out
-
-
-def _ephemeral_low() -> int:
-    """The first port the kernel gives outgoing connections (32768 if unreadable)."""
-    try:
-        return int(EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((LOCALHOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def reserved_port(taken: set[int], rng: random.Random | None = None) -> int:
-    """A free port for a process started a while after its port is chosen, or started
-    again there by a drill (the lab's ports are in the topology and in Envoy's configs):
-    below the kernel's ephemeral range, so that no outgoing connection on this machine
-    takes it as its source port meanwhile (seen with ports from that range: a picker and
-    an agent could not bind their own). Not one in ``taken``, which it joins."""
-    rng = rng or random.Random()
-    low = _ephemeral_low()
-    if low > RESERVED_FLOOR:
-        for _ in range(200):
-            port = rng.randrange(RESERVED_FLOOR, low)
-            if port not in taken and _bindable(port):
-                taken.add(port)
-                return port
-    port = free_port()  # no room below the ephemeral range: the usual way
-    taken.add(port)
-    return port
-
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    # "simulator": the vLLM-compatible simulator; "vllm": a real vLLM server (the CPU
-    # build from .venv-vllm here; scripts/setup_vllm_cpu.sh installs it).
-    server: Literal["simulator", "vllm"] = "simulator"
-    regions: tuple[str, ...] = REGIONS
-    replicas_per_region: int = 2
-    etcd_members: int = 1
-    controlplanes: int = 2
-    sim_args: tuple[str, ...] = SIM_ARGS
-    # The regions' DEGRADED thresholds (the topology's degraded_when, which the control
-    # plane hands each agent): without them a region is DEGRADED only for a replica
-    # down, and the ladder only acts for failover targets short of headroom.
-    degraded_when: DegradedWhen = LAB_DEGRADED_WHEN
-    agent_args: tuple[str, ...] = ()  # more flags for every agent
-    # The ladder the control plane walks: the runbook's own steps in its own order,
-    # with timings compressed for a drill on one machine (None: no ladder).
-    ladder_from: Path | None = LADDER_PATH
-    ladder_step_interval_s: float = 1.0
-    ladder_baseline_ttft_p99_s: float = 0.25
-    ladder_reorder: tuple[int, ...] = ()  # tests only: a misbehaving ladder (indices)
-    lease_ttl_s: int = 3  # the leader's lease
-    prewarm_hold_s: float = 0.0  # benches only: hold each failover in its pre-warm step
-    # "gateway": Tectonic's gateway per region; "envoy": per region a real Envoy (the
-    # shipped deploy/envoy/envoy.yaml) in front of PICKERS_PER_REGION endpoint pickers.
-    data_plane: DataPlane = "gateway"
-    # etcd: more flags for every member, after the lab's own so that they win (e.g. a
-    # small --quota-backend-bytes); and the topology's etcd.compact_retention_s and
-    # compact_interval_s, the leader's compaction of etcd's history (None: the
-    # topology's defaults, 300 s and 60 s; retention 0: the leader never compacts).
-    etcd_flags: tuple[str, ...] = ()
-    compact_retention_s: float | None = None
-    compact_interval_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,94 +72,6 @@ class PickerPorts:
 class EnvoyPorts:
     listen: int  # the region's entry: clients and the other regions' pickers
     admin: int  # /stats, /ready
-
-
-def local_topology(
-    spec: DeploymentSpec,
-    etcd_endpoints: tuple[str, ...],
-    agent_ports: dict[str, int],
-    sim_ports: dict[str, list[int]],
-    ladder: Path | None,
-    entries: Mapping[str, str] | None = None,
-) -> dict[str, object]:
-    """The production shape, compressed so that a failover and its recovery take a
-    minute: short probe intervals, a 3 s leader lease, 25 % recovery steps.
-    ``entries``: each region's data-plane entry (host:port of its Envoy), if any."""
-    topo: dict[str, object] = {
-        "cluster": f"local-{uuid.uuid4().hex[:6]}",
-        "etcd": etcd_settings(spec, etcd_endpoints),
-        "regions": [
-            {
-                "name": r,
-                "zone": "us",
-                "agent": f"127.0.0.1:{agent_ports[r]}",
-                "capacity_rps": 60 if i == 2 else 120,
-                "replicas": [f"http://127.0.0.1:{p}" for p in sim_ports[r]],
-                "degraded_when": spec.degraded_when.model_dump(exclude_none=True),
-                **({"entry": entries[r]} if entries and r in entries else {}),
-            }
-            for i, r in enumerate(spec.regions)
-        ],
-        "timing": {
-            "probe_interval_s": 0.5,
-            "failure_threshold": 3,
-            "success_threshold": 3,
-            "report_stale_s": 1.5,
-            "quorum": 2,
-            "degraded_dwell_s": 3,
-            "recovery_dwell_s": 3,
-            "failover_cooldown_s": 30,
-            "loop_period_s": 0.5,
-            "retry_timeout_s": 0.5,
-            "lease_ttl_s": spec.lease_ttl_s,
-        },
-        "recovery": {"step_percent": 25, "step_interval_s": 1.0},
-        # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
-        # so few is one prefix, so a local deployment warms the top quarter.
-        "prewarm": {
-            "budget_s": 30,
-            "top_fraction": 0.25,
-            "verify": 4,
-        },
-        # The traffic's system prompts are ~400 characters: a level every 32 tokens
-        # (real vLLM on CPU caches whole 128-token blocks: a level per block).
-        "prefixes": {
-            "block_size": 128 if spec.server == "vllm" else 16,
-            "level_tokens": 128 if spec.server == "vllm" else 32,
-            "export_interval_s": 1.0,
-            "aggregate_interval_s": 1.0,
-        },
-    }
-    if ladder is not None:
-        topo["degradation_ladder"] = str(ladder)
-    return topo
-
-
-def etcd_settings(spec: DeploymentSpec, endpoints: tuple[str, ...]) -> dict[str, object]:
-    """The topology's ``etcd`` section: the members, and the leader's compaction when
-    the spec sets it."""
-    section: dict[str, object] = {"endpoints": list(endpoints)}
-    if spec.compact_retention_s is not None:
-        section["compact_retention_s"] = spec.compact_retention_s
-    if spec.compact_interval_s is not None:
-        section["compact_interval_s"] = spec.compact_interval_s
-    return section
-
-
-def compressed_ladder(spec: DeploymentSpec, out: Path) -> Path | None:
-    """A copy of the runbook's ladder with drill timings (and, for tests that must see
-    a drill fail, its steps reordered)."""
-    if spec.ladder_from is None:
-        return None
-    data = yaml.safe_load(spec.ladder_from.read_text())
-    data["degrade"]["step_interval_s"] = spec.ladder_step_interval_s
-    data["recovery"]["step_interval_s"] = spec.ladder_step_interval_s
-    data["recovery"]["step_percent"] = 25
-    data["baseline"]["ttft_p99_s"] = spec.ladder_baseline_ttft_p99_s
-    if spec.ladder_reorder:
-        data["steps"] = [data["steps"][i] for i in spec.ladder_reorder]
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
 
 
 @dataclass

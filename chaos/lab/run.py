@@ -31,7 +31,8 @@ from chaos.drills.result import DrillResult, Sample
 from chaos.drills.runner import DrillRunner, dump
 from chaos.drills.scenario import Scenario, find_scenario
 from chaos.drills.traffic import Traffic
-from chaos.lab.deployment import DATA_PLANES, DataPlane, DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
+from chaos.lab.spec import DATA_PLANES, DataPlane, DeploymentSpec
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import ConfigError, load_topology
 from controlplane.kernel.prefix.catalog import PrefixCatalog

@@ -23,8 +23,9 @@ import pytest
 
 from chaos.drills.result import DrillResult
 from chaos.drills.scenario import find_scenario
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import drill_on, running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 from tests.drill_paths import blackout_path

