@@ -11,7 +11,8 @@ what each replica bears), ``admission`` (a request's session, region and the lad
 ``actuators``), ``requests`` (validation), ``admission_gate`` with ``capacity_bounds``
 (admission control, bounded by the measured capacity), ``report`` (health votes to the
 control plane), ``observe`` and ``prefix_export`` (prefix tracking for pre-warm),
-``metrics`` (the ``tectonic_gateway_*`` series), ``off`` (the stand-ins of parts a
+``metrics`` (the ``tectonic_gateway_*`` series) with ``failures`` (the error kinds it
+counts and the forwarding's failure kinds, as types), ``off`` (the stand-ins of parts a
 setting turns off), ``cli_common`` (the flags and process life both command lines
 share).
 

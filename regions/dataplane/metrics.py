@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from controlplane.kernel.version import build_info
 from regions.dataplane.actuators import Action
 from regions.dataplane.admission_limit import PRIORITIES, REFUSAL_REASONS
+from regions.dataplane.failures import NO_REGION_KINDS, REGION_KINDS, ErrorKind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # First-token latency spans sub-millisecond (cached, simulator) to tens of seconds
@@ -51,11 +52,6 @@ NO_REGION = "none"  # the region label of requests refused before a region was c
 # STREAM_BROKEN_STATUS), 503 when nothing takes a request.
 REGION_CODES = (200, 500, 502, 503, 504)
 NO_REGION_CODES = (400, 503)  # refused before a region was chosen: bad request, no region
-# Error kinds (``tectonic_gateway_errors_total{kind}``) by where they are counted: the
-# upstream client's (regions/gateway/http1.py UpstreamError), the proxy's, and the app's.
-UPSTREAM_KINDS = ("connect", "disconnect", "timeout", "protocol", "request")
-REGION_KINDS = (*UPSTREAM_KINDS, "upstream_5xx", "stream_broken", "client_gone", "no_replica")
-NO_REGION_KINDS = ("no_region", "no_replica", "bad_request")
 
 
 def start_at_zero(metric: Counter | Histogram, label_sets: Iterable[Sequence[str]]) -> None:
@@ -166,7 +162,7 @@ class DataPlaneMetrics:
         )
         self._admission(r)
         self._requests: dict[tuple[str, int], Counter] = {}
-        self._errors: dict[tuple[str, str], Counter] = {}
+        self._errors: dict[tuple[str, ErrorKind], Counter] = {}
         self._first: dict[str, Histogram] = {}
         self._retries: dict[str, Counter] = {}
         if zones:
@@ -251,13 +247,13 @@ class DataPlaneMetrics:
             for code in REGION_CODES:
                 self._requests[region, code] = self.requests.labels(region, str(code))
             for kind in REGION_KINDS:
-                self._errors[region, kind] = self.errors.labels(region, kind)
+                self._errors[region, kind] = self.errors.labels(region, kind.value)
             self._first[region] = self.first_token.labels(region)
             self._retries[region] = self.retries.labels(region)
         for code in NO_REGION_CODES:
             self._requests[NO_REGION, code] = self.requests.labels(NO_REGION, str(code))
         for kind in NO_REGION_KINDS:
-            self._errors[NO_REGION, kind] = self.errors.labels(NO_REGION, kind)
+            self._errors[NO_REGION, kind] = self.errors.labels(NO_REGION, kind.value)
         start_at_zero(self.move_notices, [(r,) for r in regions])
         start_at_zero(self.degraded, [(r, a.value) for r in regions for a in Action])
         start_at_zero(
@@ -274,10 +270,10 @@ class DataPlaneMetrics:
     def spill(self, from_region: str, to_region: str) -> None:
         self.spills.labels(from_region, to_region).inc()
 
-    def error(self, region: str, kind: str) -> None:
+    def error(self, region: str, kind: ErrorKind) -> None:
         child = self._errors.get((region, kind))
         if child is None:
-            child = self._errors[region, kind] = self.errors.labels(region, kind)
+            child = self._errors[region, kind] = self.errors.labels(region, kind.value)
         child.inc()
 
     def first_byte(self, region: str, seconds: float) -> None:

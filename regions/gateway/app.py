@@ -36,6 +36,7 @@ from controlplane.kernel.sessions.resolve import NoRegionServing, self_routed, s
 from controlplane.kernel.sessions.store import InvalidSessionId
 from regions.dataplane.actuators import Refusal
 from regions.dataplane.admission import Admission, Refused
+from regions.dataplane.failures import ErrorKind
 from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.options import RequestConfig
 from regions.dataplane.prompts import BadRequest
@@ -201,7 +202,7 @@ class GatewayApp:
         except InvalidSessionId as e:
             return self._refuse(400, str(e))
         except NoRegionServing as e:
-            return self._unavailable(NO_REGION, "no_region", str(e))
+            return self._unavailable(NO_REGION, ErrorKind.NO_REGION, str(e))
         if isinstance(routed, web.Response):
             return routed
         req, session, region, key, check = routed
@@ -272,19 +273,19 @@ class GatewayApp:
         serving region of the same zone and move its session there (once, for good)."""
         other = spill_region(self.routing.routings, self.config.zones, region, session or str(key))
         if other is None:
-            return self._unavailable(region, "no_replica", str(failed))
+            return self._unavailable(region, ErrorKind.NO_REPLICA, str(failed))
         if session:
             try:
                 other = await self.resolver.move(session, region, other)
             except NoRegionServing as e:
-                return self._unavailable(region, "no_replica", f"{failed}; {e}")
+                return self._unavailable(region, ErrorKind.NO_REPLICA, f"{failed}; {e}")
         self.metrics.spill(region, other)
         try:
             return await (forwarder or self.forwarder).forward(
                 request, other, body, key, started, headers, continuer
             )
         except NoReplica as e:
-            return self._unavailable(other, "no_replica", f"{failed}; then {e}")
+            return self._unavailable(other, ErrorKind.NO_REPLICA, f"{failed}; then {e}")
 
     async def tokenizer(self, request: web.BaseRequest) -> web.StreamResponse:
         """``/tokenize`` or ``/detokenize``, forwarded as it is to a replica of the region
@@ -301,7 +302,7 @@ class GatewayApp:
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except NoRegionServing as e:
-            return self._unavailable(NO_REGION, "no_region", str(e))
+            return self._unavailable(NO_REGION, ErrorKind.NO_REGION, str(e))
         key = prefix_key(prefix, chars)
         forwarder = self.tokenizer_forwarder
         try:
@@ -358,7 +359,7 @@ class GatewayApp:
             raise BadRequest(f"cannot read the request body: {e}") from e
 
     def _refuse(self, status: int, message: str, param: str | None = None) -> web.Response:
-        self.metrics.error(NO_REGION, "bad_request")
+        self.metrics.error(NO_REGION, ErrorKind.BAD_REQUEST)
         self.metrics.request(NO_REGION, status)
         return json_error(status, message, error_type(status), param=param)
 
@@ -378,7 +379,7 @@ class GatewayApp:
             headers=headers,
         )
 
-    def _unavailable(self, region: str, kind: str, message: str) -> web.Response:
+    def _unavailable(self, region: str, kind: ErrorKind, message: str) -> web.Response:
         """503 with Retry-After: the client should retry shortly (a failover is usually
         under way, and the retry lands on the new region)."""
         self.metrics.error(region, kind)
@@ -395,7 +396,7 @@ class GatewayApp:
         )
         resp = await self.forwarder.get_any("/v1/models", regions)
         if resp is None:
-            return self._unavailable(NO_REGION, "no_replica", "no serving replica answered")
+            return self._unavailable(NO_REGION, ErrorKind.NO_REPLICA, "no serving replica answered")
         return resp
 
     async def health(self, request: web.BaseRequest) -> web.Response:

@@ -21,13 +21,15 @@ from typing import cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
+from regions.dataplane.failures import UpstreamFailure
+
 HIGH_WATER = 256 * 1024
 MAX_HEAD = 64 * 1024  # llhttp has no limit of its own on a head's size
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
 class UpstreamError(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: UpstreamFailure, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
@@ -108,7 +110,7 @@ class Connection(asyncio.Protocol):
             self.done = True
         if not self.done and self._parser is not None:
             what = "connection closed" if exc is None else f"{type(exc).__name__}: {exc}"
-            self._fail(UpstreamError("disconnect", what))
+            self._fail(UpstreamError(UpstreamFailure.DISCONNECT, what))
         self._wake()
 
     def pause_writing(self) -> None:  # request bodies are small; nothing to pause
@@ -202,7 +204,7 @@ class Connection(asyncio.Protocol):
         if due > now:
             self._timer = self._loop.call_at(due, self._check_silence)
             return
-        self._fail(UpstreamError("timeout", f"no data for {self._silence_s:g} s"))
+        self._fail(UpstreamError(UpstreamFailure.TIMEOUT, f"no data for {self._silence_s:g} s"))
         self._wake()
         self.close()
 
@@ -216,7 +218,7 @@ class Connection(asyncio.Protocol):
             self.exc = exc
 
     def _violation(self, detail: str) -> None:
-        self._fail(UpstreamError("protocol", f"bad response: {detail}"))
+        self._fail(UpstreamError(UpstreamFailure.PROTOCOL, f"bad response: {detail}"))
         self.close()
 
     def start(self, request: bytes, *, head_method: bool, silence_s: float) -> None:

@@ -38,6 +38,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant, Refusal
+from regions.dataplane.failures import ErrorKind
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.requests import error_body, error_type
 from regions.gateway.continuation import Continuer
@@ -100,7 +101,7 @@ class NoReplica(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Failed:
-    kind: str  # connect | disconnect | timeout | protocol | upstream_5xx
+    kind: ErrorKind
     detail: str
     status: int = 0
     body: bytes = b""
@@ -284,7 +285,7 @@ class Forwarder:
         self._metrics.error(region, failed.kind)
         if self._on_attempt is not None:
             self._on_attempt(region, False, failed.status)
-        if failed.kind == "connect":
+        if failed.kind is ErrorKind.CONNECT:
             balancer.eject(replica, self._monotonic() + self.config.eject_s)
         log.info(
             "%s %s on %s: %s (%s)",
@@ -309,11 +310,11 @@ class Forwarder:
         try:
             up = await self._pool.request(replica, request.method, request.path_qs, headers, body)
         except UpstreamError as e:
-            return _Failed(e.kind, e.detail)
+            return _Failed(ErrorKind.of(e.kind), e.detail)
         try:
             if up.status in RETRYABLE_STATUS:
                 return _Failed(
-                    "upstream_5xx",
+                    ErrorKind.UPSTREAM_5XX,
                     f"HTTP {up.status}",
                     up.status,
                     await up.read(),
@@ -321,7 +322,7 @@ class Forwarder:
                 )
             return await self._relay(request, up, region, started, resume, grant)
         except UpstreamError as e:  # raised by _relay only before the first byte
-            return _Failed(e.kind, e.detail)
+            return _Failed(ErrorKind.of(e.kind), e.detail)
         finally:
             up.release()
 
@@ -352,7 +353,7 @@ class Forwarder:
             await resp.prepare(request)
             await resp.write(first)
         except ConnectionError:
-            self._metrics.error(region, "client_gone")  # nobody left to tell
+            self._metrics.error(region, ErrorKind.CLIENT_GONE)  # nobody left to tell
             return resp
         self._first_byte(region, up.status, started)
         if grant is not None and up.status == 200:
@@ -383,9 +384,9 @@ class Forwarder:
             await resp.write_eof()
         except ConnectionError:
             if not (ended or had_answer(up, before, last)):
-                self._metrics.error(region, "client_gone")  # nobody left to tell
+                self._metrics.error(region, ErrorKind.CLIENT_GONE)  # nobody left to tell
         except UpstreamError as e:
-            self._metrics.error(region, "stream_broken")
+            self._metrics.error(region, ErrorKind.STREAM_BROKEN)
             log.warning("stream from a replica of %s broke after the first byte: %s", region, e)
             await cut_stream(request, resp, up.content_type == SSE)
             return STREAM_BROKEN_STATUS

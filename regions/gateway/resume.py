@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from regions.dataplane.failures import ErrorKind, UpstreamFailure
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.requests import error_body
 from regions.gateway.continuation import (
@@ -112,9 +113,9 @@ class Resumer:
             await resp.write_eof()
         except ConnectionError:
             if not had_answer(up, before, last):
-                self._metrics.error(region, "client_gone")
+                self._metrics.error(region, ErrorKind.CLIENT_GONE)
         except (UpstreamError, Broken) as e:
-            self._metrics.error(region, "stream_broken")
+            self._metrics.error(region, ErrorKind.STREAM_BROKEN)
             log.warning("stream from a replica of %s broke after the first byte: %s", region, e)
             return await self._continue(request, resp, region, transcript, resume)
         return up.status
@@ -224,7 +225,7 @@ class Resumer:
                     replica, "POST", request.path_qs, resume.headers, body
                 )
             except UpstreamError as e:
-                if e.kind == "connect":
+                if e.kind is UpstreamFailure.CONNECT:
                     balancer.eject(replica, now + self._eject_s)
                 continue
             if up.status == 200 and up.content_type == SSE:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
+from regions.dataplane.failures import UpstreamFailure
 from regions.gateway.http1 import Connection, UpstreamError
 
 __all__ = ["Origin", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
@@ -151,7 +152,9 @@ class UpstreamPool:
             try:
                 return await self._exchange(origin, conn, payload, is_head)
             except UpstreamError as e:
-                if not (conn.reused and not conn.got_bytes and e.kind == "disconnect"):
+                if not (
+                    conn.reused and not conn.got_bytes and e.kind is UpstreamFailure.DISCONNECT
+                ):
                     raise
             conn.close()  # a stale keep-alive connection: once more on a fresh one
             conn = await self._connect(origin)
@@ -192,9 +195,11 @@ class UpstreamPool:
                     server_hostname=origin.host if ctx else None,
                 )
         except TimeoutError:
-            raise UpstreamError("connect", f"timeout after {self.connect_timeout_s:g} s") from None
+            raise UpstreamError(
+                UpstreamFailure.CONNECT, f"timeout after {self.connect_timeout_s:g} s"
+            ) from None
         except OSError as e:
-            raise UpstreamError("connect", e.strerror or str(e)) from e
+            raise UpstreamError(UpstreamFailure.CONNECT, e.strerror or str(e)) from e
         return conn
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -282,4 +287,6 @@ def _remember(good: set[str], token: str) -> None:
 
 def _check(what: str, text: str, bad: re.Pattern[str]) -> None:
     if bad.search(text) is not None:
-        raise UpstreamError("request", f"{what} {text[:80]!r} would split the request")
+        raise UpstreamError(
+            UpstreamFailure.REQUEST, f"{what} {text[:80]!r} would split the request"
+        )

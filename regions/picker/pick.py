@@ -34,6 +34,7 @@ from regions.dataplane.actuators import Action, Refusal
 from regions.dataplane.admission import Admission, Admitted, Refused
 from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant
 from regions.dataplane.admission_gate import Refusal as Overload
+from regions.dataplane.failures import ErrorKind
 from regions.dataplane.metrics import DataPlaneMetrics
 from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.prompts import BadRequest
@@ -129,7 +130,7 @@ class Picker:
         except InvalidSessionId as e:
             return self._refuse(400, str(e))
         except NoRegionServing as e:
-            return self._unavailable("none", "no_region", str(e))
+            return self._unavailable("none", ErrorKind.NO_REGION, str(e))
 
     async def _pick(
         self,
@@ -267,7 +268,7 @@ class Picker:
         if not endpoints:
             return self._unavailable(
                 region,
-                "no_replica",
+                ErrorKind.NO_REPLICA,
                 f"region {region!r} has no replica to route to"
                 + (" within the data plane's subset hint" if subset is not None else ""),
             )
@@ -321,7 +322,7 @@ class Picker:
         if index != 0:
             self._moved(pick, endpoint if index > 0 else "")
         if index < 0:
-            self.metrics.error(pick.region, "no_replica")
+            self.metrics.error(pick.region, ErrorKind.NO_REPLICA)
             self._record(pick.region, False, status)
         else:
             self.metrics.first_byte(region, now - pick.started)
@@ -399,7 +400,7 @@ class Picker:
         return self._refuse(413, f"request body exceeds the limit of {limit} bytes")
 
     def _refuse(self, status: int, message: str, param: str | None = None) -> Answer:
-        self.metrics.error("none", "bad_request")
+        self.metrics.error("none", ErrorKind.BAD_REQUEST)
         self.metrics.request("none", status)
         return _answer(status, message, param)
 
@@ -425,7 +426,7 @@ class Picker:
         )
         return _answer(429, message, None, (("retry-after", retry),))
 
-    def _unavailable(self, region: str, kind: str, message: str) -> Answer:
+    def _unavailable(self, region: str, kind: ErrorKind, message: str) -> Answer:
         self.metrics.error(region, kind)
         self.metrics.request(region, 503)
         retry = (("retry-after", str(self.config.retry_after_s)),)

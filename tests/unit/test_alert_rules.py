@@ -57,6 +57,7 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
+from regions.dataplane.failures import ErrorKind
 from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.resume import STREAM_BROKEN_STATUS
 
@@ -171,7 +172,7 @@ def _exercised_registries() -> list[CollectorRegistry]:
 
     gw = GatewayMetrics({"east": "us", "west": "us"})
     gw.request("east", 200)
-    gw.error("east", "connect")
+    gw.error("east", ErrorKind.CONNECT)
     gw.first_byte("east", 0.1)
     gw.retry("east")
     gw.degrade("east", "shed")
