@@ -5,8 +5,9 @@
 #   docker build -t tectonic:0.1.0 .
 #
 # The machines Tectonic is developed and tested on have no container daemon or registry,
-# so this file is not built there: tests/integration/test_helm_chart.py checks it with
-# hadolint and checkov instead (docs/kubernetes.md says what that leaves unchecked).
+# so this file is not built there: tests/integration/test_helm_chart_security.py checks
+# it with hadolint and checkov instead (docs/kubernetes.md says what that leaves
+# unchecked).
 #
 # For reproducible builds, pin both FROM lines by digest (python:3.11-slim-bookworm@sha256:...).
 

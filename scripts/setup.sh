@@ -15,8 +15,8 @@ if ! command -v etcd >/dev/null 2>&1; then
 fi
 etcd --version 2>&1 | sed -n 1p  # not `head`: under pipefail etcd may die of SIGPIPE
 
-# Headless Chromium: the dashboard test (tests/integration/test_http_api.py) loads the
-# page in a real browser (skipped locally without chromium, failed in CI).
+# Headless Chromium: the dashboard test (tests/integration/test_http_api_dashboard.py)
+# loads the page in a real browser (skipped locally without chromium, failed in CI).
 if ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing chromium (Debian package, for the dashboard test)"
   $SUDO apt-get update -qq
@@ -40,7 +40,8 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
-# checkov and hadolint for tests/integration/test_helm_chart.py, in their own venv:
+# checkov and hadolint for tests/integration/test_helm_chart_security.py, in their own
+# venv:
 # checkov pins packaging<24 and python-dateutil<3, which .venv has newer.
 if [ ! -x .venv-tools/bin/checkov ] || [ ! -x .venv-tools/bin/hadolint ]; then
   echo "==> installing checkov and hadolint into .venv-tools"

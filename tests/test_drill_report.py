@@ -28,7 +28,7 @@ from chaos.drills.result import (
     summarize,
 )
 from chaos.lab.procs import until
-from tests.integration.test_http_api import CHROMIUM, chromium_page
+from tests.integration.http_api_helpers import CHROMIUM, chromium_page
 
 T0 = 1_717_200_000.0  # 2024-06-01 00:00:00 UTC
 EVIL = "<script>alert('x')</script>"

@@ -1,91 +1,39 @@
 """One contract for the Store port, run against MemoryStore and a real etcd (EtcdStore).
 
 Whatever passes here for etcd must pass for the in-memory store too, which is what
-makes the in-memory store a faithful stand-in in unit tests.
+makes the in-memory store a faithful stand-in in unit tests. This file holds reads and
+writes, compare-and-set and transactions, paged reads, leases and alarms; watches,
+compaction and reads at a revision are test_store_contract_watches.py, outages
+test_store_contract_outages.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
 import pytest
 
-from chaos.lab.local_etcd import EtcdCluster, EtcdServer
-from controlplane.kernel.keys import Keys
-from controlplane.kernel.store.etcd import EtcdStore
-from controlplane.kernel.store.memory import ManualClock, MemoryStore
 from controlplane.kernel.store.port import (
     MAX_TXN_OPS,
     Compare,
     CompareOp,
     CompareTarget,
     Delete,
-    EventType,
     KeyValue,
     LeaseNotFound,
     Put,
-    RevisionCompacted,
     Store,
     StoreError,
     StoreUnavailable,
-    WatchEvent,
 )
-from controlplane.kernel.store.settings import EtcdConfig
-
-LIVENESS_S = 10.0  # generous bound for "eventually"; machines here are noisy
-
-
-@dataclass
-class Harness:
-    store: Store
-    prefix: str
-    kind: str
-    # Let ``seconds`` of lease time pass: a manual clock jump, or real sleep on etcd.
-    let_time_pass: Callable[[float], Awaitable[None]]
-
-    def k(self, name: str) -> str:
-        return self.prefix + name
-
-
-@pytest.fixture
-async def memory_harness(keys: Keys) -> AsyncIterator[Harness]:
-    clock = ManualClock()
-    store = MemoryStore(clock=clock)
-
-    async def let_time_pass(seconds: float) -> None:
-        clock.advance(seconds)
-
-    yield Harness(store, keys.root, "memory", let_time_pass)
-    await store.close()
-
-
-@pytest.fixture
-async def etcd_harness(etcd_store: EtcdStore, keys: Keys) -> Harness:
-    return Harness(etcd_store, keys.root, "etcd", asyncio.sleep)
-
-
-@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
-def h(request: pytest.FixtureRequest) -> Harness:
-    harness: Harness = request.getfixturevalue(f"{request.param}_harness")
-    return harness
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    async with asyncio.timeout(LIVENESS_S):
-        while not await check():  # noqa: ASYNC110 - polling the store is the point
-            await asyncio.sleep(0.05)
-    assert await check(), what
-
-
-async def next_events(events: AsyncIterator[WatchEvent], n: int) -> list[WatchEvent]:
-    out: list[WatchEvent] = []
-    async with asyncio.timeout(LIVENESS_S):
-        while len(out) < n:
-            out.append(await anext(events))
-    return out
+from tests.store_contract_helpers import (  # noqa: F401 - fixtures h, *_harness: found by name
+    Harness,
+    etcd_harness,
+    eventually,
+    fixture_h,
+    memory_harness,
+)
 
 
 async def bulk_put(store: Store, items: list[tuple[str, bytes]]) -> None:
@@ -369,183 +317,8 @@ async def test_revoke_deletes_keys_and_is_idempotent(h: Harness) -> None:
         await h.store.txn([], [Put(h.k("c"), b"3", lease)])
 
 
-# ---- watches -----------------------------------------------------------------------
-
-
-async def test_watch_sees_puts_and_deletes_in_order_and_resumes(h: Harness) -> None:
-    a, b = h.k("w/a"), h.k("w/b")
-    r1 = await h.store.put(a, b"1")
-    r2 = await h.store.put(b, b"2")
-    await h.store.put(h.k("elsewhere"), b"not watched")
-    r3 = await h.store.txn([], [Delete(a)])
-    events = h.store.watch_prefix(h.k("w/"), start_revision=r1)
-    got = await next_events(events, 3)
-    assert [(e.type, e.kv.key, e.kv.mod_revision) for e in got] == [
-        (EventType.PUT, a, r1),
-        (EventType.PUT, b, r2),
-        (EventType.DELETE, a, r3.revision),
-    ]
-    assert got[0].kv.value == b"1" and got[2].kv.value == b""
-    # Live events follow the replay on the same stream.
-    r4 = await h.store.put(b, b"3")
-    (live,) = await next_events(events, 1)
-    assert (live.type, live.kv.key, live.kv.value, live.kv.version) == (EventType.PUT, b, b"3", 2)
-    assert live.kv.mod_revision == r4
-    await events.aclose()  # type: ignore[attr-defined]
-
-    # A caller that saw up to r2 resumes from r2 + 1 and misses nothing.
-    resumed = h.store.watch_prefix(h.k("w/"), start_revision=r2 + 1)
-    got = await next_events(resumed, 2)
-    assert [(e.type, e.kv.mod_revision) for e in got] == [
-        (EventType.DELETE, r3.revision),
-        (EventType.PUT, r4),
-    ]
-    await resumed.aclose()  # type: ignore[attr-defined]
-
-
-async def test_compaction_keeps_values_and_fails_watches_from_before_it(h: Harness) -> None:
-    """After ``compact(r)`` every key keeps its latest value, a watch from r or later
-    works, one from before r fails with StoreError (its owner relists), compacting
-    again at or below r changes nothing and a future revision is refused."""
-    a, b = h.k("c/a"), h.k("c/b")
-    r1 = await h.store.put(a, b"1")
-    r2 = await h.store.put(a, b"2")
-    r3 = await h.store.put(b, b"3")
-    await h.store.compact(r2)
-    page = await h.store.get_prefix(h.k("c/"))
-    assert [(kv.key, kv.value) for kv in page.kvs] == [(a, b"2"), (b, b"3")]
-    old = h.store.watch_prefix(h.k("c/"), start_revision=r1)
-    with pytest.raises(StoreError) as err:
-        await next_events(old, 1)
-    assert not isinstance(err.value, StoreUnavailable)  # permanent: relist, not retry
-    kept = h.store.watch_prefix(h.k("c/"), start_revision=r2)
-    got = await next_events(kept, 2)
-    assert [(e.kv.key, e.kv.mod_revision) for e in got] == [(a, r2), (b, r3)]
-    await kept.aclose()  # type: ignore[attr-defined]
-    await h.store.compact(r1)  # already compacted past it: a no-op
-    await h.store.compact(r2)
-    with pytest.raises(StoreError):
-        await h.store.compact(r3 + 1_000_000)
-
-
-async def test_reads_at_a_revision_see_the_keys_as_they_were_then(h: Harness) -> None:
-    """``get`` and ``get_prefix`` at a revision: the keys as they were at it (a later
-    put, delete and new key unseen), ``Page.revision`` the one asked for; a revision
-    compacted away raises RevisionCompacted, a future one StoreError."""
-    a, b, c = h.k("v/a"), h.k("v/b"), h.k("v/c")
-    await h.store.put(a, b"a1")
-    r1 = await h.store.put(b, b"b1")
-    r2 = await h.store.put(a, b"a2")
-    await h.store.delete(b)
-    await h.store.put(c, b"c1")
-    then = await h.store.get_prefix(h.k("v/"), revision=r1, page_size=1)
-    assert [(kv.key, kv.value) for kv in then.kvs] == [(a, b"a1"), (b, b"b1")]
-    assert then.revision == r1
-    got = await h.store.get(a, revision=r1)
-    assert got is not None and (got.value, got.mod_revision, got.version) == (b"a1", r1 - 1, 1)
-    assert await h.store.get(c, revision=r2) is None  # created later
-    now = await h.store.get_prefix(h.k("v/"))
-    assert [(kv.key, kv.value) for kv in now.kvs] == [(a, b"a2"), (c, b"c1")]
-    await h.store.compact(r2)
-    at = await h.store.get_prefix(h.k("v/"), revision=r2)  # the compacted one is kept
-    assert [(kv.key, kv.value) for kv in at.kvs] == [(a, b"a2"), (b, b"b1")]
-    with pytest.raises(RevisionCompacted):
-        await h.store.get_prefix(h.k("v/"), revision=r1)
-    with pytest.raises(RevisionCompacted):
-        await h.store.get(a, revision=r1)
-    with pytest.raises(StoreError):
-        await h.store.get(a, revision=now.revision + 1_000_000)
+# ---- alarms ------------------------------------------------------------------------
 
 
 async def test_no_alarm_on_a_healthy_store(h: Harness) -> None:
     assert await h.store.alarms() == []
-
-
-async def test_watch_ends_when_store_closes(h: Harness) -> None:
-    rev = await h.store.put(h.k("x"), b"1")
-    events = h.store.watch_prefix(h.prefix, start_revision=rev)
-    await next_events(events, 1)
-    pending = asyncio.create_task(next_events(events, 1))
-    await asyncio.sleep(0.1)
-    await h.store.close()
-    with pytest.raises(StopAsyncIteration):
-        async with asyncio.timeout(LIVENESS_S):
-            await pending
-
-
-# ---- outages -----------------------------------------------------------------------
-
-
-async def test_memory_outage_breaks_calls_and_watches() -> None:
-    store = MemoryStore(clock=ManualClock())
-    rev = await store.put("/k", b"1")
-    events = store.watch_prefix("/", start_revision=rev)
-    await next_events(events, 1)
-    store.set_available(False)
-    with pytest.raises(StoreUnavailable):
-        await next_events(events, 1)
-    with pytest.raises(StoreUnavailable):
-        await store.get("/k")
-    store.set_available(True)
-    assert await store.get("/k") is not None
-
-
-@pytest.mark.etcd
-async def test_etcd_outage_is_unavailable_then_recovers() -> None:
-    server = EtcdServer()
-    await asyncio.to_thread(server.start)
-    store = EtcdStore(EtcdConfig(endpoints=server.endpoints, request_timeout_s=0.3))
-    try:
-        await store.connect()
-        rev = await store.put("/k", b"1")
-        events = store.watch_prefix("/", start_revision=rev)
-        await next_events(events, 1)
-        server.kill()
-        with pytest.raises(StoreUnavailable):
-            await next_events(events, 1)
-        with pytest.raises(StoreUnavailable):  # after bounded retries (2 x 0.3 s)
-            await store.get("/k")
-        with pytest.raises(StoreUnavailable):
-            await store.create("/new", b"1")
-        # Cancellation goes through the retry loop untouched.
-        blocked = asyncio.create_task(store.get("/k"))
-        await asyncio.sleep(0.1)
-        blocked.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await blocked
-        await asyncio.to_thread(server.restart)
-
-        async def back() -> bool:
-            try:
-                return await store.get("/k") is not None
-            except StoreUnavailable:
-                return False
-
-        await eventually(back, "store usable again after etcd restarts")
-    finally:
-        await store.close()
-        await asyncio.to_thread(server.stop)
-
-
-@pytest.mark.etcd
-async def test_etcd_member_without_quorum_is_unavailable() -> None:
-    """A member cut off from the quorum ends watches (etcd's require-leader) and times
-    out writes: both must read as StoreUnavailable, not as permanent errors."""
-    cluster = EtcdCluster(3)
-    await asyncio.to_thread(cluster.start)
-    store = EtcdStore(EtcdConfig(endpoints=cluster.endpoints[:1], request_timeout_s=0.3))
-    try:
-        rev = await store.put("/k", b"1")
-        events = store.watch_prefix("/", start_revision=rev)
-        await next_events(events, 1)
-        cluster.kill_member(1)
-        cluster.kill_member(2)
-        with pytest.raises(StoreUnavailable):
-            await next_events(events, 1)
-        with pytest.raises(StoreUnavailable):
-            await store.put("/k", b"2")
-        with pytest.raises(StoreUnavailable):
-            await store.cas("/k", b"3", rev)
-    finally:
-        await store.close()
-        await asyncio.to_thread(cluster.stop)

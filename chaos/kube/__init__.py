@@ -10,5 +10,5 @@
   and removed)
 
 The drill's journal, measurements and verdict stay Tectonic's (chaos/drills/). Tested
-against a stand-in API server (tests/kube_standin.py), not a real cluster.
+against a stand-in API server (tests/kube_standin/), not a real cluster.
 """

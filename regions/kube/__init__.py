@@ -9,7 +9,7 @@
 - :mod:`regions.kube.pod_labels` ``PodStateLabeler``: ``tectonic.io/pool-state`` on pods
 
 Built on ``kubernetes-asyncio`` (generated from the Kubernetes OpenAPI spec). Tested
-against a stand-in API server speaking the wire protocol (tests/kube_standin.py), never
+against a stand-in API server speaking the wire protocol (tests/kube_standin/), never
 a real kube-apiserver: none can run where the tests run. Nothing is imported here, so
 that importing the pure module loads no client library.
 """

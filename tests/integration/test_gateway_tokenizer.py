@@ -1,5 +1,5 @@
 """vLLM's ``/tokenize`` and ``/detokenize`` through a gateway process, on a real etcd,
-in front of simulator processes (the harness of ``test_gateway.py``).
+in front of simulator processes (the harness in ``gateway_helpers.py``).
 
 They reach a replica of the region a request without a session goes to (the same
 choice as a completion with the same prompt), pin no session, stay out of the
@@ -20,7 +20,7 @@ import pytest
 from chaos.lab.local_etcd import EtcdServer
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.store.etcd import EtcdStore
-from tests.integration.test_gateway import (
+from tests.integration.gateway_helpers import (
     HALF,
     REGIONS,
     Deployment,

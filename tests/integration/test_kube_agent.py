@@ -1,5 +1,5 @@
 """The region agent on Kubernetes (``--discovery kubernetes``, ``--pool-launcher
-kubernetes``) against a STAND-IN API server (tests/kube_standin.py) that speaks the
+kubernetes``) against a STAND-IN API server (tests/kube_standin/) that speaks the
 Kubernetes API's wire protocol; it is not a real kube-apiserver, which cannot run here.
 The pods are real simulators on 127.0.0.x that the agent probes over real HTTP.
 
@@ -31,7 +31,7 @@ from regions.agent.kube_wiring import KubeDiscoveryConfig
 from regions.agent.pool_config import load_pool_config
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
 from regions.kube.pod_labels import POOL_STATE_LABEL
-from tests.kube_standin import StandIn
+from tests.kube_standin.server import StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 NS, APP = "models", {"app": "vllm", "tectonic.io/region": "eu"}

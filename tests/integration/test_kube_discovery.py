@@ -1,5 +1,5 @@
 """EndpointSlice discovery (regions/kube/discovery.py) and the client (regions/kube/client.py)
-against a STAND-IN API server (tests/kube_standin.py): an aiohttp server that speaks the
+against a STAND-IN API server (tests/kube_standin/): an aiohttp server that speaks the
 Kubernetes API's wire protocol (list, watch streams with bookmarks, 410 Gone), not a
 real kube-apiserver, which cannot run here. The pods behind the slices are real
 simulators on 127.0.0.x, so the URLs discovered answer real HTTP.
@@ -25,7 +25,7 @@ from regions.kube import client as kube_client
 from regions.kube.client import KubeConfigError, KubeConnection, new_api_client
 from regions.kube.discovery import DiscoveryError, Endpoints, EndpointSliceDiscovery
 from tests.integration.certs import make_ca
-from tests.kube_standin import StandIn
+from tests.kube_standin.server import StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 NS, APP = "models", {"app": "vllm", "tectonic.io/region": "eu"}

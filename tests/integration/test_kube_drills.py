@@ -1,5 +1,5 @@
 """Drills against pods: ``KubernetesDrillTarget`` (chaos/kube/target.py) against a
-STAND-IN API server (tests/kube_standin.py) that speaks the Kubernetes API's wire
+STAND-IN API server (tests/kube_standin/) that speaks the Kubernetes API's wire
 protocol and plays the Deployment, StatefulSet and EndpointSlice controllers; it is not
 a real kube-apiserver, which cannot run here, and it enforces no NetworkPolicy and runs
 no Chaos Mesh (it stores their objects). The model pods are real simulators.
@@ -37,7 +37,7 @@ from controlplane.kernel.model import Health, RegionHealth, RegionRecord
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Store
-from tests.kube_standin import StandIn
+from tests.kube_standin.server import StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 NS = "tectonic"

@@ -1,6 +1,6 @@
 """The warm pool on Kubernetes: ``KubernetesLauncher`` (regions/kube/launcher.py) and the
 pool-state labels (regions/kube/pod_labels.py), against a STAND-IN API server
-(tests/kube_standin.py) that speaks the API's wire protocol and plays the Deployment,
+(tests/kube_standin/) that speaks the API's wire protocol and plays the Deployment,
 StatefulSet and EndpointSlice controllers; it is not a real kube-apiserver, which
 cannot run here. The pods are real simulators on 127.0.0.x: the pool sleeps and wakes
 them over vLLM's HTTP API.
@@ -30,7 +30,7 @@ from regions.kube.workload import Workload
 from regions.pool.launchers import LaunchRefused
 from regions.pool.manager import WarmPool
 from regions.pool.states import PoolConfig, Replica, ReplicaState, died
-from tests.kube_standin import StandIn
+from tests.kube_standin.server import StandIn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 NS, APP = "models", {"app": "vllm"}

@@ -7,104 +7,41 @@ as the leader would: these tests are about the data plane; the drills run the sa
 plane under a real control plane (tests/integration/test_drills_envoy.py).
 
 The module's tests share one deployment and run in file order: the ones that kill
-processes come last and restore what the next one needs.
+processes come last and restore what the next one needs. The deployment (``World``) and
+its clients are tests/integration/picker_envoy_helpers.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import grpc
 import openai
 import pytest
 import yaml
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from chaos.lab.envoy import EnvoyProc, EnvoySpec, render, start_envoy, stats
+from chaos.lab.envoy import EnvoySpec, render, start_envoy, stats
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn, start_picker, start_simulator, start_simulators, until
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.record import DegradationRecord, FeatureFlags
-from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.pool.processes import free_port
+from tests.integration.picker_envoy_helpers import REGION, World, ask, chat, hp, picks, post
 from tests.integration.sim_counts import served_count
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 
-REGION = "x-tectonic-region"
-DESTINATION = "x-gateway-destination-endpoint"
 SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
-
-
-def hp(port: int) -> str:
-    return f"127.0.0.1:{port}"
-
-
-@dataclass
-class World:
-    tmp: Path
-    etcd: EtcdServer
-    keys: Keys
-    store: EtcdStore
-    sessions: SessionStore
-    topology: Path
-    sims: dict[str, list[Proc]]
-    picker_ports: dict[str, list[int]]
-    envoy_ports: dict[str, tuple[int, int]]  # region -> (listen, admin)
-    pickers: dict[str, list[Proc]] = field(default_factory=dict)
-    envoys: dict[str, EnvoyProc] = field(default_factory=dict)
-
-    def url(self, region: str) -> str:
-        return f"http://{hp(self.envoy_ports[region][0])}"
-
-    def envoy_spec(self, region: str, **changes: Any) -> EnvoySpec:
-        listen, admin = self.envoy_ports[region]
-        other = [r for r in self.envoy_ports if r != region]
-        spec = EnvoySpec(
-            listen_port=listen,
-            admin_port=admin,
-            pickers=[hp(p) for p in self.picker_ports[region]],
-            servers=[hp(s.port) for s in self.sims[region]],
-            remote_entry_points=[hp(self.envoy_ports[r][0]) for r in other],
-        )
-        return replace(spec, **changes)
-
-    def start_picker(self, region: str, i: int) -> Proc:
-        proc = start_picker(
-            self.topology,
-            region,
-            listen=hp(self.picker_ports[region][i]),
-            extra_args=["--etcd-timeout", "0.3", "--store-timeout", "0.5"],
-            name=f"epp-{region}-{i}",
-        )
-        self.pickers.setdefault(region, []).append(proc)
-        return proc
-
-    async def pin(self, session: str) -> str:
-        got = await self.sessions.get(session)
-        assert got is not None, session
-        return got[0].region
-
-    async def set_routing(self, region: str, targets: dict[str, float], epoch: int) -> None:
-        await self.store.put(
-            self.keys.routing(region), encode(Routing(targets=targets, epoch=epoch))
-        )
 
 
 @pytest.fixture(scope="module")
@@ -163,68 +100,6 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             proc.kill()
         await store.close()
         await asyncio.to_thread(etcd.stop)
-
-
-# ---- clients -----------------------------------------------------------------------------
-
-
-def chat(text: str, **extra: object) -> dict[str, object]:
-    return {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 4,
-        **extra,
-    }
-
-
-def post(
-    url: str, body: dict[str, object], headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", **(headers or {})},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
-
-
-async def ask(url: str, session: str, text: str = "", **extra: object) -> tuple[int, str]:
-    """One request of ``session``: its status and the region that served it."""
-    status, headers, _ = await asyncio.to_thread(
-        post, url, chat(text or f"{session}: hello there", **extra), {"x-session-id": session}
-    )
-    return status, headers.get(REGION, "")
-
-
-async def picks(address: str, session: str) -> str:
-    """Ask one picker directly, over its gRPC ext_proc service, where a header-only
-    request of ``session`` goes: the destination it answers."""
-    headers = {":path": "/v1/chat/completions", ":method": "POST", "x-session-id": session}
-    message = pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-                ]
-            ),
-            end_of_stream=True,
-        )
-    )
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = pb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(message)
-        answer = await call.read()
-        await call.done_writing()
-    mutation = answer.request_headers.response.header_mutation
-    values: list[bytes] = [
-        h.header.raw_value for h in mutation.set_headers if h.header.key == DESTINATION
-    ]
-    assert len(values) == 1, values
-    return values[0].decode()
 
 
 # ---- the tests ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """``MemoryStore``: an in-process Store with etcd v3 semantics, for unit tests and demos.
 
 Faithful to what the etcd adapter shows (measured against etcd 3.4, see
-``tests/test_store_contract.py``, which runs the same suite against both):
+``tests/test_store_contract*.py``, which run the same suite against both):
 
 * one global revision, starting at 1; a write bumps it once, however many keys a txn
   touches; a txn or delete that changes nothing does not bump it;
