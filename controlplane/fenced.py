@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from controlplane.kernel.store.port import Compare, Op, Store, TxnResult
+from controlplane.kernel.store.port import MAX_TXN_OPS, Compare, Op, Put, Store, TxnResult
 
 Fence = Callable[[], Sequence[Compare]]
 
@@ -25,3 +25,9 @@ class FencedWriter:
         """``ops`` if this replica still leads and ``compares`` hold; raises NotLeader
         when it knows it does not lead (the fence's own check) and StoreError."""
         return await self.store.txn([*self.fence(), *compares], ops)
+
+    async def put_all(self, puts: Sequence[Put]) -> None:
+        """Independent puts (latest wins: health, reports), as few fenced transactions
+        as etcd's limit on operations per transaction allows."""
+        for i in range(0, len(puts), MAX_TXN_OPS):
+            await self.txn(puts[i : i + MAX_TXN_OPS])

@@ -54,7 +54,6 @@ from controlplane.kernel.model import (
 )
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.store.port import (
-    MAX_TXN_OPS,
     Compare,
     Delete,
     LeaseNotFound,
@@ -208,9 +207,9 @@ class Orchestrator:
         self._held = dict(holds)
 
     async def write_health(self, items: Sequence[WriteHealth]) -> None:
-        ops = [Put(self.keys.region_health(h.region), encode(h.health)) for h in items]
-        for i in range(0, len(ops), MAX_TXN_OPS):
-            await self.writer.txn(ops[i : i + MAX_TXN_OPS])
+        await self.writer.put_all(
+            [Put(self.keys.region_health(h.region), encode(h.health)) for h in items]
+        )
 
     async def drop_intent(self, d: DropIntent) -> bool:
         compares, ops = self._resolve_intent(d.outcome, d.free_claim_rev, [self.audit.op(d.audit)])
@@ -219,9 +218,9 @@ class Orchestrator:
     async def write_reports(self, reports: Sequence[HealthReport]) -> None:
         """The agents' check (``controlplane/probe.py``): observations like any agent's,
         written through the leader's fence all the same."""
-        ops = [Put(self.keys.report(r.region, r.observer), encode(r)) for r in reports]
-        for i in range(0, len(ops), MAX_TXN_OPS):
-            await self.writer.txn(ops[i : i + MAX_TXN_OPS])
+        await self.writer.put_all(
+            [Put(self.keys.report(r.region, r.observer), encode(r)) for r in reports]
+        )
 
     # ---- operator intents' outcomes -------------------------------------------------------
     async def prepare(self, snap: Snapshot) -> None:

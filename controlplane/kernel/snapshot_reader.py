@@ -57,7 +57,12 @@ async def _read_at_one_revision(
     pools_kv = await prefix(keys.pools_prefix())
     reports_page = await store.get_prefix(keys.reports_prefix(), revision=rev)
     intents_page = await store.get_prefix(keys.intents_prefix(), revision=rev)
-    claims_page = await store.get_prefix(keys.intent_claims_prefix(), revision=rev)
+    # a claim matters only to an intent being resolved: no extra read on a quiet tick
+    claims_page = (
+        await store.get_prefix(keys.intent_claims_prefix(), revision=rev)
+        if intents_page.kvs
+        else None
+    )
     control_kv = await store.get(keys.control(), revision=rev)
     leader_kv = await store.get(keys.leader(), revision=rev)
     spec_kv = await store.get(keys.spec(), revision=rev)
@@ -90,7 +95,8 @@ async def _read_at_one_revision(
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))
     claims = {
-        kv.key.removeprefix(keys.intent_claims_prefix()): _claim(kv) for kv in claims_page.kvs
+        kv.key.removeprefix(keys.intent_claims_prefix()): _claim(kv)
+        for kv in (claims_page.kvs if claims_page else ())
     }
     return Snapshot(
         now=now,
