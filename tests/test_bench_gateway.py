@@ -43,6 +43,9 @@ def test_small_run_prints_one_headline_with_sane_figures(client: str) -> None:
     assert set(cpu["direct"]) == set(cpu["gateway"]) == {"gateway", "load_generator", "simulator"}
     # each process that worked for a side used CPU for it; the gateway is idle direct
     assert cpu["gateway"]["gateway"] > cpu["direct"]["gateway"] >= 0
-    assert all(cpu[side]["simulator"] > 0 and cpu[side]["load_generator"] > 0 for side in cpu)
+    # /proc counts CPU in clock ticks (10 ms): in a run this small one side's share of a
+    # lean process can read 0 (CI saw it), so each process is judged over both sides
+    for proc in ("simulator", "load_generator"):
+        assert all(cpu[side][proc] >= 0 for side in cpu) and sum(c[proc] for c in cpu.values()) > 0
     assert set(head["goals"]) == set(head["met"])
     assert all(isinstance(v, bool) for v in head["met"].values())
