@@ -52,6 +52,9 @@ def _exclusion(
     view: RegionView, source: RegionView, topology: Topology, forced: bool, now: float
 ) -> str | None:
     """Why ``view`` may not take the source's traffic, or None."""
+    family = topology.family(source.name)
+    if topology.family(view.name) != family:  # not even forced: it lacks the model
+        return f"serves no pool {family!r}" if family else "is a model pool, not a region"
     if view.record.state is RegionState.FAILING_OVER:
         return "is itself failed over"
     if forced:
@@ -76,8 +79,12 @@ def _candidates(source: str, requested: Sequence[str], topology: Topology) -> li
     preferred = topology.region(source).failover_to
     if preferred:
         return list(preferred)
-    zone = topology.region(source).zone
-    return [r.name for r in topology.regions if r.name != source and r.zone == zone]
+    zone, family = topology.region(source).zone, topology.family(source)
+    return [
+        r.name
+        for r in topology.regions
+        if r.name != source and r.zone == zone and topology.family(r.name) == family
+    ]
 
 
 def normalise(weights: dict[str, float]) -> dict[str, float]:

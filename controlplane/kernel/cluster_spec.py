@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from pydantic import Field
+
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import DegradedWhen, Topology
 from controlplane.kernel.keys import Keys
@@ -37,6 +39,9 @@ class SpecRegion(Frozen):
     zone: str
     # A spec published before thresholds lived in the topology has none.
     degraded_when: DegradedWhen = DegradedWhen()
+    # A model pool's names (docs/models.md): gateways route a request's model by them.
+    # Written only for pools, so a spec without any reads as before pools existed.
+    models: tuple[str, ...] = Field((), exclude_if=lambda v: not v)
 
 
 class SpecPrefixes(Frozen):
@@ -81,7 +86,12 @@ def cluster_spec(topology: Topology, ladder: Ladder | None = None) -> ClusterSpe
     p = topology.prefixes
     return ClusterSpec(
         regions=tuple(
-            SpecRegion(name=r.name, zone=r.zone, degraded_when=r.degraded_when)
+            SpecRegion(
+                name=r.name,
+                zone=r.zone,
+                degraded_when=r.degraded_when,
+                models=pool.models if (pool := topology.pool_of(r.name)) else (),
+            )
             for r in topology.regions
         ),
         prefixes=SpecPrefixes(
@@ -111,6 +121,9 @@ def settings(spec: ClusterSpec | None, sections: Collection[str] = SECTIONS) -> 
     out: dict[str, str] = {}
     if "regions" in sections:
         out["regions"] = ", ".join(f"{r.name} (zone {r.zone})" for r in spec.regions)
+        for r in spec.regions:
+            if r.models:
+                out[f"regions.{r.name}.models"] = ", ".join(r.models)
     if "thresholds" in sections:
         for r in spec.regions:
             for name, value in r.degraded_when.model_dump(exclude_none=True).items():

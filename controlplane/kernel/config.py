@@ -7,139 +7,28 @@ A bad file fails at start with one message per problem, each naming the field
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Self
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from controlplane.kernel.capacity.bearing import CapacitySLO
 from controlplane.kernel.capacity.record import CapacityPolicy
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.prefix.identity import FingerprintParams
+from controlplane.kernel.region_config import REGION_NAME as REGION_NAME
+from controlplane.kernel.region_config import DegradedWhen as DegradedWhen
+from controlplane.kernel.region_config import PoolConfig as PoolConfig
+from controlplane.kernel.region_config import PoolUnit, pool_units
+from controlplane.kernel.region_config import RegionConfig as RegionConfig
 from controlplane.kernel.security import SecurityConfig
-from controlplane.kernel.store.settings import HOST_PORT, EtcdConfig
+from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.timing import TimingConfig
-
-REGION_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class ConfigError(ValueError):
     """Invalid configuration; the message names each bad field and the fix."""
-
-
-class DegradedWhen(Frozen):
-    """A region's DEGRADED thresholds: its agent calls the region DEGRADED while any is
-    exceeded (besides a replica down). Each unset one is not judged. They live in the
-    topology so that every agent of a cluster judges by the same numbers; the control
-    plane hands each agent its region's in the answer to every report."""
-
-    queue_over: Annotated[
-        int | None, Field(ge=0, description="waiting requests of all the region's replicas")
-    ] = None
-    # Over the window between two probes. The p99 (seconds) is read from vLLM's TTFT
-    # histogram, so it is only as fine as its buckets (..., 0.5, 0.75, 1, 2.5 s); 2560 s
-    # is its top finite one. The error rate: the share of API answers that are 5xx.
-    ttft_p99_over_s: Annotated[
-        float | None,
-        Field(
-            gt=0,
-            lt=2560,
-            description="first-token p99 in seconds between two probes, read from vLLM's "
-            "TTFT histogram (so only as fine as its buckets)",
-        ),
-    ] = None
-    error_rate_over: Annotated[
-        float | None,
-        Field(ge=0, lt=1, description="share of API answers that are 5xx between two probes"),
-    ] = None
-
-    def describe(self) -> str:
-        """The thresholds as an operator reads them ("ttft p99 over 5s, error rate
-        over 5%"); "none" when every one is unset."""
-        parts = []
-        if self.queue_over is not None:
-            parts.append(f"queue over {self.queue_over}")
-        if self.ttft_p99_over_s is not None:
-            parts.append(f"ttft p99 over {self.ttft_p99_over_s:g}s")
-        if self.error_rate_over is not None:
-            parts.append(f"error rate over {self.error_rate_over * 100:g}%")
-        return ", ".join(parts) or "none"
-
-
-class RegionConfig(Frozen):
-    """One region: where its agent and vLLM servers are, its residency zone, what it
-    bears, and where its traffic goes when it fails."""
-
-    name: Annotated[str, Field(pattern=REGION_NAME, description="DNS-style region name")]
-    zone: Annotated[
-        str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
-    ]
-    agent: Annotated[
-        str, Field(pattern=HOST_PORT, description="host:port of the region agent's gRPC server")
-    ]
-    capacity_rps: Annotated[
-        float,
-        Field(
-            gt=0,
-            description="Safe throughput under SLO, after the factor of safety: what "
-            "failovers plan on until a capacity probe measures the region, and again when "
-            "that measurement is stale",
-        ),
-    ]
-    failover_to: Annotated[
-        tuple[str, ...],
-        Field(description="Preferred targets; empty means every region of the same zone"),
-    ] = ()
-    replicas: Annotated[
-        tuple[str, ...],
-        Field(
-            description="Base URLs of the region's vLLM servers (or its regional load "
-            "balancer) that gateways forward to"
-        ),
-    ] = ()
-    degraded_when: Annotated[
-        DegradedWhen,
-        Field(description="the thresholds over which the region's agent calls it DEGRADED"),
-    ] = DegradedWhen()
-    # Bearing capacity (docs/capacity.md): the SLA a capacity probe holds the region to,
-    # and the factor of safety its allowed load keeps under the measured ultimate one
-    # (1.5 for a forgiving service, 3 for a critical one).
-    slo: Annotated[
-        CapacitySLO,
-        Field(
-            description="the SLA a capacity probe holds the region to (docs/capacity.md): "
-            "first-token p99 in seconds, error share, and the probe's criteria"
-        ),
-    ] = CapacitySLO(ttft_p99_s=2.0)
-    factor_of_safety: Annotated[
-        float,
-        Field(
-            ge=1,
-            le=10,
-            description="allowed load = the measured ultimate load / this (1.5 for a "
-            "forgiving service, 3 for a critical one)",
-        ),
-    ] = 2.0
-    entry: Annotated[
-        str | None,
-        Field(
-            pattern=HOST_PORT,
-            description="host:port of the region's data-plane entry (its Envoy or gateway): "
-            "where endpoint pickers of other regions send the sessions pinned here; "
-            "unset: to its replicas directly",
-        ),
-    ] = None
-
-    @model_validator(mode="after")
-    def _replica_urls(self) -> Self:
-        """Each replica is a base URL: http(s)://host[:port], no path."""
-        bad = [u for u in self.replicas if not re.match(r"^https?://[^/\s]+$", u)]
-        if bad:
-            raise ValueError(f"replicas must be base URLs like http://host:8000, got {bad}")
-        return self
 
 
 class RecoveryConfig(Frozen):
@@ -362,9 +251,13 @@ class Topology(Frozen):
         Field(description="TLS, tokens, roles and limits (controlplane/SECURITY.md); unset: off"),
     ] = None
 
+    # Each pool's failover unit (docs/models.md): what it is part of, by unit name.
+    _pools: dict[str, PoolUnit] = PrivateAttr(default_factory=dict)
+
     @model_validator(mode="after")
     def _references(self) -> Self:
-        """Region names are unique; failover_to names known regions, never its own."""
+        """Region names are unique; failover_to names known regions, never its own.
+        Then a region with pools is replaced by its pools' failover units."""
         names = [r.name for r in self.regions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -378,9 +271,14 @@ class Topology(Frozen):
                 )
             if r.name in r.failover_to:
                 raise ValueError(f"region {r.name!r}: failover_to must not list itself")
+        if any(r.pools for r in self.regions):
+            units, self._pools = pool_units(self.regions)
+            # the model is frozen to its users; this is its own validation finishing
+            object.__setattr__(self, "regions", units)
         return self
 
     def region(self, name: str) -> RegionConfig:
+        """A failover unit by name: a region without pools, or ``<region>.<pool>``."""
         for r in self.regions:
             if r.name == name:
                 return r
@@ -388,14 +286,92 @@ class Topology(Frozen):
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The failover units' names: regions without pools and each pool's unit."""
         return tuple(r.name for r in self.regions)
+
+    @property
+    def pooled(self) -> bool:
+        return bool(self._pools)
+
+    def pool_of(self, unit: str) -> PoolUnit | None:
+        """What the unit ``unit`` is a pool of; None for a region without pools."""
+        return self._pools.get(unit)
+
+    def family(self, unit: str) -> str:
+        """The pool's name of ``unit`` ("" for a region without pools): units fail over
+        only to units of their family, which serve the same models."""
+        pool = self._pools.get(unit)
+        return pool.pool if pool else ""
+
+    def site(self, unit: str) -> str:
+        """The region ``unit`` belongs to, as the topology file names it."""
+        pool = self._pools.get(unit)
+        return pool.region if pool else unit
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """The regions as the topology file names them, in its order."""
+        return tuple(dict.fromkeys(self.site(r.name) for r in self.regions))
+
+    def units_of(self, site: str) -> tuple[str, ...]:
+        """The failover units of the region ``site``: itself without pools, else its pools'."""
+        return tuple(r.name for r in self.regions if self.site(r.name) == site)
+
+    def unit_for(self, site: str, model: str) -> str | None:
+        """The unit of region ``site`` that answers ``model``: the region itself when it
+        has no pools (it answers whatever a request names), else the pool listing the
+        model; None when no pool of it does."""
+        for unit in self.units_of(site):
+            pool = self._pools.get(unit)
+            if pool is None or model in pool.models:
+                return unit
+        return None
+
+    def spill_groups(self) -> dict[str, str]:
+        """Unit -> where a request may spill when its unit answers nothing: its zone,
+        and for a pool its family too (another region's pool of the same models)."""
+        return {
+            r.name: f"{r.zone}/{f}" if (f := self.family(r.name)) else r.zone for r in self.regions
+        }
+
+    def families(self) -> dict[str, tuple[str, ...]]:
+        """Each family (a pool's name; "" for the regions without pools) and its units,
+        in the topology's order."""
+        out: dict[str, list[str]] = {}
+        for r in self.regions:
+            out.setdefault(self.family(r.name), []).append(r.name)
+        return {f: tuple(units) for f, units in out.items()}
+
+    def family_of_model(self, model: str) -> str | None:
+        """The family that answers ``model``: the pools listing it, else the regions
+        without pools (they answer whatever a request names); None: nothing does."""
+        for pool in self._pools.values():
+            if model in pool.models:
+                return pool.pool
+        return "" if any(r.name not in self._pools for r in self.regions) else None
+
+    def models_of(self, site: str) -> tuple[str, ...] | None:
+        """The model names the region ``site`` answers; None for a region without pools
+        (whatever its replicas serve)."""
+        units = self.units_of(site)
+        pools = [self._pools[u] for u in units if u in self._pools]
+        if len(pools) < len(units):
+            return None
+        return tuple(m for p in pools for m in p.models)
 
 
 def describe_errors(err: ValidationError, tags: Collection[str] = ()) -> str:
     """One line per problem, naming the field as the file spells it (``regions[2].zone``).
     ``tags``: the tags of discriminated unions, which pydantic adds to the path."""
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    # a list whose items all failed also reports being too short: said by its items
+    failed = {e["loc"] for e in errors}
+    for e in errors:
+        if e["type"] == "too_short" and any(
+            loc[: len(e["loc"])] == e["loc"] and len(loc) > len(e["loc"]) for loc in failed
+        ):
+            continue
         loc = ""
         for part in e["loc"]:
             if part in tags:

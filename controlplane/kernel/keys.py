@@ -55,8 +55,12 @@ class Keys:
     def sessions_prefix(self) -> str:
         return self.root + "sessions/"
 
-    def session(self, session_id: str) -> str:
-        return f"{self.root}sessions/{session_id}"
+    def session(self, session_id: str, family: str = "") -> str:
+        """A session's pin; with a model pool's ``family`` (docs/models.md), the pin of
+        its conversation with that pool's models: a session id holds no '/', so the
+        two never meet."""
+        key = f"{self.root}sessions/{session_id}"
+        return f"{key}/{family}" if family else key
 
     def session_moves_prefix(self) -> str:
         return self.root + "session-moves/"

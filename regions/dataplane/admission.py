@@ -18,6 +18,7 @@ from controlplane.kernel.sessions.resolve import WarmCheck
 from controlplane.kernel.sessions.store import validate_session_id
 from regions.dataplane.actuators import ActuatorConfig, Refusal, actuate, priority, shed
 from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.models import ModelRoutes, OneFamily, families
 from regions.dataplane.requests import Endpoint, ProxyRequest, parse
 from regions.dataplane.ring import prefix_key
 
@@ -43,12 +44,13 @@ class Refused:
 
 
 class Admission:
-    """``admit`` raises BadRequest, InvalidSessionId and NoRegionServing for the caller
+    """``admit`` raises BadRequest (UnknownModel: a model no pool answers, a 404),
+    InvalidSessionId and NoRegionServing for the caller
     to answer in its own terms; an actuator's refusal is returned (``Refused``)."""
 
     def __init__(
         self,
-        resolver: Resolver,
+        resolver: Resolver | ModelRoutes[Resolver] | OneFamily[Resolver],
         metrics: DataPlaneMetrics,
         flags: Callable[[str], FeatureFlags],
         *,
@@ -56,7 +58,8 @@ class Admission:
         session_header: str = "x-session-id",
         actuators: ActuatorConfig | None = None,
     ) -> None:
-        self.resolver = resolver
+        # per model family (models.py): a lone resolver routes every model
+        self.routes = families(resolver)
         self.metrics = metrics
         self.flags = flags
         self.chars = chars
@@ -89,10 +92,11 @@ class Admission:
         req = parse(endpoint, body, chars)
         key = prefix_key(req.prefix, chars)
         session = self.session_of(headers, req.user)
+        resolver = self.routes.for_model(req.model)  # UnknownModel: vLLM's 404
         if session:
-            region = await self.resolver.region_for(session, warm(key) if warm else None)
+            region = await resolver.region_for(session, warm(key) if warm else None)
         else:
-            region = self.resolver.region_for_sessionless(req.prefix)
+            region = resolver.region_for_sessionless(req.prefix)
         # The serving region's flags: it is that region that is short of capacity.
         cfg = self.actuators
         prio = priority(headers.get(cfg.priority_header), cfg.default_priority)

@@ -54,10 +54,10 @@ def routing_options(
         topology = load_topology(args.topology)
     except ConfigError as e:
         p.error(str(e))
-    if args.region not in topology.names:
+    if args.region not in topology.sites:
         p.error(
             f"--region {args.region!r} is not in the topology "
-            f"(regions: {', '.join(topology.names)})"
+            f"(regions: {', '.join(topology.sites)})"
         )
     endpoints = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
     cps = tuple(e.strip() for arg in args.control_plane for e in arg.split(",") if e.strip())

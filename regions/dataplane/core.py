@@ -34,6 +34,7 @@ from regions.dataplane.admission_gate import AdmissionGates, AdmissionOff, Gates
 from regions.dataplane.capacity_bounds import CapacityBounds
 from regions.dataplane.degradation_cache import DegradationCache
 from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.models import ModelRoutes, home_units
 from regions.dataplane.observe import NoopObserver, PrefixObserver, TrackerObserver
 from regions.dataplane.off import CapacityOff, ExportOff, Off, ReportsOff
 from regions.dataplane.options import DataPlaneOptions
@@ -72,38 +73,29 @@ class DataPlaneCore:
     ) -> None:
         topo = options.topology
         home = options.app.home
-        if home not in topo.names:
+        if home not in topo.sites:
             raise ValueError(
-                f"home region {home!r} is not in the topology (regions: {', '.join(topo.names)})"
+                f"home region {home!r} is not in the topology (regions: {', '.join(topo.sites)})"
             )
         self.options = options
         self.kind = kind  # "gateway" or "picker": names this process in etcd, logs, metrics
         self.keys = Keys(topo.cluster)
         self.store: Store = store or EtcdStore(options.etcd())
         self._own_store = store is None
-        zones = {r.name: r.zone for r in topo.regions}
-        self.metrics = metrics or DataPlaneMetrics(zones, component=kind)
+        self.metrics = metrics or DataPlaneMetrics(topo.spill_groups(), component=kind)
         self.routing = RoutingCache(self.store, self.keys)
-        self.sessions = SessionStore(
-            self.store,
-            self.keys,
-            regions=topo.names,
-            clock=SystemClock(),
-            ttl_s=options.session_ttl_s,
-            writer=kind,
-        )
         # spills: tell the others, and hear theirs (session_moves.py)
         self.moves = SessionMovesBoard(self.store, self.keys, self._sessions_moved_off)
-        self.resolver = SessionResolver(
-            self.sessions,
-            self.routing,
+        # one resolver per model family, each with its own pins and home (models.py)
+        homes = home_units(topo, home)
+        self._stores: dict[str, SessionStore] = {}
+        self.resolvers = ModelRoutes(
+            topo,
             home,
-            self.metrics,
-            max_pins=options.max_pins,
-            revalidate_s=options.revalidate_s,
-            store_timeout_s=options.store_timeout_s,
-            on_moved=self.moves.moved,
+            {f: self._resolver(f, units, homes[f]) for f, units in topo.families().items()},
         )
+        self.resolver = self.resolvers.default  # the home region's first family's
+        self.sessions = self._stores[topo.family(topo.units_of(home)[0])]
         self.balancers = {
             r.name: ReplicaBalancer(
                 r.replicas, load_factor=options.load_factor, slots=options.replica_slots
@@ -120,6 +112,29 @@ class DataPlaneCore:
         self.tracker: PrefixTracker | None = None  # set when this core tracks prefixes
         self.observer, self.exporter = self._prefix_tracking(observer)
         self._say_what_is_off()
+
+    def _resolver(self, family: str, units: tuple[str, ...], home: str) -> SessionResolver:
+        options = self.options
+        sessions = SessionStore(
+            self.store,
+            self.keys,
+            regions=units,
+            clock=SystemClock(),
+            ttl_s=options.session_ttl_s,
+            writer=self.kind,
+            family=family,
+        )
+        self._stores[family] = sessions
+        return SessionResolver(
+            sessions,
+            self.routing,
+            home,
+            self.metrics,
+            max_pins=options.max_pins,
+            revalidate_s=options.revalidate_s,
+            store_timeout_s=options.store_timeout_s,
+            on_moved=self.moves.moved,
+        )
 
     def _replica_load(self) -> ReplicaLoadPoller | Off:
         """What each replica bears (its running/waiting), for the balancers' bounds."""
@@ -240,7 +255,9 @@ class DataPlaneCore:
             await self.spec_watch.check()
 
     def _sessions_moved_off(self, region: str) -> None:
-        self.resolver.sessions_moved_off(region)
+        resolver = self.resolvers.by_family.get(self.options.topology.family(region))
+        if resolver is not None:  # None: not a region of this topology
+            resolver.sessions_moved_off(region)
 
     def _pool_changed(self, region: str, members: PoolMembers | None) -> None:
         """A pooled region routes to its ACTIVE replicas; without a pool entry, to the
@@ -270,7 +287,8 @@ class DataPlaneCore:
             tg.create_task(self.routing.run(), name="routing-watch")
             tg.create_task(self.pool_cache.run(), name="pools-watch")
             tg.create_task(self.degradation.run(), name="degradation-watch")
-            tg.create_task(self.resolver.run(), name="pin-reconcile")
+            for family, resolver in self.resolvers.by_family.items():
+                tg.create_task(resolver.run(), name=f"pin-reconcile{family and '-' + family}")
             tg.create_task(self.moves.run(), name="session-moves")
             tg.create_task(self.replica_load.run(), name="replica-load")
             tg.create_task(self.capacity.run(), name="capacity-watch")

@@ -32,8 +32,8 @@ class RequestConfig:
     prefix_chars: int | None = None
     retry_after_s: int = 1
     actuators: ActuatorConfig = field(default_factory=ActuatorConfig)
-    # region -> residency zone (from the topology): where a request may spill when its
-    # region answers nothing; empty: never spill
+    # region -> residency zone (from the topology; for a model pool, its zone and pool):
+    # where a request may spill when its region answers nothing; empty: never spill
     zones: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -90,8 +90,8 @@ def completed(app_config: Config, topo: Topology) -> Config:
             "pre-warm use"
         )
     app_config = replace(app_config, prefix_chars=chars)
-    if not app_config.zones:  # the topology's zones bound where requests may spill
-        app_config = replace(app_config, zones={r.name: r.zone for r in topo.regions})
+    if not app_config.zones:  # the topology's zones (and pools) bound where requests spill
+        app_config = replace(app_config, zones=topo.spill_groups())
     if app_config.actuators.chars_per_token is None:
         # The context cap estimates tokens with the prefix proxy's calibrated ratio.
         ratio = topo.prefixes.chars_per_token

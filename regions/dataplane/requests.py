@@ -118,6 +118,17 @@ def tokenizer_prefix(body: bytes, chars: int) -> str:
         return ""
 
 
+def tokenizer_model(body: bytes) -> str | None:
+    """The ``model`` a ``/tokenize`` or ``/detokenize`` body names (vLLM's is optional);
+    None without one, or for a body that is not a JSON object."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
 def _object(body: bytes) -> Mapping[str, object]:
     if not body:
         raise BadRequest("the request body is empty; send a JSON object")

@@ -37,6 +37,7 @@ from controlplane.kernel.sessions.store import InvalidSessionId
 from regions.dataplane.actuators import Refusal
 from regions.dataplane.admission import Admission, Refused
 from regions.dataplane.failures import ErrorKind
+from regions.dataplane.models import ModelRoutes, families
 from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.options import RequestConfig
 from regions.dataplane.prompts import BadRequest
@@ -45,6 +46,7 @@ from regions.dataplane.requests import (
     Endpoint,
     ProxyRequest,
     error_type,
+    tokenizer_model,
     tokenizer_prefix,
 )
 from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, prefix_key
@@ -52,6 +54,7 @@ from regions.dataplane.routing_cache import RoutingCache
 from regions.dataplane.sessions import SessionResolver
 from regions.gateway.continuation import ContinuationConfig, Continuer
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from regions.gateway.model_list import union
 from regions.gateway.proxy import Forwarder, NoReplica, forward_headers, json_error
 from regions.gateway.warmth import WarmUps, warmup_body
 from regions.http_expect import expect_handler
@@ -111,7 +114,7 @@ class GatewayApp:
         self,
         config: AppConfig,
         routing: RoutingCache,
-        resolver: SessionResolver,
+        resolver: SessionResolver | ModelRoutes[SessionResolver],
         forwarder: Forwarder,
         metrics: GatewayMetrics,
         observer: PrefixObserver | None = None,
@@ -127,12 +130,14 @@ class GatewayApp:
         # A region's degradation flags (DegradationCache.flags); None: never degraded.
         self.flags: Callable[[str], FeatureFlags] = flags or (lambda region: NOT_DEGRADED)
         self.routing = routing
-        self.resolver = resolver
+        # one session resolver per model family (regions/dataplane/models.py)
+        self.resolvers = families(resolver)
+        self.resolver = self.resolvers.default
         self.forwarder = forwarder
         self.metrics = metrics
         self.observer: PrefixObserver = observer or NoopObserver()
         self.admission = Admission(
-            resolver,
+            self.resolvers,
             metrics,
             self.flags,
             chars=self._chars,
@@ -250,7 +255,7 @@ class GatewayApp:
         other = spill_region(self.routing.routings, self.config.zones, failed, session or str(key))
         if other is not None and session:
             try:
-                other = await self.resolver.move(session, failed, other)
+                other = await self.resolvers.for_unit(failed).move(session, failed, other)
             except NoRegionServing:
                 return None  # the move cannot be recorded: the stream ends here
         return other
@@ -276,7 +281,7 @@ class GatewayApp:
             return self._unavailable(region, ErrorKind.NO_REPLICA, str(failed))
         if session:
             try:
-                other = await self.resolver.move(session, region, other)
+                other = await self.resolvers.for_unit(region).move(session, region, other)
             except NoRegionServing as e:
                 return self._unavailable(region, ErrorKind.NO_REPLICA, f"{failed}; {e}")
         self.metrics.spill(region, other)
@@ -298,7 +303,9 @@ class GatewayApp:
         try:
             body = await self._body(request)
             prefix = tokenizer_prefix(body, chars)
-            region = self.resolver.region_for_sessionless(prefix)
+            model = tokenizer_model(body)
+            resolver = self.resolvers.for_model(model) if model else self.resolver
+            region = resolver.region_for_sessionless(prefix)
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except NoRegionServing as e:
@@ -388,16 +395,22 @@ class GatewayApp:
         return json_error(503, message, "ServiceUnavailableError", headers={"Retry-After": retry})
 
     async def models(self, request: web.BaseRequest) -> web.StreamResponse:
+        """vLLM's model list: from a serving replica, the home region's first; with
+        model pools, the union of one replica of each pool's, each cut to the names its
+        pool answers (what this gateway routes)."""
         routings = self.routing.routings
-        home = self.config.home
-        regions = [home] if self_routed(routings, home) else []
-        regions += sorted(
-            r for r in self.forwarder.regions if r != home and self_routed(routings, r)
-        )
-        resp = await self.forwarder.get_any("/v1/models", regions)
-        if resp is None:
+        lists = []
+        for family, resolver in self.resolvers.by_family.items():
+            home = resolver.home
+            units = self.resolvers.units_of(family) or self.forwarder.regions
+            regions = [home] if self_routed(routings, home) else []
+            regions += sorted(r for r in units if r != home and self_routed(routings, r))
+            resp = await self.forwarder.get_any("/v1/models", regions)
+            if resp is not None:
+                lists.append((resp, self.resolvers.models_of(family)))
+        if not lists:
             return self._unavailable(NO_REGION, ErrorKind.NO_REPLICA, "no serving replica answered")
-        return resp
+        return union(lists)
 
     async def health(self, request: web.BaseRequest) -> web.Response:
         body = {
@@ -405,8 +418,8 @@ class GatewayApp:
             "home": self.config.home,
             "routing_revision": self.routing.revision,
             "routing_connected": self.routing.connected,
-            "store_up": self.resolver.store_up,
-            "pending_pins": self.resolver.pending,
+            "store_up": all(r.store_up for r in self.resolvers),
+            "pending_pins": sum(r.pending for r in self.resolvers),
         }
         return web.Response(
             status=503 if self.stopping else 200,

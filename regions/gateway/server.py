@@ -54,7 +54,7 @@ class GatewayServer:
         observer: PrefixObserver | None = None,
     ) -> None:
         self.options = options
-        self.metrics = GatewayMetrics({r.name: r.zone for r in options.topology.regions})
+        self.metrics = GatewayMetrics(options.topology.spill_groups())
         self.core = core = DataPlaneCore(
             options, store=store, observer=observer, metrics=self.metrics
         )
@@ -95,7 +95,7 @@ class GatewayServer:
         self.app = GatewayApp(
             app_config,
             self.routing,
-            self.resolver,
+            core.resolvers,
             self.forwarder,
             self.metrics,
             core.observer,

@@ -36,6 +36,7 @@ from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant
 from regions.dataplane.admission_gate import Refusal as Overload
 from regions.dataplane.failures import ErrorKind
 from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.models import MODEL_HEADER, ModelRoutes, families
 from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.prompts import BadRequest
 from regions.dataplane.replicas import ReplicaBalancer
@@ -55,6 +56,10 @@ class PickerConfig:
     home: str  # the region whose Envoy this picker serves
     zones: Mapping[str, str] = field(default_factory=dict)  # where a request may spill
     entries: Mapping[str, str] = field(default_factory=dict)  # region -> entry host:port
+    # with model pools (docs/models.md): each pool's unit -> its region, and -> the
+    # pool of its family in ``home`` (absent: the unit is a region, ``home`` itself)
+    sites: Mapping[str, str] = field(default_factory=dict)
+    local: Mapping[str, str] = field(default_factory=dict)
     max_endpoints: int = 3  # replicas of a region in one list: the choice + fallbacks
     spill: bool = True  # end the list with the spill region's entry point
     retry_after_s: int = 1  # on a 503: a failover is usually under way
@@ -94,7 +99,7 @@ class Picker:
         config: PickerConfig,
         admission: Admission,
         routing: RoutingCache,
-        resolver: SessionResolver,
+        resolver: SessionResolver | ModelRoutes[SessionResolver],
         balancers: Mapping[str, ReplicaBalancer],
         metrics: DataPlaneMetrics,
         *,
@@ -106,7 +111,7 @@ class Picker:
         self.config = config
         self.admission = admission
         self.routing = routing
-        self.resolver = resolver
+        self.resolvers = families(resolver)  # per model family (regions/dataplane/models.py)
         self.balancers = balancers
         self.metrics = metrics
         self.observer = observer or NoopObserver()
@@ -150,12 +155,13 @@ class Picker:
             region, session, key = admitted.region, admitted.session, admitted.key
             if admitted.req.body is not body:
                 replacement = admitted.req.body
-        else:  # header-only, or no generation: the session header alone decides
+        else:  # header-only, or no generation: the session and model headers decide
             session = self.admission.session_of(headers)
+            resolver = self._header_resolver(headers)
             if session:
-                region = await self.resolver.region_for(session)
+                region = await resolver.region_for(session)
             else:
-                region = self.resolver.region_for_sessionless(headers.get("x-request-id", path))
+                region = resolver.region_for_sessionless(headers.get("x-request-id", path))
             if (refusal := self.admission.shed(region, headers)) is not None:
                 return self._degraded(region, refusal)
             key = prefix_key(session or headers.get("x-request-id", path), self.admission.chars)
@@ -166,6 +172,21 @@ class Picker:
         if pick.held is not None:
             return await self._admit(pick, headers, key, subset)
         return pick
+
+    def _header_resolver(self, headers: Mapping[str, str]) -> SessionResolver:
+        """The resolver of a request whose body is not read: by the model its Envoy
+        names in ``x-tectonic-model``; with model pools, a request without one is
+        refused (which pool would serve it?)."""
+        model = headers.get(MODEL_HEADER, "")
+        if model:
+            return self.resolvers.for_model(model)
+        if self.resolvers.pooled:
+            raise BadRequest(
+                f"this cluster serves model pools: in header-only mode the {MODEL_HEADER} "
+                "header must name the request's model (docs/models.md)",
+                param=MODEL_HEADER,
+            )
+        return self.resolvers.default
 
     async def _admit(
         self, pick: Pick, headers: Mapping[str, str], key: int, subset: frozenset[str] | None
@@ -223,8 +244,9 @@ class Picker:
         cfg = self.config
         home = cfg.home
         via = bool(headers.get(VIA_HEADER))
-        if via:
-            region = home  # sent here by another region's picker: served here, no hop
+        if via:  # sent here by another region's picker: served here, no hop
+            region = cfg.local.get(region, home)
+        here = cfg.sites.get(region, region) == home
         now = self._monotonic()
         endpoints: list[str] = []
         regions: list[str] = []
@@ -232,7 +254,7 @@ class Picker:
         extra: list[tuple[str, str]] = []
         held: tuple[ReplicaBalancer, str] | None = None
         entry = cfg.entries.get(region)
-        if region != home and entry:
+        if not here and entry:
             if _allowed(entry, subset):
                 endpoints.append(entry)
                 regions.append(region)
@@ -254,8 +276,8 @@ class Picker:
         if (
             cfg.spill
             and not via
-            and region == home
-            and not (session and self.resolver.writes_refused)
+            and here
+            and not (session and self.resolvers.for_unit(region).writes_refused)
         ):
             other = spill_region(self.routing.routings, cfg.zones, region, session or str(key))
             other_entry = cfg.entries.get(other or "")
@@ -334,7 +356,7 @@ class Picker:
                 # Served there already (Envoy chose it); a refused write is logged by the
                 # resolver, and spills of sessions stop until the store takes writes.
                 with contextlib.suppress(NoRegionServing):
-                    await self.resolver.move(pick.session, pick.region, region)
+                    await self.resolvers.for_unit(region).move(pick.session, pick.region, region)
         return region
 
     def _skipped(self, pick: Pick, endpoint: str, now: float) -> None:

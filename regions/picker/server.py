@@ -30,6 +30,7 @@ from controlplane.kernel.store.port import Store
 from regions.dataplane.admission import Admission
 from regions.dataplane.core import DataPlaneCore
 from regions.dataplane.metrics import CONTENT_TYPE
+from regions.dataplane.models import home_units
 from regions.dataplane.observe import PrefixObserver
 from regions.dataplane.options import DataPlaneOptions, completed
 from regions.picker.extproc import BODY_BUFFERED
@@ -66,7 +67,7 @@ class PickerServer:
         self.core = core = DataPlaneCore(routing, store=store, observer=observer, kind="picker")
         actuators = replace(app.actuators, priority_header=app.actuators.priority_header.lower())
         self.admission = Admission(
-            core.resolver,
+            core.resolvers,
             core.metrics,
             core.degradation.flags,
             chars=topo.prefixes.routing_chars,
@@ -77,12 +78,18 @@ class PickerServer:
             home=app.home,
             zones=dict(app.zones),
             entries={r.name: r.entry for r in topo.regions if r.entry},
+            sites={u: topo.site(u) for u in topo.names if topo.site(u) != u},
+            local={
+                u: local
+                for u in topo.names
+                if topo.pooled and (local := home_units(topo, app.home)[topo.family(u)])
+            },
         )
         self.picker = Picker(
             config,
             self.admission,
             core.routing,
-            core.resolver,
+            core.resolvers,
             core.balancers,
             core.metrics,
             observer=core.observer,
@@ -180,8 +187,8 @@ class PickerServer:
             "home": self.options.routing.app.home,
             "routing_revision": self.core.routing.revision,
             "routing_connected": self.core.routing.connected,
-            "store_up": self.core.resolver.store_up,
-            "pending_pins": self.core.resolver.pending,
+            "store_up": all(r.store_up for r in self.core.resolvers),
+            "pending_pins": sum(r.pending for r in self.core.resolvers),
         }
         status = 200 if ready and not self._stopped else 503
         return web.Response(status=status, text=json.dumps(body), content_type="application/json")

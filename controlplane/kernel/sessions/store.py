@@ -82,7 +82,8 @@ def validate_session_id(session_id: str) -> str:
 
 
 class SessionStore:
-    """Reads and writes ``sessions/<id>`` (see the module docstring).
+    """Reads and writes ``sessions/<id>`` (see the module docstring), or with a model
+    pool's ``family`` ``sessions/<id>/<family>``.
 
     ``regions`` are the known region names (``pin`` and ``resolve`` refuse others);
     ``writer`` names this process in audit keys and must differ from other audit
@@ -99,18 +100,23 @@ class SessionStore:
         ttl_s: int = 3600,
         bucket_s: int = 60,
         writer: str = "sessions",
+        family: str = "",
     ) -> None:
         if not regions:
             raise ValueError("SessionStore needs the known region names")
         self.store, self.keys, self.clock = store, keys, clock
+        self.family = family  # a model pool's: its pins are its own (Keys.session)
         self.regions = tuple(regions)
         self.leases = BucketLeases(store, keys, ttl_s=ttl_s, bucket_s=bucket_s, clock=clock)
         self.audit = AuditLog(keys, writer)
 
+    def _key(self, session_id: str) -> str:
+        return self.keys.session(session_id, self.family)
+
     # ---- reads ---------------------------------------------------------------------
     async def get(self, session_id: str) -> tuple[SessionPin, int] | None:
         """The pin and its mod_revision, or None. Raises CorruptValue if unreadable."""
-        kv = await self.store.get(self.keys.session(validate_session_id(session_id)))
+        kv = await self.store.get(self._key(validate_session_id(session_id)))
         if kv is None:
             return None
         return decode(SessionPin, kv.value, kv.key), kv.mod_revision
@@ -138,7 +144,7 @@ class SessionStore:
         NoRegionServing (answer 503), InvalidSessionId / ValueError (bad input),
         SessionContention or StoreUnavailable (temporary)."""
         self._check_region("home", home)
-        key = self.keys.session(validate_session_id(session_id))
+        key = self._key(validate_session_id(session_id))
         for _ in range(MAX_ATTEMPTS):
             pin, kv = await self._read(key)
             res = resolve(pin, session_id, home, routings, self.clock.now(), warm)
@@ -194,7 +200,7 @@ class SessionStore:
             self._check_region("home", home)
         if not reason.strip() or not actor.strip():
             raise ValueError("actor and reason are required: say who and why, for the audit log")
-        key = self.keys.session(session_id)
+        key = self._key(session_id)
         for _ in range(MAX_ATTEMPTS):
             old, kv = await self._read(key)
             new_home = home or (old.home if old else region)
@@ -235,7 +241,7 @@ class SessionStore:
         audit entry: like a lazy re-pin, the gateway counts it."""
         validate_session_id(session_id)
         self._check_region("region", to)
-        key = self.keys.session(session_id)
+        key = self._key(session_id)
         for _ in range(MAX_ATTEMPTS):
             old, kv = await self._read(key)
             if old is not None and old.region != failed:
