@@ -58,11 +58,20 @@ class Session:
     home: str  # the gateway it talks to: where a new session starts
     gateway: str  # base URL of that gateway
     system: str
+    model: str = MODEL  # with model pools: one session id talks to each model apart
+    # with model pools: its model's pool in its home region, where it starts
+    home_unit: str = ""
     served: list[str] = field(default_factory=list)  # region of each answered request
     sent: int = 0
     failing: bool = False  # its last request failed
     # every request: (monotonic time of the answer, serving region or "" if it failed)
     log: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def conversation(self) -> str:
+        """The session's conversation with its model: what must stay in one region at
+        a time (its id alone without model pools)."""
+        return self.sid if self.model == MODEL else f"{self.sid}/{self.model}"
 
     @property
     def region(self) -> str:
@@ -115,28 +124,41 @@ class Traffic:
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- sessions ------------------------------------------------------------------------
-    def add(self, count: int, homes: Sequence[str], prefix: str = "s") -> list[Session]:
-        """``count`` new sessions, homes round-robin over ``homes``; started at once if
-        the traffic runs already."""
+    def add(
+        self,
+        count: int,
+        homes: Sequence[str],
+        prefix: str = "s",
+        models: Sequence[str] = (MODEL,),
+        pools: Mapping[str, str] | None = None,
+    ) -> list[Session]:
+        """``count`` new sessions, homes round-robin over ``homes``, each talking to
+        every one of ``models`` (one conversation each, under the same session id);
+        started at once if the traffic runs already. ``pools``: model -> the name of
+        the pool that serves it in every region (model pools, docs/models.md)."""
         new = []
         for i in range(count):
-            n = len(self.sessions)
+            n = len({x.sid for x in self.sessions})
             home = homes[i % len(homes)]
             # a group's sessions share a home, so its prompt is shared inside one region
-            k = sum(1 for x in self.sessions if x.home == home)
-            s = Session(
-                sid=f"{prefix}-{n:03d}-{home}",
-                home=home,
-                gateway=self.gateways[home],
-                system=" ".join(
-                    [system_prompt((k // self.group_size) * len(homes) + homes.index(home))]
-                    * self.prompt_repeat
-                ),
+            k = len({x.sid for x in self.sessions if x.home == home})
+            system = " ".join(
+                [system_prompt((k // self.group_size) * len(homes) + homes.index(home))]
+                * self.prompt_repeat
             )
-            self.sessions.append(s)
-            new.append(s)
-            if self._http is not None:
-                self._tasks.append(asyncio.create_task(self._loop(s)))
+            for model in models:
+                s = Session(
+                    sid=f"{prefix}-{n:03d}-{home}",
+                    home=home,
+                    gateway=self.gateways[home],
+                    system=system,
+                    model=model,
+                    home_unit=f"{home}.{pools[model]}" if pools and model in pools else home,
+                )
+                self.sessions.append(s)
+                new.append(s)
+                if self._http is not None:
+                    self._tasks.append(asyncio.create_task(self._loop(s)))
         return new
 
     async def start(self) -> None:
@@ -167,7 +189,7 @@ class Traffic:
         s.sent += 1
         stream = self._rng.random() < self.stream_share
         body: dict[str, object] = {
-            "model": MODEL,
+            "model": s.model,
             "messages": [
                 {"role": "system", "content": s.system},
                 {"role": "user", "content": f"Question {s.sent} from {s.sid}: any news?"},

@@ -64,7 +64,7 @@ def traffic_marks(traffic: Traffic | None) -> dict[str, int]:
     """How many requests each synthetic session had made when the drill began."""
     if traffic is None:
         return {}
-    return {x.sid: len(x.log) for x in traffic.sessions}
+    return {x.conversation: len(x.log) for x in traffic.sessions}
 
 
 def session_logs(traffic: Traffic | None, marks: dict[str, int], mono0: float) -> list[SessionLog]:
@@ -73,9 +73,11 @@ def session_logs(traffic: Traffic | None, marks: dict[str, int], mono0: float) -
         return []
     return [
         SessionLog(
-            sid=x.sid,
-            home=x.home,
-            answers=tuple((round(t - mono0, 3), r) for t, r in x.log[marks.get(x.sid, 0) :]),
+            sid=x.conversation,
+            home=x.home_unit or x.home,
+            answers=tuple(
+                (round(t - mono0, 3), r) for t, r in x.log[marks.get(x.conversation, 0) :]
+            ),
         )
         for x in traffic.sessions
     ]

@@ -44,7 +44,7 @@ from chaos.lab.procs import (
     start_picker,
     wait_ready,
 )
-from chaos.lab.spec import SIM_ARGS, DeploymentSpec, compressed_ladder, local_topology
+from chaos.lab.spec import SIM_ARGS, SIM_MODEL, DeploymentSpec, compressed_ladder, local_topology
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.kernel.keys import Keys
 
@@ -166,8 +166,12 @@ class LocalDeployment:
         return [f"{LOCALHOST}:{g.port}" for g in self.gateways.values()]
 
     def replica_urls(self, region: str) -> list[str]:
-        """Every configured server of ``region``, running or not (their ports are fixed)."""
-        return [f"http://127.0.0.1:{p}" for p in self.sim_ports[region]]
+        """Every configured server of ``region`` (or of a pool), running or not (their
+        ports are fixed)."""
+        return [f"http://127.0.0.1:{p}" for p in self._ports_of(region)]
+
+    def _ports_of(self, name: str) -> list[int]:
+        return [p for u in self.spec.units_of(name) for p in self.sim_ports[u]]
 
     def every_process(self) -> list[Proc]:
         procs = [p for sims in self.sims.values() for p in sims if p is not None]
@@ -181,17 +185,17 @@ class LocalDeployment:
 
     def write_topology(self) -> None:
         taken = self._taken_ports
-        regions = self.spec.regions
+        units = self.spec.units
 
         def port() -> int:
             return reserved_port(taken)
 
-        agent_ports = {r: port() for r in regions}
+        agent_ports = {u: port() for u in units}
         replicas = range(self.spec.replicas_per_region)
-        self.sim_ports = {r: [port() for _ in replicas] for r in regions}
+        self.sim_ports = {u: [port() for _ in replicas] for u in units}
         self.cp_ports = {f"cp-{i + 1}": port() for i in range(self.spec.controlplanes)}
         self.cp_http_ports = {rid: port() for rid in self.cp_ports}
-        self.agent_metrics_ports = {r: port() for r in regions}
+        self.agent_metrics_ports = {u: port() for u in units}
         if self.envoy:
             self._choose_envoy_ports()
         ladder = compressed_ladder(self.spec, self.workdir / "degradation.yaml")
@@ -214,20 +218,22 @@ class LocalDeployment:
         }
 
     def start_region(self, region: str) -> None:
-        """Its servers, then (the first time) its agent."""
+        """Its servers, then (the first time) its agent: with pools, each pool's."""
         self.start_servers(region)
-        if region not in self.agents:
-            self.agents[region] = start_agent(
-                region=region,
+        for unit in self.spec.units_of(region):
+            if unit in self.agents:
+                continue
+            self.agents[unit] = start_agent(
+                region=unit,
                 control_planes=self.cp_targets,
-                replicas=self.replica_urls(region),
+                replicas=self.replica_urls(unit),
                 interval=0.5,
                 timeout=0.4,
-                listen=f"127.0.0.1:{self._agent_ports[region]}",
+                listen=f"127.0.0.1:{self._agent_ports[unit]}",
                 extra_args=(
                     *self.spec.agent_args,
                     "--metrics-listen",
-                    f"127.0.0.1:{self.agent_metrics_ports[region]}",
+                    f"127.0.0.1:{self.agent_metrics_ports[unit]}",
                 ),
             )
 
@@ -288,7 +294,7 @@ class LocalDeployment:
             listen_port=ports.listen,
             admin_port=ports.admin,
             pickers=[f"{LOCALHOST}:{p.grpc}" for p in self.picker_ports[region]],
-            servers=[f"{LOCALHOST}:{p}" for p in self.sim_ports[region]],
+            servers=[f"{LOCALHOST}:{p}" for p in self._ports_of(region)],
             remote_entry_points=[e for r, e in self.entries.items() if r != region],
         )
         self.envoys[region] = start_envoy(spec, self.workdir / "envoy", name=f"envoy-{region}")
@@ -302,29 +308,38 @@ class LocalDeployment:
 
     # ---- faults and their undo ------------------------------------------------------------
     def start_servers(self, region: str) -> list[str]:
-        """Start every server of ``region`` that is not running; returns their URLs."""
-        current = self.sims.setdefault(region, [None] * len(self.sim_ports[region]))
-        launched: list[tuple[int, Proc]] = []
-        for i, port in enumerate(self.sim_ports[region]):
-            proc = current[i]
-            if proc is None or not proc.alive():
-                name = f"{region}-vllm{i}"
-                if self.spec.server == "vllm":
-                    launched.append((i, launch_vllm(port, name=name, extra_args=SIM_ARGS)))
-                else:
-                    sim = launch_simulator(port=port, name=name, extra_args=self.spec.sim_args)
-                    launched.append((i, sim))
-        for i, proc in launched:  # all spawned first: they start in parallel
+        """Start every server of ``region`` (or of a pool) that is not running; returns
+        their URLs. A pool's servers serve its model's name."""
+        launched: list[tuple[list[Proc | None], int, Proc]] = []
+        for unit in self.spec.units_of(region):
+            current = self.sims.setdefault(unit, [None] * len(self.sim_ports[unit]))
+            model = self.spec.model_of(unit)
+            for i, port in enumerate(self.sim_ports[unit]):
+                proc = current[i]
+                if proc is None or not proc.alive():
+                    name = f"{unit}-vllm{i}"
+                    if self.spec.server == "vllm":
+                        proc = launch_vllm(port, name=name, extra_args=SIM_ARGS)
+                    else:
+                        proc = launch_simulator(
+                            port=port,
+                            name=name,
+                            extra_args=self.spec.sim_args,
+                            model=model or SIM_MODEL,
+                        )
+                    launched.append((current, i, proc))
+        for current, i, proc in launched:  # all spawned first: they start in parallel
             if isinstance(proc, VllmProc):
                 current[i] = wait_vllm(proc, timeout=VLLM_START_TIMEOUT_S)
             else:
                 current[i] = wait_ready(proc)
-        return [p.url for _, p in launched]
+        return [p.url for _, _, p in launched]
 
     def stop_servers(self, region: str, count: int | None = None) -> list[int]:
         """SIGKILL ``count`` (default all) running servers of ``region``; their PIDs."""
         pids: list[int] = []
-        for proc in self.sims.get(region, []):
+        procs = [p for u in self.spec.units_of(region) for p in self.sims.get(u, [])]
+        for proc in procs:
             if proc is not None and proc.alive() and (count is None or len(pids) < count):
                 pids.append(proc.pid)
                 proc.kill()
@@ -344,7 +359,7 @@ class LocalDeployment:
                 "none (drills on real vLLM can stop and kill servers)"
             )
         done = []
-        for proc in self.sims.get(region, []):
+        for proc in (p for u in self.spec.units_of(region) for p in self.sims.get(u, [])):
             if proc is None or not proc.alive():
                 continue
             req = urllib.request.Request(

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import re
 import sys
 import tempfile
 import time
@@ -30,11 +31,11 @@ from pathlib import Path
 from chaos.drills.result import DrillResult, Sample
 from chaos.drills.runner import DrillRunner, dump
 from chaos.drills.scenario import Scenario, find_scenario
-from chaos.drills.traffic import Traffic
+from chaos.drills.traffic import MODEL, Traffic
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.spec import DATA_PLANES, DataPlane, DeploymentSpec
 from controlplane.kernel.codec import decode
-from controlplane.kernel.config import ConfigError, load_topology
+from controlplane.kernel.config import REGION_NAME, ConfigError, load_topology
 from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
@@ -55,8 +56,9 @@ async def running_lab(
         dep.write_topology()
         say(f"topology: {dep.topology_path}")
         kind = "vLLM servers" if spec.server == "vllm" else "vLLM simulators"
+        each = f"{len(spec.pools)} model pools of " if spec.pools else ""
         say(
-            f"starting regions {', '.join(spec.regions)} (in parallel): "
+            f"starting regions {', '.join(spec.regions)} (in parallel): {each}"
             f"{spec.replicas_per_region} {kind} + an agent each ..."
         )
         await asyncio.gather(*(asyncio.to_thread(dep.start_region, r) for r in spec.regions))
@@ -142,6 +144,27 @@ async def run_in_lab(
             await store.close()
 
 
+def lab_traffic(dep: LocalDeployment, interval_s: float | None = None) -> Traffic:
+    """The drills' synthetic chat traffic through the lab's data plane; each session
+    sends a request every ``interval_s`` (default 0.5 s; 1.5 s on real vLLM)."""
+    real = dep.spec.server == "vllm"
+    if interval_s is None:
+        # Three CPU vLLM servers share two cores with the whole lab: at the simulator's
+        # pace the survivors of a blackout saturate them and the killed region's restart
+        # (~20 s alone) starves for minutes.
+        interval_s = 1.5 if real else 0.5
+    # Half the requests stream (a longer answer on the simulator): a replica killed
+    # mid-stream must be continued by the gateway, or the request counts as failed.
+    # Real vLLM on CPU caches whole 128-token blocks: longer shared prompts fill one.
+    return Traffic(
+        dep.gateway_urls,
+        interval_s=interval_s,
+        prompt_repeat=2 if real else 1,
+        stream_share=0.5,
+        stream_tokens=4 if real else 24,
+    )
+
+
 async def drill_on(
     dep: LocalDeployment,
     store: EtcdStore,
@@ -154,29 +177,17 @@ async def drill_on(
     interval_s: float | None = None,
     say: Callable[[str], None] = print,
     on_sample: Callable[[Sample], None] | None = None,
+    traffic: Traffic | None = None,
 ) -> DrillResult:
     """Run one drill on a running lab, under ``sessions`` synthetic chat sessions, each
-    sending a request every ``interval_s`` (default 0.5 s; 1.5 s on real vLLM)."""
+    sending a request every ``interval_s`` (default 0.5 s; 1.5 s on real vLLM).
+    ``traffic``: the caller's ``lab_traffic``, to read its sessions' logs afterwards."""
     target = region or scenario.region
-    real = dep.spec.server == "vllm"
-    # Real vLLM on CPU caches whole 128-token blocks: longer shared prompts fill one.
-    repeat = 2 if real else 1
-    if interval_s is None:
-        # Three CPU vLLM servers share two cores with the whole lab: at the simulator's
-        # pace the survivors of a blackout saturate them and the killed region's restart
-        # (~20 s alone) starves for minutes.
-        interval_s = 1.5 if real else 0.5
-    # Half the requests stream (a longer answer on the simulator): a replica killed
-    # mid-stream must be continued by the gateway, or the request counts as failed.
-    traffic = Traffic(
-        dep.gateway_urls,
-        interval_s=interval_s,
-        prompt_repeat=repeat,
-        stream_share=0.5,
-        stream_tokens=4 if real else 24,
-    )
+    traffic = traffic or lab_traffic(dep, interval_s)
     try:
-        traffic.add(sessions, list(dep.spec.regions))
+        models = [model for _, model in dep.spec.pools] or [MODEL]
+        pools = {model: pool for pool, model in dep.spec.pools}
+        traffic.add(sessions, list(dep.spec.regions), models=models, pools=pools)
         await traffic.start()
         entry = "Envoys" if dep.spec.data_plane == "envoy" else "gateways"
         say(
@@ -200,6 +211,19 @@ async def drill_on(
         await traffic.stop()
 
 
+def pools_flag(text: str) -> tuple[tuple[str, str], ...]:
+    """``--pools chat=llama-3,code=qwen-coder``: (pool, model) pairs."""
+    pairs = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        pool, sep, model = item.partition("=")
+        if not sep or not re.fullmatch(REGION_NAME, pool) or not model or " " in model:
+            raise argparse.ArgumentTypeError(
+                f"expected POOL=MODEL (a DNS-label pool name, a model name), got {item!r}"
+            )
+        pairs.append((pool, model))
+    return tuple(pairs)
+
+
 async def run_drill(name: str, region: str | None, *, dry_run: bool = False) -> DrillResult:
     """What the drill service calls: the named scenario, in a lab."""
     return await run_in_lab(find_scenario(name), region, dry_run=dry_run)
@@ -217,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", type=Path, default=REPORTS, help="where reports go")
     p.add_argument("--sessions", type=int, default=30, help="synthetic chat sessions")
     p.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    p.add_argument(
+        "--pools",
+        type=pools_flag,
+        default=(),
+        metavar="POOL=MODEL,...",
+        help="model pools (docs/models.md): every region holds one pool of each, its "
+        "servers serving that model, and each session talks to every model; then "
+        "--region names a pool as <region>.<pool> (e.g. pool-outage --region us-east.chat "
+        "with --pools chat=llama-3,code=qwen-coder)",
+    )
     add_data_plane_flag(p)
     args = p.parse_args(argv)
     try:
@@ -228,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 dry_run=args.dry_run,
                 reports=args.reports,
                 sessions=args.sessions,
-                spec=DeploymentSpec(data_plane=args.data_plane),
+                spec=DeploymentSpec(data_plane=args.data_plane, pools=args.pools),
             )
         )
     except ConfigError as e:

@@ -18,6 +18,7 @@ REGIONS = ("us-east", "us-west", "us-central")
 # vLLM's flag too: each answer says how many prompt tokens hit the prefix cache, which
 # is how the pre-warm is verified while live traffic runs on the same replicas.
 SIM_ARGS = ("--enable-prompt-tokens-details",)
+SIM_MODEL = "tiny"  # what a simulator serves without a pool's model
 LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
 DataPlane = Literal["gateway", "envoy"]
 DATA_PLANES: tuple[DataPlane, ...] = ("gateway", "envoy")
@@ -56,6 +57,28 @@ class DeploymentSpec:
     etcd_flags: tuple[str, ...] = ()
     compact_retention_s: float | None = None
     compact_interval_s: float | None = None
+    # Model pools (docs/models.md): (pool, model) pairs; every region then holds one
+    # pool of each, with its own servers (serving that model name) and agent. Empty:
+    # one pool per region answering any model, as before pools.
+    pools: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The failover units: the regions, or each region's pools."""
+        if not self.pools:
+            return self.regions
+        return tuple(f"{r}.{p}" for r in self.regions for p, _ in self.pools)
+
+    def units_of(self, name: str) -> tuple[str, ...]:
+        """``name``'s units: a unit itself, or every unit of a region."""
+        if name in self.units:
+            return (name,)
+        return tuple(u for u in self.units if u.split(".", 1)[0] == name)
+
+    def model_of(self, unit: str) -> str | None:
+        """The model name a pool's servers serve; None for a region without pools."""
+        pool = unit.split(".", 1)[1] if "." in unit else None
+        return dict(self.pools).get(pool) if pool else None
 
 
 def local_topology(
@@ -76,9 +99,7 @@ def local_topology(
             {
                 "name": r,
                 "zone": "us",
-                "agent": f"127.0.0.1:{agent_ports[r]}",
-                "capacity_rps": 60 if i == 2 else 120,
-                "replicas": [f"http://127.0.0.1:{p}" for p in sim_ports[r]],
+                **_serving(spec, r, 60 if i == 2 else 120, agent_ports, sim_ports),
                 "degraded_when": spec.degraded_when.model_dump(exclude_none=True),
                 **({"entry": entries[r]} if entries and r in entries else {}),
             }
@@ -117,6 +138,34 @@ def local_topology(
     if ladder is not None:
         topo["degradation_ladder"] = str(ladder)
     return topo
+
+
+def _serving(
+    spec: DeploymentSpec,
+    region: str,
+    capacity_rps: float,
+    agent_ports: dict[str, int],
+    sim_ports: dict[str, list[int]],
+) -> dict[str, object]:
+    """A region's agent, capacity and replicas; with pools, each pool's (the region's
+    capacity shared evenly)."""
+
+    def serving(unit: str, rps: float) -> dict[str, object]:
+        return {
+            "agent": f"127.0.0.1:{agent_ports[unit]}",
+            "capacity_rps": rps,
+            "replicas": [f"http://127.0.0.1:{p}" for p in sim_ports[unit]],
+        }
+
+    if not spec.pools:
+        return serving(region, capacity_rps)
+    share = capacity_rps / len(spec.pools)
+    return {
+        "pools": [
+            {"name": pool, "models": [model], **serving(f"{region}.{pool}", share)}
+            for pool, model in spec.pools
+        ]
+    }
 
 
 def etcd_settings(spec: DeploymentSpec, endpoints: tuple[str, ...]) -> dict[str, object]:
