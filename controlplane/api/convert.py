@@ -18,6 +18,7 @@ from controlplane.kernel.model import (
     ObserverKind,
     RegionState,
 )
+from controlplane.kernel.region_config import PoolUnit
 from controlplane.kernel.rpc.health_report import health_to_pb
 from controlplane.kernel.snapshot import RegionView
 
@@ -85,9 +86,15 @@ def store_writes_to_pb(v: StoreWritesView) -> pb.StoreWrites:
 
 
 def region_status(
-    view: RegionView, zone: str, capacity: CapacityView, *, writable: bool = True
+    view: RegionView,
+    zone: str,
+    capacity: CapacityView,
+    *,
+    writable: bool = True,
+    pool: PoolUnit | None = None,
 ) -> pb.RegionStatus:
-    """``writable``: False while the store refuses writes; the state is then UNKNOWN."""
+    """``writable``: False while the store refuses writes; the state is then UNKNOWN.
+    ``pool``: what a model pool's unit is part of (None: a region without pools)."""
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     stored = state_to_pb(rec.state)
     return pb.RegionStatus(
@@ -108,6 +115,9 @@ def region_status(
         recovery_steps=rc.steps if rc else 0,
         degradation_steps=list(view.degradation),
         capacity=capacity_to_pb(capacity),
+        pool_of=pool.region if pool else "",
+        pool=pool.pool if pool else "",
+        models=list(pool.models) if pool else [],
     )
 
 

@@ -128,6 +128,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                     r.zone,
                     capacity_view(snap.regions[r.name], t, snap.now),
                     writable=store.writable,
+                    pool=t.pool_of(r.name),
                 )
                 for r in t.regions
             ],

@@ -17,10 +17,11 @@ from typing import Annotated, Any, TypeVar
 import typer
 from google.protobuf.message import Message
 from rich.console import Console
+from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.cli import render
-from controlplane.cli.client import EXIT_ABORTED, Client, CliError
+from controlplane.cli.client import EXIT_ABORTED, EXIT_BAD_INPUT, Client, CliError
 
 out = Console()
 err = Console(stderr=True)
@@ -84,3 +85,36 @@ def _confirm(question: str, yes: bool) -> None:
     if not typer.confirm(question, default=False):
         err.print("aborted; nothing was changed")
         raise typer.Exit(EXIT_ABORTED)
+
+
+def _status(c: Ctx) -> pb.StatusResponse:
+    st: pb.StatusResponse = _call(c, lambda s: s.GetStatus, pb.GetStatusRequest())
+    return st
+
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        help="With model pools: only the pool of REGION that answers this model "
+        "(default: every pool of the region).",
+    ),
+]
+
+
+def _units(c: Ctx, region: str, model: str) -> list[str]:
+    """The failover units REGION names: itself (a region without pools, or a pool's
+    unit <region>.<pool>), else every pool of the region, or with ``model`` the one
+    answering it. Exits with a clear error when none does."""
+    regions = _status(c).regions
+    units = [r for r in regions if r.name == region] or [r for r in regions if r.pool_of == region]
+    if model:
+        units = [r for r in units if model in r.models]
+    if not units:
+        known = sorted({r.pool_of or r.name for r in regions})
+        what = (
+            f"no pool of {region} answers model {model!r}" if model else f"unknown region {region}"
+        )
+        err.print(f"error: {what} (regions: {', '.join(known)}; failoverctl status lists pools)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return [r.name for r in units]

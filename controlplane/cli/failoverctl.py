@@ -28,6 +28,7 @@ from controlplane.cli.client import (
 from controlplane.cli.common import (
     Ctx,
     JsonOpt,
+    ModelOpt,
     ReasonOpt,
     YesOpt,
     _call,
@@ -35,6 +36,8 @@ from controlplane.cli.common import (
     _ctx,
     _exit_on_error,
     _show,
+    _status,
+    _units,
     err,
     out,
 )
@@ -114,11 +117,6 @@ def main(
         raise typer.Exit(EXIT_BAD_INPUT)
     creds = Credentials(ca=ca or None, cert=cert or None, key=key or None, token=token or None)
     ctx.obj = Ctx(Client(servers, timeout, creds), actor or default_actor(), False)
-
-
-def _status(c: Ctx) -> pb.StatusResponse:
-    st: pb.StatusResponse = _call(c, lambda s: s.GetStatus, pb.GetStatusRequest())
-    return st
 
 
 @app.command()
@@ -253,7 +251,13 @@ def _wait_for_switch(c: Ctx, region: str, epoch0: int, within: float) -> None:
 @app.command()
 def failover(
     ctx: typer.Context,
-    region: Annotated[str, typer.Argument(help="The region to move traffic away from.")],
+    region: Annotated[
+        str,
+        typer.Argument(
+            help="The region to move traffic away from (with model pools: all of its "
+            "pools, one with --model, or a pool by its name <region>.<pool>)."
+        ),
+    ],
     reason: ReasonOpt,
     to: Annotated[
         list[str] | None, typer.Option("--to", help="Target region (repeatable).")
@@ -268,28 +272,56 @@ def failover(
         bool, typer.Option(help="Wait for the leader to carry it out and for the switch.")
     ] = True,
     json_out: JsonOpt = False,
+    model: ModelOpt = "",
 ) -> None:
     """Move a region's traffic to other regions (shows the plan, then asks).
 
     Example: failoverctl failover us-east --reason "INC-42: TTFT 5x" --to us-west
+    Example: failoverctl failover us-east --model qwen-coder --reason "bad rollout"
     """
     c = _ctx(ctx, json_out)
-    req = pb.FailoverRequest(
-        region=region, to=to or [], reason=reason, force=force, actor=c.actor, dry_run=True
-    )
-    plan = _call(c, lambda s: s.RequestFailover, req)
+    units = _units(c, region, model)
+    reqs = [
+        pb.FailoverRequest(
+            region=u, to=to or [], reason=reason, force=force, actor=c.actor, dry_run=True
+        )
+        for u in units
+    ]
+    plans = [_call(c, lambda s: s.RequestFailover, req) for req in reqs]
+
+    def one_or_all(
+        msgs: list[pb.FailoverResponse],
+    ) -> pb.FailoverResponse | list[pb.FailoverResponse]:
+        return msgs[0] if len(msgs) == 1 else msgs  # one region: one object, as ever
+
+    def show_plans() -> None:
+        for plan in plans:
+            out.print(render.plan_text(plan.plan))
+
     if dry_run:
-        _show(c, plan, lambda: out.print(render.plan_text(plan.plan)))
+        _show(c, one_or_all(plans), show_plans)
         return
     if not c.json:
-        out.print(render.plan_text(plan.plan))
-    _confirm(f"Fail over {region} now?", yes)
-    epoch0 = next(x.epoch for x in _status(c).regions if x.name == region)
-    req.dry_run = False
-    resp = _call(c, lambda s: s.RequestFailover, req)
-    _show(c, resp, lambda: err.print(f"accepted: intent {resp.intent_id}"))
+        show_plans()
+    _confirm(f"Fail over {', '.join(units)} now?", yes)
+    epochs = {x.name: x.epoch for x in _status(c).regions}
+    resps = []
+    for req in reqs:
+        req.dry_run = False
+        resps.append(_call(c, lambda s: s.RequestFailover, req))
+    ids = ", ".join(
+        f"{req.region}: intent {r.intent_id}" for req, r in zip(reqs, resps, strict=True)
+    )
+    _show(
+        c,
+        one_or_all(resps),
+        lambda: err.print(
+            f"accepted: {ids}" if len(reqs) > 1 else f"accepted: intent {resps[0].intent_id}"
+        ),
+    )
     if wait and not c.json:
-        _wait_for_outcome(c, region, resp.intent_id, epoch0, 60.0)
+        for req, resp in zip(reqs, resps, strict=True):
+            _wait_for_outcome(c, req.region, resp.intent_id, epochs[req.region], 60.0)
 
 
 @app.command()
@@ -321,21 +353,37 @@ def intent(
 @app.command()
 def recover(
     ctx: typer.Context,
-    region: Annotated[str, typer.Argument(help="A FAILING_OVER region to bring back.")],
+    region: Annotated[
+        str,
+        typer.Argument(
+            help="A FAILING_OVER region to bring back (with model pools: all of its pools, "
+            "one with --model, or a pool by its name <region>.<pool>)."
+        ),
+    ],
     reason: ReasonOpt,
     yes: YesOpt = False,
     json_out: JsonOpt = False,
+    model: ModelOpt = "",
 ) -> None:
     """Start graduated recovery of a failed-over region now, without waiting for the dwell.
 
     Example: failoverctl recover us-east --reason "driver rolled back"
     """
     c = _ctx(ctx, json_out)
-    _confirm(f"Start recovery of {region}? New sessions will move back in steps.", yes)
-    req = pb.RecoveryRequest(region=region, reason=reason, actor=c.actor)
-    resp = _call(c, lambda s: s.RequestRecovery, req)
-    accepted = f"accepted: intent {resp.intent_id}; follow with failoverctl status"
-    _show(c, resp, lambda: err.print(accepted))
+    units = _units(c, region, model)
+    what = ", ".join(units)
+    _confirm(f"Start recovery of {what}? New sessions will move back in steps.", yes)
+    resps = [
+        _call(
+            c,
+            lambda s: s.RequestRecovery,
+            pb.RecoveryRequest(region=u, reason=reason, actor=c.actor),
+        )
+        for u in units
+    ]
+    ids = ", ".join(r.intent_id for r in resps)
+    accepted = f"accepted: intent {ids}; follow with failoverctl status"
+    _show(c, resps[0] if len(resps) == 1 else resps, lambda: err.print(accepted))
 
 
 @app.command()

@@ -94,7 +94,11 @@ def status_table(st: pb.StatusResponse) -> Table:
     cols = ("region", "zone", "state", "health", "cbu", "since", "routing", "progress", "reason")
     for col in cols:
         t.add_column(col)
+    shown_region = ""
     for r in st.regions:
+        if r.pool_of and r.pool_of != shown_region:  # a region's pools, under its name
+            t.add_row(f"[bold]{r.pool_of}[/bold]", r.zone, *[""] * (len(cols) - 2))
+        shown_region = r.pool_of
         state, health = state_name(r.state), HEALTH_NAME.get(r.health, "?")
         shown = f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
         if r.state == pb.REGION_STATE_UNKNOWN:
@@ -105,7 +109,8 @@ def status_table(st: pb.StatusResponse) -> Table:
         if r.degradation_steps:
             ladder = "ladder: " + ", ".join(r.degradation_steps)
             progress = f"{progress}; {ladder}" if progress else ladder
-        name = r.name + (" [red](barred)[/red]" if r.barred else "")
+        name = f"  └ {r.name} ({', '.join(r.models)})" if r.pool else r.name
+        name += " [red](barred)[/red]" if r.barred else ""
         t.add_row(
             name,
             r.zone,

@@ -58,7 +58,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,9 @@ class RegionStatus(_message.Message):
     DEGRADATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     STORED_STATE_FIELD_NUMBER: _ClassVar[int]
+    POOL_OF_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -114,7 +117,10 @@ class RegionStatus(_message.Message):
     degradation_steps: _containers.RepeatedScalarFieldContainer[str]
     capacity: RegionCapacity
     stored_state: RegionState
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ...) -> None: ...
+    pool_of: str
+    pool: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegionCapacity(_message.Message):
     __slots__ = ("source", "reason", "cbu", "allowed_rps", "load_rps", "hit_rate", "warn_cbu", "page_cbu", "active_replicas", "measured_at", "knee_rps", "ultimate_rps", "ultimate_bounded", "r_base_rps", "beta", "factor_of_safety", "t_recover_s", "engine_version")
