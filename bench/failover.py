@@ -67,6 +67,7 @@ class Options:
     leader_rounds: int = 3
     lease_ttl_s: int = 5
     replicas: int = 1
+    pools: int = 1  # model pools per region (docs/models.md); 1: regions without pools
     quiet: bool = False
     seed: int | None = None
 
@@ -89,7 +90,9 @@ def headline(
     over_ttl = None if resume is None else resume / (opts.lease_ttl_s + 2)
     return {
         "bench": "failover",
-        "rounds": len(fo),
+        "rounds": len({r.round for r in fo}),
+        "pools": opts.pools,  # failing at once in each round
+        "units_timed": len(fo),
         "detect_s_p50": _r(percentile(detect, 50)),
         "detect_s_p99": _r(detect_p99),
         "switch_ms_p50": _r(percentile(switch, 50)),
@@ -128,10 +131,10 @@ async def measure(
         out.progress(f"deployment steady after {time.monotonic() - started:.1f} s")
         fo: list[FailoverRound] = []
         for n in range(1, opts.rounds + 1):
-            r = await bench.failover_round(n)
-            fo.append(r)
-            out.progress(r.line(opts.rounds))
-            out.line({"round": n, **r.as_json()})
+            for r in await bench.failover_round(n):
+                fo.append(r)
+                out.progress(r.line(opts.rounds))
+                out.line({"round": n, **r.as_json()})
         lr: list[LeaderRound] = []
         for n in range(1, opts.leader_rounds + 1):
             lead = await bench.leader_round(n)
@@ -148,12 +151,13 @@ async def measure(
 
 def run_bench(opts: Options, out: Reporter) -> dict[str, object]:
     started = time.monotonic()
+    pooled = f" x {opts.pools} model pools" if opts.pools > 1 else ""
     out.progress(
-        f"starting etcd, {len(REGIONS)} regions x {opts.replicas} simulator(s), "
-        f"{len(REGIONS)} agents, {len(CONTROL_PLANES)} control planes (lease {opts.lease_ttl_s} s)"
+        f"starting etcd, {len(REGIONS)} regions{pooled} x {opts.replicas} simulator(s), "
+        f"an agent each, {len(CONTROL_PLANES)} control planes (lease {opts.lease_ttl_s} s)"
     )
     with tempfile.TemporaryDirectory(prefix="tectonic-bench-") as tmp, EtcdServer() as etcd:
-        dep = Deployment(etcd.endpoint, Path(tmp), opts.lease_ttl_s, opts.replicas)
+        dep = Deployment(etcd.endpoint, Path(tmp), opts.lease_ttl_s, opts.replicas, opts.pools)
         try:
             dep.start()
             return asyncio.run(measure(dep, opts, out, started))
@@ -185,6 +189,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="simulator replicas per region, 1-4 (default 1)",
     )
+    p.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        choices=range(1, 17),
+        metavar="N",
+        help="model pools per region, 1-16 (docs/models.md); each has its own agent and "
+        "simulators, and a round kills all of a region's pools at once: detection and "
+        "switch are timed per pool (default 1: regions without pools)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the kill-time jitter")
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
@@ -195,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         leader_rounds=args.leader_rounds,
         lease_ttl_s=args.lease_ttl,
         replicas=args.replicas,
+        pools=args.pools,
         quiet=args.quiet,
         seed=args.seed,
     )

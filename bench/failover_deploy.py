@@ -1,6 +1,8 @@
 """The failover bench's deployment: one simulator process per replica of three
 regions, one region agent per region and two control-plane replica processes, on
-one etcd, with the bench's topology. ``Deployment.close()`` kills them all."""
+one etcd, with the bench's topology. With ``pools`` above 1, every region holds that
+many model pools (docs/models.md), each with its own simulators (serving its model's
+name) and agent. ``Deployment.close()`` kills them all."""
 
 from __future__ import annotations
 
@@ -31,24 +33,57 @@ AGENT_INTERVAL_S = 1.0
 AGENT_TIMEOUT_S = 0.5
 
 
+def units(pools: int) -> tuple[str, ...]:
+    """The failover units: the regions, or with pools each region's ``p1``...``pN``."""
+    if pools <= 1:
+        return REGIONS
+    return tuple(f"{r}.p{i}" for r in REGIONS for i in range(1, pools + 1))
+
+
+def units_of(region: str, pools: int) -> tuple[str, ...]:
+    return tuple(u for u in units(pools) if u.split(".", 1)[0] == region)
+
+
+def model_of(unit: str) -> str:
+    """A pool's model name (its pool's name with a prefix); "tiny" without pools."""
+    return f"model-{unit.split('.', 1)[1]}" if "." in unit else "tiny"
+
+
+def _region(
+    region: str, pools: int, agents: dict[str, int], replicas: dict[str, list[str]]
+) -> dict[str, object]:
+    def serving(unit: str) -> dict[str, object]:
+        return {
+            "agent": f"127.0.0.1:{agents[unit]}",
+            "capacity_rps": 100,
+            "replicas": replicas[unit],
+        }
+
+    if pools <= 1:
+        return {"name": region, "zone": "us", **serving(region)}
+    return {
+        "name": region,
+        "zone": "us",
+        "pools": [
+            {"name": u.split(".", 1)[1], "models": [model_of(u)], **serving(u)}
+            for u in units_of(region, pools)
+        ],
+    }
+
+
 def topology_data(
-    endpoint: str, agents: dict[str, int], replicas: dict[str, list[str]], lease_ttl_s: int
+    endpoint: str,
+    agents: dict[str, int],
+    replicas: dict[str, list[str]],
+    lease_ttl_s: int,
+    pools: int = 1,
 ) -> dict[str, object]:
     """The bench topology: detection as in production (1 s x 3), fast recovery."""
     retry_timeout = min(2.0, (lease_ttl_s - LOOP_PERIOD_S) / 2)
     return {
         "cluster": CLUSTER,
         "etcd": {"endpoints": [endpoint]},
-        "regions": [
-            {
-                "name": r,
-                "zone": "us",
-                "agent": f"127.0.0.1:{agents[r]}",
-                "capacity_rps": 100,
-                "replicas": replicas[r],
-            }
-            for r in REGIONS
-        ],
+        "regions": [_region(r, pools, agents, replicas) for r in REGIONS],
         "timing": {
             "probe_interval_s": PROBE_INTERVAL_S,
             "failure_threshold": FAILURE_THRESHOLD,
@@ -77,8 +112,11 @@ def _start_all(starters: Sequence[Callable[[], Proc]]) -> list[Proc]:
     return started
 
 
-def _start_simulators(ports: Sequence[int], region: str) -> list[Proc]:
-    procs = [launch_simulator(port=p, name=f"sim-{region}-{i}") for i, p in enumerate(ports)]
+def _start_simulators(ports: Sequence[int], unit: str) -> list[Proc]:
+    procs = [
+        launch_simulator(port=p, name=f"sim-{unit}-{i}", model=model_of(unit))
+        for i, p in enumerate(ports)
+    ]
     try:
         return [wait_ready(p) for p in procs]
     except BaseException:
@@ -94,6 +132,7 @@ class Deployment:
     workdir: Path
     lease_ttl_s: int
     replicas: int = 1
+    pools: int = 1  # model pools per region; 1: regions without pools
     sims: dict[str, list[Proc]] = field(default_factory=dict)
     sim_ports: dict[str, list[int]] = field(default_factory=dict)
     agents: dict[str, Proc] = field(default_factory=dict)
@@ -104,18 +143,23 @@ class Deployment:
     def __post_init__(self) -> None:
         self.topology_path = self.workdir / "topology.yaml"
 
+    @property
+    def units(self) -> tuple[str, ...]:
+        return units(self.pools)
+
     def start(self) -> None:
-        for r in REGIONS:
-            self.sims[r] = _start_simulators([0] * self.replicas, r)
-            self.sim_ports[r] = [p.port for p in self.sims[r]]
-        agent_ports = {r: free_port() for r in REGIONS}
+        all_units = self.units
+        for u in all_units:
+            self.sims[u] = _start_simulators([0] * self.replicas, u)
+            self.sim_ports[u] = [p.port for p in self.sims[u]]
+        agent_ports = {u: free_port() for u in all_units}
         self.cp_ports = {c: free_port() for c in CONTROL_PLANES}
-        urls = {r: [p.url for p in self.sims[r]] for r in REGIONS}
-        data = topology_data(self.etcd_endpoint, agent_ports, urls, self.lease_ttl_s)
+        urls = {u: [p.url for p in self.sims[u]] for u in all_units}
+        data = topology_data(self.etcd_endpoint, agent_ports, urls, self.lease_ttl_s, self.pools)
         write_topology(self.topology_path, data)
         cp_targets = [f"127.0.0.1:{p}" for p in self.cp_ports.values()]
-        agents = _start_all([self._agent_starter(r, agent_ports[r], cp_targets) for r in REGIONS])
-        self.agents = dict(zip(REGIONS, agents, strict=True))
+        starters = [self._agent_starter(u, agent_ports[u], cp_targets) for u in all_units]
+        self.agents = dict(zip(all_units, _start_all(starters), strict=True))
         cps = _start_all([self._cp_starter(c) for c in CONTROL_PLANES])
         self.cps = dict(zip(CONTROL_PLANES, cps, strict=True))
 
@@ -135,8 +179,9 @@ class Deployment:
         return lambda: start_controlplane(self.topology_path, replica_id, listen=listen)
 
     def kill_region(self, region: str) -> float:
-        """SIGKILL every simulator of ``region``; returns when the first signal left."""
-        procs = self.sims[region]
+        """SIGKILL every simulator of ``region`` (all its pools); returns when the first
+        signal left."""
+        procs = [p for u in units_of(region, self.pools) for p in self.sims[u]]
         t0 = time.monotonic()
         for p in procs:
             p.popen.send_signal(signal.SIGKILL)
@@ -145,8 +190,9 @@ class Deployment:
         return t0
 
     def restore_region(self, region: str) -> None:
-        """Restart the region's simulators on their old ports (its agent probes those)."""
-        self.sims[region] = _start_simulators(self.sim_ports[region], region)
+        """Restart the region's simulators on their old ports (its agents probe those)."""
+        for u in units_of(region, self.pools):
+            self.sims[u] = _start_simulators(self.sim_ports[u], u)
 
     def kill_cp(self, replica_id: str) -> float:
         proc = self.cps[replica_id]

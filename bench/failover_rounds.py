@@ -16,7 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from bench._common import BenchError
-from bench.failover_deploy import CLUSTER, PROBE_INTERVAL_S, REGIONS, Deployment
+from bench.failover_deploy import CLUSTER, PROBE_INTERVAL_S, REGIONS, Deployment, units_of
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, RegionHealth, RegionRecord, RegionState
@@ -108,7 +108,7 @@ def _value(cls: type[M], seen: Seen) -> M | None:
 @dataclass(frozen=True)
 class FailoverRound:
     round: int
-    region: str
+    region: str  # the failover unit: a region, or with pools one pool of the region
     detect_s: float  # simulators killed -> UNHEALTHY verdict seen
     switch_ms: float  # verdict seen -> routing switch seen
     agent_report_s: float | None  # killed -> the agent's UNHEALTHY report stored
@@ -176,7 +176,7 @@ class Bench:
     async def steady(self) -> bool:
         if await self.store.get(self.keys.leader()) is None:
             return False
-        return all([await self.region_settled(r) for r in REGIONS])
+        return all([await self.region_settled(u) for u in self.dep.units])
 
     async def wait(self, pred: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
         deadline = time.monotonic() + within
@@ -188,37 +188,56 @@ class Bench:
     async def wait_steady(self) -> None:
         await self.wait(self.steady, 60, "every region HEALTHY and NORMAL under a leader")
 
-    async def failover_round(self, n: int) -> FailoverRound:
+    async def failover_round(self, n: int) -> list[FailoverRound]:
+        """Kill every simulator of a region: with pools, each pool is timed on its own
+        (all fail at once); one FailoverRound per failover unit."""
         region = REGIONS[(n - 1) % len(REGIONS)]
-        keys = self.keys
         await self.wait_steady()
         await asyncio.sleep(self.rng.uniform(0, PROBE_INTERVAL_S))  # any probe/tick phase
         since = self.watcher.mark()
         t0 = self.dep.kill_region(region)
+        units = units_of(region, self.dep.pools)
+        seen = [await self._failed_over(u, since) for u in units]
+        t_restart = time.monotonic()
+        await asyncio.to_thread(self.dep.restore_region, region)
+
+        async def settled() -> bool:
+            return all([await self.region_settled(u) for u in units])
+
+        await self.wait(settled, 60, f"{region} NORMAL again")
+        restore_s = time.monotonic() - t_restart
+        return [
+            FailoverRound(
+                round=n,
+                region=unit,
+                detect_s=verdict_at - t0,
+                switch_ms=(switched_at - verdict_at) * 1000,
+                agent_report_s=None if agent_at is None else agent_at - t0,
+                first_bad_eval_s=None if bad_at is None else bad_at - t0,
+                restore_s=restore_s,
+            )
+            for unit, (verdict_at, switched_at, agent_at, bad_at) in zip(units, seen, strict=True)
+        ]
+
+    async def _failed_over(
+        self, unit: str, since: int
+    ) -> tuple[float, float, float | None, float | None]:
+        """When ``unit``'s UNHEALTHY verdict and its routing switch were seen, and the
+        breakdown before the verdict."""
+        keys = self.keys
 
         def verdict(s: Seen) -> bool:
-            h = _value(RegionHealth, s) if s.key == keys.region_health(region) else None
+            h = _value(RegionHealth, s) if s.key == keys.region_health(unit) else None
             return h is not None and h.verdict is Health.UNHEALTHY
 
         def routed_away(s: Seen) -> bool:
-            r = _value(RoutingValue, s) if s.key == keys.routing(region) else None
-            return r is not None and r.targets.get(region, 0.0) < 1.0
+            r = _value(RoutingValue, s) if s.key == keys.routing(unit) else None
+            return r is not None and r.targets.get(unit, 0.0) < 1.0
 
-        i, seen = await self.watcher.first(verdict, since, 30, f"{region} UNHEALTHY verdict")
-        _, switched = await self.watcher.first(routed_away, i + 1, 30, f"routing/{region} switch")
-        agent_at, bad_at = self._breakdown(region, since, i + 1)
-        t_restart = time.monotonic()
-        await asyncio.to_thread(self.dep.restore_region, region)
-        await self.wait(lambda: self.region_settled(region), 60, f"{region} NORMAL again")
-        return FailoverRound(
-            round=n,
-            region=region,
-            detect_s=seen.at - t0,
-            switch_ms=(switched.at - seen.at) * 1000,
-            agent_report_s=None if agent_at is None else agent_at - t0,
-            first_bad_eval_s=None if bad_at is None else bad_at - t0,
-            restore_s=time.monotonic() - t_restart,
-        )
+        i, seen = await self.watcher.first(verdict, since, 30, f"{unit} UNHEALTHY verdict")
+        _, switched = await self.watcher.first(routed_away, i + 1, 30, f"routing/{unit} switch")
+        agent_at, bad_at = self._breakdown(unit, since, i + 1)
+        return seen.at, switched.at, agent_at, bad_at
 
     def _breakdown(self, region: str, start: int, stop: int) -> tuple[float | None, float | None]:
         """When the agent's UNHEALTHY report and the first raw-UNHEALTHY evaluation were seen."""

@@ -100,6 +100,7 @@ class Options:
     sessions_large: int = 1_000_000
     concurrency: int = 16
     etcd_gogc: int | None = None  # GOGC for both etcds; None = etcd's default (100)
+    pools: int = 1  # model pools per region (docs/models.md); 1: regions without pools
     quiet: bool = False
 
 
@@ -124,15 +125,27 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _topology(endpoint: str) -> Topology:
+def _topology(endpoint: str, pools: int = 1) -> Topology:
+    """Three regions; with ``pools`` above 1, each holds that many model pools
+    (docs/models.md), and a failover is one pool's."""
+
+    def region(r: str) -> dict[str, object]:
+        serving = {"agent": "127.0.0.1:9", "capacity_rps": 100}
+        if pools <= 1:
+            return {"name": r, "zone": "us", **serving}
+        return {
+            "name": r,
+            "zone": "us",
+            "pools": [
+                {"name": f"p{i}", "models": [f"model-p{i}"], **serving} for i in range(1, pools + 1)
+            ],
+        }
+
     return parse_topology(
         {
             "cluster": CLUSTER,
             "etcd": {"endpoints": [endpoint]},
-            "regions": [
-                {"name": r, "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 100}
-                for r in REGIONS
-            ],
+            "regions": [region(r) for r in REGIONS],
         },
         "bench topology",
     )
@@ -221,21 +234,26 @@ class Deployment:
         )
         self.loaded = 0
         self._epoch = 0
+        # the unit failed over: the region, or with model pools its first pool
+        self.source = topo.units_of(SOURCE)[0]
 
     # ---- pinning sessions fast -------------------------------------------------------
     async def load(self, keys: Keys, count: int, regions: Sequence[str]) -> float:
-        """Pin ``count`` sessions round-robin over ``regions`` (home == region, as a
-        CREATE under normal routing writes them), attached to one shared lease; 128
-        puts per txn, ``concurrency`` txns in flight. Returns the seconds taken."""
+        """Pin ``count`` sessions round-robin over ``regions`` (failover units; home ==
+        region, as a CREATE under normal routing writes them; a pool's pins under its
+        family's key), attached to one shared lease; 128 puts per txn, ``concurrency``
+        txns in flight. Returns the seconds taken."""
         lease = await self.store.grant_lease(3600 + 60)
         now = self.clock.now()
         values = [encode(SessionPin(home=r, region=r, epoch=0, pinned_at=now)) for r in regions]
+        families = [self.topo.family(r) for r in regions]
         chunks = iter(range(0, count, MAX_TXN_OPS))
 
         async def worker() -> None:
             for first in chunks:  # a shared iterator: each chunk goes to one worker
+                n = len(values)
                 ops: list[Op] = [
-                    Put(keys.session(f"s{i:08d}"), values[i % len(values)], lease)
+                    Put(keys.session(f"s{i:08d}", families[i % n]), values[i % n], lease)
                     for i in range(first, min(first + MAX_TXN_OPS, count))
                 ]
                 await self.store.txn([], ops)
@@ -248,7 +266,7 @@ class Deployment:
 
     async def pin_sessions(self, count: int) -> None:
         self.out.progress(f"pinning {count:,} sessions ...")
-        seconds = await self.load(self.keys, count, REGIONS)
+        seconds = await self.load(self.keys, count, self.topo.names)
         self.loaded = count
         self.out.phase(
             {
@@ -264,27 +282,31 @@ class Deployment:
 
     # ---- the switch ------------------------------------------------------------------
     async def _reset(self) -> None:
-        """``SOURCE`` failing over with its SWITCH pending; every routing normal."""
+        """The source (``SOURCE``, or its first pool) failing over with its SWITCH
+        pending; every routing normal."""
         self._epoch += 1
         now = self.clock.now()
+        source = self.source
+        family = self.topo.family(source)
+        sfx = f".{family}" if family else ""
         plan = FailoverPlan(
-            source=SOURCE,
-            targets={"us-west": 0.6, "us-central": 0.4},
+            source=source,
+            targets={f"us-west{sfx}": 0.6, f"us-central{sfx}": 0.4},
             reason="bench",
             actor=ACTOR,
         )
         record = RegionRecord(
-            region=SOURCE,
+            region=source,
             state=RegionState.FAILING_OVER,
             epoch=self._epoch,
             reason="bench",
             since=now,
             failover=FailoverProgress(plan=plan, started_at=now),
         )
-        ops: list[Op] = [Put(self.keys.region_state(SOURCE), encode(record))]
+        ops: list[Op] = [Put(self.keys.region_state(source), encode(record))]
         ops += [
             Put(self.keys.routing(r), encode(Routing(targets={r: 1.0}, epoch=self._epoch)))
-            for r in REGIONS
+            for r in self.topo.names
         ]
         await self.store.txn([], ops)
 
@@ -292,7 +314,7 @@ class Deployment:
         """One SWITCH, as the orchestrator writes it; returns its milliseconds."""
         await self._reset()
         snap = await read_snapshot(self.store, self.keys, self.topo, self.clock.now())
-        w = failover_step_write(snap, SOURCE, FailoverStep.SWITCH, ACTOR)
+        w = failover_step_write(snap, self.source, FailoverStep.SWITCH, ACTOR)
         t0 = time.perf_counter()
         ok = await self.orch.write(w)
         elapsed = time.perf_counter() - t0
@@ -361,7 +383,7 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
     stores = [await _connect(e) for e in endpoints]
     try:
         small, large = (
-            Deployment(s, e, _topology(e), opts, out)
+            Deployment(s, e, _topology(e, opts.pools), opts, out)
             for s, e in zip(stores, endpoints, strict=True)
         )
         for dep in (small, large):
@@ -391,6 +413,7 @@ async def measure(endpoints: tuple[str, str], opts: Options, out: Reporter) -> d
         },
         "sessions_small": SMALL,
         "sessions_large": opts.sessions_large,
+        "pools": opts.pools,
         "switches": opts.switches,
         "etcd": "2 x 1 member, loopback, --unsafe-no-fsync",
         "etcd_gogc": opts.etcd_gogc,  # null: Go's default (100)
@@ -445,6 +468,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run both etcds with GOGC=N, Go's GC target (default: unset, Go's 100)",
     )
+    p.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        choices=range(1, 17),
+        metavar="N",
+        help="model pools per region, 1-16 (docs/models.md): sessions are pinned per "
+        "pool and the switch is one pool's (default 1: regions without pools)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
 
@@ -458,6 +490,7 @@ def run(args: argparse.Namespace) -> int:
         sessions_large=args.sessions_large,
         concurrency=args.concurrency,
         etcd_gogc=args.etcd_gogc,
+        pools=args.pools,
         quiet=args.quiet,
     )
     if not etcd_available():

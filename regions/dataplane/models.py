@@ -48,6 +48,18 @@ def home_units(topology: Topology, home: str) -> dict[str, str]:
     return out
 
 
+def pool_sites(topology: Topology, home: str) -> tuple[dict[str, str], dict[str, str]]:
+    """For a process of region ``home``: each pool's unit -> its region, and -> the
+    pool of its family in ``home`` (what serves a request another region's picker sent
+    here). Both empty for a topology without pools."""
+    if not topology.pooled:
+        return {}, {}
+    homes = home_units(topology, home)
+    sites = {u: topology.site(u) for u in topology.names if topology.site(u) != u}
+    local = {u: homes[topology.family(u)] for u in topology.names}
+    return sites, local
+
+
 class ModelRoutes(Generic[R]):
     """Per family, the object that routes it (a session resolver); ``for_model``
     finds a request's. ``default``: the family of a request that names no model (a

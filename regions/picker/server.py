@@ -30,7 +30,7 @@ from controlplane.kernel.store.port import Store
 from regions.dataplane.admission import Admission
 from regions.dataplane.core import DataPlaneCore
 from regions.dataplane.metrics import CONTENT_TYPE
-from regions.dataplane.models import home_units
+from regions.dataplane.models import pool_sites
 from regions.dataplane.observe import PrefixObserver
 from regions.dataplane.options import DataPlaneOptions, completed
 from regions.picker.extproc import BODY_BUFFERED
@@ -74,16 +74,13 @@ class PickerServer:
             session_header=app.session_header.lower(),
             actuators=actuators,
         )
+        sites, local = pool_sites(topo, app.home)  # with model pools (docs/models.md)
         config = options.picker or PickerConfig(
             home=app.home,
             zones=dict(app.zones),
             entries={r.name: r.entry for r in topo.regions if r.entry},
-            sites={u: topo.site(u) for u in topo.names if topo.site(u) != u},
-            local={
-                u: local
-                for u in topo.names
-                if topo.pooled and (local := home_units(topo, app.home)[topo.family(u)])
-            },
+            sites=sites,
+            local=local,
         )
         self.picker = Picker(
             config,
