@@ -67,6 +67,25 @@ def prewarm_fraction(result: PrewarmFigures) -> float | None:
     return max(0.0, min(1.0, (result.prefixes_warmed or 0.0) / total))
 
 
+def pool_info(registry: CollectorRegistry, topology: Topology | None) -> None:
+    """``tectonic_pool_info``: with model pools (docs/models.md), one series per pool's
+    failover unit, whose ``region`` label is the one every per-region series of that
+    pool carries (``<region>.<pool>``): join on it for the region, pool or models, e.g.
+    ``tectonic_region_state * on(region) group_left(models) tectonic_pool_info``."""
+    if topology is None or not topology.pooled:
+        return
+    info = Gauge(
+        "tectonic_pool_info",
+        "1 per model pool: its failover unit (region), its region as the topology names "
+        "it (pool_of), its pool and the model names it answers (comma-separated)",
+        ["region", "pool_of", "pool", "models"],
+        registry=registry,
+    )
+    for name in topology.names:
+        if (pool := topology.pool_of(name)) is not None:
+            info.labels(name, pool.region, pool.pool, ",".join(pool.models)).set(1)
+
+
 class ControlPlaneMetrics:
     def __init__(self, regions: Iterable[str] = (), topology: Topology | None = None) -> None:
         """``regions``: the topology's, whose transition series start at 0;
@@ -75,6 +94,7 @@ class ControlPlaneMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         build_info(r, "controlplane")
+        pool_info(r, topology)
         self.region_state = Gauge(
             "tectonic_region_state",
             "1 for the region's current state, 0 for the others (leader only)",

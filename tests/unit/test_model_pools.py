@@ -13,6 +13,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.config import ConfigError, Topology, parse_topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health
+from controlplane.metrics import ControlPlaneMetrics
 from regions.dataplane.models import ModelRoutes, UnknownModel, home_units
 from tests.unit.world import World
 from tests.unit.world import topology as plain_topology
@@ -225,3 +226,14 @@ def test_a_topology_object_is_still_frozen_after_its_pools_are_unfolded() -> Non
     assert isinstance(t, Topology)
     with pytest.raises(ValueError):
         t.regions = ()  # type: ignore[misc]
+
+
+def test_every_pool_has_an_info_series_to_join_its_region_label_on() -> None:
+    t = parse_topology(pooled())
+    text = ControlPlaneMetrics(t.names, t).scrape(leader=True).decode()
+    assert (
+        'tectonic_pool_info{models="llama-3,llama-3-sql",pool="chat",pool_of="us-east",'
+        'region="us-east.chat"} 1.0'
+    ) in text
+    plain = ControlPlaneMetrics(plain_topology().names, plain_topology()).scrape(leader=True)
+    assert b"tectonic_pool_info" not in plain
