@@ -6,21 +6,19 @@ models under one session id.
 The ``pool-outage`` drill on one model's pool in us-east passes, moves only that
 model's conversations (every other one is answered where it started, measured from
 each request's answering region), warms that pool's targets with that model's
-prefixes only, and recovers. Then a region-wide fault (every server of us-west, both
-pools) moves both models' conversations, each one region at a time."""
+prefixes only, and recovers. Then the ``region-blackout`` drill on us-west (every
+server of both its pools) passes for each pool and moves both models' conversations,
+each one region at a time."""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from chaos.drills.measure import SessionLog, consistency_violations
 from chaos.drills.scenario import find_scenario
-from chaos.lab.procs import until
 from chaos.lab.run import drill_on, lab_traffic, running_lab
 from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import decode
@@ -93,40 +91,30 @@ async def test_a_pool_outage_moves_one_models_conversations_a_blackout_moves_all
             models = {e.payload.model for e in catalog.entries if e.payload is not None}
             assert models == {"llama-3"}
 
-            # a region-wide fault: every server of us-west, both pools
+            # a region-wide fault: the region-blackout drill on us-west, both its pools
             blackout = lab_traffic(dep)
-            blackout.add(9, list(REGIONS), prefix="b", models=list(MODELS), pools=MODELS)
-            await blackout.start()
-            try:
-
-                async def twice() -> bool:
-                    return blackout.answered(2)
-
-                await until(twice, within=30, what="every blackout session answered twice")
-                fault_at = time.monotonic()
-                await asyncio.to_thread(dep.stop_servers, "us-west")
-
-                async def both_failed_over() -> bool:
-                    units = ("us-west.chat", "us-west.code")
-                    states = [await state(store, dep.keys, u) for u in units]
-                    return states == [RegionState.FAILING_OVER] * 2
-
-                await until(both_failed_over, within=40, what="both us-west pools failed over")
-                west = [s for s in blackout.sessions if s.home == "us-west"]
-
-                async def answered_elsewhere() -> bool:
-                    return all(
-                        any(t > fault_at and r and r != s.home_unit for t, r in s.log) for s in west
-                    )
-
-                await until(answered_elsewhere, within=40, what="every us-west conversation moved")
-            finally:
-                await blackout.stop()
-                await asyncio.to_thread(dep.start_servers, "us-west")
+            result = await drill_on(
+                dep,
+                store,
+                find_scenario("region-blackout"),
+                "us-west",
+                reports=tmp_path,
+                sessions=9,
+                traffic=blackout,
+                session_prefix="b",  # new sessions: the first drill's moved some
+                say=lambda m: None,
+            )
+            assert result.passed, [c for c in result.criteria if not c.passed]
+            for unit in ("us-west.chat", "us-west.code"):
+                assert blackout_path(result, unit) == ["FAILING_OVER", "RECOVERED", "NORMAL"]
+            consistency = next(c for c in result.criteria if c.name == "session_consistency")
+            assert consistency.measured.startswith("0.0000%")
+            west = [s for s in blackout.sessions if s.home == "us-west"]
             assert {s.model for s in west} == set(MODELS)
-            for s in west:
-                after = {r for t, r in s.log if r and t > fault_at}
-                assert after and after <= {f"{r}.{MODELS[s.model]}" for r in REGIONS}
+            for s in west:  # every us-west conversation of both models moved, to its pool
+                served = [r for _, r in s.log if r]
+                assert served[0] == s.home_unit and len(set(served)) == 2, (s.conversation, served)
+                assert set(served) <= {f"{r}.{MODELS[s.model]}" for r in REGIONS}
             logs = [
                 SessionLog(s.conversation, s.home_unit, tuple(s.log)) for s in blackout.sessions
             ]

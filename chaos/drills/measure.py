@@ -9,11 +9,11 @@ judged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
-from chaos.drills.scenario import Fault, Measurements, Scenario, SteadyState
+from chaos.drills.scenario import Fault, Measurements, Probe, Scenario, SteadyState
 from controlplane.kernel.model import AuditAction, AuditEntry, LadderChange, PrewarmFigures
 
 
@@ -29,7 +29,9 @@ class SessionLog:
 
 @dataclass(frozen=True)
 class Observed:
-    """Everything the verdict is computed from."""
+    """Everything the verdict is computed from. ``units``: the failover units the
+    target names (docs/models.md): the region itself, or every pool of a region with
+    model pools; each is judged, and a criterion holds when it holds for each."""
 
     region: str
     fault_t: float | None  # drill time of the first fault; None when none was injected
@@ -45,35 +47,57 @@ class Observed:
     steady_after: tuple[bool, str] = (True, "")
     aborted: str = ""
     extra: Mapping[str, float] = field(default_factory=dict)
+    units: tuple[str, ...] = ()
+    prewarms: Mapping[str, PrewarmFigures | None] = field(default_factory=dict)  # per unit
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.units or (self.region,)
+
+    def one(self, unit: str) -> Observed:
+        """What is observed of ``unit`` alone."""
+        return replace(self, region=unit, units=(), prewarm=self.prewarms.get(unit, self.prewarm))
 
 
 # ---- steady state -------------------------------------------------------------------------
-def probes_hold(hyp: SteadyState, s: Sample) -> tuple[bool, str]:
-    """Whether every probe of ``hyp`` holds in sample ``s``; the first that does not."""
+def probes_hold(
+    hyp: SteadyState, s: Sample, units: Mapping[str, Sequence[str]] | None = None
+) -> tuple[bool, str]:
+    """Whether every probe of ``hyp`` holds in sample ``s``; the first that does not.
+    ``units``: a region with model pools -> its pools' units, each of which a probe of
+    the region must hold for."""
     for p in hyp.probes:
-        if p.probe == "leader" and not s.leader:
-            return False, "no control-plane leader"
-        if p.probe == "regions_healthy":
-            bad = [f"{r} {v.health}" for r, v in s.regions.items() if v.health != "HEALTHY"]
-            if bad or not s.regions:
-                return False, "not every region HEALTHY: " + (", ".join(bad) or "no state")
-        if p.probe == "region_state":
-            got = s.regions.get(p.region)
-            if got is None or got.state != p.state:
-                return False, f"{p.region} is {got.state if got else 'unknown'}, not {p.state}"
-        if p.probe == "ladder_clear":
-            got = s.regions.get(p.region)
-            if got is None or got.ladder_steps:
-                steps = ", ".join(got.ladder_steps) if got else "unknown"
-                return False, f"{p.region} still has degradation steps applied: {steps}"
-        if p.probe == "error_rate" and s.error_rate is not None and s.error_rate > p.max:
-            return False, f"error rate {s.error_rate:.3f} > {p.max:g}"
-        if (
-            p.probe == "first_token_p99_s"
-            and s.first_token_p99_s is not None
-            and s.first_token_p99_s > p.max
-        ):
-            return False, f"first-token p99 {s.first_token_p99_s:.3f}s > {p.max:g}s"
+        for unit in (units or {}).get(p.region, (p.region,)):
+            ok, why = _probe_holds(p.model_copy(update={"region": unit}), s)
+            if not ok:
+                return ok, why
+    return True, ""
+
+
+def _probe_holds(p: Probe, s: Sample) -> tuple[bool, str]:
+    if p.probe == "leader" and not s.leader:
+        return False, "no control-plane leader"
+    if p.probe == "regions_healthy":
+        bad = [f"{r} {v.health}" for r, v in s.regions.items() if v.health != "HEALTHY"]
+        if bad or not s.regions:
+            return False, "not every region HEALTHY: " + (", ".join(bad) or "no state")
+    if p.probe == "region_state":
+        got = s.regions.get(p.region)
+        if got is None or got.state != p.state:
+            return False, f"{p.region} is {got.state if got else 'unknown'}, not {p.state}"
+    if p.probe == "ladder_clear":
+        got = s.regions.get(p.region)
+        if got is None or got.ladder_steps:
+            steps = ", ".join(got.ladder_steps) if got else "unknown"
+            return False, f"{p.region} still has degradation steps applied: {steps}"
+    if p.probe == "error_rate" and s.error_rate is not None and s.error_rate > p.max:
+        return False, f"error rate {s.error_rate:.3f} > {p.max:g}"
+    if (
+        p.probe == "first_token_p99_s"
+        and s.first_token_p99_s is not None
+        and s.first_token_p99_s > p.max
+    ):
+        return False, f"first-token p99 {s.first_token_p99_s:.3f}s > {p.max:g}s"
     return True, ""
 
 
@@ -101,12 +125,16 @@ def consistency_violations(sessions: Sequence[SessionLog], moved_homes: set[str]
     return bad
 
 
-def rto_s(sessions: Sequence[SessionLog], region: str, fault_t: float | None) -> float:
-    """From the first fault until the sessions homed in ``region`` are answered again:
-    the first answer after the last failed request (0 when none failed)."""
+def rto_s(
+    sessions: Sequence[SessionLog], region: str | Collection[str], fault_t: float | None
+) -> float:
+    """From the first fault until the sessions homed in ``region`` (or in any of a
+    region's pools) are answered again: the first answer after the last failed request
+    (0 when none failed)."""
     if fault_t is None:
         return 0.0
-    answers = sorted(a for s in sessions if s.home == region for a in s.answers)
+    homes = {region} if isinstance(region, str) else set(region)
+    answers = sorted(a for s in sessions if s.home in homes for a in s.answers)
     failed = [t for t, r in answers if not r and t >= fault_t]
     if not failed:
         return 0.0
@@ -142,9 +170,13 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
     """The drill's criteria, in the report's order: the steady state before, no abort,
     the region's path through the states, pre-warm and the ladder, what the synthetic
     sessions saw, the steady state after. A criterion the scenario does not set is
-    absent, not passed."""
-    mine = [t for t in o.transitions if t.region == o.region]
-    path = [t.to_state for t in mine]
+    absent, not passed. A target of several units (a region's model pools) is judged
+    unit by unit, each criterion holding only if it holds for each."""
+    paths = {u: [t.to_state for t in o.transitions if t.region == u] for u in o.targets}
+    if len(o.targets) == 1:
+        units = _unit_criteria(m, o, paths[o.region])
+    else:
+        units = _each(o.targets, [_unit_criteria(m, o.one(u), paths[u]) for u in o.targets])
     return [
         Criterion(
             name="steady_state_before",
@@ -158,10 +190,8 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
             measured=o.aborted or "ran to the end",
             required="no abort condition met",
         ),
-        *_path_criteria(m, o.region, path),
-        *([_prewarm(m, o.prewarm)] if m.prewarm_attainment is not None else []),
-        *([_ladder(m, o)] if m.degradation_order else []),
-        *_session_criteria(m, o, path),
+        *units,
+        *_session_criteria(m, o, paths),
         Criterion(
             name="steady_state_after",
             passed=o.steady_after[0],
@@ -169,6 +199,34 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
             required="the steady-state hypothesis holds again after the rollbacks",
         ),
     ]
+
+
+def _unit_criteria(m: Measurements, o: Observed, path: list[str]) -> list[Criterion]:
+    """What one failover unit must show: its state path, its pre-warm, its ladder."""
+    return [
+        *_path_criteria(m, o.region, path),
+        *([_prewarm(m, o.prewarm)] if m.prewarm_attainment is not None else []),
+        *([_ladder(m, o)] if m.degradation_order else []),
+    ]
+
+
+def _each(units: Sequence[str], per_unit: Sequence[Sequence[Criterion]]) -> list[Criterion]:
+    """One criterion per name, from each unit's: passed when each passed, measured
+    unit by unit."""
+    names = list(dict.fromkeys(c.name for cs in per_unit for c in cs))
+    out = []
+    for name in names:
+        got = [(u, c) for u, cs in zip(units, per_unit, strict=True) for c in cs if c.name == name]
+        out.append(
+            Criterion(
+                name=name,
+                passed=len(got) == len(units) and all(c.passed for _, c in got),
+                measured="; ".join(f"{u}: {c.measured}" for u, c in got),
+                required=got[0][1].required + " (each pool)",
+                detail="; ".join(f"{u}: {c.detail}" for u, c in got if c.detail),
+            )
+        )
+    return out
 
 
 def _path_criteria(m: Measurements, region: str, path: list[str]) -> list[Criterion]:
@@ -202,13 +260,15 @@ def _path_criteria(m: Measurements, region: str, path: list[str]) -> list[Criter
     return out
 
 
-def _session_criteria(m: Measurements, o: Observed, path: list[str]) -> list[Criterion]:
+def _session_criteria(
+    m: Measurements, o: Observed, paths: Mapping[str, list[str]]
+) -> list[Criterion]:
     """What the synthetic sessions saw: consistency (each answered in one region, or
     in a second only after its one move), the RTO and the error rate."""
     out = []
     requests = sum(len(s.answers) for s in o.sessions)
     if m.max_consistency_failure_rate is not None:
-        moved = {o.region} if "FAILING_OVER" in path or _routing_moved(o) else set()
+        moved = {u for u, path in paths.items() if "FAILING_OVER" in path or _routing_moved(o, u)}
         bad = consistency_violations(o.sessions, moved) + int(o.gateway_violations)
         rate = bad / requests if requests else 0.0
         out.append(
@@ -223,7 +283,7 @@ def _session_criteria(m: Measurements, o: Observed, path: list[str]) -> list[Cri
             )
         )
     if m.max_rto_s is not None:
-        rto = rto_s(o.sessions, o.region, o.fault_t)
+        rto = rto_s(o.sessions, o.targets, o.fault_t)
         out.append(
             Criterion(
                 name="rto",
@@ -247,11 +307,11 @@ def _session_criteria(m: Measurements, o: Observed, path: list[str]) -> list[Cri
     return out
 
 
-def _routing_moved(o: Observed) -> bool:
-    """The target region's traffic was routed elsewhere in some sample."""
+def _routing_moved(o: Observed, unit: str) -> bool:
+    """The unit's traffic was routed elsewhere in some sample."""
     for s in o.samples:
-        r = s.regions.get(o.region)
-        if r is not None and r.routing and r.routing.get(o.region, 0.0) < 1.0:
+        r = s.regions.get(unit)
+        if r is not None and r.routing and r.routing.get(unit, 0.0) < 1.0:
             return True
     return False
 
@@ -338,16 +398,19 @@ def last_prewarm(entries: Sequence[AuditEntry], region: str) -> PrewarmFigures |
     return PrewarmFigures.from_details(found[-1].details) if found else None
 
 
-def regions_judged(region: str, samples: Sequence[Sample]) -> list[str]:
-    """The target region and every region that took its traffic during the drill."""
+def regions_judged(region: str | Sequence[str], samples: Sequence[Sample]) -> list[str]:
+    """The target region (or its pools' units) and every region that took its traffic
+    during the drill."""
+    units = [region] if isinstance(region, str) else list(region)
     took = {
         r
         for x in samples
-        if (v := x.regions.get(region)) is not None
+        for unit in units
+        if (v := x.regions.get(unit)) is not None
         for r, w in v.routing.items()
         if w > 0
     }
-    return [region, *sorted(took - {region})]
+    return [*units, *sorted(took - set(units))]
 
 
 def figures(
@@ -357,14 +420,15 @@ def figures(
     failed = sum(1 for x in sessions for _, r in x.answers if not r)
     p99 = [x.first_token_p99_s for x in o.samples if x.first_token_p99_s is not None]
     hits = [x.prefix_hit_rate for x in o.samples if x.prefix_hit_rate is not None]
+    targets = set(o.targets)
     figures: dict[str, float] = {
-        "rto_s": rto_s(sessions, o.region, o.fault_t),
+        "rto_s": rto_s(sessions, o.targets, o.fault_t),
         "requests": float(requests),
         "requests_failed": float(failed),
         "streams_continued": o.streams_continued,
         "samples": float(len(o.samples)),
-        "transitions": float(len([t for t in o.transitions if t.region == o.region])),
-        "ladder_events": float(len([e for e in o.ladder if e.region == o.region])),
+        "transitions": float(len([t for t in o.transitions if t.region in targets])),
+        "ladder_events": float(len([e for e in o.ladder if e.region in targets])),
     }
     if p99:
         figures["first_token_p99_max_s"] = round(max(p99), 4)
@@ -380,7 +444,8 @@ def figures(
             if v is not None:
                 figures[f"prewarm_{k}"] = v
     down = next(
-        (t.t for t in o.transitions if t.region == o.region and t.to_state == "FAILING_OVER"), None
+        (t.t for t in o.transitions if t.region in targets and t.to_state == "FAILING_OVER"),
+        None,
     )
     if down is not None and o.fault_t is not None:
         figures["failover_after_fault_s"] = round(down - o.fault_t, 3)

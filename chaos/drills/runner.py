@@ -100,6 +100,7 @@ class DrillRunner:
     write_readiness: bool = True
     _samples: list[Sample] = field(default_factory=list)
     _abort: str = ""
+    _units: tuple[str, ...] = ()  # the failover units the running drill targets
 
     # ---- the drill ----------------------------------------------------------------------
     async def run(
@@ -108,10 +109,12 @@ class DrillRunner:
         """Run ``scenario`` against ``region`` (default: the scenario's). Raises
         ConfigError, before touching anything, for a region not in the topology."""
         s = scenario.bind(region)
-        if s.region not in self.topology.names:
-            raise ConfigError(
-                f"unknown region {s.region!r}: the topology has {', '.join(self.topology.names)}"
-            )
+        t = self.topology
+        if s.region not in t.names and s.region not in t.sites:
+            known = ", ".join(dict.fromkeys((*t.sites, *t.names)))
+            raise ConfigError(f"unknown region {s.region!r}: the topology has {known}")
+        # a region with model pools: the drill acts on all of them and judges each
+        self._units = t.units_of(s.region) if s.region in t.sites else (s.region,)
         started, mono0 = time.time(), time.monotonic()
         drill_id = f"{datetime.fromtimestamp(started, UTC):%Y%m%dT%H%M%SZ}-{s.name}-{s.region}"
         directory = self.reports_root / drill_id
@@ -156,6 +159,7 @@ class DrillRunner:
             streams_continued=observer.streams_continued,
             samples=self._samples,
             aborted=self._abort,
+            units=self._units,
         )
         result = await self._verdict().deliver(run, journal)
         journal.close()
@@ -222,6 +226,15 @@ class DrillRunner:
                 self._abort = abort_reason(s, self._samples, mono - mono0)
             await asyncio.sleep(max(0.0, s.sample_s - (time.monotonic() - mono)))
 
+    @property
+    def _groups(self) -> dict[str, tuple[str, ...]]:
+        """A target region with model pools -> its pools' units (what its probes and
+        conditions are checked on); empty otherwise."""
+        units = self._units
+        if len(units) > 1:
+            return {self.topology.site(units[0]): units}
+        return {}
+
     def _check_abort(self) -> None:
         if self._abort:
             raise DrillAborted(self._abort)
@@ -248,7 +261,7 @@ class DrillRunner:
             if len(self._samples) > seen:
                 seen = len(self._samples)
                 sample = self._samples[-1]
-                ok, why = probes_hold(hyp, sample)
+                ok, why = probes_hold(hyp, sample, self._groups)
                 held_since = (held_since or sample.t) if ok else None
                 if held_since is not None and sample.t - held_since >= hyp.hold_s:
                     journal.write("probe", f"steady_state_{when}", ok=True, held_s=hyp.hold_s)
@@ -315,8 +328,12 @@ class DrillRunner:
         while time.monotonic() < deadline:
             self._check_abort()
             with contextlib.suppress(Exception):
-                rec = await observer.record(c.region)
-                if rec is not None and rec.state.value == c.state and step_done(rec, c.step):
+                units = self._groups.get(c.region, (c.region,))
+                recs = [await observer.record(u) for u in units]
+                if all(
+                    rec is not None and rec.state.value == c.state and step_done(rec, c.step)
+                    for rec in recs
+                ):
                     return True
             await asyncio.sleep(0.1)
         return False

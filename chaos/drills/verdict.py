@@ -33,7 +33,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.details import json_list
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.file import load_ladder
-from controlplane.kernel.model import AuditAction, AuditEntry, Readiness
+from controlplane.kernel.model import AuditAction, AuditEntry, PrewarmFigures, Readiness
 from controlplane.kernel.store.port import Put, Store
 
 ACTOR = "drill-runner"
@@ -58,6 +58,9 @@ class DrillRun:
     streams_continued: float  # by the gateways, after a replica failed mid-stream
     samples: list[Sample]
     aborted: str  # why the run stopped early; "" when it did not
+    # the failover units the target names: the region, or each pool of a region with
+    # model pools (docs/models.md)
+    units: tuple[str, ...] = ()
 
 
 def traffic_marks(traffic: Traffic | None) -> dict[str, int]:
@@ -99,7 +102,10 @@ class Verdict:
         """Judge ``run``, record the verdict, write the report; the drill's result."""
         s = run.scenario
         transitions, ladder, entries = await audit_since(self.store, self.keys, run.started)
-        prewarm = last_prewarm(entries, s.region)
+        units = run.units or (s.region,)
+        prewarms = {u: last_prewarm(entries, u) for u in units}
+        # the figures show the pool that warmed least (one region: its own)
+        prewarm = min(prewarms.values(), key=_attained, default=None)
         reference = (
             load_ladder(self.reference_ladder).names if self.reference_ladder is not None else ()
         )
@@ -118,6 +124,8 @@ class Verdict:
             steady_before=run.before,
             steady_after=run.after,
             aborted=run.aborted,
+            units=units if len(units) > 1 else (),
+            prewarms=prewarms,
         )
         criteria = (
             judge(s.measure, observed) + run.extra if not run.dry_run else _dry_run_criteria(run)
@@ -126,7 +134,7 @@ class Verdict:
         for c in criteria:
             journal.write("measure", c.name, ok=c.passed, measured=c.measured, required=c.required)
         measured = figures(observed, sessions, prewarm)
-        regions = [] if run.dry_run else regions_judged(s.region, run.samples)
+        regions = [] if run.dry_run else regions_judged(units, run.samples)
         result = DrillResult(
             id=run.drill_id,
             scenario=s.name,
@@ -211,3 +219,10 @@ def _dry_run_criteria(run: DrillRun) -> list[Criterion]:
             required="the steady-state hypothesis holds (dry run: nothing injected)",
         )
     ]
+
+
+def _attained(prewarm: PrewarmFigures | None) -> float:
+    """Orders pre-warms worst first: none recorded, then the least attained."""
+    if prewarm is None:
+        return -1.0
+    return prewarm.attained_fraction if prewarm.attained_fraction is not None else 0.0

@@ -178,29 +178,36 @@ async def drill_on(
     say: Callable[[str], None] = print,
     on_sample: Callable[[Sample], None] | None = None,
     traffic: Traffic | None = None,
+    session_prefix: str = "s",
 ) -> DrillResult:
     """Run one drill on a running lab, under ``sessions`` synthetic chat sessions, each
     sending a request every ``interval_s`` (default 0.5 s; 1.5 s on real vLLM).
-    ``traffic``: the caller's ``lab_traffic``, to read its sessions' logs afterwards."""
+    ``traffic``: the caller's ``lab_traffic``, to read its sessions' logs afterwards;
+    ``session_prefix`` starts the sessions' ids (a second drill on one lab: new ones)."""
     target = region or scenario.region
     traffic = traffic or lab_traffic(dep, interval_s)
     try:
         models = [model for _, model in dep.spec.pools] or [MODEL]
         pools = {model: pool for pool, model in dep.spec.pools}
-        traffic.add(sessions, list(dep.spec.regions), models=models, pools=pools)
+        regions = list(dep.spec.regions)
+        traffic.add(sessions, regions, prefix=session_prefix, models=models, pools=pools)
         await traffic.start()
         entry = "Envoys" if dep.spec.data_plane == "envoy" else "gateways"
         say(
             f"traffic: {sessions} chat sessions through the {entry} of their home regions "
             "(half the requests stream)"
         )
+        topology = load_topology(dep.topology_path)
         if scenario.measure.prewarm_attainment is not None and not dry_run:
-            n = await wait_catalog(store, dep, target, 45)
-            say(f"the leader's prefix catalog of {target}: {n} prefixes may leave")
+            # a region with model pools: each pool's own catalog
+            units = topology.units_of(target) if target in topology.sites else (target,)
+            for unit in units:
+                n = await wait_catalog(store, dep, unit, 45)
+                say(f"the leader's prefix catalog of {unit}: {n} prefixes may leave")
         runner = DrillRunner(
             target=dep,
             store=store,
-            topology=load_topology(dep.topology_path),
+            topology=topology,
             reports_root=reports,
             traffic=traffic,
             on_sample=on_sample,

@@ -18,6 +18,7 @@ from controlplane.api.rpc_checks import (
     abort,
     bad_request,
     known_region,
+    known_target,
     reason_and_actor,
     store_errors,
 )
@@ -282,7 +283,7 @@ class DrillMethods:
             await bad_request(context, f"{request.scenario[:64]!r} is not a scenario name")
         region = request.region
         if region:
-            await known_region(context, self.topology, region)
+            await known_target(context, self.topology, region)
         replica = request.replica.strip()
         if replica and request.scenario != CAPACITY_PROBE:
             await bad_request(

@@ -64,6 +64,13 @@ async def known_region(ctx: grpc.aio.ServicerContext, topology: Topology, region
     return region
 
 
+async def known_target(ctx: grpc.aio.ServicerContext, topology: Topology, region: str) -> str:
+    """A drill's target: a failover unit, or a region with model pools (all of them)."""
+    if region in topology.sites:
+        return region
+    return await known_region(ctx, topology, region)
+
+
 async def checked_text(
     ctx: grpc.aio.ServicerContext, name: str, value: str, limit: int, *, required: bool
 ) -> str:
