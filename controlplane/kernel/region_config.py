@@ -132,7 +132,12 @@ class RegionConfig(Frozen):
         str, Field(min_length=1, description="Residency zone; traffic never leaves it unforced")
     ]
     agent: Annotated[
-        str, Field(pattern=HOST_PORT, description="host:port of the region agent's gRPC server")
+        str,
+        Field(
+            pattern=HOST_PORT,
+            description="host:port of the region agent's gRPC server (not given with "
+            "pools: each pool has its own)",
+        ),
     ]
     capacity_rps: Annotated[
         float,
@@ -140,7 +145,7 @@ class RegionConfig(Frozen):
             gt=0,
             description="Safe throughput under SLO, after the factor of safety: what "
             "failovers plan on until a capacity probe measures the region, and again when "
-            "that measurement is stale",
+            "that measurement is stale (not given with pools: each pool has its own)",
         ),
     ]
     failover_to: Annotated[
@@ -151,7 +156,7 @@ class RegionConfig(Frozen):
         tuple[str, ...],
         Field(
             description="Base URLs of the region's vLLM servers (or its regional load "
-            "balancer) that gateways forward to"
+            "balancer) that gateways forward to (not given with pools: each pool's own)"
         ),
     ] = ()
     degraded_when: Annotated[
