@@ -163,3 +163,17 @@ def main(
         return 1
     print(json.dumps(result), flush=True)
     return 0
+
+
+def add_pools_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--pools N``: model pools per region (docs/models.md), 1-16; ``what`` says what
+    the bench does with them."""
+    p.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        choices=range(1, 17),
+        metavar="N",
+        help=f"model pools per region, 1-16 (docs/models.md): {what} (default 1: regions "
+        "without pools)",
+    )

@@ -34,7 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._common import BenchError, Reporter, at_least, goals_and_met, main, percentile
+from bench._common import (
+    BenchError,
+    Reporter,
+    add_pools_flag,
+    at_least,
+    goals_and_met,
+    main,
+    percentile,
+)
 from bench.failover_deploy import (
     CLUSTER,
     CONTROL_PLANES,
@@ -189,15 +197,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="simulator replicas per region, 1-4 (default 1)",
     )
-    p.add_argument(
-        "--pools",
-        type=int,
-        default=1,
-        choices=range(1, 17),
-        metavar="N",
-        help="model pools per region, 1-16 (docs/models.md); each has its own agent and "
-        "simulators, and a round kills all of a region's pools at once: detection and "
-        "switch are timed per pool (default 1: regions without pools)",
+    add_pools_flag(
+        p,
+        "each has its own agent and simulators, and a round kills all of a region's pools "
+        "at once: detection and switch are timed per pool",
     )
     p.add_argument("--seed", type=int, default=None, help="seed of the kill-time jitter")
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")

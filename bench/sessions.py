@@ -48,7 +48,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from bench._common import at_least, terminate_as_interrupt
+from bench._common import add_pools_flag, at_least, terminate_as_interrupt
 from chaos.lab.local_etcd import EtcdServer, etcd_available
 from controlplane.cluster import Cluster
 from controlplane.core.steps import failover_step_write
@@ -468,15 +468,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run both etcds with GOGC=N, Go's GC target (default: unset, Go's 100)",
     )
-    p.add_argument(
-        "--pools",
-        type=int,
-        default=1,
-        choices=range(1, 17),
-        metavar="N",
-        help="model pools per region, 1-16 (docs/models.md): sessions are pinned per "
-        "pool and the switch is one pool's (default 1: regions without pools)",
-    )
+    add_pools_flag(p, "sessions are pinned per pool and the switch is one pool's")
     p.add_argument("--quiet", action="store_true", help="print only the final JSON line")
 
 

@@ -22,6 +22,22 @@ from regions.gateway.server import GatewayOptions, GatewayServer
 REGIONS = ("east", "west", "central", "eu")
 
 
+# Ticks of 0.2 s: a failover in about a second.
+FAST_TIMING = {
+    "probe_interval_s": 0.2,
+    "failure_threshold": 3,
+    "success_threshold": 2,
+    "report_stale_s": 1.0,
+    "quorum": 2,
+    "degraded_dwell_s": 1,
+    "recovery_dwell_s": 1.0,
+    "failover_cooldown_s": 60,
+    "loop_period_s": 0.2,
+    "retry_timeout_s": 0.5,
+    "lease_ttl_s": 3,
+}
+
+
 def fast_topology(endpoints: tuple[str, ...], cluster: str, **prewarm: float) -> Topology:
     return parse_topology(
         {
@@ -33,19 +49,7 @@ def fast_topology(endpoints: tuple[str, ...], cluster: str, **prewarm: float) ->
                 {"name": "central", "zone": "us", "agent": "127.0.0.1:9", "capacity_rps": 50},
                 {"name": "eu", "zone": "eu", "agent": "127.0.0.1:9", "capacity_rps": 100},
             ],
-            "timing": {
-                "probe_interval_s": 0.2,
-                "failure_threshold": 3,
-                "success_threshold": 2,
-                "report_stale_s": 1.0,
-                "quorum": 2,
-                "degraded_dwell_s": 1,
-                "recovery_dwell_s": 1.0,
-                "failover_cooldown_s": 60,
-                "loop_period_s": 0.2,
-                "retry_timeout_s": 0.5,
-                "lease_ttl_s": 3,
-            },
+            "timing": FAST_TIMING,
             "recovery": {"step_percent": 50, "step_interval_s": 0.3},
             "prewarm": dict(prewarm),
         }

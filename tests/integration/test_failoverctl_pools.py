@@ -17,7 +17,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.config import Topology, parse_topology
-from tests.integration.cp_harness import region, running_replica
+from tests.integration.cp_harness import FAST_TIMING, region, running_replica
 from tests.integration.test_failoverctl import ctl
 
 pytestmark = pytest.mark.etcd
@@ -44,19 +44,8 @@ def topology(etcd: object) -> Topology:
                 }
                 for r in ("east", "west")
             ],
-            "timing": {
-                "probe_interval_s": 0.2,
-                "failure_threshold": 3,
-                "success_threshold": 2,
-                "report_stale_s": 1.0,
-                "quorum": 2,
-                "degraded_dwell_s": 1,
-                "recovery_dwell_s": 60,
-                "failover_cooldown_s": 60,
-                "loop_period_s": 0.2,
-                "retry_timeout_s": 0.5,
-                "lease_ttl_s": 3,
-            },
+            # no recovery while the test looks at a failed-over pool
+            "timing": {**FAST_TIMING, "recovery_dwell_s": 60},
         }
     )
 

@@ -15,22 +15,8 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health
 from controlplane.metrics import ControlPlaneMetrics
 from regions.dataplane.models import ModelRoutes, UnknownModel, home_units
-from tests.unit.world import World
+from tests.unit.world import TIMING, World
 from tests.unit.world import topology as plain_topology
-
-TIMING = {
-    "probe_interval_s": 1,
-    "failure_threshold": 3,
-    "success_threshold": 2,
-    "report_stale_s": 3,
-    "quorum": 2,
-    "degraded_dwell_s": 5,
-    "recovery_dwell_s": 5,
-    "failover_cooldown_s": 60,
-    "loop_period_s": 1,
-    "retry_timeout_s": 1,
-    "lease_ttl_s": 5,
-}
 
 
 def pools(region: int, *names: str) -> list[dict[str, Any]]:

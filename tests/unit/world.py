@@ -59,21 +59,24 @@ def stored(value: M) -> M:
     return decode(type(value), encode(value), "world")
 
 
+# The world's timing: one tick a second, three bad ticks to fail over.
+TIMING = {
+    "probe_interval_s": 1,
+    "failure_threshold": 3,
+    "success_threshold": 2,
+    "report_stale_s": 3,
+    "quorum": 2,
+    "degraded_dwell_s": 5,
+    "recovery_dwell_s": 5,
+    "failover_cooldown_s": 60,
+    "loop_period_s": 1,
+    "retry_timeout_s": 1,
+    "lease_ttl_s": 5,
+}
+
+
 def topology(**timing: float) -> Topology:
-    t = {
-        "probe_interval_s": 1,
-        "failure_threshold": 3,
-        "success_threshold": 2,
-        "report_stale_s": 3,
-        "quorum": 2,
-        "degraded_dwell_s": 5,
-        "recovery_dwell_s": 5,
-        "failover_cooldown_s": 60,
-        "loop_period_s": 1,
-        "retry_timeout_s": 1,
-        "lease_ttl_s": 5,
-    }
-    t.update(timing)
+    t = {**TIMING, **timing}
     return parse_topology(
         {
             "cluster": "test",
