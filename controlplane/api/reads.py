@@ -37,6 +37,7 @@ from controlplane.kernel.model import (
     Readiness,
     RegionState,
 )
+from controlplane.kernel.region_config import PoolUnit
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import (
@@ -202,6 +203,11 @@ class RegionStatusView(BaseModel):
     recovery: RecoveryView | None
     last_decision: Decision | None
     capacity: CapacityView = Field(description="what the region bears now, and its CBU")
+    pool_of: str = Field(
+        "", description="a model pool's unit (<region>.<pool>): its region; empty otherwise"
+    )
+    pool: str = Field("", description="a model pool's unit: its pool's name")
+    models: list[str] = Field(default_factory=list, description="the model names it answers")
 
 
 class StatusView(BaseModel):
@@ -253,7 +259,12 @@ class HistoryView(BaseModel):
 
 
 def region_view(
-    view: RegionView, zone: str, capacity: CapacityView, *, writable: bool = True
+    view: RegionView,
+    zone: str,
+    capacity: CapacityView,
+    *,
+    writable: bool = True,
+    pool: PoolUnit | None = None,
 ) -> RegionStatusView:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return RegionStatusView(
@@ -290,6 +301,9 @@ def region_view(
         else None,
         last_decision=rec.last_decision,
         capacity=capacity,
+        pool_of=pool.region if pool else "",
+        pool=pool.pool if pool else "",
+        models=list(pool.models) if pool else [],
     )
 
 
@@ -339,6 +353,7 @@ class Reads:
                     r.zone,
                     capacity_view(snap.regions[r.name], t, snap.now),
                     writable=store.writable,
+                    pool=t.pool_of(r.name),
                 )
                 for r in t.regions
             ],

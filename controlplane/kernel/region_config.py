@@ -226,7 +226,6 @@ class RegionConfig(Frozen):
             "agent": agents[0] if agents and isinstance(agents[0], str) else "pooled:0",
             "capacity_rps": sum(numeric) or 1.0,
         }
-        return data
 
     @model_validator(mode="after")
     def _replica_urls(self) -> Self:

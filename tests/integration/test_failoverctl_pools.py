@@ -1,8 +1,9 @@
 """failoverctl over model pools (docs/models.md), the installed CLI against a real
 control-plane replica on a real etcd: ``status`` groups each region's pools under it
-(its JSON names each pool's region, pool and models); ``failover REGION --model M``
-moves only the pool answering M, ``failover REGION`` plans every pool of the region,
-and a model no pool of the region answers is bad input that changes nothing."""
+(its JSON, and the HTTP API's ``/v1/status``, name each pool's region, pool and
+models); ``failover REGION --model M`` moves only the pool answering M, ``failover
+REGION`` plans every pool of the region, and a model no pool of the region answers is
+bad input that changes nothing."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.kernel.config import Topology, parse_topology
 from tests.integration.cp_harness import FAST_TIMING, region, running_replica
+from tests.integration.http_api_helpers import get_json, http_client
 from tests.integration.test_failoverctl import ctl
 
 pytestmark = pytest.mark.etcd
@@ -73,7 +75,11 @@ async def reporting(stub: pb_grpc.ControlPlaneStub) -> AsyncIterator[None]:
 
 
 async def test_status_groups_pools_and_failover_takes_a_model(topology: Topology) -> None:
-    async with running_replica(topology) as run, reporting(run.stub):
+    async with (
+        running_replica(topology, http_listen="127.0.0.1:0") as run,
+        reporting(run.stub),
+        http_client(run.replica) as http,
+    ):
         for _ in range(100):
             st = await run.stub.GetStatus(pb.GetStatusRequest())
             if st.responder_is_leader and all(r.health == pb.HEALTHY for r in st.regions):
@@ -88,6 +94,9 @@ async def test_status_groups_pools_and_failover_takes_a_model(topology: Topology
         assert pools == [
             (f"{r}.{p}", r, p, [m]) for r in ("east", "west") for p, m in MODELS.items()
         ]
+        status, body = await get_json(http, "/v1/status")  # the HTTP API says the same
+        assert status == 200
+        assert [(r["name"], r["pool_of"], r["pool"], r["models"]) for r in body["regions"]] == pools
         code, out, _ = await ctl(t, "status")
         lines = out.splitlines()
         cells = [line.strip("│ ").split(" ", 1)[0] for line in lines]
