@@ -70,6 +70,15 @@ class ModelRoutes(Generic[R]):
         self.by_family: Mapping[str, R] = dict(by_family)
         first = topology.units_of(home)[0]
         self.default = self.by_family[topology.family(first)]
+        # on every request's path: one dict lookup, whatever the topology's size
+        self._by_model = {
+            m: self.by_family[f]
+            for u in topology.names
+            if (f := topology.family(u)) and (p := topology.pool_of(u)) is not None
+            for m in p.models
+        }
+        # the regions without pools answer whatever model a request names
+        self._any = self.by_family.get("")
 
     @property
     def pooled(self) -> bool:
@@ -84,7 +93,10 @@ class ModelRoutes(Generic[R]):
 
     def for_model(self, model: str) -> R:
         """What routes a request for ``model``; raises UnknownModel."""
-        return self.by_family[self.family(model)]
+        got = self._by_model.get(model, self._any)
+        if got is None:
+            raise UnknownModel(model)
+        return got
 
     def for_unit(self, unit: str) -> R:
         """What routes the family of ``unit`` (a region, or a pool's unit)."""
