@@ -157,7 +157,7 @@ class Picker:
                 replacement = admitted.req.body
         else:  # header-only, or no generation: the session and model headers decide
             session = self.admission.session_of(headers)
-            resolver = self._header_resolver(headers)
+            resolver = self._header_resolver(headers, generation=endpoint is not None)
             if session:
                 region = await resolver.region_for(session)
             else:
@@ -173,14 +173,15 @@ class Picker:
             return await self._admit(pick, headers, key, subset)
         return pick
 
-    def _header_resolver(self, headers: Mapping[str, str]) -> SessionResolver:
+    def _header_resolver(self, headers: Mapping[str, str], *, generation: bool) -> SessionResolver:
         """The resolver of a request whose body is not read: by the model its Envoy
-        names in ``x-tectonic-model``; with model pools, a request without one is
-        refused (which pool would serve it?)."""
+        names in ``x-tectonic-model``; with model pools, a generation without one is
+        refused (which pool would serve it?), anything else (``/v1/models``) goes to
+        the home region's first pool."""
         model = headers.get(MODEL_HEADER, "")
         if model:
             return self.resolvers.for_model(model)
-        if self.resolvers.pooled:
+        if self.resolvers.pooled and generation:
             raise BadRequest(
                 f"this cluster serves model pools: in header-only mode the {MODEL_HEADER} "
                 "header must name the request's model (docs/models.md)",

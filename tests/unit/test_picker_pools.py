@@ -126,6 +126,9 @@ async def test_header_only_mode_reads_the_model_header_and_refuses_without_it(
     refused = await world.picker.pick(hdrs(), None, None)
     assert isinstance(refused, Answer) and refused.status == 400
     assert "x-tectonic-model" in json.loads(refused.body)["error"]["message"]
+    # what is no generation (a model list) needs no model: the home region's first pool
+    listing = await world.picker.pick({":path": "/v1/models", ":method": "GET"}, None, None)
+    assert isinstance(listing, Pick) and listing.region == "east.chat"
     unknown = await world.picker.pick(hdrs(**{"x-tectonic-model": "mistral"}), None, None)
     assert isinstance(unknown, Answer) and unknown.status == 404
     assert json.loads(unknown.body)["error"]["message"] == "The model `mistral` does not exist."
