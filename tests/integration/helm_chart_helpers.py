@@ -36,6 +36,7 @@ VALUE_SETS: dict[str, Path | None] = {
     "default": None,
     "all-on": CHART / "ci" / "all-on-values.yaml",
     "external-etcd": CHART / "ci" / "external-etcd-values.yaml",
+    "pools": CHART / "ci" / "pools-values.yaml",
 }
 PYPI_HINT = "pip install 'helm-python-sdk==0.2.2' 'kubernetes-validate>=1.37,<1.38'"
 TOOLS_HINT = (

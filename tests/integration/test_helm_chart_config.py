@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from chaos.drills.schedule_model import known_scenarios, load_schedule
-from controlplane.kernel.config import RegionConfig, Topology
+from controlplane.kernel.config import PoolConfig, RegionConfig, Topology
 from controlplane.kernel.ladder.file import topology_ladder
 from tests.integration.helm_chart_helpers import (
     CHART,
@@ -57,10 +57,45 @@ def test_the_topology_configmap_is_a_valid_topology(rendered: Rendered) -> None:
     topology = topology_of(rendered)
     local = [r["name"] for r in rendered.values.get("regions", [{"name": "us-east"}])]
     services = {s["metadata"]["name"] for s in rendered.of_kind("Service")}
-    for name in local:  # a region of this cluster points at its own agent's Service
-        agent = topology.region(name).agent
-        assert agent == f"tt-tectonic-agent-{name}.{NAMESPACE}.svc:50061"
-        assert agent.split(".")[0] in services
+    for name in local:  # a region (or each pool of it) of this cluster: its agent's Service
+        for unit in topology.units_of(name):
+            agent = topology.region(unit).agent
+            assert agent == f"tt-tectonic-agent-{unit.replace('.', '-')}.{NAMESPACE}.svc:50061"
+            assert agent.split(".")[0] in services
+    if rendered.name == "pools":  # docs/models.md: each pool its agent, servers, pool
+        assert topology.units_of("us-east") == ("us-east.chat", "us-east.code")
+        assert topology.region("us-east.chat").replicas == (
+            f"http://tt-tectonic-vllm-us-east-chat.{NAMESPACE}.svc:8000",
+        )
+        assert topology.region("us-west.code").agent == "agent-code.us-west.example.com:50061"
+        agents = {
+            c["args"][0]: m["metadata"]["name"]
+            for m, c in rendered.containers()
+            if c["name"] == "agent"
+        }
+        assert agents == {
+            "--region=us-east.chat": "tt-tectonic-agent-us-east-chat",
+            "--region=us-east.code": "tt-tectonic-agent-us-east-code",
+        }
+        served = {
+            m["metadata"]["name"]: c["args"][: c["args"].index("--host=0.0.0.0")]
+            for m, c in rendered.containers()
+            if c["name"] == "vllm"
+        }
+        assert served["tt-tectonic-vllm-us-east-chat"] == [
+            "--model=/models/llama-3-8b",
+            "--served-model-name",
+            "llama-3-8b",
+            "llama-3-8b-sql",
+        ]
+        pools = {
+            p["metadata"]["name"]: p["spec"]["endpointPickerRef"]["name"]
+            for p in rendered.of_kind("InferencePool")
+        }
+        assert pools == {
+            "tt-tectonic-pool-us-east-chat": "tt-tectonic-epp-us-east",
+            "tt-tectonic-pool-us-east-code": "tt-tectonic-epp-us-east",
+        }
     if rendered.name == "all-on":
         assert topology.etcd.endpoints == tuple(
             f"tt-tectonic-etcd-{i}.tt-tectonic-etcd.{NAMESPACE}.svc:2379" for i in range(3)
@@ -86,6 +121,9 @@ def test_the_schema_knows_every_topology_field_and_no_other() -> None:
     region = topology["properties"]["regions"]["items"]
     assert set(region["properties"]) == set(RegionConfig.model_fields)
     assert region["additionalProperties"] is False
+    pool = region["properties"]["pools"]["items"]
+    assert set(pool["properties"]) == set(PoolConfig.model_fields)
+    assert pool["additionalProperties"] is False
 
 
 def quantity_bytes(q: str) -> int:

@@ -112,6 +112,7 @@ def test_every_value_set_renders_the_components_it_turns_on(rendered: Rendered) 
         "default": {"controlplane", "agent"},
         "all-on": {"controlplane", "agent", "gateway", "picker", "drills", "model-server", "etcd"},
         "external-etcd": {"agent", "picker", "drills"},
+        "pools": {"controlplane", "agent", "gateway", "picker", "model-server", "etcd"},
     }
     assert components == expected[rendered.name]
     for m in rendered.manifests:  # namespaced objects name their namespace: none in default

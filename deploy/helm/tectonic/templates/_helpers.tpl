@@ -161,6 +161,45 @@ podAntiAffinity:
 {{- end }}
 {{- end }}
 
+{{/* The failover units of this cluster's regions (.Values.regions), as a JSON list: a
+region without model pools is one; a region whose topology entry has pools
+(docs/models.md) is one per pool. Each is a region entry as .Values.regions has them
+(discovery, modelSelector, pool: the warm pool), a pool's from regions[].pools.<pool>,
+with: name (Kubernetes names and the tectonic.io/region label: <region> or
+<region>-<pool>), unit (the topology's name: <region> or <region>.<pool>), site (the
+region), modelPool (the pool's name, "" without pools) and models (its model names). */}}
+{{- define "tectonic.localUnits" -}}
+{{- $units := list }}
+{{- range $r := .Values.regions }}
+{{- $pools := list }}
+{{- range $t := $.Values.topology.regions }}
+{{- if eq $t.name $r.name }}
+{{- $pools = default list $t.pools }}
+{{- end }}
+{{- end }}
+{{- if $pools }}
+{{- range $p := $pools }}
+{{- $local := default dict (get (default dict $r.pools) $p.name) }}
+{{- $unit := deepCopy $local }}
+{{- $_ := set $unit "name" (printf "%s-%s" $r.name $p.name) }}
+{{- $_ := set $unit "unit" (printf "%s.%s" $r.name $p.name) }}
+{{- $_ := set $unit "site" $r.name }}
+{{- $_ := set $unit "modelPool" $p.name }}
+{{- $_ := set $unit "models" $p.models }}
+{{- $units = append $units $unit }}
+{{- end }}
+{{- else }}
+{{- $unit := omit (deepCopy $r) "pools" }}
+{{- $_ := set $unit "unit" $r.name }}
+{{- $_ := set $unit "site" $r.name }}
+{{- $_ := set $unit "modelPool" "" }}
+{{- $_ := set $unit "models" list }}
+{{- $units = append $units $unit }}
+{{- end }}
+{{- end }}
+{{- toJson $units }}
+{{- end }}
+
 {{/* The model-server workload and Service of a local region: (dict "root" $ "region" r) */}}
 {{- define "tectonic.modelServerName" -}}
 {{ include "tectonic.componentName" (dict "root" .root "suffix" (printf "vllm-%s" .region.name)) }}
