@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.core.actions import TickResult
@@ -32,6 +32,7 @@ from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
 from controlplane.core.machine import TRANSITIONS
 from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.config import Topology
+from controlplane.kernel.metric_labels import exposition
 from controlplane.kernel.model import (
     Decision,
     FailoverProgress,
@@ -234,7 +235,8 @@ class ControlPlaneMetrics:
                     self.region_state.labels(region, s.value).set(0)
                 self.region_state.labels(region, UNKNOWN_STATE).set(1)
                 self._set_health(region, Health.UNKNOWN)
-        return generate_latest(self.registry)
+        models = self.topology.pool_models() if self.topology is not None else {}
+        return exposition(self.registry, models)
 
     # ---- from the reconcile loop ------------------------------------------------------
     def tick_done(

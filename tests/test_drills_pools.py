@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from chaos.drills.measure import SessionLog, consistency_violations
@@ -38,6 +39,12 @@ REGIONS = ("us-east", "us-west", "us-central")
 async def state(store: EtcdStore, keys: object, unit: str) -> RegionState | None:
     kv = await store.get(keys.region_state(unit))  # type: ignore[attr-defined]
     return None if kv is None else decode(RegionRecord, kv.value, kv.key).state
+
+
+async def scrape(base: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as resp:
+        assert resp.status == 200
+        return await resp.text()
 
 
 async def test_a_pool_outage_moves_one_models_conversations_a_blackout_moves_all(
@@ -90,6 +97,16 @@ async def test_a_pool_outage_moves_one_models_conversations_a_blackout_moves_all
             catalog = decode(PrefixCatalog, kv.value, kv.key)
             models = {e.payload.model for e in catalog.entries if e.payload is not None}
             assert models == {"llama-3"}
+            # every series of a pool, an agent's and a gateway's, names its model
+            agent = await scrape(f"http://127.0.0.1:{dep.agent_metrics_ports['us-east.code']}")
+            gateway = await scrape(dep.gateway_urls["us-west"])
+            for text, unit, model in (
+                (agent, "us-east.code", "qwen-coder"),
+                (gateway, "us-east.chat", "llama-3"),
+            ):
+                series = [line for line in text.splitlines() if f'region="{unit}"' in line]
+                bare = [line for line in series if f'model="{model}"' not in line]
+                assert series and not bare, bare[:3]
 
             # a region-wide fault: the region-blackout drill on us-west, both its pools
             blackout = lab_traffic(dep)

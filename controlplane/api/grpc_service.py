@@ -202,7 +202,10 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         # The region's thresholds from this replica's topology, so that its agent judges
         # by what the cluster agreed on (the cluster spec), not by a flag of its own.
         when = self.topology.region(report.region).degraded_when
-        return pb.ReportHealthResponse(accepted=True, thresholds=thresholds_to_pb(when))
+        model = self.topology.pool_models().get(report.region, "")
+        return pb.ReportHealthResponse(
+            accepted=True, thresholds=thresholds_to_pb(when), model=model
+        )
 
     # ---- operator commands -----------------------------------------------------------
     async def _submit(self, intent: Intent, record_rev: int, details: dict[str, str]) -> bool:

@@ -327,6 +327,11 @@ class Topology(Frozen):
                 return unit
         return None
 
+    def pool_models(self) -> dict[str, str]:
+        """Each pool's unit -> its base model (its first name), the ``model`` label of its
+        series; empty without pools."""
+        return {unit: pool.models[0] for unit, pool in self._pools.items()}
+
     def spill_groups(self) -> dict[str, str]:
         """Unit -> where a request may spill when its unit answers nothing: its zone,
         and for a pool its family too (another region's pool of the same models)."""

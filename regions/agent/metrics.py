@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from controlplane.kernel.metric_labels import exposition
 from controlplane.kernel.model import Health
 from controlplane.kernel.version import build_info
 from regions.agent.prewarm_executor import PrewarmOutcome
@@ -63,6 +64,8 @@ class AgentMetrics:
     def __init__(self, region: str, replicas: Sequence[str] = (), *, pool: bool = False) -> None:
         self.region = region
         self.registry = CollectorRegistry(auto_describe=True)
+        # a model pool's unit -> its model, as the control plane answered (docs/models.md)
+        self.pool_models: Mapping[str, str] = {}
         r = self.registry
         # with region, like every series of the agent's
         build_info(r, "agent", {"region": region})
@@ -237,7 +240,8 @@ class AgentMetrics:
             self.prewarm_prefixes.labels(region, result).inc(n)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition; a model pool's agent's series with the pool's ``model``."""
+        return exposition(self.registry, self.pool_models)
 
 
 class MetricsHttp:

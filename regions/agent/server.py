@@ -405,6 +405,8 @@ class AgentHandle:
         if resp is not None:
             self.reports_sent += 1
             self._adopt(resp.thresholds)
+            # a model pool's agent: its series carry the pool's model (docs/models.md)
+            self.metrics.pool_models = {view.region: resp.model} if resp.model else {}
         self.metrics.reported(resp is not None)
 
     def _adopt(self, msg: pb.RegionThresholds) -> None:

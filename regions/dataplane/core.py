@@ -83,6 +83,7 @@ class DataPlaneCore:
         self.store: Store = store or EtcdStore(options.etcd())
         self._own_store = store is None
         self.metrics = metrics or DataPlaneMetrics(topo.spill_groups(), component=kind)
+        self.metrics.pool_models = topo.pool_models()  # each pool's series: its model
         self.routing = RoutingCache(self.store, self.keys)
         # spills: tell the others, and hear theirs (session_moves.py)
         self.moves = SessionMovesBoard(self.store, self.keys, self._sessions_moved_off)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controlplane.kernel.metric_labels import exposition
 from controlplane.kernel.version import build_info
 from regions.dataplane.actuators import Action
 from regions.dataplane.admission_limit import PRIORITIES, REFUSAL_REASONS
@@ -69,6 +70,7 @@ class DataPlaneMetrics:
         ``component``: ``tectonic_build_info``'s (``gateway``, or ``picker`` for the
         endpoint picker)."""
         self.registry = CollectorRegistry(auto_describe=True)
+        self.pool_models: Mapping[str, str] = {}  # unit -> model label (docs/models.md)
         r = self.registry
         build_info(r, component)
         self.requests = Counter(
@@ -293,4 +295,6 @@ class DataPlaneMetrics:
         self.degraded.labels(region, action).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition; with model pools, each pool's series with its ``model`` label
+        (``pool_models``, set from the topology)."""
+        return exposition(self.registry, self.pool_models)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from controlplane.core.failover import PlanRefused, plan_failover
 from controlplane.kernel.cluster_spec import cluster_spec
@@ -218,8 +219,26 @@ def test_every_pool_has_an_info_series_to_join_its_region_label_on() -> None:
     t = parse_topology(pooled())
     text = ControlPlaneMetrics(t.names, t).scrape(leader=True).decode()
     assert (
-        'tectonic_pool_info{models="llama-3,llama-3-sql",pool="chat",pool_of="us-east",'
-        'region="us-east.chat"} 1.0'
+        'tectonic_pool_info{model="llama-3",models="llama-3,llama-3-sql",pool="chat",'
+        'pool_of="us-east",region="us-east.chat"} 1.0'
     ) in text
     plain = ControlPlaneMetrics(plain_topology().names, plain_topology()).scrape(leader=True)
     assert b"tectonic_pool_info" not in plain
+
+
+def test_each_pools_series_carries_its_model_and_nothing_changes_without_pools() -> None:
+    t = parse_topology(pooled())
+    m = ControlPlaneMetrics(t.names, t)
+    text = m.scrape(leader=True).decode()
+    assert (
+        'tectonic_transitions_total{from="NORMAL",model="qwen-coder",region="us-east.code",'
+        'to="DEGRADED",trigger="degrade"} 0.0'
+    ) in text
+    region_series = [
+        line for line in text.splitlines() if 'region="' in line and not line.startswith("#")
+    ]
+    assert region_series and all("model=" in line for line in region_series)
+    # without pools: the registry's own exposition, byte for byte
+    plain = ControlPlaneMetrics(plain_topology().names, plain_topology())
+    assert plain.scrape(leader=True) == generate_latest(plain.registry)
+    assert b"model=" not in plain.scrape(leader=True)

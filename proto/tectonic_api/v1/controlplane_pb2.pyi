@@ -226,12 +226,14 @@ class HealthReport(_message.Message):
     def __init__(self, region: _Optional[str] = ..., observer: _Optional[str] = ..., kind: _Optional[_Union[ObserverKind, str]] = ..., health: _Optional[_Union[Health, str]] = ..., signals: _Optional[_Mapping[str, float]] = ..., detail: _Optional[str] = ..., engine_version: _Optional[str] = ..., serving_config: _Optional[str] = ...) -> None: ...
 
 class ReportHealthResponse(_message.Message):
-    __slots__ = ("accepted", "thresholds")
+    __slots__ = ("accepted", "thresholds", "model")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     thresholds: RegionThresholds
-    def __init__(self, accepted: _Optional[bool] = ..., thresholds: _Optional[_Union[RegionThresholds, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, accepted: _Optional[bool] = ..., thresholds: _Optional[_Union[RegionThresholds, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class RegionThresholds(_message.Message):
     __slots__ = ("queue_over", "ttft_p99_over_s", "error_rate_over")
