@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import aiohttp
+
 from controlplane.kernel.sessions.resolve import NoRegionServing, spill_region
 from controlplane.kernel.sessions.store import InvalidSessionId
 from regions.dataplane.actuators import Action, Refusal
@@ -36,6 +38,7 @@ from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant
 from regions.dataplane.admission_gate import Refusal as Overload
 from regions.dataplane.failures import ErrorKind
 from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.model_list import fetch_union, pools_to_ask
 from regions.dataplane.models import MODEL_HEADER, ModelRoutes, families
 from regions.dataplane.observe import NoopObserver, PrefixObserver
 from regions.dataplane.prompts import BadRequest
@@ -112,6 +115,7 @@ class Picker:
         self.admission = admission
         self.routing = routing
         self.resolvers = families(resolver)  # per model family (regions/dataplane/models.py)
+        self._http: aiohttp.ClientSession | None = None  # for /v1/models with model pools
         self.balancers = balancers
         self.metrics = metrics
         self.observer = observer or NoopObserver()
@@ -145,6 +149,8 @@ class Picker:
         started: float,
     ) -> Pick | Answer:
         path = headers.get(":path", "/").split("?", 1)[0]
+        if path == "/v1/models" and self.resolvers.pooled and not headers.get(MODEL_HEADER):
+            return await self._model_list()
         endpoint = ENDPOINTS.get(path)
         replacement: bytes | None = None
         if body is not None and endpoint is not None and headers.get(":method") == "POST":
@@ -172,6 +178,22 @@ class Picker:
         if pick.held is not None:
             return await self._admit(pick, headers, key, subset)
         return pick
+
+    async def _model_list(self) -> Answer:
+        """With model pools, the picker answers ``/v1/models`` itself: the union of one
+        serving replica of each pool's list (Envoy would forward it to one pool)."""
+        replicas = {u: b.replicas for u, b in self.balancers.items()}
+        pools = pools_to_ask(self.resolvers, self.routing.routings, replicas)
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        body = await fetch_union(self._http, pools, timeout_s=2.0)
+        if body is None:
+            return self._unavailable("none", ErrorKind.NO_REPLICA, "no serving replica answered")
+        return Answer(200, body, (("content-type", "application/json"),))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
 
     def _header_resolver(self, headers: Mapping[str, str], *, generation: bool) -> SessionResolver:
         """The resolver of a request whose body is not read: by the model its Envoy

@@ -215,5 +215,6 @@ class PickerServer:
                 await asyncio.wait({task})
                 if not task.cancelled():
                     task.exception()  # retrieved: logged where it failed
+        await self.picker.close()
         await self.core.close()
         log.info("endpoint picker stopped")

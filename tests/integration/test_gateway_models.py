@@ -1,12 +1,14 @@
 """The gateway over model pools (docs/models.md), as a process on a real etcd in front
 of simulator processes that each serve one model name: the official ``openai`` client
-streams from the right pool, ``/v1/models`` lists every pool's model, an unknown model
-is vLLM's 404, and a session's conversation with each model is pinned on its own, so
-that one model's pool failing over moves only that model's conversations."""
+streams from the right pool, ``/v1/models`` lists every pool's model (at the gateway,
+and at the endpoint picker, which answers it itself), an unknown model is vLLM's 404,
+and a session's conversation with each model is pinned on its own, so that one model's
+pool failing over moves only that model's conversations."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +19,21 @@ import yaml
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, launch_simulator, wait_ready
+from controlplane.kernel.clock import SystemClock
+from controlplane.kernel.config import load_topology
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.record import FeatureFlags
 from controlplane.kernel.model import Routing
+from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.memory import MemoryStore
+from regions.dataplane.admission import Admission
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.models import ModelRoutes, home_units
+from regions.dataplane.replicas import ReplicaBalancer
+from regions.dataplane.routing_cache import RoutingCache
+from regions.dataplane.sessions import SessionResolver
+from regions.picker.pick import Answer, Picker, PickerConfig
 from tests.integration.gateway_helpers import (
     Deployment,
     gateway_at,
@@ -152,3 +166,37 @@ async def pin_of_family(store: EtcdStore, keys: Keys, session: str) -> tuple[str
         regions.append(kv.value.decode())
     chat, code = (r.split('"region":"', 1)[1].split('"', 1)[0] for r in regions)
     return chat, code
+
+
+async def test_the_picker_answers_the_model_list_of_every_pool(pooled: Deployment) -> None:
+    """Behind Envoy, the picker answers ``/v1/models`` itself with every pool's list
+    (Envoy would forward it to one replica of one pool)."""
+    topo = load_topology(pooled.topology)
+    keys, clock = Keys(topo.cluster), SystemClock()
+    store = MemoryStore()
+    routing = RoutingCache(store, keys)
+    await routing.load()
+    metrics = DataPlaneMetrics()
+    homes = home_units(topo, "east")
+    routes = ModelRoutes(
+        topo,
+        "east",
+        {
+            f: SessionResolver(
+                SessionStore(store, keys, regions=units, clock=clock, family=f),
+                routing,
+                homes[f],
+                metrics,
+            )
+            for f, units in topo.families().items()
+        },
+    )
+    admission = Admission(routes, metrics, lambda r: FeatureFlags(), chars=256)
+    balancers = {r.name: ReplicaBalancer(r.replicas) for r in topo.regions}
+    picker = Picker(PickerConfig(home="east"), admission, routing, routes, balancers, metrics)
+    try:
+        got = await picker.pick({":path": "/v1/models", ":method": "GET"}, None, None)
+    finally:
+        await picker.close()
+    assert isinstance(got, Answer) and got.status == 200, got
+    assert {m["id"] for m in json.loads(got.body)["data"]} == set(MODELS.values())
