@@ -173,8 +173,8 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
     absent, not passed. A target of several units (a region's model pools) is judged
     unit by unit, each criterion holding only if it holds for each."""
     paths = {u: [t.to_state for t in o.transitions if t.region == u] for u in o.targets}
-    if len(o.targets) == 1:
-        units = _unit_criteria(m, o, paths[o.region])
+    if len(o.targets) == 1:  # a region, or a region with one model pool
+        units = _unit_criteria(m, o.one(o.targets[0]), paths[o.targets[0]])
     else:
         units = _each(o.targets, [_unit_criteria(m, o.one(u), paths[u]) for u in o.targets])
     return [

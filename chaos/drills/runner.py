@@ -100,7 +100,8 @@ class DrillRunner:
     write_readiness: bool = True
     _samples: list[Sample] = field(default_factory=list)
     _abort: str = ""
-    _units: tuple[str, ...] = ()  # the failover units the running drill targets
+    _target: str = ""  # the running drill's target: a unit, or a region with pools
+    _units: tuple[str, ...] = ()  # the failover units it names
 
     # ---- the drill ----------------------------------------------------------------------
     async def run(
@@ -114,6 +115,7 @@ class DrillRunner:
             known = ", ".join(dict.fromkeys((*t.sites, *t.names)))
             raise ConfigError(f"unknown region {s.region!r}: the topology has {known}")
         # a region with model pools: the drill acts on all of them and judges each
+        self._target = s.region
         self._units = t.units_of(s.region) if s.region in t.sites else (s.region,)
         started, mono0 = time.time(), time.monotonic()
         drill_id = f"{datetime.fromtimestamp(started, UTC):%Y%m%dT%H%M%SZ}-{s.name}-{s.region}"
@@ -230,9 +232,8 @@ class DrillRunner:
     def _groups(self) -> dict[str, tuple[str, ...]]:
         """A target region with model pools -> its pools' units (what its probes and
         conditions are checked on); empty otherwise."""
-        units = self._units
-        if len(units) > 1:
-            return {self.topology.site(units[0]): units}
+        if self._units != (self._target,):
+            return {self._target: self._units}
         return {}
 
     def _check_abort(self) -> None:

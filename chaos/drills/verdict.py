@@ -124,7 +124,7 @@ class Verdict:
             steady_before=run.before,
             steady_after=run.after,
             aborted=run.aborted,
-            units=units if len(units) > 1 else (),
+            units=units if units != (s.region,) else (),
             prewarms=prewarms,
         )
         criteria = (

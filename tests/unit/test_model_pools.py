@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from chaos.drills.measure import Observed, SessionLog, judge
+from chaos.drills.result import Transition
+from chaos.drills.scenario import Measurements
 from controlplane.core.failover import PlanRefused, plan_failover
 from controlplane.kernel.cluster_spec import cluster_spec
 from controlplane.kernel.codec import encode
@@ -242,3 +245,33 @@ def test_each_pools_series_carries_its_model_and_nothing_changes_without_pools()
     plain = ControlPlaneMetrics(plain_topology().names, plain_topology())
     assert plain.scrape(leader=True) == generate_latest(plain.registry)
     assert b"model=" not in plain.scrape(leader=True)
+
+
+def _observed(region: str, units: tuple[str, ...], moved: tuple[str, ...]) -> Observed:
+    path = ("FAILING_OVER", "RECOVERED", "NORMAL")
+    return Observed(
+        region=region,
+        fault_t=1.0,
+        samples=(),
+        transitions=[
+            Transition(t=2.0 + i, region=u, from_state="", to_state=s)
+            for u in moved
+            for i, s in enumerate(path)
+        ],
+        ladder=(),
+        sessions=(SessionLog("s1", units[0], ((0.5, units[0]), (3.0, "us-west.chat"))),),
+        units=units,
+    )
+
+
+def test_a_drill_on_a_region_judges_each_of_its_pools() -> None:
+    m = Measurements(expect_states=("FAILING_OVER", "RECOVERED", "NORMAL"), max_failovers=1)
+    judged = {
+        c.name: c for c in judge(m, _observed("us-east", ("us-east.chat",), ("us-east.chat",)))
+    }
+    assert judged["state_path"].passed and judged["failovers"].passed  # one pool: its own path
+    both = ("us-east.chat", "us-east.code")
+    judged = {c.name: c for c in judge(m, _observed("us-east", both, both))}
+    assert judged["state_path"].passed and "us-east.code:" in judged["state_path"].measured
+    judged = {c.name: c for c in judge(m, _observed("us-east", both, ("us-east.chat",)))}
+    assert not judged["state_path"].passed  # the code pool never failed over
