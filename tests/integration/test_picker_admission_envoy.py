@@ -13,6 +13,7 @@ streamed answer of N tokens holds its slot about N / 10 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -275,8 +276,10 @@ async def test_batch_is_refused_before_interactive(
     gate = world.gate
     await bounded(gate, 2)
     await asyncio.sleep(MAX_WAIT_S)  # the last test's timeout no longer makes it standing
-    short = asyncio.create_task(stream(http, world, tokens=3))  # ends after ~0.3 s
-    long = asyncio.create_task(stream(http, world, tokens=30))  # holds its slot ~3 s
+    # both slots held ~3 s; the test frees one itself once the interactive one waits (a
+    # stream that ended on its own after a fixed time raced the queueing on a slow CI)
+    freed = asyncio.create_task(stream(http, world, tokens=30))
+    kept = asyncio.create_task(stream(http, world, tokens=30))
     await holding(gate, 2)
     batch = asyncio.create_task(stream(http, world, "batch"))
     await waiting(gate, 1, Priority.BATCH)
@@ -285,8 +288,11 @@ async def test_batch_is_refused_before_interactive(
     dropped = await batch  # its batch waiter makes room for the interactive one
     assert dropped.status == 429 and int(dropped.headers["retry-after"]) >= 1
     assert "evicted" in str(dropped.error and dropped.error["message"])
-    assert (await short).status == 200
-    served = await interactive  # the slot the short one freed
+    await waiting(gate, 1, Priority.INTERACTIVE)
+    freed.cancel()  # the client hangs up: Envoy ends the picker's stream, the slot frees
+    with contextlib.suppress(asyncio.CancelledError):
+        await freed
+    served = await interactive
     assert served.status == 200
-    assert (await long).status == 200
+    assert (await kept).status == 200
     await holding(gate, 0)
