@@ -145,7 +145,8 @@ class ReconcileLoop:
         await self.orchestrator.prepare(snap)
         # Job results first: a job that finishes from here on is recorded next tick.
         jobs = self.orchestrator.jobs()
-        result = decide(snap, self.topology, self.actor, jobs, self.ladder, self.spec)
+        sizes = self.orchestrator.sizes
+        result = decide(snap, self.topology, self.actor, jobs, self.ladder, self.spec, sizes)
         if not self.leadership.is_leader:
             return None  # lost the lease while deciding: act on nothing
         lost = await self.orchestrator.apply(result)

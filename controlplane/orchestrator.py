@@ -34,6 +34,7 @@ from controlplane.core.actions import (
     JobKind,
     Jobs,
     LadderWrite,
+    ScaleWrite,
     SpecWrite,
     TickResult,
     Write,
@@ -52,6 +53,7 @@ from controlplane.kernel.model import (
     HealthReport,
     PrewarmFigures,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import Snapshot
 from controlplane.kernel.store.port import (
     Compare,
@@ -160,6 +162,9 @@ class Orchestrator:
         self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
         self._held: dict[str, str] = {}  # per region: the ladder's hold reason last logged
         self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
+        # the scaler's newest record per pool, written or not (its forecaster moves every
+        # tick; etcd gets a checkpoint): this term's, forgotten when leadership goes
+        self.sizes: dict[str, ScaleRecord] = {}
 
     # ---- writes ------------------------------------------------------------------------
     async def write(self, w: Write) -> bool:
@@ -183,6 +188,14 @@ class Orchestrator:
         if ok:
             self._held.pop(lw.region, None)
         return ok
+
+    async def write_scale(self, sw: ScaleWrite) -> bool:
+        """A pool's desired size on ``scale/<unit>``; audited when it changed."""
+        key, value = self.keys.scale(sw.unit), encode(sw.record)
+        if sw.audit is not None:
+            return await self._put_audited(key, sw.expected_rev, value, sw.audit)
+        cas = Compare.mod_revision(key, sw.expected_rev) if sw.expected_rev else Compare.absent(key)
+        return (await self._txn([cas], [Put(key, value)])).succeeded
 
     async def write_spec(self, sw: SpecWrite) -> bool:
         """The cluster spec on ``spec``."""
@@ -278,6 +291,10 @@ class Orchestrator:
             if not await self.write_ladder(lw):
                 lost.append(f"{lw.region}'s ladder {lw.kind}")
         self._log_holds(result.ladder_holds)
+        for sw in result.scale:
+            if not await self.write_scale(sw):
+                lost.append(f"{sw.unit}'s scale record")
+        self.sizes = dict(result.sizes)
         self.executor.keep_only(result.awaiting)
         for job in result.jobs:
             self.executor.start(job)
@@ -345,3 +362,4 @@ class Orchestrator:
         leadership loss or shutdown)."""
         await self.executor.stop()
         self.catalogs.forget()
+        self.sizes = {}

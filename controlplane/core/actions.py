@@ -27,6 +27,7 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 
 
 class JobKind(StrEnum):
@@ -119,6 +120,17 @@ class LadderWrite(Frozen):
     step: str | None = None
 
 
+class ScaleWrite(Frozen):
+    """The scaler's record of a pool (``scale/<unit>``): CAS on its revision (0: absent);
+    audited when the desired size changed (``audit``), else a checkpoint of the
+    forecaster's state."""
+
+    unit: str
+    expected_rev: int
+    record: ScaleRecord
+    audit: AuditEntry | None = None
+
+
 class SpecWrite(Frozen):
     """The cluster spec this leader's topology makes, over another (or none) in etcd:
     CAS on ``spec``'s revision (0: absent), audited with what changed."""
@@ -149,6 +161,9 @@ class TickResult(Frozen):
     spec: SpecWrite | None = None  # the cluster spec, when etcd holds another
     ladder: tuple[LadderWrite, ...] = ()  # degradation ladder moves
     ladder_holds: dict[str, str] = Field(default_factory=dict)  # region -> why it holds
+    scale: tuple[ScaleWrite, ...] = ()  # the scaler's records to write
+    # every pool's newest scale record, written or not: the next tick continues from it
+    sizes: dict[str, ScaleRecord] = Field(default_factory=dict)
     jobs: tuple[Job, ...] = ()  # to start now (unless running or done)
     awaiting: tuple[str, ...] = ()  # ids of the job results pending steps wait for
     dropped: tuple[DropIntent, ...] = ()
@@ -173,6 +188,12 @@ class TickResult(Frozen):
             elif w.consumes:
                 parts.append(f"{w.region}: recovery pre-warm recorded")
         parts += [f"{x.region}: ladder {x.kind} {x.step} ({x.audit.reason})" for x in self.ladder]
+        parts += [
+            f"{x.unit}: scaled to {x.record.active} ACTIVE + {x.record.warm} WARM "
+            f"({x.audit.reason})"
+            for x in self.scale
+            if x.audit is not None
+        ]
         # the periodic aggregation is routine: it would make every few ticks a story
         parts += [j.describe() for j in self.jobs if j.kind is not JobKind.PREFIX_AGGREGATE]
         parts += [f"intent {x.intent_id} refused: {x.audit.result}" for x in self.dropped]

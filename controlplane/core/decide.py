@@ -32,6 +32,7 @@ from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import fire
 from controlplane.core.publish import prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
+from controlplane.core.scale_tick import scale_moves
 from controlplane.core.steps import all_next_steps, awaited, pending_steps
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.config import Topology
@@ -52,6 +53,7 @@ from controlplane.kernel.model import (
     Routing,
     Trigger,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 
 
@@ -422,12 +424,14 @@ def decide(
     jobs: Jobs = NO_JOBS,
     ladder: Ladder | None = None,
     spec: ClusterSpec | None = None,
+    sizes: Mapping[str, ScaleRecord] | None = None,
 ) -> TickResult:
     """Decide one tick. ``actor`` names this control-plane replica in decisions;
     ``jobs``: the results of finished jobs, and those running; ``ladder``: the
     degradation ladder, walked one step per region per tick (none while paused);
     ``spec``: the cluster spec this replica's topology makes, published when etcd
-    holds another."""
+    holds another; ``sizes``: the scaler's newest record per pool from the last tick
+    (written or not): with the topology's ``scaling:``, every pool is sized."""
     now = snap.now
     # The ladder walks on the snapshot as stored: the health folded last tick.
     moves: list[LadderWrite] = []
@@ -478,6 +482,7 @@ def decide(
     notes += waits
     if aggregate := prefix_aggregation(now, topology.prefixes, jobs):
         started.append(aggregate)
+    scale, newest = scale_moves(snap, topology, actor, sizes or {})
     return TickResult(
         now=now,
         health=tuple(health_writes),
@@ -485,6 +490,8 @@ def decide(
         spec=spec_write(snap, spec, actor),
         ladder=tuple(moves),
         ladder_holds=holds,
+        scale=scale,
+        sizes=newest,
         jobs=tuple(started),
         awaiting=tuple(i for i in awaiting if i),
         dropped=tuple(dropped),

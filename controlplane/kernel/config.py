@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from controlplane.kernel.capacity.record import CapacityPolicy
 from controlplane.kernel.model import Frozen
+from controlplane.kernel.pool.scale import ScalingPolicy
 from controlplane.kernel.prefix.identity import FingerprintParams
 from controlplane.kernel.region_config import REGION_NAME as REGION_NAME
 from controlplane.kernel.region_config import DegradedWhen as DegradedWhen
@@ -245,6 +246,14 @@ class Topology(Frozen):
             "(docs/capacity.md)"
         ),
     ] = CapacityPolicy()
+    # The leader's scaler (docs/scaling.md); None: it sizes no pool.
+    scaling: Annotated[
+        ScalingPolicy | None,
+        Field(
+            description="the leader sizes each pool ahead of its forecast load "
+            "(docs/scaling.md); unset: off, a pool keeps the size its agent's pool file gives"
+        ),
+    ] = None
     # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
     security: Annotated[
         SecurityConfig | None,

@@ -98,6 +98,14 @@ class Keys:
         """One gateway's tracker export, on that gateway's lease (gone when it dies)."""
         return f"{self.root}prefix-exports/{gateway}"
 
+    def scale_prefix(self) -> str:
+        return self.root + "scale/"
+
+    def scale(self, unit: str) -> str:
+        """A pool's desired size (``ScaleRecord``), written by the leader's scaler with an
+        audit entry when it changes; the unit's agent follows it level-triggered."""
+        return f"{self.root}scale/{unit}"
+
     def pools_prefix(self) -> str:
         return self.root + "pools/"
 

@@ -358,6 +358,7 @@ class AuditAction(StrEnum):
     DRILL_VERDICT = "drill_verdict"
     SPEC_PUBLISHED = "spec_published"  # the leader wrote the cluster spec; changes in details
     CAPACITY_MEASURED = "capacity_measured"  # a capacity probe wrote capacity/<r>
+    SCALE = "scale"  # the scaler changed a pool's desired size (scale/<unit>)
 
     @classmethod
     def of_intent(cls, kind: IntentKind) -> AuditAction:

@@ -20,6 +20,7 @@ from controlplane.kernel.model import (
     Routing,
     default_routing,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 
 
 class RegionView(Frozen):
@@ -38,6 +39,10 @@ class RegionView(Frozen):
     # warm pool's ACTIVE ones (pools/<r>), else the topology's static list (None: none).
     capacity: CapacityRecord | None = None
     active_replicas: int | None = None
+    # scale/<r>, the scaler's last record, and its mod revision (read only when the
+    # topology has scaling: on); None with a revision: unreadable.
+    scale: ScaleRecord | None = None
+    scale_rev: int = 0
 
     @property
     def barred(self) -> bool:

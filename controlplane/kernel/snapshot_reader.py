@@ -23,6 +23,7 @@ from controlplane.kernel.model import (
     Routing,
 )
 from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import IntentClaim, RegionView, Snapshot
 from controlplane.kernel.store.port import KeyValue, RevisionCompacted, Store
 
@@ -55,6 +56,7 @@ async def _read_at_one_revision(
     ladder_kv = await prefix(keys.degradation_prefix())
     capacity_kv = await prefix(keys.capacity_prefix())
     pools_kv = await prefix(keys.pools_prefix())
+    scale_kv = await prefix(keys.scale_prefix()) if topology.scaling else {}
     reports_page = await store.get_prefix(keys.reports_prefix(), revision=rev)
     intents_page = await store.get_prefix(keys.intents_prefix(), revision=rev)
     # a claim matters only to an intent being resolved: no extra read on a quiet tick
@@ -78,6 +80,7 @@ async def _read_at_one_revision(
         record = _parse(RegionRecord, rec_kv) or RegionRecord(region=name, since=now)
         pool = _parse(PoolMembers, pools_kv.get(keys.pool(name)))
         static = len(topology.region(name).replicas)
+        scale_at = scale_kv.get(keys.scale(name))
         views[name] = RegionView(
             name=name,
             record=record,
@@ -91,6 +94,8 @@ async def _read_at_one_revision(
             ladder_rev=ladder_at.mod_revision if ladder_at else 0,
             capacity=_parse(CapacityRecord, capacity_kv.get(keys.capacity(name))),
             active_replicas=len(pool.active) if pool else (static or None),
+            scale=_parse(ScaleRecord, scale_at),
+            scale_rev=scale_at.mod_revision if scale_at else 0,
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))

@@ -225,7 +225,8 @@ class World:
     async def _tick_once(self) -> TickResult:
         snap = await read_snapshot(self.store, self.keys, self.topo, self.now)
         await self.orchestrator.prepare(snap)
-        res = decide(snap, self.topo, "cp-test", self.orchestrator.jobs())
+        sizes = self.orchestrator.sizes  # as the loop passes them
+        res = decide(snap, self.topo, "cp-test", self.orchestrator.jobs(), sizes=sizes)
         await self.orchestrator.apply(res)
         for _ in range(5):  # the fake pre-warms finish within a few turns of the loop
             await asyncio.sleep(0)

@@ -1,0 +1,102 @@
+"""A small online forecaster for the scaler: a local-linear-trend Kalman filter of the
+served requests/s, one update per agent report, O(1) to predict, never refitted
+(docs/scaling.md). PURE.
+
+State: the rate ``l`` and its trend ``t`` per second. Between two reports ``dt`` apart
+the rate moves by ``t dt`` and a random acceleration (white noise, density
+``(ACCEL x rate)^2``: proportional, so one setting serves 5 and 5,000 requests/s). A
+report is a count over the agent's round: its noise variance is ``rate / dt``
+(Poisson). The band at the horizon is the state's projected variance alone, without
+that noise: the scaler sizes for the *rate* then, not for one round's count.
+
+A surprise (the innovation's square over its expected variance above ``SURPRISE``)
+widens the covariance by that factor before the update: a ramp that starts is believed
+within a few reports, while a flat noisy load keeps a tight band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.kernel.pool.scale import ForecastState
+
+ACCEL = 0.0005  # the random acceleration's scale, per second, relative to the rate
+RATE_FLOOR = 5.0  # requests/s: the acceleration of a near-idle pool is at least this one's
+SURPRISE = 2.0  # normalised innovation squared past which the model was too sure
+INTERVAL_WEIGHT = 0.2  # of the newest interval between reports in their mean
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    point: float  # expected rate at the horizon
+    upper: float  # its upper band (P90 at z = 1.2816)
+
+
+def start(y: float, at: float) -> ForecastState:
+    y = max(0.0, y)
+    scale = max(y, RATE_FLOOR)
+    return ForecastState(level=y, p_ll=scale, p_tt=(0.01 * scale) ** 2, observed_at=at)
+
+
+def _process(level: float, dt: float) -> np.ndarray:
+    q = (ACCEL * max(level, RATE_FLOOR)) ** 2
+    return q * np.array([[dt**3 / 3, dt**2 / 2], [dt**2 / 2, dt]])
+
+
+def _transition(dt: float) -> np.ndarray:
+    return np.array([[1.0, dt], [0.0, 1.0]])
+
+
+def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
+    """``state`` with the report ``y`` (requests/s over the round) made at ``at``
+    folded in; a report no newer than the last folded in changes nothing."""
+    if state is None:
+        return start(y, at)
+    if at <= state.observed_at:
+        return state
+    dt = at - state.observed_at
+    f = _transition(dt)
+    x = f @ np.array([state.level, state.trend])
+    p = f @ _cov(state) @ f.T + _process(state.level, dt)
+    interval = (
+        dt
+        if state.observations == 1
+        else (1 - INTERVAL_WEIGHT) * state.interval_s + INTERVAL_WEIGHT * dt
+    )
+    noise = max(float(x[0]), 1.0) / interval
+    innovation = max(0.0, y) - float(x[0])
+    expected = float(p[0, 0]) + noise
+    if (nis := innovation * innovation / expected) > SURPRISE:
+        p = p * (nis / SURPRISE)
+        expected = float(p[0, 0]) + noise
+    gain = p[:, 0] / expected
+    x = x + gain * innovation
+    p = p - np.outer(gain, p[0, :])
+    return ForecastState(
+        level=float(x[0]),
+        trend=float(x[1]),
+        p_ll=max(0.0, float(p[0, 0])),
+        p_lt=float(p[0, 1]),
+        p_tt=max(0.0, float(p[1, 1])),
+        interval_s=interval,
+        observed_at=at,
+        observations=state.observations + 1,
+    )
+
+
+def predict(state: ForecastState, horizon_s: float, z: float) -> Forecast:
+    """The rate ``horizon_s`` seconds after the last report, and its upper band; never
+    below 0 (a load is not negative)."""
+    f = _transition(horizon_s)
+    x = f @ np.array([state.level, state.trend])
+    p = f @ _cov(state) @ f.T + _process(state.level, horizon_s)
+    point = float(x[0])
+    upper = point + z * math.sqrt(max(0.0, float(p[0, 0])))
+    return Forecast(point=max(0.0, point), upper=max(0.0, upper))
+
+
+def _cov(state: ForecastState) -> np.ndarray:
+    return np.array([[state.p_ll, state.p_lt], [state.p_lt, state.p_tt]])

@@ -1,0 +1,127 @@
+"""Every pool's size, one decision per tick (docs/scaling.md). Pure.
+
+For each failover unit (a region, or a region's model pool): its newest fresh agent
+report (load, hit rate, queue, first-token p99), what one replica bears (the capacity
+probe's record when fresh, else the typed ``capacity_rps`` over its replicas), and
+:func:`controlplane.core.scaler.size_pool`. A changed size is a ``ScaleWrite`` with an
+audit entry, written fenced and compare-and-set on ``scale/<unit>``'s revision like a
+ladder move; the forecaster's state is written as a checkpoint every
+``scaling.checkpoint_s`` so that a new leader continues a ramp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controlplane.core.actions import ScaleWrite
+from controlplane.core.bearing import HIT_RATE_SIGNAL, region_bearing
+from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.kernel.capacity.record import CapacitySource
+from controlplane.kernel.config import Topology
+from controlplane.kernel.details import json_list
+from controlplane.kernel.ladder.model import LOAD_SIGNAL, TTFT_SIGNAL
+from controlplane.kernel.model import (
+    AuditAction,
+    AuditEntry,
+    HealthReport,
+    ObserverKind,
+    RegionState,
+)
+from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.snapshot import RegionView, Snapshot
+from controlplane.kernel.vllm.signals import LOAD_RAW_SIGNAL  # the last round, unsmoothed
+
+QUEUE_SIGNAL = "queue_depth"
+
+
+def scale_moves(
+    snap: Snapshot, topology: Topology, actor: str, memory: Mapping[str, ScaleRecord]
+) -> tuple[tuple[ScaleWrite, ...], dict[str, ScaleRecord]]:
+    """The scale records to write this tick, and every pool's newest record; none
+    without the topology's ``scaling:`` or while automation is paused (sizes hold)."""
+    policy = topology.scaling
+    if policy is None or snap.control.paused:
+        return (), {}
+    newest = _newest_agent_reports(snap.reports)
+    writes: list[ScaleWrite] = []
+    sizes: dict[str, ScaleRecord] = {}
+    for name, view in snap.regions.items():
+        if view.scale is None and view.scale_rev:
+            continue  # unreadable: rewritten by an operator, never over blindly
+        sized = size_pool(
+            name,
+            view.scale,
+            _signals(view, newest.get(name)),
+            _capacity(view, topology, snap.now),
+            policy,
+            now=snap.now,
+            ttft_slo_s=topology.region(name).slo.ttft_p99_s,
+            failing_over=view.record.state is RegionState.FAILING_OVER,
+            memory=memory.get(name),
+        )
+        sizes[name] = sized.record
+        if not sized.due:
+            continue
+        audit = None
+        if sized.changed:
+            before = view.scale
+            audit = AuditEntry(
+                at=snap.now,
+                actor=actor,
+                action=AuditAction.SCALE,
+                region=name,
+                reason=sized.record.reasons[0] if sized.record.reasons else "",
+                details={
+                    "active": str(sized.record.active),
+                    "warm": str(sized.record.warm),
+                    "active_before": "" if before is None else str(before.active),
+                    "warm_before": "" if before is None else str(before.warm),
+                    "reasons": json_list(sized.record.reasons),
+                },
+            )
+        writes.append(
+            ScaleWrite(unit=name, expected_rev=view.scale_rev, record=sized.record, audit=audit)
+        )
+    return tuple(writes), sizes
+
+
+def _newest_agent_reports(reports: tuple[HealthReport, ...]) -> dict[str, HealthReport]:
+    out: dict[str, HealthReport] = {}
+    for r in reports:
+        if r.kind is ObserverKind.AGENT and (
+            r.region not in out or r.received_at > out[r.region].received_at
+        ):
+            out[r.region] = r
+    return out
+
+
+def _signals(view: RegionView, report: HealthReport | None) -> PoolSignals:
+    active = view.active_replicas or 0
+    if report is None:
+        return PoolSignals(None, None, None, None, None, active)
+    s = report.signals
+    load = s.get(LOAD_RAW_SIGNAL, s.get(LOAD_SIGNAL))
+    return PoolSignals(
+        observed_at=report.received_at,
+        load_rps=None if load is None else max(0.0, load),
+        hit_rate=s.get(HIT_RATE_SIGNAL),
+        queue_depth=s.get(QUEUE_SIGNAL),
+        ttft_p99_s=s.get(TTFT_SIGNAL),
+        active_now=active,
+    )
+
+
+def _capacity(view: RegionView, topology: Topology, now: float) -> Capacity:
+    """What one replica bears at a hit rate: the probe's replica (with the measured
+    scaling efficiency), else the typed capacity over the replicas serving now."""
+    bearing = region_bearing(view, topology, now)
+    record = bearing.record
+    if bearing.source is CapacitySource.MEASURED and record is not None:
+        eff, fos, effect = record.scaling_efficiency, record.factor_of_safety, record.effect
+        return Capacity(lambda h: effect.capacity(h) / fos * eff, "measured")
+    n = max(1, view.active_replicas or 0)
+    typed = topology.region(view.name).capacity_rps
+    why = f"typed capacity_rps {typed:g} / {n} replicas"
+    if bearing.source is CapacitySource.STALE:
+        why += f"; the probe's is stale: {bearing.reason}"
+    return Capacity(lambda h: bearing.allowed(h) / n, why)

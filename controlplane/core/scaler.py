@@ -1,0 +1,264 @@
+"""A pool's size, one decision per tick: forecast, capacity at the hit rate, a reactive
+guard, and a stable window before anything goes (docs/scaling.md). PURE.
+
+``size_pool`` takes what the tick knows of one pool (``PoolSignals``, the per-replica
+capacity at a hit rate, the last ``ScaleRecord``) and returns the next record and
+whether it must be written (a size that changed is audited; the forecaster's state is
+checkpointed every ``checkpoint_s`` so that a new leader continues from it).
+
+- ACTIVE = ceil(upper band of the load ``horizon`` ahead / what one replica bears at
+  the forecast hit rate), within ``min_active``..``max_active``;
+- WARM = ``burst_warm`` + what the band asks beyond ACTIVE one horizon further: those
+  must be asleep and ready by then, so their launch starts now;
+- the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
+  over the SLO) adds a replica when the forecast missed, and forbids a scale-down;
+- fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
+  a break, and then to the most it asked for in that window;
+- no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
+- a pool being failed over is not scaled down: it must be ready to come back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.core import forecast
+from controlplane.kernel.pool.scale import Direction, ForecastState, ScaleRecord, ScalingPolicy
+
+WARMUP = 5  # reports the forecaster folds in before its trend is used
+HIT_WEIGHT = 0.3  # of the newest hit rate in the smoothed one
+_EPS = 1e-9  # so that 90 / 30 is 3 replicas, not 4, after float rounding
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignals:
+    """The newest agent report of a pool: its served load, hit rate, queue and
+    first-token p99 (None: not reported), when it was made, and how many replicas
+    serve now."""
+
+    observed_at: float | None  # None: no agent report at all
+    load_rps: float | None
+    hit_rate: float | None
+    queue_depth: float | None
+    ttft_p99_s: float | None
+    active_now: int
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What one replica bears, as a function of the hit rate, and where that comes from
+    (for the reasons: measured, or the typed fallback)."""
+
+    per_replica: Callable[[float], float]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sized:
+    record: ScaleRecord
+    changed: bool  # active or warm differ from the last record: audit it
+    due: bool  # write it (changed, or the checkpoint is due, or there was none)
+
+
+def size_pool(
+    unit: str,
+    stored: ScaleRecord | None,
+    signals: PoolSignals,
+    capacity: Capacity,
+    policy: ScalingPolicy,
+    *,
+    now: float,
+    ttft_slo_s: float | None,
+    failing_over: bool = False,
+    memory: ScaleRecord | None = None,
+) -> Sized:
+    """``stored``: ``scale/<unit>`` as etcd holds it; ``memory``: this leader's newer
+    state since (the forecaster moves every tick, the record is written less often)."""
+    base = restored(memory, stored) or ScaleRecord(
+        unit=unit,
+        active=max(policy.min_active, min(policy.max_active, signals.active_now)),
+        warm=policy.burst_warm,
+        decided_at=now,
+        changed_at=now,
+    )
+    seen = signals.observed_at
+    if seen is None or now - seen > policy.dark_after_s or signals.load_rps is None:
+        why = "no agent report" if seen is None else f"no agent report for {now - seen:.0f} s"
+        return _settle(
+            base,
+            stored,
+            active=base.active,
+            warm=base.warm,
+            now=now,
+            policy=policy,
+            reasons=(f"signal dark ({why}): the size holds",),
+            update={"lower_since": None, "window": ()},
+        )
+    state = forecast.update(base.forecast, signals.load_rps, seen)
+    hit = _smoothed_hit(base.hit_rate, signals.hit_rate, policy.max_hit_rate)
+    near, far = _ahead(state, signals.load_rps, policy)
+    per = max(capacity.per_replica(hit), _EPS)
+    need = _within(math.ceil(near.upper / per - _EPS), policy)
+    reasons = [
+        f"load {signals.load_rps:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}) "
+        f"in {policy.horizon:g} s at hit rate {hit:.2f}: {per:.3g} rps per replica "
+        f"({capacity.source}) -> {need} ACTIVE"
+    ]
+    if need > base.active and _just_down(base, now, policy):
+        # back up within a stable window of going down: only for the load now (the
+        # filtered rate, not a trend or a band a noisy load swings); the guard adds at once
+        need = max(base.active, _within(math.ceil(state.level / per - _EPS), policy))
+        reasons.append(f"went down {now - base.changed_at:.0f} s ago: up only for the load now")
+    guard = _guard(signals, ttft_slo_s, policy)
+    if guard:
+        need = _within(max(need, base.active + 1), policy)
+        reasons.append(f"guard: {guard} -> {need} ACTIVE, no scale-down while it holds")
+    active, lower_since, window = _next_active(
+        base, need, now, policy, hold_down=bool(guard) or failing_over, reasons=reasons
+    )
+    if failing_over and need < base.active:
+        reasons.append("failed over: the pool keeps its size to come back")
+    more = max(0, math.ceil(far.upper / per - _EPS) - active)
+    warm = min(policy.max_active, policy.burst_warm + more)
+    if more:
+        reasons.append(f"{more} WARM for the band {2 * policy.horizon:g} s ahead")
+    return _settle(
+        base,
+        stored,
+        active=active,
+        warm=warm,
+        now=now,
+        policy=policy,
+        reasons=tuple(reasons),
+        update={
+            "forecast": state,
+            "hit_rate": hit,
+            "lower_since": lower_since,
+            "window": window,
+        },
+    )
+
+
+def _ahead(
+    state: ForecastState, load: float, policy: ScalingPolicy
+) -> tuple[forecast.Forecast, forecast.Forecast]:
+    """The forecast one horizon ahead and two (WARM's); until the filter has seen
+    ``WARMUP`` reports its trend is a guess: the load now, for both."""
+    if state.observations < WARMUP:
+        now = forecast.Forecast(point=load, upper=load)
+        return now, now
+    return (
+        forecast.predict(state, policy.horizon, policy.band_z),
+        forecast.predict(state, 2 * policy.horizon, policy.band_z),
+    )
+
+
+def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
+    return base.direction is Direction.DOWN and now - base.changed_at < policy.stable_window_s
+
+
+def _within(n: int, policy: ScalingPolicy) -> int:
+    return max(policy.min_active, min(policy.max_active, n))
+
+
+def _smoothed_hit(last: float | None, seen: float | None, cap: float) -> float:
+    if seen is None:
+        return min(cap, last or 0.0)
+    seen = min(cap, max(0.0, seen))
+    return seen if last is None else (1 - HIT_WEIGHT) * last + HIT_WEIGHT * seen
+
+
+def _guard(signals: PoolSignals, ttft_slo_s: float | None, policy: ScalingPolicy) -> str:
+    """Why the forecast missed, from what the replicas show now ("" when it did not)."""
+    why = []
+    per = (signals.queue_depth or 0.0) / max(1, signals.active_now)
+    if per > policy.guard_queue_per_replica:
+        why.append(f"{per:.3g} waiting per replica > {policy.guard_queue_per_replica:g}")
+    p99 = signals.ttft_p99_s
+    if ttft_slo_s is not None and p99 is not None and p99 > ttft_slo_s:
+        why.append(f"first-token p99 {p99:.3g} s > {ttft_slo_s:g} s")
+    return ", ".join(why)
+
+
+def _next_active(
+    base: ScaleRecord,
+    need: int,
+    now: float,
+    policy: ScalingPolicy,
+    *,
+    hold_down: bool,
+    reasons: list[str],
+) -> tuple[int, float | None, tuple[tuple[float, int], ...]]:
+    """ACTIVE after this tick, since when the forecast has asked for fewer, and what it
+    asked for over the last stable window (a scale-down goes to the most of it, as an
+    HPA's stabilisation window does)."""
+    if need >= base.active or hold_down:
+        return max(need, base.active), None, ()
+    since = base.lower_since if base.lower_since is not None else now
+    window = _slide(base.window, now, need, now - policy.stable_window_s)
+    peak, waited = window[0][1], now - since
+    if waited >= policy.stable_window_s:
+        if peak < base.active:
+            reasons.append(
+                f"asked for {peak} or fewer for the last {policy.stable_window_s:g} s: "
+                f"down to {peak}"
+            )
+        return peak, since, window
+    reasons.append(
+        f"scale-down to {peak} waits its stable window ({waited:.0f}/{policy.stable_window_s:g} s)"
+    )
+    return base.active, since, window
+
+
+def _slide(
+    window: tuple[tuple[float, int], ...], now: float, need: int, cutoff: float
+) -> tuple[tuple[float, int], ...]:
+    """The window's falling staircase with ``need`` asked at ``now``, nothing before
+    ``cutoff``: the most asked for over the window is its first step."""
+    kept = [(t, n) for t, n in window if t > cutoff]
+    while kept and kept[-1][1] <= need:
+        kept.pop()
+    return (*kept, (now, need))
+
+
+def _settle(
+    base: ScaleRecord,
+    stored: ScaleRecord | None,
+    *,
+    active: int,
+    warm: int,
+    now: float,
+    policy: ScalingPolicy,
+    reasons: tuple[str, ...],
+    update: dict[str, object],
+) -> Sized:
+    changed = stored is None or (active, warm) != (stored.active, stored.warm)
+    direction = base.direction
+    if stored is not None and active != stored.active:
+        direction = Direction.UP if active > stored.active else Direction.DOWN
+    record = base.model_copy(
+        update={
+            "active": active,
+            "warm": warm,
+            "decided_at": now,
+            "changed_at": now if changed else (stored or base).changed_at,
+            "direction": direction,
+            "reasons": reasons,
+            **update,
+        }
+    )
+    checkpoint_due = stored is None or now - stored.decided_at >= policy.checkpoint_s
+    return Sized(record=record, changed=changed, due=changed or checkpoint_due)
+
+
+def restored(memory: ScaleRecord | None, stored: ScaleRecord | None) -> ScaleRecord | None:
+    """The record to continue from: this leader's own newer state (decided since the
+    last write), else what etcd holds (a new leader continues the forecast there)."""
+    if memory is not None and (stored is None or memory.decided_at >= stored.decided_at):
+        return memory
+    return stored
+
+
+__all__ = ["Capacity", "ForecastState", "PoolSignals", "Sized", "restored", "size_pool"]

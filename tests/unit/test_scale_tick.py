@@ -1,0 +1,92 @@
+"""The scaler in the leader's cycle (tests/unit/world.py: the real snapshot reader,
+``decide`` and orchestrator on an in-memory store, a fake clock): ``scale/<unit>``
+records written fenced, audited when the size changes, checkpointed otherwise; a new
+leader continues from the record; paused automation and no ``scaling:`` write nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controlplane.kernel.codec import decode
+from controlplane.kernel.model import AuditAction, ControlFlags, Health, HealthReport, ObserverKind
+from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
+from tests.unit.world import World, topology
+
+POLICY = ScalingPolicy(horizon_s=30, stable_window_s=60, burst_warm=1, checkpoint_s=10)
+
+
+def scaled_world(policy: ScalingPolicy | None = POLICY) -> World:
+    return World(topo=topology().model_copy(update={"scaling": policy}))
+
+
+def agent_report(w: World, region: str, load: float, **more: float) -> None:
+    w.reports[(region, f"agent:{region}")] = HealthReport(
+        region=region,
+        observer=f"agent:{region}",
+        kind=ObserverKind.AGENT,
+        health=Health.HEALTHY,
+        signals={"load_rps_raw": load, "load_rps": load, **more},
+        received_at=w.now,
+    )
+
+
+def scale_record(w: World, unit: str) -> ScaleRecord | None:
+    async def read() -> ScaleRecord | None:
+        kv = await w.store.get(w.keys.scale(unit))
+        return None if kv is None else decode(ScaleRecord, kv.value)
+
+    return asyncio.run(read())
+
+
+def run(w: World, seconds: int, load: dict[str, float], **more: float) -> None:
+    for _ in range(seconds):
+        for region, rps in load.items():
+            agent_report(w, region, rps, **more)
+        w.tick()
+
+
+def test_every_pool_gets_a_record_and_a_change_is_audited_with_its_reasons() -> None:
+    w = scaled_world()
+    w.active_replicas = {"us-east": 2, "us-west": 2}
+    run(w, 20, {"us-east": 30.0, "us-west": 180.0})
+    east, west = scale_record(w, "us-east"), scale_record(w, "us-west")
+    assert east is not None and west is not None
+    # typed capacity_rps 100 over 2 replicas: 50 rps each; 180 rps needs 4 or more
+    assert west.active >= 4 and east.active <= west.active
+    assert "typed capacity_rps 100 / 2 replicas" in west.reasons[0]
+    scaled = [e for e in w.audit if e.action is AuditAction.SCALE and e.region == "us-west"]
+    assert scaled and scaled[-1].details["active"] == str(west.active)
+    assert "forecast" in scaled[-1].reason
+    # no agent ever reported for eu-west: its size holds at what serves, said why
+    eu = scale_record(w, "eu-west")
+    assert eu is not None and "signal dark" in eu.reasons[0]
+
+
+def test_a_checkpoint_keeps_the_forecast_and_a_new_leader_continues_it() -> None:
+    w = scaled_world()
+    w.active_replicas = {"us-east": 2}
+    for i in range(40):  # a ramp: 20 -> 176 rps
+        run(w, 1, {"us-east": 20.0 + 4.0 * i})
+    before = scale_record(w, "us-east")
+    assert before is not None and before.forecast is not None
+    assert w.now - before.decided_at <= POLICY.checkpoint_s  # written at least that often
+    checkpoints = [r for r in w.results if any(x.audit is None for x in r.scale)]
+    assert checkpoints  # written without an audit entry when nothing changed
+    w.orchestrator.sizes = {}  # leadership changed hands: only etcd's record is left
+    run(w, 1, {"us-east": 180.0})
+    after = scale_record(w, "us-east")
+    assert after is not None and after.forecast is not None
+    assert after.active >= before.active
+    assert after.forecast.observations > before.forecast.observations  # continued
+    assert after.forecast.trend > 1.0
+
+
+def test_paused_automation_and_no_scaling_section_write_nothing() -> None:
+    w = scaled_world()
+    w.control = ControlFlags(paused=True, reason="maintenance")
+    run(w, 5, {"us-east": 100.0})
+    assert scale_record(w, "us-east") is None
+    off = scaled_world(None)
+    run(off, 5, {"us-east": 100.0})
+    assert scale_record(off, "us-east") is None
+    assert not any(e.action is AuditAction.SCALE for e in off.audit)

@@ -1,0 +1,254 @@
+"""The scaler's pure core on a fake clock: the forecaster, one pool's size per tick,
+the guard, the stable window, a dark signal, a leader change mid-ramp."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.core import forecast
+from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.kernel.pool.scale import Direction, ScaleRecord, ScalingPolicy
+
+POLICY = ScalingPolicy(horizon_s=30, stable_window_s=300, burst_warm=1, max_active=64)
+TEN = Capacity(lambda h: 10.0 / (1 - 0.8 * h), "measured")  # 10 rps cold, 50 at h = 1
+
+
+def poisson_rate(rate: float, rng: random.Random) -> float:
+    """One second's count at ``rate`` (normal approximation)."""
+    return max(0.0, rng.gauss(rate, math.sqrt(rate)))
+
+
+@dataclass
+class Pool:
+    """One pool ticked once a second, as the leader does: the record it would write
+    when due, and the newest one kept in memory between writes."""
+
+    policy: ScalingPolicy = POLICY
+    capacity: Capacity = TEN
+    stored: ScaleRecord | None = None
+    memory: ScaleRecord | None = None
+    history: list[ScaleRecord] = field(default_factory=list)
+    active_now: int = 1
+
+    def tick(
+        self,
+        now: float,
+        load: float | None,
+        *,
+        hit: float = 0.0,
+        queue: float = 0.0,
+        ttft: float | None = None,
+        reported: bool = True,
+        failing_over: bool = False,
+    ) -> ScaleRecord:
+        signals = PoolSignals(
+            observed_at=now if reported else None,
+            load_rps=load,
+            hit_rate=hit,
+            queue_depth=queue,
+            ttft_p99_s=ttft,
+            active_now=self.active_now,
+        )
+        sized = size_pool(
+            "east",
+            self.stored,
+            signals,
+            self.capacity,
+            self.policy,
+            now=now,
+            ttft_slo_s=2.0,
+            failing_over=failing_over,
+            memory=self.memory,
+        )
+        self.memory = sized.record
+        if sized.due:
+            self.stored = sized.record
+        self.active_now = sized.record.active
+        self.history.append(sized.record)
+        return sized.record
+
+    def run(self, loads: Callable[[float], float], start: float, end: float, **kw: object) -> None:
+        t = start
+        while t < end:
+            self.tick(t, loads(t), **kw)  # type: ignore[arg-type]
+            t += 1.0
+
+
+def ramp(t: float) -> float:
+    """The reference incident: 12 -> 240 requests/s in 90 s from t = 60, 7 min at peak."""
+    if t < 60:
+        return 12.0
+    if t < 150:
+        return 12.0 + 228.0 * (t - 60) / 90
+    return 240.0 if t < 570 else 12.0
+
+
+# ---- the forecaster ------------------------------------------------------------------
+
+
+def test_a_flat_series_is_forecast_flat_with_a_tight_band() -> None:
+    rng = random.Random(1)
+    state = None
+    for t in range(300):
+        state = forecast.update(state, poisson_rate(100.0, rng), float(t))
+    assert state is not None
+    f = forecast.predict(state, 30.0, 1.2816)
+    assert 90 <= f.point <= 110
+    assert f.point <= f.upper <= 1.35 * 100
+
+
+def test_a_ramp_is_extrapolated_and_the_band_covers_it() -> None:
+    rng = random.Random(2)
+    state = None
+    covered = 0
+    for t in range(60, 150):
+        state = forecast.update(state, poisson_rate(ramp(t), rng), float(t))
+        if t >= 75 and t + 30 < 150:
+            f = forecast.predict(state, 30.0, 1.2816)
+            covered += f.upper >= ramp(t + 30)
+            assert f.point > ramp(t) * 1.05  # above now: the trend is extrapolated
+    assert covered >= 0.85 * (150 - 30 - 75)  # a P90 band: about nine in ten
+
+
+def test_an_old_report_is_not_folded_twice() -> None:
+    state = forecast.update(None, 50.0, 10.0)
+    again = forecast.update(forecast.update(state, 60.0, 11.0), 60.0, 11.0)
+    assert again == forecast.update(state, 60.0, 11.0)
+    assert forecast.update(again, 500.0, 5.0) == again  # older: nothing changes
+
+
+# ---- a pool's size -------------------------------------------------------------------
+
+
+def test_the_reference_ramp_is_met_ahead_and_goes_back_down_after_the_window() -> None:
+    rng = random.Random(3)
+    pool = Pool()
+    for t in range(0, 1000):
+        rec = pool.tick(float(t), poisson_rate(ramp(t), rng))
+        if 70 <= t < 570:  # from ten seconds into the ramp: ACTIVE carries the load now
+            assert rec.active * 10.0 >= ramp(t), (t, rec.active)
+        if 70 <= t < 150:  # and ACTIVE + WARM what comes a horizon later
+            assert (rec.active + rec.warm) * 10.0 >= ramp(t + 30), (t, rec.active, rec.warm)
+    # at the plateau: ceil(240 / 10) and the band's most over the last stable window
+    # (the ramp's top, extrapolated, is given back once the window has passed it)
+    peak = max(r.active for r in pool.history)
+    plateau = [r.active for r in pool.history[150 + 310 : 570]]
+    assert min(plateau) >= 24 and max(plateau) <= min(peak, 24 * 1.5)
+    assert max(plateau) - min(plateau) <= 2  # steady
+    # traffic went at 570: the stable window first, then down to what 12 rps needs
+    assert pool.history[570 + 200].active >= 24
+    assert pool.history[-1].active <= 3
+    assert pool.history[-1].direction is Direction.DOWN
+
+
+def test_a_hit_rate_collapse_at_flat_load_scales_up() -> None:
+    pool = Pool()
+    for t in range(0, 600):
+        pool.tick(float(t), 100.0, hit=0.8)  # 10 / (1 - 0.64) = 27.8 rps per replica
+    before = pool.history[-1].active
+    assert before <= 5
+    for t in range(600, 660):
+        pool.tick(float(t), 100.0, hit=0.2)  # 11.9 rps per replica
+    assert pool.history[-1].active >= 9
+    assert any("hit rate" in r for r in pool.history[-1].reasons)
+
+
+def test_a_dark_signal_holds_the_size_past_the_stable_window() -> None:
+    pool = Pool()
+    pool.run(lambda t: 200.0, 0, 100)
+    size = pool.history[-1].active
+    for t in range(100, 1000):
+        pool.tick(float(t), None, reported=False)
+    assert {r.active for r in pool.history[100:]} == {size}
+    assert "signal dark" in pool.history[-1].reasons[0]
+    # a report that stopped coming (the agent is gone): the same
+    pool.tick(1000.0, 5.0)  # fresh again: the window starts from here, nothing goes yet
+    assert pool.history[-1].active == size
+
+
+def test_the_guard_adds_a_replica_and_forbids_a_scale_down() -> None:
+    pool = Pool()
+    pool.run(lambda t: 50.0, 0, 60)
+    size = pool.history[-1].active
+    rec = pool.tick(60.0, 50.0, queue=10.0 * size)  # 10 waiting per replica > 4
+    assert rec.active == size + 1 and rec.direction is Direction.UP
+    assert any(r.startswith("guard:") for r in rec.reasons)
+    for t in range(61, 500):  # the load fell, the queue stays: no scale-down
+        pool.tick(float(t), 5.0, ttft=3.0)
+    assert pool.history[-1].active >= size + 1
+
+
+def test_a_pool_being_failed_over_keeps_its_size() -> None:
+    pool = Pool()
+    pool.run(lambda t: 200.0, 0, 60)
+    size = pool.history[-1].active
+    pool.run(lambda t: 0.0, 60, 700, failing_over=True)
+    assert pool.history[-1].active == size
+    assert "failed over" in " ".join(pool.history[-1].reasons)
+
+
+def test_min_and_max_bound_the_size() -> None:
+    policy = ScalingPolicy(min_active=2, max_active=5, burst_warm=0)
+    pool = Pool(policy=policy)
+    pool.run(lambda t: 0.0, 0, 30)
+    assert pool.history[-1].active == 2
+    pool.run(lambda t: 1000.0, 30, 60)
+    assert pool.history[-1].active == 5 and pool.history[-1].warm <= 5
+
+
+def test_a_new_leader_continues_the_forecast_mid_ramp() -> None:
+    """The leader dies mid-ramp; the next one has only etcd's record (a checkpoint at
+    most checkpoint_s old) and continues from it: no drop to the minimum."""
+    rng = random.Random(4)
+    first = Pool()
+    for t in range(0, 110):
+        first.tick(float(t), poisson_rate(ramp(t), rng))
+    assert first.stored is not None
+    second = Pool(stored=first.stored, active_now=first.stored.active)  # no memory
+    rec = second.tick(110.0, poisson_rate(ramp(110), rng))
+    assert rec.active >= first.stored.active  # no step back
+    assert rec.forecast is not None and rec.forecast.observations > 30  # continued
+    assert rec.forecast.trend > 1.0  # the ramp's slope, not a fresh start
+    cold = Pool(active_now=1)  # what starting from nothing would have done
+    assert cold.tick(110.0, ramp(110)).active < rec.active
+
+
+def test_writes_are_due_on_a_change_and_at_each_checkpoint() -> None:
+    pool = Pool()
+    due = []
+    for t in range(0, 60):
+        before = pool.stored
+        pool.tick(float(t), 40.0)
+        due.append(pool.stored is not before)
+    assert due[0]  # the first record
+    assert 4 <= sum(due) <= 10  # every checkpoint_s (10 s), and the changes
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    level=st.floats(5.0, 500.0),
+    noise=st.floats(0.0, 0.2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_noisy_flat_load_never_flaps(level: float, noise: float, seed: int) -> None:
+    """At most one change of direction per stable window, whatever the noise."""
+    rng = random.Random(seed)
+    pool = Pool()
+    for t in range(0, 1500):
+        load = max(0.0, rng.gauss(level, noise * level) + rng.gauss(0, math.sqrt(level)))
+        pool.tick(float(t), load)
+    changes = [
+        (i, r.direction)
+        for i, r in enumerate(pool.history)
+        if i and r.active != pool.history[i - 1].active
+    ]
+    flips = [i for (_, before), (i, d) in itertools.pairwise(changes) if d != before]
+    for a, b in itertools.pairwise(flips):
+        assert b - a >= POLICY.stable_window_s, (flips, changes)
