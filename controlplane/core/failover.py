@@ -152,6 +152,8 @@ def plan_failover(
         notes=notes,
         cbu_after={k: round(v, 4) for k, v in sp.cbu_after.items()},
         shortfall_rps=round(sp.shortfall_rps, 3),
+        moved_rps=round(load, 3),
+        source_hit_rate=round(hit_rate_of(src), 4),
     )
 
 

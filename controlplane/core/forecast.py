@@ -38,7 +38,7 @@ class Forecast:
 def start(y: float, at: float) -> ForecastState:
     y = max(0.0, y)
     scale = max(y, RATE_FLOOR)
-    return ForecastState(level=y, p_ll=scale, p_tt=(0.01 * scale) ** 2, observed_at=at)
+    return ForecastState(level=y, p_ll=scale, p_tt=(0.002 * scale) ** 2, observed_at=at)
 
 
 def _process(level: float, dt: float) -> np.ndarray:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from controlplane.core.actions import ScaleWrite
-from controlplane.core.bearing import HIT_RATE_SIGNAL, region_bearing
-from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.core.bearing import HIT_RATE_SIGNAL, moved_hit_rate, region_bearing
+from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
 from controlplane.kernel.capacity.record import CapacitySource
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import json_list
@@ -23,6 +23,7 @@ from controlplane.kernel.ladder.model import LOAD_SIGNAL, TTFT_SIGNAL
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
+    FailoverStep,
     HealthReport,
     ObserverKind,
     RegionState,
@@ -43,6 +44,7 @@ def scale_moves(
     if policy is None or snap.control.paused:
         return (), {}
     newest = _newest_agent_reports(snap.reports)
+    moving = _moving(snap)
     writes: list[ScaleWrite] = []
     sizes: dict[str, ScaleRecord] = {}
     for name, view in snap.regions.items():
@@ -57,6 +59,7 @@ def scale_moves(
             now=snap.now,
             ttft_slo_s=topology.region(name).slo.ttft_p99_s,
             failing_over=view.record.state is RegionState.FAILING_OVER,
+            moving=moving.get(name),
             memory=memory.get(name),
         )
         sizes[name] = sized.record
@@ -83,6 +86,30 @@ def scale_moves(
             ScaleWrite(unit=name, expected_rev=view.scale_rev, record=sized.record, audit=audit)
         )
     return tuple(writes), sizes
+
+
+def _moving(snap: Snapshot) -> dict[str, Moving]:
+    """Each failover target's share of a running failover's load, and the hit rate it
+    arrives with there: cold, or the source's times the pre-warm's verified attainment
+    on that target (docs/capacity.md)."""
+    out: dict[str, Moving] = {}
+    for view in snap.regions.values():
+        fo = view.record.failover
+        if view.record.state is not RegionState.FAILING_OVER or fo is None:
+            continue
+        warmed = FailoverStep.PREWARM in fo.done
+        figures = fo.prewarm_result
+        for target, weight in fo.plan.targets.items():
+            attained = (
+                figures.target_attained.get(target, figures.attained_fraction) if warmed else None
+            )
+            out[target] = Moving(
+                source=fo.plan.source,
+                started_at=fo.started_at,
+                rps=fo.plan.moved_rps * weight,
+                hit_rate=moved_hit_rate(fo.plan.source_hit_rate, attained),
+            )
+    return out
 
 
 def _newest_agent_reports(reports: tuple[HealthReport, ...]) -> dict[str, HealthReport]:

@@ -25,7 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.core import forecast
-from controlplane.kernel.pool.scale import Direction, ForecastState, ScaleRecord, ScalingPolicy
+from controlplane.kernel.pool.scale import (
+    Direction,
+    ForecastState,
+    Incoming,
+    ScaleRecord,
+    ScalingPolicy,
+)
 
 WARMUP = 5  # reports the forecaster folds in before its trend is used
 HIT_WEIGHT = 0.3  # of the newest hit rate in the smoothed one
@@ -56,6 +62,17 @@ class Capacity:
 
 
 @dataclass(frozen=True, slots=True)
+class Moving:
+    """A running failover moving ``rps`` onto this pool, arriving at ``hit_rate`` (cold,
+    or as the pre-warm's verified attainment says)."""
+
+    source: str
+    started_at: float
+    rps: float
+    hit_rate: float
+
+
+@dataclass(frozen=True, slots=True)
 class Sized:
     record: ScaleRecord
     changed: bool  # active or warm differ from the last record: audit it
@@ -72,6 +89,7 @@ def size_pool(
     now: float,
     ttft_slo_s: float | None,
     failing_over: bool = False,
+    moving: Moving | None = None,
     memory: ScaleRecord | None = None,
 ) -> Sized:
     """``stored``: ``scale/<unit>`` as etcd holds it; ``memory``: this leader's newer
@@ -111,12 +129,22 @@ def size_pool(
         # filtered rate, not a trend or a band a noisy load swings); the guard adds at once
         need = max(base.active, _within(math.ceil(state.level / per - _EPS), policy))
         reasons.append(f"went down {now - base.changed_at:.0f} s ago: up only for the load now")
+    incoming = None
+    if moving is not None:
+        # Sized for its own load before the failover plus the moved load at the hit
+        # rate it arrives with. The arrival is a step, not a trend: the forecast, which
+        # would extrapolate it, counts only once it has settled (two horizons).
+        incoming, planned, why = _incoming(base.incoming, moving, near.upper, per, capacity)
+        settled = now - moving.started_at >= 2 * policy.horizon
+        need = _within(max(planned, need) if settled else planned, policy)
+        reasons.append(f"{why} -> {need} ACTIVE, no scale-down while it moves")
     guard = _guard(signals, ttft_slo_s, policy)
     if guard:
         need = _within(max(need, base.active + 1), policy)
         reasons.append(f"guard: {guard} -> {need} ACTIVE, no scale-down while it holds")
+    hold = bool(guard) or failing_over or moving is not None
     active, lower_since, window = _next_active(
-        base, need, now, policy, hold_down=bool(guard) or failing_over, reasons=reasons
+        base, need, now, policy, hold_down=hold, reasons=reasons
     )
     if failing_over and need < base.active:
         reasons.append("failed over: the pool keeps its size to come back")
@@ -137,6 +165,7 @@ def size_pool(
             "hit_rate": hit,
             "lower_since": lower_since,
             "window": window,
+            "incoming": incoming,
         },
     )
 
@@ -157,6 +186,30 @@ def _ahead(
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
     return base.direction is Direction.DOWN and now - base.changed_at < policy.stable_window_s
+
+
+def _incoming(
+    last: Incoming | None, moving: Moving, upper: float, per: float, capacity: Capacity
+) -> tuple[Incoming, int, str]:
+    """The failover's record (the pool's own band when first seen), the replicas that
+    and the moved load need, and why."""
+    same = last is not None and (last.source, last.started_at) == (
+        moving.source,
+        moving.started_at,
+    )
+    record = (
+        last
+        if same and last is not None
+        else Incoming(source=moving.source, started_at=moving.started_at, baseline_rps=upper)
+    )
+    moved_per = max(capacity.per_replica(moving.hit_rate), _EPS)
+    planned = math.ceil(record.baseline_rps / per + moving.rps / moved_per - _EPS)
+    why = (
+        f"failover from {moving.source}: {moving.rps:.3g} rps moving here at hit rate "
+        f"{moving.hit_rate:.2f} ({moved_per:.3g} rps per replica), beside "
+        f"{record.baseline_rps:.3g} of its own"
+    )
+    return record, planned, why
 
 
 def _within(n: int, policy: ScalingPolicy) -> int:
@@ -261,4 +314,4 @@ def restored(memory: ScaleRecord | None, stored: ScaleRecord | None) -> ScaleRec
     return stored
 
 
-__all__ = ["Capacity", "ForecastState", "PoolSignals", "Sized", "restored", "size_pool"]
+__all__ = ["Capacity", "ForecastState", "Moving", "PoolSignals", "Sized", "restored", "size_pool"]

@@ -127,6 +127,10 @@ class FailoverPlan(Frozen):
     # carries its share, and the load no target could take (0: it fits).
     cbu_after: dict[str, float] = Field(default_factory=dict)
     shortfall_rps: float = Field(0.0, ge=0)
+    # The source's load and hit rate when planned: what the scaler sizes the targets
+    # for while it moves (docs/scaling.md); absent in plans made before it was kept.
+    moved_rps: float = Field(0.0, ge=0, exclude_if=lambda v: not v)
+    source_hit_rate: float = Field(0.0, ge=0, le=1, exclude_if=lambda v: not v)
 
 
 class FailoverStep(StrEnum):

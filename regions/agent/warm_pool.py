@@ -35,6 +35,7 @@ from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.pool_config import AgentPoolConfig
 from regions.agent.pool_lender import PoolLender
+from regions.agent.scale_follower import ScaleFollower
 from regions.agent.spec_decode_actuator import SpecDecodeActuator, SpecDecodeOff, SpecDecodeSwitch
 from regions.pool.client import ReplicaError
 from regions.pool.hooks import OnActivation, OnState
@@ -127,6 +128,16 @@ class AgentPool:
             if self.launcher.variants
             else SpecDecodeOff(region)
         )
+        # The leader's scaler: scale/<unit>'s sizes, followed level-triggered.
+        self.scale = ScaleFollower(
+            region,
+            self.pool,
+            self.store,
+            keys,
+            interval_s=self.interval_s,
+            advisory=getattr(config.launcher, "advisory", False),
+            retry_s=publishing.retry_s,
+        )
         # Loans of WARM standby out of rotation (the capacity probe's replica).
         self.lender = PoolLender(
             region,
@@ -168,13 +179,14 @@ class AgentPool:
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
-        return signals | self.spec_decode.signals()
+        return signals | self.spec_decode.signals() | self.scale.signals()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._reconcile_loop(), name=f"pool:{self.region}")
             tg.create_task(self._publish_loop(), name=f"pool-publish:{self.region}")
             tg.create_task(self.lender.run(), name=f"pool-lender:{self.region}")
+            tg.create_task(self.scale.run(), name=f"pool-scale:{self.region}")
             tg.create_task(self.spec_decode.run(), name=f"spec-decode:{self.region}")
 
     async def stop(self, publish_timeout_s: float = 2.0) -> None:

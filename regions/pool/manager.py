@@ -12,6 +12,7 @@ API (what the region agent uses)::
     await pool.start()                    # launch/adopt, sleep, wake `active` of them
     urls = await pool.activate(3)         # at least 3 ACTIVE: IDLE first, then WARM
     urls = await pool.set_active(1)       # desired level; extras drain after the dwell
+    await pool.set_sizes(4, 2)            # both desired levels (the leader's scaler)
     pool.set_variant("no-spec-decode")    # roll to it, one replica at a time (reconcile)
     await pool.set_loans({"l1": None})    # lend a WARM replica out of rotation (or refuse)
     pool.lent() -> dict[str, str]         # loan id -> the URL lent for it
@@ -156,6 +157,26 @@ class WarmPool:
         async with self._lock:
             await self._apply(self._plan(self._clock.now()), None, launch=False)
         return self.active()
+
+    async def set_sizes(self, active: int, warm: int) -> tuple[int, int]:
+        """The desired ACTIVE and WARM counts (the leader's ``scale/<unit>``), held to
+        the pool's slots (ACTIVE first); level-triggered like :meth:`set_active`, and
+        like it never launches (``reconcile`` launches COLD slots to WARM). Returns the
+        counts taken."""
+        if active < 0 or warm < 0:
+            raise ValueError(f"sizes must be >= 0, got active {active}, warm {warm}")
+        slots = len(self._replicas)
+        active = min(active, slots)
+        warm = min(warm, slots - active)
+        self._target = self._target.model_copy(update={"active": active, "warm": warm})
+        async with self._lock:
+            await self._apply(self._plan(self._clock.now()), None, launch=False)
+        return active, warm
+
+    @property
+    def slots(self) -> int:
+        """Replicas the pool holds at most (static URLs, or managed slots)."""
+        return len(self._replicas)
 
     def set_variant(self, variant: str) -> None:
         """Launch ``variant`` from now on and roll the running replicas over to it on the

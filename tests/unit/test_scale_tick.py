@@ -6,6 +6,7 @@ leader continues from the record; paused automation and no ``scaling:`` write no
 from __future__ import annotations
 
 import asyncio
+import math
 
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import AuditAction, ControlFlags, Health, HealthReport, ObserverKind
@@ -90,3 +91,50 @@ def test_paused_automation_and_no_scaling_section_write_nothing() -> None:
     run(off, 5, {"us-east": 100.0})
     assert scale_record(off, "us-east") is None
     assert not any(e.action is AuditAction.SCALE for e in off.audit)
+
+
+def test_failover_targets_are_sized_for_the_moved_load_and_come_back_down_after() -> None:
+    w = scaled_world(ScalingPolicy(horizon_s=30, stable_window_s=60, burst_warm=0))
+    w.active_replicas = dict.fromkeys(w.topo.names, 2)  # typed: 50 rps per replica
+    load = {"us-east": 150.0, "us-west": 20.0, "us-central": 20.0, "eu-west": 20.0}
+
+    def observe(east: Health) -> None:
+        for r, rps in load.items():
+            health = east if r == "us-east" else Health.HEALTHY
+            w.all_report(r, health, load_rps=rps, load_rps_raw=rps)
+        w.tick()
+
+    for _ in range(30):
+        observe(Health.HEALTHY)
+    before = {r: rec.active for r in w.topo.names if (rec := scale_record(w, r))}
+    for _ in range(6):
+        observe(Health.UNHEALTHY)
+    assert w.state("us-east") == "FAILING_OVER"
+    plan = w.records["us-east"][0].failover.plan  # type: ignore[union-attr]
+    assert plan.moved_rps == 150.0
+    for target, weight in plan.targets.items():
+        rec = scale_record(w, target)
+        assert rec is not None and rec.incoming is not None
+        assert rec.incoming.source == "us-east"
+        # its own 20 rps and its share of the 150 moved, cold: 50 rps per replica
+        assert rec.active >= math.ceil((20.0 + 150.0 * weight) / 50)
+        assert any("failover from us-east" in r for r in rec.reasons)
+    source = scale_record(w, "us-east")
+    assert source is not None and source.active >= before["us-east"]  # kept to come back
+    peak = {t: scale_record(w, t).active for t in plan.targets}  # type: ignore[union-attr]
+
+    while w.state("us-east") != "NORMAL":  # healthy again: recovery walks traffic home
+        observe(Health.HEALTHY)
+        assert w.now < 2000, w.state("us-east")
+    for _ in range(120):  # the stable window, then the targets' extra replicas go
+        observe(Health.HEALTHY)
+    for target in plan.targets:
+        rec = scale_record(w, target)
+        assert rec is not None and rec.incoming is None
+        assert rec.active == 1 < peak[target]  # 20 rps of its own: one replica
+        assert any(
+            e.action is AuditAction.SCALE
+            and e.region == target
+            and e.details["active"] == str(rec.active)
+            for e in w.audit
+        )

@@ -39,6 +39,16 @@ class ForecastState(Frozen):
     observations: int = Field(1, ge=1)
 
 
+class Incoming(Frozen):
+    """A failover moving load onto this pool: which (``source``, ``started_at``), and
+    the upper band of this pool's own load when the scaler first saw it (what the pool
+    is sized for besides the moved load while it moves)."""
+
+    source: str
+    started_at: float
+    baseline_rps: float = Field(ge=0)
+
+
 class ScaleRecord(Frozen):
     unit: str = Field(min_length=1)  # the failover unit: a region, or <region>.<pool>
     active: int = Field(ge=0)  # replicas serving
@@ -55,6 +65,7 @@ class ScaleRecord(Frozen):
     # what it asked for in the last stable window, as a falling staircase of
     # (time, ACTIVE): the first is the most, the size a scale-down goes to
     window: tuple[tuple[float, int], ...] = ()
+    incoming: Incoming | None = None  # a failover moving load here (None: none)
 
 
 class ScalingPolicy(Frozen):
