@@ -174,8 +174,9 @@ def _ahead(
     state: ForecastState, load: float, policy: ScalingPolicy
 ) -> tuple[forecast.Forecast, forecast.Forecast]:
     """The forecast one horizon ahead and two (WARM's); until the filter has seen
-    ``WARMUP`` reports its trend is a guess: the load now, for both."""
-    if state.observations < WARMUP:
+    ``WARMUP`` reports its trend is a guess: the load now, for both (and always with
+    the forecast off)."""
+    if state.observations < WARMUP or not policy.forecast:
         now = forecast.Forecast(point=load, upper=load)
         return now, now
     return (

@@ -290,3 +290,16 @@ def test_a_warmed_failover_arrives_at_a_hit_rate_and_needs_fewer() -> None:
         pool.run(lambda t: 20.0, 0, 60)
         pool.tick(60.0, 20.0, moving=Moving("us-east", 60.0, 200.0, h))
     assert warm.history[-1].active < cold.history[-1].active
+
+
+def test_with_the_forecast_off_the_size_follows_the_load_now() -> None:
+    rng = random.Random(6)
+    reactive = Pool(policy=POLICY.model_copy(update={"forecast": False}))
+    ahead = Pool()
+    for t in range(0, 120):
+        load = poisson_rate(ramp(t), rng)
+        reactive.tick(float(t), load)
+        ahead.tick(float(t), load)
+    behind = [t for t in range(70, 120) if reactive.history[t].active * 10.0 < ramp(t + 10)]
+    assert behind  # reactive: ten seconds later the load is past what it has
+    assert all(ahead.history[t].active >= reactive.history[t].active for t in range(70, 120))

@@ -71,6 +71,13 @@ class ScaleRecord(Frozen):
 class ScalingPolicy(Frozen):
     """The topology's ``scaling:`` section: unset, the leader sizes no pool."""
 
+    forecast: Annotated[
+        bool,
+        Field(
+            description="size for the forecast's upper band a horizon ahead; false: for "
+            "the load now (reactive: the warm pool and the guard alone)"
+        ),
+    ] = True
     horizon_s: Annotated[
         float,
         Field(
