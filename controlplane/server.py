@@ -26,6 +26,7 @@ from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
+from controlplane.api.keda_scaler import KedaScaler, add_keda_scaler
 from controlplane.api.reads import Reads
 from controlplane.cluster import Cluster
 from controlplane.compactor import Compactor
@@ -251,8 +252,10 @@ class ControlPlaneReplica:
             ),
             server,
         )
+        # KEDA's external scaler over the scaler's records (docs/keda.md)
+        keda = add_keda_scaler(server, KedaScaler(self.store, self.keys, self.topology))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
+        enable_reflection((SERVICE_NAME, keda, health.SERVICE_NAME), server)
         if sec is not None:
             _log_security(self.replica_id, sec)
         if sec is not None and sec.tls is not None:

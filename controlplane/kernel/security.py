@@ -63,6 +63,8 @@ ROLE_PERMISSIONS: Mapping[Role, frozenset[Permission]] = MappingProxyType(
 
 _CP = "/tectonic.v1.ControlPlane/"
 _AGENT = "/tectonic.v1.RegionAgent/"
+_KEDA = "/externalscaler.ExternalScaler/"
+_KEDA_METHODS = ("IsActive", "StreamIsActive", "GetMetricSpec", "GetMetrics", "StreamMetricSpec")
 # Every RPC of proto/tectonic_api/v1/*.proto; tests/unit/test_security.py fails when one
 # is missing. A method missing here is refused (default deny), never let through.
 METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
@@ -84,6 +86,8 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "Resume": Permission.OPERATE,
         _CP + "PinSession": Permission.OPERATE,
         _CP + "OverrideReadiness": Permission.OPERATE,
+        # KEDA's external scaler (docs/keda.md): desired replicas, read-only
+        **{_KEDA + m: Permission.READ for m in _KEDA_METHODS},
         _AGENT + "Describe": Permission.READ,
         # The leader's own token calls this on a failover target (role operator).
         _AGENT + "Prewarm": Permission.OPERATE,

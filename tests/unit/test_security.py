@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from externalscaler import externalscaler_pb2
 from tectonic_api.v1 import agent_pb2, controlplane_pb2
 
 from controlplane.cli.client import EXIT_BAD_INPUT, EXIT_REFUSED, _exit_code, _message
@@ -55,7 +56,7 @@ def test_hash_round_trip_and_refusals() -> None:
 
 def _services() -> list[tuple[str, str]]:
     out = []
-    for module in (controlplane_pb2, agent_pb2):
+    for module in (controlplane_pb2, agent_pb2, externalscaler_pb2):
         for svc in module.DESCRIPTOR.services_by_name.values():
             out += [(svc.full_name, m.name) for m in svc.methods]
     return out
