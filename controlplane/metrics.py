@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -41,6 +41,7 @@ from controlplane.kernel.model import (
     PrewarmFigures,
     RegionState,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.version import build_info
 
@@ -214,6 +215,21 @@ class ControlPlaneMetrics:
             ["region"],
             registry=r,
         )
+        self.desired_replicas = Gauge(
+            "tectonic_pool_desired_replicas",
+            "Replicas the leader's scaler wants of a pool (scale/<unit>), by state: active "
+            "(serving) and warm (asleep, ready); an HPA may target the active series in "
+            "advisory mode (docs/scaling.md) (leader only, with scaling: on)",
+            ["region", "state"],
+            registry=r,
+        )
+        self.forecast_rps = Gauge(
+            "tectonic_pool_forecast_rps",
+            "The load the scaler sized a pool on: observed (its agent's last report), "
+            "forecast (a horizon ahead) and upper (the forecast's P90 band) (leader only)",
+            ["region", "series"],
+            registry=r,
+        )
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
         self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
         self._drilled: set[str] = set()  # regions drill_timestamp shows
@@ -247,6 +263,7 @@ class ControlPlaneMetrics:
         self.leader.set(1 if leader else 0)
         if snapshot is not None:
             self._from_snapshot(snapshot)
+            self._set_scale(result.sizes if result is not None else {})
             # This tick's fold is newer than the snapshot's stored health.
             for h in result.health if result is not None else ():
                 self._set_health(h.region, h.health.verdict)
@@ -288,6 +305,8 @@ class ControlPlaneMetrics:
             self.allowed_rps.clear()
             self.capacity_stale.clear()
             self.capacity_age.clear()
+            self.desired_replicas.clear()
+            self.forecast_rps.clear()
             self._epochs.clear()
             self._targets.clear()
             self._drilled.clear()
@@ -326,6 +345,22 @@ class ControlPlaneMetrics:
         elif region in self._probed:
             self.capacity_age.remove(region)
             self._probed.discard(region)
+
+    def _set_scale(self, sizes: Mapping[str, ScaleRecord]) -> None:
+        """The scaler's newest record of each pool (written or not this tick); a pool it
+        no longer sizes (scaling switched off, paused) keeps no stale series."""
+        self.desired_replicas.clear()
+        self.forecast_rps.clear()
+        for unit, rec in sizes.items():
+            self.desired_replicas.labels(unit, "active").set(rec.active)
+            self.desired_replicas.labels(unit, "warm").set(rec.warm)
+            for series, value in (
+                ("observed", rec.load_rps),
+                ("forecast", rec.forecast_rps),
+                ("upper", rec.upper_rps),
+            ):
+                if value is not None:
+                    self.forecast_rps.labels(unit, series).set(value)
 
     def _set_state(self, region: str, state: RegionState, epoch: int) -> None:
         self._epochs[region] = epoch

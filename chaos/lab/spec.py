@@ -119,6 +119,9 @@ def local_topology(
             "lease_ttl_s": spec.lease_ttl_s,
         },
         "recovery": {"step_percent": 25, "step_interval_s": 1.0},
+        # The scaler sizes every pool, compressed like the rest (docs/scaling.md); the
+        # lab's agents serve static replicas, so its records are said, not carried out.
+        "scaling": {"horizon_s": 10, "activation_s": 1, "stable_window_s": 30, "checkpoint_s": 2},
         # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
         # so few is one prefix, so a local deployment warms the top quarter.
         "prewarm": {

@@ -18,6 +18,7 @@ from controlplane.kernel.model import (
     ObserverKind,
     RegionState,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.region_config import PoolUnit
 from controlplane.kernel.rpc.health_report import health_to_pb
 from controlplane.kernel.snapshot import RegionView
@@ -118,6 +119,16 @@ def region_status(
         pool_of=pool.region if pool else "",
         pool=pool.pool if pool else "",
         models=list(pool.models) if pool else [],
+        scale=scale_to_pb(view.scale) if view.scale is not None else None,
+    )
+
+
+def scale_to_pb(r: ScaleRecord) -> pb.PoolSize:
+    return pb.PoolSize(
+        active=r.active,
+        warm=r.warm,
+        reason=r.reasons[0] if r.reasons else "",
+        decided_at=r.decided_at,
     )
 
 

@@ -154,6 +154,27 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
         )
 
     @store_errors
+    async def GetScale(
+        self, request: pb.ScaleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ScaleResponse:
+        try:
+            pools, at = await self.reads.scale(request.unit)
+        except BadRead as e:
+            await bad_request(context, str(e))
+        return pb.ScaleResponse(
+            pools=[
+                pb.PoolScale(
+                    unit=p.unit,
+                    active_now=p.active_now,
+                    record_json=encode(p.record) if p.record is not None else b"",
+                )
+                for p in pools
+            ],
+            generated_at=at,
+            scaling=self.topology.scaling is not None,
+        )
+
+    @store_errors
     async def GetHistory(
         self, request: pb.HistoryRequest, context: grpc.aio.ServicerContext
     ) -> pb.HistoryResponse:

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from controlplane.api.scale_views import PoolScaleView, ScaleView, scale_view
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
 from controlplane.core.store_writes import StoreWritesView
 from controlplane.kernel.capacity.bearing import utilization
@@ -208,6 +209,11 @@ class RegionStatusView(BaseModel):
     )
     pool: str = Field("", description="a model pool's unit: its pool's name")
     models: list[str] = Field(default_factory=list, description="the model names it answers")
+    scale: ScaleView | None = Field(
+        None,
+        description="what the leader's scaler wants of it (scale/<unit>, docs/scaling.md); "
+        "null without a record",
+    )
 
 
 class StatusView(BaseModel):
@@ -304,6 +310,7 @@ def region_view(
         pool_of=pool.region if pool else "",
         pool=pool.pool if pool else "",
         models=list(pool.models) if pool else [],
+        scale=scale_view(view.scale),
     )
 
 
@@ -382,6 +389,17 @@ class Reads:
             for name in names
         ]
         return out, snap.now
+
+    # scale
+    async def scale(self, unit: str = "") -> tuple[list[PoolScaleView], float]:
+        """Each failover unit's (or ("") every unit's) scale record and the ACTIVE
+        replicas serving it now, and the time it was read at. Raises BadRead."""
+        names = [self.known_region(unit)] if unit else list(self.topology.names)
+        snap = await self.snapshot()
+        views = [
+            PoolScaleView(n, snap.regions[n].active_replicas, snap.regions[n].scale) for n in names
+        ]
+        return views, snap.now
 
     # history
     async def history(self, region: str = "", limit: int = 0) -> list[AuditRecord]:

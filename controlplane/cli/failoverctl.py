@@ -42,6 +42,7 @@ from controlplane.cli.common import (
     out,
 )
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
+from controlplane.cli.scale_cmds import scale_app
 from controlplane.kernel.version import version_text
 
 HELP = (
@@ -462,6 +463,7 @@ app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")
 app.add_typer(capacity_app, name="capacity")
+app.add_typer(scale_app, name="scale")
 
 
 def run() -> None:

@@ -83,6 +83,14 @@ def cbu_text(c: pb.RegionCapacity) -> str:
     return text
 
 
+def scale_text(r: pb.RegionStatus) -> str:
+    """What the scaler wants: ACTIVE (+ WARM standby); "-" without a record."""
+    if not r.HasField("scale"):
+        return "-"
+    warm = f" +{r.scale.warm} warm" if r.scale.warm else ""
+    return f"{r.scale.active}{warm}"
+
+
 def status_table(st: pb.StatusResponse) -> Table:
     leader = st.leader or "[red]none[/red]"
     title = f"leader {leader} · answered by {st.responder}"
@@ -91,7 +99,10 @@ def status_table(st: pb.StatusResponse) -> Table:
     if st.HasField("store") and not st.store.writable:  # absent from older servers
         title += f" · [bold red]ETCD REFUSES WRITES[/bold red] ({st.store.reason})"
     t = Table(title=title, title_justify="left")
-    cols = ("region", "zone", "state", "health", "cbu", "since", "routing", "progress", "reason")
+    cols = (
+        "region", "zone", "state", "health", "cbu", "scale", "since", "routing", "progress",
+        "reason",
+    )  # fmt: skip
     for col in cols:
         t.add_column(col)
     shown_region = ""
@@ -117,6 +128,7 @@ def status_table(st: pb.StatusResponse) -> Table:
             shown,
             f"[{HEALTH_STYLE.get(health, 'white')}]{health}[/]",
             cbu_text(r.capacity) if r.HasField("capacity") else "-",
+            scale_text(r),
             ago(r.since),
             routing_text(dict(r.routing)),
             progress,

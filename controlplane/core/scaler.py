@@ -112,7 +112,14 @@ def size_pool(
             now=now,
             policy=policy,
             reasons=(f"signal dark ({why}): the size holds",),
-            update={"lower_since": None, "window": ()},
+            update={
+                "lower_since": None,
+                "window": (),
+                "load_rps": None,
+                "forecast_rps": None,
+                "upper_rps": None,
+                "guard": "",
+            },
         )
     state = forecast.update(base.forecast, signals.load_rps, seen)
     hit = _smoothed_hit(base.hit_rate, signals.hit_rate, policy.max_hit_rate)
@@ -163,6 +170,12 @@ def size_pool(
         update={
             "forecast": state,
             "hit_rate": hit,
+            "load_rps": signals.load_rps,
+            "forecast_rps": near.point,
+            "upper_rps": near.upper,
+            "per_replica_rps": per,
+            "capacity": capacity.source,
+            "guard": guard,
             "lower_since": lower_since,
             "window": window,
             "incoming": incoming,
@@ -304,7 +317,9 @@ def _settle(
         }
     )
     checkpoint_due = stored is None or now - stored.decided_at >= policy.checkpoint_s
-    return Sized(record=record, changed=changed, due=changed or checkpoint_due)
+    # a signal that went dark or came back is news for whoever reads the record
+    lit = stored is not None and (stored.load_rps is None) != (record.load_rps is None)
+    return Sized(record=record, changed=changed, due=changed or checkpoint_due or lit)
 
 
 def restored(memory: ScaleRecord | None, stored: ScaleRecord | None) -> ScaleRecord | None:

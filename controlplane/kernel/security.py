@@ -78,6 +78,7 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "TopPrefixes": Permission.READ,
         _CP + "ListDrills": Permission.READ,
         _CP + "GetCapacity": Permission.READ,
+        _CP + "GetScale": Permission.READ,
         _CP + "ReportHealth": Permission.REPORT,
         _CP + "RequestDrill": Permission.DRILL,
         _CP + "RequestFailover": Permission.OPERATE,

@@ -16,6 +16,7 @@ import re
 
 from prometheus_client import CollectorRegistry
 
+from controlplane.core.actions import TickResult
 from controlplane.kernel.capacity.bearing import CapacitySLO
 from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
 from controlplane.kernel.config import Topology, parse_topology
@@ -31,6 +32,7 @@ from controlplane.kernel.model import (
     RegionState,
     Routing,
 )
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from regions.dataplane.failures import ErrorKind
@@ -98,7 +100,21 @@ def _exercised_registries() -> list[CollectorRegistry]:
     west = RegionView(
         name="west", record=RegionRecord(region="west"), health=RegionHealth(region="west")
     )
-    cp.tick_done(leader=True, snapshot=Snapshot(now=20.0, regions={"east": east, "west": west}))
+    sized = ScaleRecord(
+        unit="east",
+        active=2,
+        warm=1,
+        decided_at=20.0,
+        changed_at=20.0,
+        load_rps=10.0,
+        forecast_rps=12.0,
+        upper_rps=15.0,
+    )
+    cp.tick_done(
+        leader=True,
+        snapshot=Snapshot(now=20.0, regions={"east": east, "west": west}),
+        result=TickResult(now=20.0, sizes={"east": sized}),
+    )
     cp.transitioned(
         Decision(
             region="east",

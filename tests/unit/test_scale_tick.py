@@ -11,6 +11,7 @@ import math
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import AuditAction, ControlFlags, Health, HealthReport, ObserverKind
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
+from controlplane.metrics import ControlPlaneMetrics
 from tests.unit.world import World, topology
 
 POLICY = ScalingPolicy(horizon_s=30, stable_window_s=60, burst_warm=1, checkpoint_s=10)
@@ -138,3 +139,24 @@ def test_failover_targets_are_sized_for_the_moved_load_and_come_back_down_after(
             and e.details["active"] == str(rec.active)
             for e in w.audit
         )
+
+
+def test_the_leader_exports_each_pools_desired_replicas_and_forecast() -> None:
+    w = scaled_world()
+    w.active_replicas = {"us-east": 2}
+    run(w, 12, {"us-east": 120.0})
+    metrics = ControlPlaneMetrics()
+    get = metrics.registry.get_sample_value
+    metrics.tick_done(leader=True, snapshot=w.snapshot(), result=w.results[-1])
+    east = w.results[-1].sizes["us-east"]
+    labels = {"region": "us-east"}
+    assert get("tectonic_pool_desired_replicas", {**labels, "state": "active"}) == east.active
+    assert get("tectonic_pool_desired_replicas", {**labels, "state": "warm"}) == east.warm
+    assert get("tectonic_pool_forecast_rps", {**labels, "series": "observed"}) == 120.0
+    upper = get("tectonic_pool_forecast_rps", {**labels, "series": "upper"})
+    assert upper is not None and upper >= 120.0 * 0.9
+    # eu-west never reported: dark, its size held, no forecast series
+    assert get("tectonic_pool_forecast_rps", {"region": "eu-west", "series": "observed"}) is None
+    assert get("tectonic_pool_desired_replicas", {"region": "eu-west", "state": "active"}) == 1
+    metrics.tick_done(leader=False, snapshot=None)  # a follower exports none
+    assert get("tectonic_pool_desired_replicas", {**labels, "state": "active"}) is None

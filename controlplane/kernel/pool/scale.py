@@ -57,6 +57,15 @@ class ScaleRecord(Frozen):
     changed_at: float  # when active or warm last changed
     direction: Direction = Direction.HOLD  # of the last change
     reasons: tuple[str, ...] = ()
+    # What it sized on, for status, failoverctl, the dashboard and metrics (None: the
+    # signal was dark): the load reported, the forecast a horizon ahead and its upper
+    # band, what one replica bears at the hit rate used, and where that comes from.
+    load_rps: float | None = None
+    forecast_rps: float | None = None
+    upper_rps: float | None = None
+    per_replica_rps: float | None = None
+    capacity: str = ""
+    guard: str = ""  # why the reactive guard added a replica ("" it did not)
     forecast: ForecastState | None = None  # of the served requests/s
     hit_rate: float | None = None  # smoothed prefix-cache hit rate, as used
     # since when the forecast has asked for fewer ACTIVE replicas than the record has,

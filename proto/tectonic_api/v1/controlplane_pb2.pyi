@@ -58,7 +58,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models", "scale")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class RegionStatus(_message.Message):
     POOL_OF_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -120,7 +121,20 @@ class RegionStatus(_message.Message):
     pool_of: str
     pool: str
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    scale: PoolSize
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., scale: _Optional[_Union[PoolSize, _Mapping]] = ...) -> None: ...
+
+class PoolSize(_message.Message):
+    __slots__ = ("active", "warm", "reason", "decided_at")
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    active: int
+    warm: int
+    reason: str
+    decided_at: float
+    def __init__(self, active: _Optional[int] = ..., warm: _Optional[int] = ..., reason: _Optional[str] = ..., decided_at: _Optional[float] = ...) -> None: ...
 
 class RegionCapacity(_message.Message):
     __slots__ = ("source", "reason", "cbu", "allowed_rps", "load_rps", "hit_rate", "warn_cbu", "page_cbu", "active_replicas", "measured_at", "knee_rps", "ultimate_rps", "ultimate_bounded", "r_base_rps", "beta", "factor_of_safety", "t_recover_s", "engine_version")
@@ -697,3 +711,29 @@ class CapacityResponse(_message.Message):
     regions: _containers.RepeatedCompositeFieldContainer[RegionCapacityRecord]
     generated_at: float
     def __init__(self, regions: _Optional[_Iterable[_Union[RegionCapacityRecord, _Mapping]]] = ..., generated_at: _Optional[float] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("unit",)
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    unit: str
+    def __init__(self, unit: _Optional[str] = ...) -> None: ...
+
+class PoolScale(_message.Message):
+    __slots__ = ("unit", "active_now", "record_json")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_NOW_FIELD_NUMBER: _ClassVar[int]
+    RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
+    unit: str
+    active_now: int
+    record_json: bytes
+    def __init__(self, unit: _Optional[str] = ..., active_now: _Optional[int] = ..., record_json: _Optional[bytes] = ...) -> None: ...
+
+class ScaleResponse(_message.Message):
+    __slots__ = ("pools", "generated_at", "scaling")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolScale]
+    generated_at: float
+    scaling: bool
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolScale, _Mapping]]] = ..., generated_at: _Optional[float] = ..., scaling: _Optional[bool] = ...) -> None: ...

@@ -119,6 +119,11 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.CapacityRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.CapacityResponse.FromString,
                 _registered_method=True)
+        self.GetScale = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/GetScale',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -226,6 +231,12 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetScale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +324,11 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.GetCapacity,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.CapacityRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.CapacityResponse.SerializeToString,
+            ),
+            'GetScale': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScale,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -774,6 +790,33 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/GetCapacity',
             tectonic__api_dot_v1_dot_controlplane__pb2.CapacityRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.CapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/GetScale',
+            tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.FromString,
             options,
             channel_credentials,
             insecure,
