@@ -1,10 +1,13 @@
 """The region agent's Kubernetes wiring: ``--discovery kubernetes``'s settings (the
 Service whose EndpointSlices list the replicas), the adapters built from them
 (:class:`regions.kube.replicas.KubeRegion`, whose client loads only when used) and what
-a pool of kind ``kubernetes`` takes from those adapters (:class:`KubernetesPods`)."""
+a pool of kind ``kubernetes`` takes from those adapters (:class:`KubernetesPods`), and
+the check before such a pool starts that no HPA or KEDA ScaledObject scales its workload
+too (:func:`check_autoscalers`; the pool file's ``advisory: true`` hands scaling to them)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
@@ -16,7 +19,13 @@ from regions.agent.warm_pool import KubernetesPods
 if TYPE_CHECKING:  # the Kubernetes client loads only for an agent that uses it
     from regions.kube.replicas import KubeRegion
 
+log = logging.getLogger("tectonic.agent.kube")
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a namespace or Service name
+
+
+class AutoscalerConflict(RuntimeError):
+    """A kubernetes pool would fight an HPA or a ScaledObject over its workload's
+    replicas, or cannot tell whether one does: the pool does not start."""
 
 
 class KubeDiscoveryConfig(Frozen):
@@ -53,6 +62,7 @@ def kube_region(kube: KubeDiscoveryConfig, pool: AgentPoolConfig | None) -> Kube
         ready_timeout_s=kube_pool.ready_timeout_s if kube_pool else 900.0,
         stop_timeout_s=kube_pool.stop_timeout_s if kube_pool else 120.0,
         pod_labels=kube_pool.pod_labels if kube_pool else False,
+        advisory=kube_pool.advisory if kube_pool else False,
     )
 
 
@@ -64,3 +74,50 @@ def kubernetes_pods(kube: KubeRegion | None) -> KubernetesPods | None:
         return None
     labels = kube.labeler.replica_changed if kube.labeler is not None else None
     return KubernetesPods(kube.launcher, labels)
+
+
+async def check_autoscalers(kube: KubeRegion, pool: AgentPoolConfig | None) -> None:
+    """Before a kubernetes pool starts: an HPA or a KEDA ScaledObject targeting its
+    workload would fight it over ``replicas``. Without ``advisory`` the pool refuses to
+    start (:class:`AutoscalerConflict` naming each one, or the permission to grant when
+    they cannot be listed); with it the pool scales nothing (its launcher is
+    :class:`~regions.kube.autoscalers.AdvisoryLauncher`) and this says who does."""
+    config = pool.launcher if pool is not None else None
+    if kube.launcher is None or not isinstance(config, KubernetesLauncherConfig):
+        return
+    from regions.kube.autoscalers import AutoscalersUnknown, autoscalers_of
+
+    workload = kube.launcher.workload
+    try:
+        found = await autoscalers_of(await kube.connection.api(), workload)
+    except AutoscalersUnknown as e:
+        if not config.advisory:
+            raise AutoscalerConflict(
+                f"the kubernetes pool of {workload} does not start: it cannot tell whether "
+                f"an HPA or a KEDA ScaledObject scales the workload too: {e}"
+            ) from e
+        # advisory: the pool scales nothing, so nothing can fight it; say what is unknown
+        log.warning("advisory pool of %s: cannot tell which autoscaler acts: %s", workload, e)
+        return
+    if found and not config.advisory:
+        one = len(found) == 1
+        raise AutoscalerConflict(
+            f"the kubernetes pool of {workload} does not start: {', '.join(found)} "
+            f"{'targets' if one else 'target'} it too and would fight the pool over its "
+            f"replicas; remove {'it' if one else 'them'}, or set advisory: true in the "
+            "pool file's launcher (Tectonic then scales nothing and publishes its desired "
+            "replicas for the autoscaler to act on)"
+        )
+    if config.advisory and found:
+        log.info(
+            "advisory pool of %s: Tectonic will not scale the workload; %s acts on the "
+            "desired replicas it publishes",
+            workload,
+            ", ".join(found),
+        )
+    elif config.advisory:
+        log.warning(
+            "advisory pool of %s: Tectonic will not scale the workload, and no HPA or "
+            "ScaledObject targets it: nothing acts on the desired replicas it publishes",
+            workload,
+        )

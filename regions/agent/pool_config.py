@@ -126,6 +126,9 @@ class KubernetesLauncherConfig(Frozen):
     ready_timeout_s: float = Field(900.0, gt=0)  # scheduling, image pull, model load
     stop_timeout_s: float = Field(120.0, gt=0)
     pod_labels: bool = True  # tectonic.io/pool-state=active|warm|idle on each pod
+    # advisory: Tectonic scales nothing itself; it publishes its desired replicas for an
+    # HPA or KEDA to act on (docs/scaling.md)
+    advisory: bool = False
 
     @field_validator("workload")
     @classmethod

@@ -83,7 +83,12 @@ from controlplane.kernel.rpc.tls import server_credentials
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.engine_version import EngineVersions, refresh_versions
-from regions.agent.kube_wiring import KubeDiscoveryConfig, kube_region, kubernetes_pods
+from regions.agent.kube_wiring import (
+    KubeDiscoveryConfig,
+    check_autoscalers,
+    kube_region,
+    kubernetes_pods,
+)
 from regions.agent.metrics import AgentMetrics, MetricsHttp
 from regions.agent.pool_config import AgentPoolConfig, check_replica_source
 from regions.agent.prewarm_executor import answered_replays
@@ -244,6 +249,7 @@ class AgentHandle:
             await self._serve_metrics(self.config.metrics_listen)
         if self.kube is not None:  # the endpoints known, and watched, before anyone uses them
             await self.kube.start()
+            await check_autoscalers(self.kube, self.config.pool)  # no HPA fights the pool
         if self.pool is not None:  # up and ACTIVE before the first probe
             await self.pool.start(f"agent:{self.config.region}@{socket.gethostname()}:{self.port}")
         await self._tick()  # never serve an UNKNOWN view

@@ -23,6 +23,7 @@ import logging
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
+from regions.kube.autoscalers import AdvisoryLauncher
 from regions.kube.client import KubeConnection
 from regions.kube.discovery import EndpointSliceDiscovery
 from regions.kube.launcher import KubernetesLauncher
@@ -100,6 +101,7 @@ class KubeRegion:
         ready_timeout_s: float = 900.0,
         stop_timeout_s: float = 120.0,
         pod_labels: bool = True,
+        advisory: bool = False,  # the pool file's: never scale the workload
         connection: KubeConnection | None = None,
     ) -> None:
         self.connection = connection or KubeConnection(kubeconfig, context=context)
@@ -110,7 +112,7 @@ class KubeRegion:
         self.launcher: KubernetesLauncher | None = None
         self.labeler: PodStateLabeler | None = None
         if workload is not None:
-            self.launcher = KubernetesLauncher(
+            self.launcher = (AdvisoryLauncher if advisory else KubernetesLauncher)(
                 self.discovery,
                 Workload.parse(workload, namespace),
                 ready_timeout_s=ready_timeout_s,

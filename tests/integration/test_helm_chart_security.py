@@ -74,7 +74,11 @@ def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 # Exactly the calls regions/kube and chaos/kube make (their Kubernetes API calls, by grep).
 DISCOVERY = {("discovery.k8s.io", "endpointslices", v) for v in ("list", "watch")}
-POOL = {("", "pods", "patch")}  # + the workload's scale, by resourceNames
+POOL = {  # + the workload's scale, by resourceNames
+    ("", "pods", "patch"),
+    ("autoscaling", "horizontalpodautoscalers", "list"),  # no HPA fights the pool
+    ("keda.sh", "scaledobjects", "list"),  # nor a KEDA ScaledObject
+}
 DRILLS = {
     ("", "pods", "list"),
     ("", "pods", "delete"),

@@ -17,6 +17,10 @@ client (``kubernetes-asyncio``) and the real adapters are exercised over real HT
 - create / delete / list NetworkPolicies (stored, never enforced: a CNI enforces them);
 - API discovery for Chaos Mesh (``GET /apis/chaos-mesh.org/v1alpha1``: present or 404
   per stand-in) and its HTTPChaos / NetworkChaos objects (stored, never acted on);
+- list HorizontalPodAutoscalers (``autoscaling/v2``) and KEDA ScaledObjects
+  (``keda.sh/v1alpha1``) of a namespace (stored, never acted on): ``keda=False`` (the
+  default) answers 404 for scaledobjects, as a cluster without KEDA's CRD does, and a
+  plural in :attr:`StandIn.forbidden` answers 403, as RBAC does;
 - every call recorded (:attr:`StandIn.calls`).
 
 Every object it serves goes through ``kubernetes-asyncio``'s own models and
@@ -42,6 +46,6 @@ The package's modules: ``server`` (``StandIn``: its life, its routes, what tests
 ``core`` (its state, the recorder, serialization through the client's models, events),
 ``controllers`` (the pods' lives, the ReplicaSet / StatefulSet and EndpointSlice
 controllers), ``watch`` (list and watch), ``handlers`` (pods, scale, NetworkPolicies,
-Chaos Mesh) and ``records`` (the records it keeps, selectors, merge patches). Tests
+Chaos Mesh, autoscalers) and ``records`` (the records it keeps, selectors, merge patches). Tests
 import ``StandIn`` from ``tests.kube_standin.server``.
 """

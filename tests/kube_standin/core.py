@@ -16,7 +16,13 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, V1ListMeta, V1NetworkPolicy, V1Status
+from kubernetes_asyncio.client import (
+    ApiClient,
+    V1ListMeta,
+    V1NetworkPolicy,
+    V1Status,
+    V2HorizontalPodAutoscaler,
+)
 
 from tests.kube_standin.records import (
     TOKEN,
@@ -41,6 +47,7 @@ class StandInCore:
         *,
         namespace: str = "models",
         chaos_mesh: bool = False,
+        keda: bool = False,
         bookmark_s: float = 0.2,
         slice_size: int = 100,
         gone_as_status: bool = False,
@@ -50,6 +57,10 @@ class StandInCore:
     ) -> None:
         self.workdir, self.namespace = workdir, namespace
         self.chaos_mesh, self.bookmark_s, self.slice_size = chaos_mesh, bookmark_s, slice_size
+        # Read at each request, so a test may flip them: KEDA's CRD installed (else its
+        # scaledobjects answer 404), and the resources whose list RBAC forbids (403).
+        self.keda = keda
+        self.forbidden: set[str] = set()  # plurals: horizontalpodautoscalers, scaledobjects
         self.gone_as_status, self.termination_s = gone_as_status, termination_s
         self.sim_args = sim_args
         self.port = free_port()  # every pod's port
@@ -72,6 +83,8 @@ class StandInCore:
         self._slice_rv: dict[str, int] = {}
         self.network_policies: dict[str, V1NetworkPolicy] = {}
         self.chaos: dict[tuple[str, str], dict[str, Any]] = {}  # (plural, name) -> object
+        self.hpas: dict[str, V2HorizontalPodAutoscaler] = {}  # name -> autoscaling/v2 object
+        self.scaled_objects: dict[str, dict[str, Any]] = {}  # name -> keda.sh/v1alpha1 object
         self._watchers: set[Watcher] = set()
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -1,8 +1,10 @@
 """The stand-in API server's other handlers (tests/kube_standin/): pods (get, a
 strategic-merge or JSON merge patch of maps, delete with a grace period), the scale of
 Deployments and StatefulSets (a stale ``metadata.resourceVersion``: 409),
-NetworkPolicies (stored, never enforced) and Chaos Mesh (its API discovery and its
-HTTPChaos / NetworkChaos objects: stored, never acted on).
+NetworkPolicies (stored, never enforced), Chaos Mesh (its API discovery and its
+HTTPChaos / NetworkChaos objects: stored, never acted on) and the autoscalers that could
+target a workload (HorizontalPodAutoscalers and KEDA ScaledObjects: listed, never acted
+on; KEDA's CRD absent answers 404, a resource in ``forbidden`` 403).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kubernetes_asyncio.client import (
     V1Scale,
     V1ScaleSpec,
     V1ScaleStatus,
+    V2HorizontalPodAutoscalerList,
 )
 
 from tests.kube_standin.controllers import Controllers
@@ -27,6 +30,8 @@ from tests.kube_standin.records import (
     CHAOS_GROUP,
     CHAOS_KINDS,
     CHAOS_VERSION,
+    KEDA_GROUP,
+    KEDA_VERSION,
     PodState,
     WorkloadState,
     merge_patch,
@@ -228,6 +233,55 @@ class Handlers(Controllers):
                 404, "NotFound", f'{request.match_info["plural"]} "{name}" not found'
             )
         return self._status(200, "", f"{plural} {name} deleted")
+
+    # -- autoscalers: listed, never acted on ----------------------------------------------
+    def _forbidden(self, request: web.Request, plural: str, group: str) -> web.Response | None:
+        """403 as RBAC words it, for a resource the test put in ``forbidden``."""
+        if plural not in self.forbidden:
+            return None
+        return self._status(
+            403,
+            "Forbidden",
+            f'{plural}.{group} is forbidden: User "system:serviceaccount:{self.namespace}:'
+            f'tectonic" cannot list resource "{plural}" in API group "{group}" in the '
+            f'namespace "{request.match_info["ns"]}"',
+        )
+
+    async def _list_hpas(self, request: web.Request) -> web.Response:
+        refused = self._forbidden(request, "horizontalpodautoscalers", "autoscaling")
+        if refused is not None:
+            return refused
+        ns = request.match_info["ns"]
+        return self._answer(
+            V2HorizontalPodAutoscalerList(
+                api_version="autoscaling/v2",
+                kind="HorizontalPodAutoscalerList",
+                items=[h for h in self.hpas.values() if h.metadata.namespace == ns],
+                metadata=V1ListMeta(resource_version=str(self._rv)),
+            )
+        )
+
+    async def _list_scaled_objects(self, request: web.Request) -> web.Response:
+        if not self.keda:  # no CRD: the API server knows no such resource
+            return self._status(404, "NotFound", "the server could not find the requested resource")
+        refused = self._forbidden(request, "scaledobjects", KEDA_GROUP)
+        if refused is not None:
+            return refused
+        ns = request.match_info["ns"]
+        items = [
+            o
+            for o in self.scaled_objects.values()
+            if (o.get("metadata") or {}).get("namespace") == ns
+        ]
+        # a custom resource has no model: the list is the objects as stored
+        return web.json_response(
+            {
+                "apiVersion": f"{KEDA_GROUP}/{KEDA_VERSION}",
+                "kind": "ScaledObjectList",
+                "items": items,
+                "metadata": self._json(V1ListMeta(resource_version=str(self._rv))),
+            }
+        )
 
 
 def _has_list(value: Any) -> bool:

@@ -20,6 +20,7 @@ from chaos.lab.procs import Proc
 TOKEN = "stand-in-token"
 CHAOS_GROUP, CHAOS_VERSION = "chaos-mesh.org", "v1alpha1"
 CHAOS_KINDS = {"httpchaos": "HTTPChaos", "networkchaos": "NetworkChaos"}
+KEDA_GROUP, KEDA_VERSION = "keda.sh", "v1alpha1"  # ScaledObjects: a CRD, as Chaos Mesh's
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 

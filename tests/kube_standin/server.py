@@ -6,6 +6,7 @@ what the tests call.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import time
 from collections.abc import Coroutine
@@ -13,12 +14,21 @@ from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import (
+    ApiClient,
+    V1ObjectMeta,
+    V1OwnerReference,
+    V2CrossVersionObjectReference,
+    V2HorizontalPodAutoscaler,
+    V2HorizontalPodAutoscalerSpec,
+)
 
 from tests.kube_standin.handlers import Handlers
 from tests.kube_standin.records import (
     CHAOS_GROUP,
     CHAOS_VERSION,
+    KEDA_GROUP,
+    KEDA_VERSION,
     TOKEN,
     Call,
     PodState,
@@ -82,6 +92,9 @@ class StandIn(Handlers, ListAndWatch):
         r.add_get(chaos + ns + "/{plural}", self._list_chaos)
         r.add_post(chaos + ns + "/{plural}", self._create_chaos)
         r.add_delete(chaos + ns + "/{plural}/{name}", self._delete_chaos)
+        r.add_get("/apis/autoscaling/v2" + ns + "/horizontalpodautoscalers", self._list_hpas)
+        keda = f"/apis/{KEDA_GROUP}/{KEDA_VERSION}"
+        r.add_get(keda + ns + "/scaledobjects", self._list_scaled_objects)
         # short: open watches are cut at shutdown, nothing else is long
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
@@ -167,6 +180,75 @@ class StandIn(Handlers, ListAndWatch):
         await self._in_loop(add())
         if wait and not hang:
             await self.wait_ready(kind, name, replicas)
+
+    async def add_hpa(
+        self,
+        name: str,
+        target: str,
+        *,
+        kind: str = "Deployment",
+        api_version: str = "apps/v1",
+        made_by: str | None = None,
+    ) -> None:
+        """A HorizontalPodAutoscaler (autoscaling/v2) whose ``scaleTargetRef`` is ``kind``
+        ``target``; ``made_by``: the ScaledObject owning it (KEDA makes one per object)."""
+        owners = None
+        if made_by is not None:
+            owner = V1OwnerReference(
+                api_version=f"{KEDA_GROUP}/{KEDA_VERSION}",
+                kind="ScaledObject",
+                name=made_by,
+                uid=secrets.token_hex(8),
+                controller=True,
+            )
+            owners = [owner]
+
+        async def add() -> None:
+            meta = V1ObjectMeta(
+                name=name,
+                namespace=self.namespace,
+                resource_version=str(self._next_rv()),
+                uid=secrets.token_hex(8),
+                owner_references=owners,
+            )
+            ref = V2CrossVersionObjectReference(api_version=api_version, kind=kind, name=target)
+            spec = V2HorizontalPodAutoscalerSpec(
+                min_replicas=1, max_replicas=4, scale_target_ref=ref
+            )
+            self.hpas[name] = V2HorizontalPodAutoscaler(
+                api_version="autoscaling/v2",
+                kind="HorizontalPodAutoscaler",
+                metadata=meta,
+                spec=spec,
+            )
+
+        await self._in_loop(add())
+
+    async def add_scaled_object(
+        self, name: str, target: str, *, kind: str | None = None, api_version: str | None = None
+    ) -> None:
+        """A KEDA ScaledObject (keda.sh/v1alpha1) whose ``scaleTargetRef`` names ``target``;
+        ``kind`` / ``api_version`` None: left out, as KEDA allows (Deployment, apps/v1)."""
+        ref: dict[str, Any] = {"name": target}
+        if kind is not None:
+            ref["kind"] = kind
+        if api_version is not None:
+            ref["apiVersion"] = api_version
+
+        async def add() -> None:
+            self.scaled_objects[name] = {
+                "apiVersion": f"{KEDA_GROUP}/{KEDA_VERSION}",
+                "kind": "ScaledObject",
+                "metadata": {
+                    "name": name,
+                    "namespace": self.namespace,
+                    "resourceVersion": str(self._next_rv()),
+                    "uid": secrets.token_hex(8),
+                },
+                "spec": {"scaleTargetRef": ref, "minReplicaCount": 1, "maxReplicaCount": 4},
+            }
+
+        await self._in_loop(add())
 
     async def wait_ready(self, kind: str, name: str, count: int, within: float = 60.0) -> None:
         """Until ``count`` pods of the workload are ready and none is terminating."""
