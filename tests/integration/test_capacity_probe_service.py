@@ -1,15 +1,13 @@
 """``failoverctl capacity probe`` end to end: the installed CLI, a real control-plane
 replica, a real drill service running the real ``CapacityProber``, and a region agent
-whose warm pool (one ACTIVE, one WARM simulator) lends the WARM one out of rotation.
+whose warm pool (one ACTIVE, two WARM simulators) lends its WARM ones out of rotation.
 
-The probe borrows the WARM replica, step-loads it, and the service commits
-``capacity/<region>`` with its audit entry and history row; the HTML report is written;
-the replica is asleep and WARM again; the status reads the measured capacity. A named
-replica in rotation is refused before anything is written, and the record stays.
-
-With two WARM replicas the probe borrows both (two loans on one lease), probes them at
-once for the scaling efficiency and records it as measured; both are WARM again after,
-also when the probe aborts."""
+A named replica in rotation is refused before anything is written. Then the probe
+borrows both WARM replicas (two loans on one lease), step-loads one, then both at once
+for the scaling efficiency, and the service commits ``capacity/<region>`` with its
+audit entry and history row; the HTML report is written; both replicas are asleep and
+WARM again; the status reads the measured capacity. Both go back also when the probe
+aborts."""
 
 from __future__ import annotations
 
@@ -84,12 +82,6 @@ def topology(etcd: EtcdServer) -> Topology:
 
 
 @pytest.fixture
-async def agent(topology: Topology) -> AsyncIterator[AgentHandle]:
-    async with pool_agent(topology, warm=1) as handle:
-        yield handle
-
-
-@pytest.fixture
 async def agent_two_warm(topology: Topology) -> AsyncIterator[AgentHandle]:
     async with pool_agent(topology, warm=2) as handle:
         yield handle
@@ -135,9 +127,13 @@ def replica_states(agent: AgentHandle) -> dict[str, ReplicaState]:
     return {r.url: r.state for r in agent.pool.pool.snapshot().replicas if r.url}
 
 
-async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_back(
-    topology: Topology, agent: AgentHandle, tmp_path: Path
+async def test_failoverctl_capacity_probe_measures_two_warm_replicas_and_gives_them_back(
+    topology: Topology, agent_two_warm: AgentHandle, tmp_path: Path
 ) -> None:
+    """Through the CLI and the drill service: a replica in rotation refused, then both
+    WARM replicas borrowed at once (one alone, then the pair for the scaling
+    efficiency), the record and its audit entry committed, both WARM again after."""
+    agent = agent_two_warm
     keys = Keys(topology.cluster)
     store = EtcdStore(topology.etcd)
     await store.connect()
@@ -159,7 +155,9 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
     try:
         async with running_replica(topology) as run:
             warm_before = {u for u, s in replica_states(agent).items() if s is ReplicaState.WARM}
+            assert len(warm_before) == 2
             active = {u for u, s in replica_states(agent).items() if s is ReplicaState.ACTIVE}
+            since = await _pool_revision(store, keys)
             code, out, err = await _ctl_when_published(
                 run.target,
                 "capacity",
@@ -214,51 +212,28 @@ async def test_failoverctl_capacity_probe_measures_a_warm_replica_and_gives_it_b
                 states = replica_states(agent)
                 return m is not None and not m.lent and states[record.replica] is ReplicaState.WARM
 
+            # the pair: both WARM replicas lent at once, the efficiency measured on them
+            assert record.scaling_measured and 0 < record.scaling_efficiency <= 1
+            [entry] = [
+                decode(AuditEntry, kv.value, kv.key)
+                for kv in (await store.get_prefix(keys.audit_prefix())).kvs
+                if decode(AuditEntry, kv.value, kv.key).action == "capacity_measured"
+            ]
+            assert {record.replica, entry.details["pair_replica"]} == warm_before
+            assert entry.details["scaling_measured"] == "true"
+            lent = await _lent_since(store, keys, since)
+            assert max(len(m.lent) for m in lent) == 2 and lent[-1].lent == {}
+
+            async def both_back() -> bool:
+                return _both_warm(agent, warm_before)
+
             await until(back_asleep, within=30, every=0.2, what="the probed replica WARM again")
+            await until(both_back, within=30, every=0.2, what="both probed replicas WARM again")
             code, out, _ = await ctl(run.target, "capacity", "show", REGION)
             assert code == 0 and "measured" in out and "probe at hit rate" in out
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
-        await store.close()
-
-
-async def test_two_warm_replicas_are_probed_at_once_for_the_scaling_efficiency(
-    topology: Topology, agent_two_warm: AgentHandle, tmp_path: Path
-) -> None:
-    keys = Keys(topology.cluster)
-    store = EtcdStore(topology.etcd)
-    await store.connect()
-    try:
-        warm = {u for u, s in replica_states(agent_two_warm).items() if s is ReplicaState.WARM}
-        assert len(warm) == 2
-        prober = CapacityProber(
-            store, keys, topology, holder="drills-test", reports=tmp_path, tune=TUNE
-        )
-        since = await _pool_revision(store, keys)
-        outcome = await prober(REGION, None)
-        assert outcome.result.passed, outcome.result.criteria
-        record = _written_record(outcome.writes, keys)
-        assert record.scaling_measured and 0 < record.scaling_efficiency <= 1
-        assert record.replica in warm
-        [entry] = [
-            decode(AuditEntry, p.value, p.key)
-            for p in outcome.writes
-            if p.key != keys.capacity(REGION)
-        ]
-        assert {record.replica, entry.details["pair_replica"]} == warm  # both, at once
-        assert entry.details["scaling_measured"] == "true"
-        [scaled] = [c for c in outcome.result.criteria if c.name == "scaling efficiency"]
-        assert "measured on" in scaled.measured and "at once" in scaled.measured
-        assert outcome.result.figures["scaling_efficiency"] == record.scaling_efficiency
-        lent = await _lent_since(store, keys, since)
-        assert max(len(m.lent) for m in lent) == 2 and lent[-1].lent == {}
-
-        async def both_back() -> bool:
-            return _both_warm(agent_two_warm, warm)
-
-        await until(both_back, within=30, every=0.2, what="both probed replicas WARM again")
-    finally:
         await store.close()
 
 
@@ -311,12 +286,6 @@ async def _lent_since(store: EtcdStore, keys: Keys, revision: int) -> list[PoolM
         if ev.kv.mod_revision >= now:
             return seen
     raise AssertionError("the watch ended before the current revision")
-
-
-def _written_record(writes: object, keys: Keys) -> CapacityRecord:
-    assert isinstance(writes, tuple)
-    [put] = [p for p in writes if p.key == keys.capacity(REGION)]
-    return decode(CapacityRecord, put.value, put.key)
 
 
 async def _no_drills(name: str, region: str | None, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
