@@ -168,6 +168,13 @@ def _kube_flags(p: argparse.ArgumentParser) -> None:
         help="deployment/NAME or statefulset/NAME in --kube-namespace (with "
         "--pool-launcher kubernetes)",
     )
+    g.add_argument(
+        "--pool-advisory",
+        action="store_true",
+        help="advisory mode (with --pool-launcher kubernetes): Tectonic scales nothing "
+        "itself; an HPA or KEDA scales --kube-workload on the desired replicas the "
+        "control plane publishes, and the pool takes the pods it runs (docs/scaling.md)",
+    )
 
 
 def _kube_config(
@@ -219,10 +226,15 @@ def _pool_launcher(
     if args.pool_launcher is None:
         if args.kube_workload is not None:
             p.error("--kube-workload goes with --pool-launcher kubernetes")
+        if args.pool_advisory:
+            p.error("--pool-advisory goes with --pool-launcher kubernetes")
         return None
     if args.kube_workload is None:
         p.error("--pool-launcher kubernetes needs --kube-workload deployment/NAME")
-    return {"kind": "kubernetes", "workload": args.kube_workload}
+    launcher: dict[str, object] = {"kind": "kubernetes", "workload": args.kube_workload}
+    if args.pool_advisory:
+        launcher["advisory"] = True
+    return launcher
 
 
 def _errors(e: ValidationError, prefix: str = "") -> str:

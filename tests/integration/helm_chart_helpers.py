@@ -34,6 +34,7 @@ CHART = REPO / "deploy" / "helm" / "tectonic"
 RELEASE, NAMESPACE = "tt", "tectonic"
 VALUE_SETS: dict[str, Path | None] = {
     "default": None,
+    "advisory": CHART / "ci" / "advisory-values.yaml",
     "all-on": CHART / "ci" / "all-on-values.yaml",
     "external-etcd": CHART / "ci" / "external-etcd-values.yaml",
     "pools": CHART / "ci" / "pools-values.yaml",

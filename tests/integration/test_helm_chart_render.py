@@ -5,17 +5,20 @@ Helm's own Go SDK renders the chart with its default values and the value sets i
 ci/ folder, and lints it; every rendered manifest is validated against the Kubernetes
 JSON schemas (kubernetes-validate) of the chart's oldest Kubernetes and the newest the
 package ships; the InferencePool, a CRD those schemas lack, against the Gateway API
-Inference Extension's own CRD schema (transcribed below); bad values fail rendering
+Inference Extension's own CRD schema (transcribed below), and KEDA's ScaledObject against
+KEDA's CRD (vendored in tests/integration/crds/keda/); bad values fail rendering
 with a message naming the field (values.schema.json and the templates' checks).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.integration.helm_chart_helpers import (
     CHART,
@@ -27,6 +30,8 @@ from tests.integration.helm_chart_helpers import (
     import_tool,
     kubernetes_validate,
     load_values,
+    manifests_of,
+    render,
     render_error,
     rendered,
 )
@@ -38,7 +43,8 @@ FIXTURES = (helm, kubernetes_validate, rendered)
 # 1.37 ships: a manifest valid for both is valid for the versions between.
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # Kinds whose schemas are CRDs, not Kubernetes': kubernetes-validate has none for them.
-CRD_KINDS = {"InferencePool"}
+CRD_KINDS = {"InferencePool", "ScaledObject"}
+KEDA_CRD = Path(__file__).parent / "crds" / "keda" / "keda.sh_scaledobjects.yaml"
 
 # GIE's InferencePool spec, from config/crd/bases/inference.networking.k8s.io_inferencepools.yaml
 # of kubernetes-sigs/gateway-api-inference-extension at 84436a96b9e6 (v1), descriptions and
@@ -113,6 +119,7 @@ def test_every_value_set_renders_the_components_it_turns_on(rendered: Rendered) 
         "all-on": {"controlplane", "agent", "gateway", "picker", "drills", "model-server", "etcd"},
         "external-etcd": {"agent", "picker", "drills"},
         "pools": {"controlplane", "agent", "gateway", "picker", "model-server", "etcd"},
+        "advisory": {"controlplane", "agent", "model-server"},
     }
     assert components == expected[rendered.name]
     for m in rendered.manifests:  # namespaced objects name their namespace: none in default
@@ -141,7 +148,7 @@ def test_every_manifest_is_valid_for_kubernetes(
     checked = 0
     for m in rendered.manifests:
         if m["kind"] in CRD_KINDS:
-            continue  # no Kubernetes schema: test_inference_pool_matches_the_gie_crd
+            continue  # no Kubernetes schema: the tests of each CRD below
         # strict: a field the schema does not know is an error, not ignored
         kubernetes_validate.validate(m, kube_version, strict=True)
         checked += 1
@@ -171,6 +178,173 @@ def test_inference_pool_matches_the_gie_crd(helm: ModuleType) -> None:
     bad["endpointPickerRef"]["failureMode"] = "FailSoft"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, INFERENCE_POOL_SPEC)
+
+
+def strict(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that lists its
+    properties and takes no others: the API server prunes unknown fields silently, so a
+    misspelt field would vanish there instead of failing."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def keda_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(KEDA_CRD.read_text())
+    assert crd["spec"]["names"]["kind"] == "ScaledObject"
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema: dict[str, Any] = strict(version["schema"]["openAPIV3Schema"])
+    return schema
+
+
+def check_scaled_object(jsonschema: ModuleType, so: dict[str, Any]) -> dict[str, Any]:
+    """Valid for KEDA's CRD, its CEL rule included; returns the spec."""
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    jsonschema.validate(so, keda_schema())
+    spec: dict[str, Any] = so["spec"]
+    # The CRD's CEL rule: "minReplicaCount must be less than or equal to maxReplicaCount".
+    assert spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100)
+    return spec
+
+
+def agent_args(rendered: Rendered, unit_name: str) -> dict[str, str]:
+    deployment = rendered.one("Deployment", f"tt-tectonic-agent-{unit_name}")
+    (agent,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {flag: value for flag, _, value in (a.partition("=") for a in agent["args"])}
+
+
+def test_scaled_objects_follow_the_agents_workload_and_unit() -> None:
+    jsonschema = import_tool("jsonschema")
+    advisory = _rendered("advisory")
+    objects = {so["metadata"]["name"]: so for so in advisory.of_kind("ScaledObject")}
+    # one per unit whose pool says keda.enabled: not us-west's code pool (no warm pool)
+    assert set(objects) == {"tt-tectonic-keda-us-east", "tt-tectonic-keda-us-west-chat"}
+    cp = advisory.one("Service", "tt-tectonic-controlplane")
+    (grpc,) = [p["port"] for p in cp["spec"]["ports"] if p["name"] == "grpc"]
+    for name, unit in (("us-east", "us-east"), ("us-west-chat", "us-west.chat")):
+        so = objects[f"tt-tectonic-keda-{name}"]
+        spec = check_scaled_object(jsonschema, so)
+        args = agent_args(advisory, name)
+        assert "--pool-advisory" in args  # the pool scales nothing: KEDA does
+        kind, workload = args["--kube-workload"].split("/")
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": {"deployment": "Deployment", "statefulset": "StatefulSet"}[kind],
+            "name": workload,
+        }
+        assert so["metadata"]["namespace"] == args["--kube-namespace"]
+        (trigger,) = spec["triggers"]
+        assert (trigger["type"], trigger["metricType"]) == ("external", "AverageValue")
+        assert args["--region"] == unit
+        assert trigger["metadata"] == {
+            "scalerAddress": f"{cp['metadata']['name']}.{NAMESPACE}.svc:{grpc}",
+            "unit": unit,
+        }
+        # Advisory: the agent reads the workload's scale and never writes it.
+        role = advisory.one("Role", f"tt-tectonic-agent-{name}")
+        assert [r["verbs"] for r in role["rules"] if r["apiGroups"] == ["apps"]] == [["get"]]
+    east = objects["tt-tectonic-keda-us-east"]["spec"]
+    chat = objects["tt-tectonic-keda-us-west-chat"]["spec"]
+    assert (east["minReplicaCount"], east["maxReplicaCount"], east["pollingInterval"]) == (2, 8, 10)
+    assert (chat["minReplicaCount"], chat["maxReplicaCount"], chat["pollingInterval"]) == (
+        1,
+        16,
+        15,
+    )
+    assert "--pool-advisory" not in agent_args(advisory, "us-west-code")
+    for name in sorted(VALUE_SETS):  # advisory is opt-in: nowhere else
+        if name != "advisory":
+            assert _rendered(name).of_kind("ScaledObject") == []
+            assert all("--pool-advisory" not in c["args"] for _, c in _rendered(name).containers())
+    bad = json.loads(json.dumps(objects["tt-tectonic-keda-us-east"]))
+    bad["spec"]["scaleTargetRef"]["nmae"] = "vllm"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, keda_schema())
+
+
+ADVISORY_POOL = {"enabled": True, "advisory": True, "keda": {"enabled": True}}
+SCALING = {"scaling": {"horizon_s": 30}}
+
+
+def keda_values(pool: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """One region of the default topology, its platform's StatefulSet in another
+    namespace, with ``pool``; ``more`` merged in at the top (topology: over the default's)."""
+    topology = {"regions": [{"name": "us-east", "zone": "us", "capacity_rps": 100}], **SCALING}
+    region = {"name": "us-east", "discovery": {"service": "vllm", "namespace": "models"}}
+    values: dict[str, Any] = {
+        "topology": {**topology, **more.pop("topology", {})},
+        "regions": [
+            {**region, "pool": {"workload": "statefulset/vllm", "active": 1, "warm": 1, **pool}}
+        ],
+    }
+    return {**values, **more}
+
+
+def test_a_scaled_object_of_a_statefulset_elsewhere_and_a_remote_control_plane(
+    helm: ModuleType,
+) -> None:
+    jsonschema = import_tool("jsonschema")
+    pool = {**ADVISORY_POOL, "keda": {"enabled": True, "minReplicas": 0}}
+    values = keda_values(pool, controlPlane={"enabled": False, "addresses": "cp.example:50051"})
+    (so,) = [m for m in manifests_of(render(helm, values)) if m["kind"] == "ScaledObject"]
+    spec = check_scaled_object(jsonschema, so)
+    assert so["metadata"]["namespace"] == "models"
+    assert spec["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert spec["scaleTargetRef"]["name"] == "vllm"
+    assert spec["minReplicaCount"] == 0  # kept, not taken for "unset"
+    assert spec["triggers"][0]["metadata"] == {
+        "scalerAddress": "cp.example:50051",
+        "unit": "us-east",
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            keda_values({"enabled": True, "keda": {"enabled": True}}),
+            "regions[us-east].pool.keda.enabled: KEDA would fight the warm pool",
+        ),
+        (
+            keda_values({"advisory": True, "keda": {"enabled": True}}),
+            "set pool.enabled and pool.advisory too",
+        ),
+        (
+            keda_values(ADVISORY_POOL, topology={"scaling": None}),
+            "only with topology.scaling set",
+        ),
+        (
+            keda_values(
+                ADVISORY_POOL,
+                topology={"security": {"tls": {"ca": "/c", "cert": "/t", "key": "/k"}}},
+            ),
+            "topology.security (tls or tokens) refuses",
+        ),
+        (
+            keda_values(
+                ADVISORY_POOL, controlPlane={"enabled": False, "addresses": "a:50051,b:50051"}
+            ),
+            "controlPlane.addresses lists 2",
+        ),
+        (
+            keda_values({**ADVISORY_POOL, "keda": {"enabled": True, "minReplicas": 20}}),
+            "minReplicas (20) must be at most maxReplicas (16)",
+        ),
+    ],
+)
+def test_keda_without_what_it_needs_fails_saying_what(
+    helm: ModuleType, values: dict[str, Any], message: str
+) -> None:
+    assert message in render_error(helm, values)
 
 
 # ---- bad values -------------------------------------------------------------------------
@@ -205,6 +379,14 @@ def test_inference_pool_matches_the_gie_crd(helm: ModuleType) -> None:
             "/regions/0/pool/settings/launcher",
         ),
         ({"controlplane": {"replicas": 2}}, "additional properties 'controlplane' not allowed"),
+        (
+            {"regions": [{"name": "us-east", "pool": {"keda": {"maxReplicas": 0}}}]},
+            "/regions/0/pool/keda/maxReplicas",
+        ),
+        (
+            {"regions": [{"name": "us-east", "pool": {"advisory": "yes"}}]},
+            "/regions/0/pool/advisory",
+        ),
     ],
 )
 def test_a_bad_value_fails_rendering_naming_it(

@@ -41,6 +41,18 @@ def test_a_kubernetes_pool_from_the_flags_alone() -> None:
     assert (c.pool.active, c.pool.warm) == (1, 1)  # the pool file's defaults
 
 
+def test_pool_advisory_marks_the_kubernetes_launcher(capsys: pytest.CaptureFixture[str]) -> None:
+    c = parse_args(BASE + KUBE + POOL + PUBLISH + ["--pool-advisory"])
+    assert c.pool is not None and isinstance(c.pool.launcher, KubernetesLauncherConfig)
+    assert c.pool.launcher.advisory is True
+    plain = parse_args(BASE + KUBE + POOL + PUBLISH)
+    assert plain.pool is not None and isinstance(plain.pool.launcher, KubernetesLauncherConfig)
+    assert plain.pool.launcher.advisory is False  # the pool scales its workload by default
+    assert "--pool-advisory goes with --pool-launcher kubernetes" in refused(
+        [*KUBE, "--pool-advisory"], capsys
+    )
+
+
 def test_wrong_combinations_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "needs --kube-namespace and --kube-service" in refused(
         ["--discovery", "kubernetes"], capsys
