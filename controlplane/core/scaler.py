@@ -94,40 +94,17 @@ def size_pool(
 ) -> Sized:
     """``stored``: ``scale/<unit>`` as etcd holds it; ``memory``: this leader's newer
     state since (the forecaster moves every tick, the record is written less often)."""
-    base = restored(memory, stored) or ScaleRecord(
-        unit=unit,
-        active=max(policy.min_active, min(policy.max_active, signals.active_now)),
-        warm=policy.burst_warm,
-        decided_at=now,
-        changed_at=now,
-    )
-    seen = signals.observed_at
-    if seen is None or now - seen > policy.dark_after_s or signals.load_rps is None:
-        why = "no agent report" if seen is None else f"no agent report for {now - seen:.0f} s"
-        return _settle(
-            base,
-            stored,
-            active=base.active,
-            warm=base.warm,
-            now=now,
-            policy=policy,
-            reasons=(f"signal dark ({why}): the size holds",),
-            update={
-                "lower_since": None,
-                "window": (),
-                "load_rps": None,
-                "forecast_rps": None,
-                "upper_rps": None,
-                "guard": "",
-            },
-        )
-    state = forecast.update(base.forecast, signals.load_rps, seen)
+    base = restored(memory, stored) or _first(unit, signals.active_now, policy, now)
+    seen, load = signals.observed_at, signals.load_rps
+    if seen is None or now - seen > policy.dark_after_s or load is None:
+        return _dark(base, stored, seen, now, policy)
+    state = forecast.update(base.forecast, load, seen)
     hit = _smoothed_hit(base.hit_rate, signals.hit_rate, policy.max_hit_rate)
-    near, far = _ahead(state, signals.load_rps, policy)
+    near, far = _ahead(state, load, policy)
     per = max(capacity.per_replica(hit), _EPS)
     need = _within(math.ceil(near.upper / per - _EPS), policy)
     reasons = [
-        f"load {signals.load_rps:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}) "
+        f"load {load:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}) "
         f"in {policy.horizon:g} s at hit rate {hit:.2f}: {per:.3g} rps per replica "
         f"({capacity.source}) -> {need} ACTIVE"
     ]
@@ -138,13 +115,9 @@ def size_pool(
         reasons.append(f"went down {now - base.changed_at:.0f} s ago: up only for the load now")
     incoming = None
     if moving is not None:
-        # Sized for its own load before the failover plus the moved load at the hit
-        # rate it arrives with. The arrival is a step, not a trend: the forecast, which
-        # would extrapolate it, counts only once it has settled (two horizons).
-        incoming, planned, why = _incoming(base.incoming, moving, near.upper, per, capacity)
-        settled = now - moving.started_at >= 2 * policy.horizon
-        need = _within(max(planned, need) if settled else planned, policy)
-        reasons.append(f"{why} -> {need} ACTIVE, no scale-down while it moves")
+        incoming, need = _with_incoming(
+            base, moving, need, near.upper, per, capacity, policy, now, reasons
+        )
     guard = _guard(signals, ttft_slo_s, policy)
     if guard:
         need = _within(max(need, base.active + 1), policy)
@@ -200,6 +173,63 @@ def _ahead(
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
     return base.direction is Direction.DOWN and now - base.changed_at < policy.stable_window_s
+
+
+def _first(unit: str, active_now: int, policy: ScalingPolicy, now: float) -> ScaleRecord:
+    """A pool never sized: at what serves now, within the bounds."""
+    active = max(policy.min_active, min(policy.max_active, active_now))
+    return ScaleRecord(
+        unit=unit, active=active, warm=policy.burst_warm, decided_at=now, changed_at=now
+    )
+
+
+def _dark(
+    base: ScaleRecord,
+    stored: ScaleRecord | None,
+    seen: float | None,
+    now: float,
+    policy: ScalingPolicy,
+) -> Sized:
+    """No fresh report: the size holds, the stable window starts again afterwards."""
+    why = "no agent report" if seen is None else f"no agent report for {now - seen:.0f} s"
+    return _settle(
+        base,
+        stored,
+        active=base.active,
+        warm=base.warm,
+        now=now,
+        policy=policy,
+        reasons=(f"signal dark ({why}): the size holds",),
+        update={
+            "lower_since": None,
+            "window": (),
+            "load_rps": None,
+            "forecast_rps": None,
+            "upper_rps": None,
+            "guard": "",
+        },
+    )
+
+
+def _with_incoming(
+    base: ScaleRecord,
+    moving: Moving,
+    need: int,
+    upper: float,
+    per: float,
+    capacity: Capacity,
+    policy: ScalingPolicy,
+    now: float,
+    reasons: list[str],
+) -> tuple[Incoming, int]:
+    """Sized for its own load before the failover plus the moved load at the hit rate it
+    arrives with. The arrival is a step, not a trend: the forecast, which would
+    extrapolate it, counts only once it has settled (two horizons)."""
+    incoming, planned, why = _incoming(base.incoming, moving, upper, per, capacity)
+    settled = now - moving.started_at >= 2 * policy.horizon
+    need = _within(max(planned, need) if settled else planned, policy)
+    reasons.append(f"{why} -> {need} ACTIVE, no scale-down while it moves")
+    return incoming, need
 
 
 def _incoming(
