@@ -28,7 +28,7 @@ from controlplane.kernel.model import (
     ObserverKind,
     RegionState,
 )
-from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL, ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.vllm.signals import LOAD_RAW_SIGNAL  # the last round, unsmoothed
 
@@ -135,6 +135,7 @@ def _signals(view: RegionView, report: HealthReport | None) -> PoolSignals:
         queue_depth=s.get(QUEUE_SIGNAL),
         ttft_p99_s=s.get(TTFT_SIGNAL),
         active_now=active,
+        activation_p95_s=s.get(ACTIVATION_SIGNAL),
     )
 
 

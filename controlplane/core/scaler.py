@@ -50,6 +50,7 @@ class PoolSignals:
     queue_depth: float | None
     ttft_p99_s: float | None
     active_now: int
+    activation_p95_s: float | None = None  # the pool's last wakes, as its agent measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +101,14 @@ def size_pool(
         return _dark(base, stored, seen, now, policy)
     state = forecast.update(base.forecast, load, seen)
     hit = _smoothed_hit(base.hit_rate, signals.hit_rate, policy.max_hit_rate)
-    near, far = _ahead(state, load, policy)
+    horizon = max(policy.horizon, signals.activation_p95_s or 0.0)
+    near, far = _ahead(state, load, policy, horizon)
     per = max(capacity.per_replica(hit), _EPS)
     need = _within(math.ceil(near.upper / per - _EPS), policy)
+    longer = " (the measured wake p95)" if horizon > policy.horizon else ""
     reasons = [
         f"load {load:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}) "
-        f"in {policy.horizon:g} s at hit rate {hit:.2f}: {per:.3g} rps per replica "
+        f"in {horizon:g} s{longer} at hit rate {hit:.2f}: {per:.3g} rps per replica "
         f"({capacity.source}) -> {need} ACTIVE"
     ]
     if need > base.active and _just_down(base, now, policy):
@@ -131,7 +134,7 @@ def size_pool(
     more = max(0, math.ceil(far.upper / per - _EPS) - active)
     warm = min(policy.max_active, policy.burst_warm + more)
     if more:
-        reasons.append(f"{more} WARM for the band {2 * policy.horizon:g} s ahead")
+        reasons.append(f"{more} WARM for the band {2 * horizon:g} s ahead")
     return _settle(
         base,
         stored,
@@ -157,7 +160,7 @@ def size_pool(
 
 
 def _ahead(
-    state: ForecastState, load: float, policy: ScalingPolicy
+    state: ForecastState, load: float, policy: ScalingPolicy, horizon: float
 ) -> tuple[forecast.Forecast, forecast.Forecast]:
     """The forecast one horizon ahead and two (WARM's); until the filter has seen
     ``WARMUP`` reports its trend is a guess: the load now, for both (and always with
@@ -166,8 +169,8 @@ def _ahead(
         now = forecast.Forecast(point=load, upper=load)
         return now, now
     return (
-        forecast.predict(state, policy.horizon, policy.band_z),
-        forecast.predict(state, 2 * policy.horizon, policy.band_z),
+        forecast.predict(state, horizon, policy.band_z),
+        forecast.predict(state, 2 * horizon, policy.band_z),
     )
 
 

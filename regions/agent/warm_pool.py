@@ -23,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.store.settings import EtcdConfig
@@ -38,12 +41,19 @@ from regions.agent.pool_lender import PoolLender
 from regions.agent.scale_follower import ScaleFollower
 from regions.agent.spec_decode_actuator import SpecDecodeActuator, SpecDecodeOff, SpecDecodeSwitch
 from regions.pool.client import ReplicaError
-from regions.pool.hooks import OnActivation, OnState
+from regions.pool.hooks import ActivationKind, OnActivation, OnState
 from regions.pool.launchers import Launcher
 from regions.pool.manager import WarmPool
 from regions.pool.snapshot import PoolSnapshot
 
 log = logging.getLogger("tectonic.agent.pool")
+WAKES_KEPT = 32  # recent wakes whose p95 the agent reports
+
+
+def p95(values: deque[float]) -> float:
+    """The 95th percentile of a few values (nearest rank: with under 20, the largest)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +100,16 @@ class AgentPool:
     ) -> None:
         self.region, self.config = region, config
         self.launcher = config.launcher.build() if pods is None else pods.launcher
+        self._on_activation = on_activation
+        # the last wakes' durations: their p95 is the shortest horizon the scaler may use
+        self._wakes: deque[float] = deque(maxlen=WAKES_KEPT)
         self.outlives_agent = pods is not None  # stop() leaves the replicas running
         self.pool = WarmPool(
             self.launcher,
             config.pool_config(),
             burst=config.burst,
             on_change=self._changed,
-            on_activation=on_activation,
+            on_activation=self._activated,
             on_state=None if pods is None else pods.on_state,
             dead_after=config.dead_after,
             probe_timeout_s=config.probe_timeout_s,
@@ -179,7 +192,15 @@ class AgentPool:
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
+        if self._wakes:
+            signals[ACTIVATION_SIGNAL] = p95(self._wakes)
         return signals | self.spec_decode.signals() | self.scale.signals()
+
+    def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
+        if kind == "wake" and ok:
+            self._wakes.append(max(0.0, seconds))
+        if self._on_activation is not None:
+            self._on_activation(kind, ok, seconds)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:

@@ -80,6 +80,7 @@ async def test_the_pool_follows_its_scale_record_and_only_its_own(
     await published_active(store, keys, 3)  # two COLD slots launched, then woken
     assert pool.scale.applied == (3, 1)
     assert pool.signals()["scale_desired_active"] == 3.0
+    assert pool.signals()["activation_p95_s"] > 0  # its wakes, for the scaler's horizon
 
     await store.put(keys.scale(REGION), record(6, 2))  # more than the pool holds
     await published_active(store, keys, 4)

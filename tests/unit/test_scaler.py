@@ -48,6 +48,7 @@ class Pool:
         reported: bool = True,
         failing_over: bool = False,
         moving: Moving | None = None,
+        activation: float | None = None,
     ) -> ScaleRecord:
         signals = PoolSignals(
             observed_at=now if reported else None,
@@ -56,6 +57,7 @@ class Pool:
             queue_depth=queue,
             ttft_p99_s=ttft,
             active_now=self.active_now,
+            activation_p95_s=activation,
         )
         sized = size_pool(
             "east",
@@ -303,3 +305,15 @@ def test_with_the_forecast_off_the_size_follows_the_load_now() -> None:
     behind = [t for t in range(70, 120) if reactive.history[t].active * 10.0 < ramp(t + 10)]
     assert behind  # reactive: ten seconds later the load is past what it has
     assert all(ahead.history[t].active >= reactive.history[t].active for t in range(70, 120))
+
+
+def test_the_horizon_is_never_shorter_than_the_measured_wake() -> None:
+    """A pool whose wakes take 60 s (p95) is sized 60 s ahead, not the configured 30."""
+    rng = random.Random(7)
+    short, slow = Pool(), Pool()
+    for t in range(0, 110):
+        load = poisson_rate(ramp(t), rng)
+        short.tick(float(t), load)
+        slow.tick(float(t), load, activation=60.0)
+    assert slow.history[-1].active > short.history[-1].active
+    assert "in 60 s (the measured wake p95)" in slow.history[-1].reasons[0]

@@ -16,6 +16,10 @@ from pydantic import Field, model_validator
 
 from controlplane.kernel.model import Frozen
 
+# The agent's report: the p95 of its pool's last wakes (WARM -> ACTIVE), seconds. The
+# scaler's horizon is never shorter (a replica asked for later than that comes late).
+ACTIVATION_SIGNAL = "activation_p95_s"
+
 
 class Direction(StrEnum):
     UP = "up"
