@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bench import (
+    autoscale,
     capacity,
     epp,
     failover,
@@ -135,6 +136,14 @@ BENCHES = (
         "Twice the allowed load (from a queue model of the simulators) through a real "
         "gateway for 60 s, with and without admission control: goodput within the SLO, "
         "first-token p99 of admitted requests, and the share refused, interactive vs batch.",
+    ),
+    BenchInfo(
+        "autoscale",
+        autoscale,
+        "The reference ramp (12 -> 240 requests/s in 90 s) and a hit-rate collapse against "
+        "HPA, KEDA, NVIDIA Dynamo's planner, Tectonic (reactive and forecast) and an oracle, "
+        "each policy's own code on a discrete-event model of the simulator's engine checked "
+        "against real simulators: first-token p99, SLO attainment, replica-seconds and cost.",
     ),
 )
 

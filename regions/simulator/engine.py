@@ -5,7 +5,8 @@
   ends the requests it holds with ``finish_reason: "abort"``.
 - On admission the prefix cache is queried; prefill takes
   ``uncached_tokens / prefill_tokens_per_s`` (plus any injected latency), then
-  each output token takes ``1 / decode_tokens_per_s``.
+  each output token takes ``1 / decode_tokens_per_s`` (the arithmetic is
+  :mod:`regions.simulator.service_model`'s, which discrete-event models share).
 - Full blocks are cached after prefill (prompt) and at the end (prompt + output).
 - Sleep levels and wake-up tags follow vLLM: level 0 only pauses scheduling; levels 1
   and 2 also drop the prefix cache and put the ``weights`` and ``kv_cache`` tags to
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from regions.simulator.metrics import EngineStats, Snapshot, render_metrics
 from regions.simulator.prefix_cache import PrefixCache, block_hashes
 from regions.simulator.scheduler import PauseMode, Scheduler
+from regions.simulator.service_model import decode_step_s, prefill_s
 from regions.simulator.tokenizer import Tokenizer
 
 SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what sleep levels 1 and 2 offload
@@ -161,8 +163,10 @@ class Engine:
             seq.tokens = len(prompt)
             hit = self.cache.lookup(prompt, cache_salt=req.cache_salt)
             hit_tokens = hit.hit_tokens
-            prefill_s = (len(prompt) - hit_tokens) / c.prefill_tokens_per_s + req.extra_prefill_s
-            if not await self.scheduler.nap(seq, prefill_s):
+            prefill = prefill_s(
+                len(prompt) - hit_tokens, c.prefill_tokens_per_s, req.extra_prefill_s
+            )
+            if not await self.scheduler.nap(seq, prefill):
                 yield Token("", None, "abort", hit_tokens)
                 return
             self.cache.insert(hit.hashes)
@@ -172,7 +176,7 @@ class Engine:
             for i, (piece, tid) in enumerate(zip(pieces, ids, strict=True)):
                 if i == 0:
                     self.stats.ttft.observe(time.monotonic() - arrival)
-                elif not await self.scheduler.nap(seq, 1.0 / c.decode_tokens_per_s):
+                elif not await self.scheduler.nap(seq, decode_step_s(c.decode_tokens_per_s)):
                     yield Token("", None, "abort", hit_tokens)
                     return
                 seq.tokens += 1
