@@ -85,6 +85,7 @@ class Options:
     warm_price: float = 0.6
     factor_of_safety: float = 1.0
     burst_warm: int = ScalingPolicy().burst_warm
+    standby_rps: float = 240.0
     max_replicas: int = 64
     collapse_rps: float = 120.0
     capacity_requests: int = 100_000
@@ -156,7 +157,12 @@ def _at(n: int) -> Callable[[Sim], list[Controller]]:
 
 def tectonic(s: Setup, forecast: bool) -> Callable[[Sim], list[Controller]]:
     o = s.o
-    policy = ScalingPolicy(forecast=forecast, burst_warm=o.burst_warm, max_active=o.max_replicas)
+    policy = ScalingPolicy(
+        forecast=forecast,
+        burst_warm=o.burst_warm,
+        standby_rps=o.standby_rps,
+        max_active=o.max_replicas,
+    )
     fos = o.factor_of_safety
     why = f"engine model: first-token p99 at the SLO / {fos:g}"
     ctl = Tectonic(
@@ -165,7 +171,9 @@ def tectonic(s: Setup, forecast: bool) -> Callable[[Sim], list[Controller]]:
     )  # fmt: skip
 
     def seed(sim: Sim) -> list[Controller]:
-        ctl.seed(sim, s.need[0], policy.burst_warm)
+        h = s.scenario.hit(s.start)  # the WARM its first decision keeps, already asleep
+        standby = math.ceil(policy.standby_rps / (s.per_replica(h) / fos) - 1e-9) - s.need[0]
+        ctl.seed(sim, s.need[0], policy.burst_warm + max(0, standby))
         return [ctl]
 
     return seed
@@ -255,7 +263,9 @@ def _with_dynamo(
 
 
 def settings(o: Options, points: dict[float, float], sc: dict[str, Scenario]) -> dict[str, object]:
-    policy = ScalingPolicy(burst_warm=o.burst_warm, max_active=o.max_replicas)
+    policy = ScalingPolicy(
+        burst_warm=o.burst_warm, standby_rps=o.standby_rps, max_active=o.max_replicas
+    )
     return {
         "slo_s": o.slo_s,
         "time_compression": 1.0,
@@ -284,6 +294,7 @@ def settings(o: Options, points: dict[float, float], sc: dict[str, Scenario]) ->
             include={
                 "horizon_s",
                 "burst_warm",
+                "standby_rps",
                 "stable_window_s",
                 "guard_queue_per_replica",
                 "max_active",
@@ -365,6 +376,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "warm_price": "a WARM replica-second's cost, as a share of an ACTIVE one",
         "factor_of_safety": "Tectonic's capacity = the capacity at the SLO / this",
         "burst_warm": "Tectonic's ScalingPolicy.burst_warm",
+        "standby_rps": "Tectonic's ScalingPolicy.standby_rps: the burst planned for (the "
+        "incident's peak; 0: none)",
         "max_replicas": "the most replicas any policy may have",
         "collapse_rps": "the hit-rate collapse's flat load, requests/s",
         "capacity_requests": "requests per steady-state run of the capacity model",

@@ -8,10 +8,13 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 
 - ACTIVE = ceil(upper band of the load ``horizon`` ahead / what one replica bears at
   the forecast hit rate), within ``min_active``..``max_active``;
-- WARM = ``burst_warm`` + what the band asks beyond ACTIVE one horizon further: those
-  must be asleep and ready by then, so their launch starts now;
+- WARM = ``burst_warm`` + the larger of what the band asks beyond ACTIVE one horizon
+  further (those must be asleep and ready by then, so their launch starts now) and
+  what ``standby_rps`` asks beyond ACTIVE (the burst planned for, which no forecast
+  sees coming);
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
-  over the SLO) adds a replica when the forecast missed, and forbids a scale-down;
+  over the SLO) asks for one replica more than serve now when the forecast missed, and
+  forbids a scale-down;
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
   a break, and then to the most it asked for in that window;
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
@@ -123,7 +126,9 @@ def size_pool(
         )
     guard = _guard(signals, ttft_slo_s, policy)
     if guard:
-        need = _within(max(need, base.active + 1), policy)
+        # one more than serves now: replicas still waking are the guard's last answer
+        # (one more per tick while they wake would ratchet the pool to its maximum)
+        need = _within(max(need, signals.active_now + 1), policy)
         reasons.append(f"guard: {guard} -> {need} ACTIVE, no scale-down while it holds")
     hold = bool(guard) or failing_over or moving is not None
     active, lower_since, window = _next_active(
@@ -132,9 +137,12 @@ def size_pool(
     if failing_over and need < base.active:
         reasons.append("failed over: the pool keeps its size to come back")
     more = max(0, math.ceil(far.upper / per - _EPS) - active)
-    warm = min(policy.max_active, policy.burst_warm + more)
-    if more:
+    standby = max(0, math.ceil(policy.standby_rps / per - _EPS) - active)
+    warm = min(policy.max_active, policy.burst_warm + max(more, standby))
+    if more >= standby and more:
         reasons.append(f"{more} WARM for the band {2 * horizon:g} s ahead")
+    elif standby:
+        reasons.append(f"{standby} WARM to reach standby_rps {policy.standby_rps:g}")
     return _settle(
         base,
         stored,

@@ -76,6 +76,7 @@ READ_ONLY = frozenset(
         "tectonic.v1.ControlPlane.TopPrefixes",
         "tectonic.v1.ControlPlane.ListDrills",
         "tectonic.v1.ControlPlane.GetCapacity",
+        "tectonic.v1.ControlPlane.GetScale",
         "tectonic.v1.RegionAgent.Describe",
     }
 )

@@ -75,8 +75,9 @@ async def test_get_scale_and_failoverctl_scale_show(etcd: object) -> None:
         assert code != 0 and "unknown" in err
 
         history = await run.stub.GetHistory(pb.HistoryRequest(region="east"))
-        scaled = [e for e in history.events if e.action == "scale"]
-        assert scaled and "forecast" in scaled[0].reason
+        scaled = [e.reason for e in history.events if e.action == "scale"]
+        # the first record may say the signal was dark (no report yet); a later one forecasts
+        assert scaled and any("forecast" in reason for reason in scaled), scaled
 
 
 async def test_scale_show_says_when_scaling_is_off(etcd: object) -> None:

@@ -192,6 +192,31 @@ def test_the_guard_adds_a_replica_and_forbids_a_scale_down() -> None:
     assert pool.history[-1].active >= size + 1
 
 
+def test_the_guard_adds_one_over_what_serves_not_one_per_tick_while_it_wakes() -> None:
+    """A replica the guard asked for takes a wake to serve; until it does, the guard's
+    answer stands (one more per tick would ratchet the pool to max_active)."""
+    pool = Pool()
+    pool.run(lambda t: 50.0, 0, 60)
+    serving = pool.history[-1].active
+    for t in range(60, 90):  # the queue stays while the new replica wakes
+        pool.active_now = serving
+        pool.tick(float(t), 50.0, queue=10.0 * serving)
+    assert {r.active for r in pool.history[60:]} == {serving + 1}
+    pool.tick(90.0, 50.0, queue=10.0 * (serving + 1))  # it serves; the queue is still there
+    assert pool.history[-1].active == serving + 2
+
+
+def test_standby_rps_keeps_warm_what_active_does_not_carry() -> None:
+    policy = ScalingPolicy(horizon_s=30, burst_warm=1, standby_rps=240.0)
+    pool = Pool(policy=policy)
+    pool.run(lambda t: 12.0, 0, 60)  # 10 rps per replica at hit rate 0: 24 reach 240
+    rec = pool.history[-1]
+    assert rec.active + rec.warm == 24 + 1  # and burst_warm on top
+    assert any("standby_rps 240" in r for r in rec.reasons)
+    pool.run(lambda t: 240.0, 60, 200)  # at the standby load ACTIVE carries it: burst_warm
+    assert pool.history[-1].active >= 24 and pool.history[-1].warm >= 1
+
+
 def test_a_pool_being_failed_over_keeps_its_size() -> None:
     pool = Pool()
     pool.run(lambda t: 200.0, 0, 60)

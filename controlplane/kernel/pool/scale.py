@@ -113,6 +113,15 @@ class ScalingPolicy(Frozen):
         int,
         Field(ge=0, description="WARM replicas kept for a burst beyond the forecast"),
     ] = 1
+    standby_rps: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="a load the pool must be able to carry within one horizon at "
+            "any time (the burst it plans for, requests/s): WARM replicas cover what "
+            "ACTIVE does not, at the forecast hit rate; 0: none beyond burst_warm",
+        ),
+    ] = 0.0
     stable_window_s: Annotated[
         float,
         Field(
