@@ -236,7 +236,23 @@ def run_scenario(
             {"scenario": s.scenario.name, "policy": name, **raw[name], "timeline": timeline(sim)}
         )
     rel = relative(raw, steady_p99)
+    rel["oracle"]["causal_floor_cost_over_oracle"] = causal_floor(s, float(raw["oracle"]["cost"]))  # type: ignore[arg-type]
     return _with_dynamo(rel, predictions), steady_p99
+
+
+def causal_floor(s: Setup, oracle_cost: float) -> float:
+    """The oracle's cost plus the standby a policy that cannot see the future must keep
+    on top of the oracle's ACTIVE replicas: WARM for ``standby_rps`` beyond them, each
+    second, at the hit rate of that second and the WARM price. The least a causal
+    policy planning for that burst pays, over the oracle's."""
+    o = s.o
+    warm_s = 0.0
+    for i, t in enumerate(range(int(s.start), math.ceil(s.scenario.end_s))):
+        if t < 0:
+            continue
+        reach = math.ceil(o.standby_rps / s.per_replica(s.scenario.hit(t)) - 1e-9)
+        warm_s += max(0, reach - s.need[i])
+    return round((oracle_cost + o.warm_price * warm_s) / oracle_cost, 4)
 
 
 def _with_dynamo(
