@@ -9,6 +9,9 @@ report is a count over the agent's round: its noise variance is ``rate / dt``
 (Poisson). The band at the horizon is the state's projected variance alone, without
 that noise: the scaler sizes for the *rate* then, not for one round's count.
 
+A prediction damps the trend (``DAMPING`` per second): the further ahead, the less of
+it counts, as in damped Holt.
+
 A surprise (the innovation's square over its expected variance above ``SURPRISE``)
 widens the covariance by that factor before the update: a ramp that starts is believed
 within a few reports, while a flat noisy load keeps a tight band.
@@ -26,6 +29,10 @@ from controlplane.kernel.pool.scale import ForecastState
 ACCEL = 0.0005  # the random acceleration's scale, per second, relative to the rate
 RATE_FLOOR = 5.0  # requests/s: the acceleration of a near-idle pool is at least this one's
 SURPRISE = 2.0  # normalised innovation squared past which the model was too sure
+# the trend's share kept per second of a prediction (damped Holt): a ramp is believed,
+# not extrapolated for ever; 30 s ahead counts 22.3 s of trend, 60 s ahead 34.4 s (at
+# a ramp's knee an undamped trend asked for twice the replicas the top needs)
+DAMPING = 0.98
 INTERVAL_WEIGHT = 0.2  # of the newest interval between reports in their mean
 
 
@@ -88,11 +95,12 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
 
 
 def predict(state: ForecastState, horizon_s: float, z: float) -> Forecast:
-    """The rate ``horizon_s`` seconds after the last report, and its upper band; never
-    below 0 (a load is not negative)."""
-    f = _transition(horizon_s)
+    """The rate ``horizon_s`` seconds after the last report (the trend damped), and its
+    upper band; never below 0 (a load is not negative)."""
+    reach = DAMPING * (1 - DAMPING**horizon_s) / (1 - DAMPING)  # seconds of trend
+    f = _transition(reach)
     x = f @ np.array([state.level, state.trend])
-    p = f @ _cov(state) @ f.T + _process(state.level, horizon_s)
+    p = f @ _cov(state) @ f.T + _process(state.level, reach)
     point = float(x[0])
     upper = point + z * math.sqrt(max(0.0, float(p[0, 0])))
     return Forecast(point=max(0.0, point), upper=max(0.0, upper))

@@ -75,7 +75,7 @@ def test_a_checkpoint_keeps_the_forecast_and_a_new_leader_continues_it() -> None
     checkpoints = [r for r in w.results if any(x.audit is None for x in r.scale)]
     assert checkpoints  # written without an audit entry when nothing changed
     w.orchestrator.sizes = {}  # leadership changed hands: only etcd's record is left
-    run(w, 1, {"us-east": 180.0})
+    run(w, int(POLICY.checkpoint_s) + 1, {"us-east": 180.0})  # a checkpoint falls due
     after = scale_record(w, "us-east")
     assert after is not None and after.forecast is not None
     assert after.active >= before.active

@@ -124,6 +124,15 @@ def test_a_ramp_is_extrapolated_and_the_band_covers_it() -> None:
     assert covered >= 0.85 * (150 - 30 - 90)
 
 
+def test_a_trend_is_damped_not_extrapolated_for_ever() -> None:
+    """Damped Holt: a trend of 2 rps/s counts for less than 30 s in 30 s, and however far
+    ahead, for less than 50 s (0.98 / (1 - 0.98) = 49)."""
+    state = forecast.start(100.0, 0.0).model_copy(update={"trend": 2.0, "p_ll": 0.0, "p_tt": 0.0})
+    near, far = forecast.predict(state, 30.0, 1.2816), forecast.predict(state, 3600.0, 1.2816)
+    assert 100 + 2 * 20 < near.point < 100 + 2 * 30
+    assert near.point < far.point < 100 + 2 * 49.01
+
+
 def test_an_old_report_is_not_folded_twice() -> None:
     state = forecast.update(None, 50.0, 10.0)
     again = forecast.update(forecast.update(state, 60.0, 11.0), 60.0, 11.0)
