@@ -291,7 +291,7 @@ class ControlPlaneMetrics:
             self._set_routing(name, view.effective_routing().targets)
             self._set_readiness(name, view)
             self._set_capacity(name, view, snap.now)
-        self.automation_paused.set(1 if snap.control.paused else 0)
+        self.automation_paused.set(1 if snap.paused else 0)
 
     def _drop_region_gauges(self) -> None:
         if self._epochs:

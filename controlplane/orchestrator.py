@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from controlplane.cluster import Cluster
 from controlplane.core.actions import (
+    ControlWrite,
     DropIntent,
     Job,
     JobKind,
@@ -206,6 +207,16 @@ class Orchestrator:
             log.info("published the cluster spec at %s (%s): %s", key, sw.audit.reason, changed)
         return ok
 
+    async def write_control(self, cw: ControlWrite) -> bool:
+        """``control`` after a pause expired (lost to an operator's newer pause or resume:
+        theirs stands)."""
+        ok = await self._put_audited(
+            self.keys.control(), cw.expected_rev, encode(cw.control), cw.audit
+        )
+        if ok:
+            log.warning("automation resumed: %s", cw.audit.reason)
+        return ok
+
     async def _put_audited(self, key: str, rev: int, value: bytes, entry: AuditEntry) -> bool:
         """``value`` at ``key`` with its audit entry in one fenced transaction,
         compare-and-set on ``rev`` (0: the key must be absent)."""
@@ -277,6 +288,8 @@ class Orchestrator:
         lost: list[str] = []
         if result.spec is not None:
             await self.write_spec(result.spec)
+        if result.control is not None and not await self.write_control(result.control):
+            lost.append("the expired pause's end")
         if result.health:
             await self.write_health(result.health)
         for dropped in result.dropped:

@@ -58,6 +58,7 @@ from controlplane.kernel.model import (
     Intent,
     IntentKind,
     RegionState,
+    pause_length,
 )
 from controlplane.kernel.rpc.health_report import health_from_pb, thresholds_to_pb
 from controlplane.kernel.sessions.resolve import SessionPin
@@ -132,8 +133,9 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                 )
                 for r in t.regions
             ],
-            paused=snap.control.paused,
-            pause_reason=snap.control.reason,
+            paused=snap.paused,
+            pause_reason=snap.control.reason if snap.paused else "",
+            paused_until=(snap.control.until or 0.0) if snap.paused else 0.0,
             leader=snap.leader,
             responder=self.replica_id,
             responder_is_leader=self.reads.is_leader(),
@@ -410,11 +412,15 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
     async def _set_paused(
         self, paused: bool, request: pb.PauseRequest, context: grpc.aio.ServicerContext
     ) -> pb.PauseResponse:
-        reason, actor = await reason_and_actor(
-            context, request.reason, request.actor, reason_required=paused
-        )
+        reason, actor = await reason_and_actor(context, request.reason, request.actor)
+        until = None
         now = self.clock.now()
-        flags = ControlFlags(paused=paused, reason=reason, actor=actor, at=now)
+        if paused:
+            try:
+                until = now + pause_length(request.for_s)
+            except ValueError as e:
+                await bad_request(context, str(e))
+        flags = ControlFlags(paused=paused, reason=reason, actor=actor, at=now, until=until)
         await self.store.txn(
             [],
             [
@@ -425,11 +431,18 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                         actor=actor,
                         action=AuditAction.PAUSE if paused else AuditAction.RESUME,
                         reason=reason,
+                        details={"until": f"{until:.3f}"} if until is not None else {},
                     )
                 ),
             ],
         )
-        log.warning("automation %s by %s: %s", "paused" if paused else "resumed", actor, reason)
+        log.warning(
+            "automation %s by %s: %s%s",
+            "paused" if paused else "resumed",
+            actor,
+            reason,
+            f" (until {until:.0f}, in {until - now:.0f} s)" if until is not None else "",
+        )
         return pb.PauseResponse(paused=paused)
 
     @store_errors

@@ -221,6 +221,7 @@ class StatusView(BaseModel):
     regions: list[RegionStatusView]
     paused: bool
     pause_reason: str
+    paused_until: float = Field(0.0, description="when the pause ends by itself (0: none)")
     leader: str
     responder: str = Field(description="the replica that answered")
     responder_is_leader: bool
@@ -364,8 +365,9 @@ class Reads:
                 )
                 for r in t.regions
             ],
-            paused=snap.control.paused,
-            pause_reason=snap.control.reason,
+            paused=snap.paused,
+            pause_reason=snap.control.reason if snap.paused else "",
+            paused_until=(snap.control.until or 0.0) if snap.paused else 0.0,
             leader=snap.leader,
             responder=self.replica_id,
             responder_is_leader=self.is_leader(),

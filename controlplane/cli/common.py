@@ -9,6 +9,7 @@ import them without importing each other.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,30 @@ class Ctx:
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (goes to the audit log).")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForOpt = Annotated[
+    str,
+    typer.Option(
+        "--for",
+        help="How long the pause lasts: 90s, 30m, 2h, 1d (at most 7d); then automation "
+        "resumes by itself, in the audit log. Pause again to extend it.",
+    ),
+]
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``1d`` or plain seconds, in seconds (bad input: exit 2
+    with what to type)."""
+    t = text.strip().lower()
+    scale = _DURATION_UNITS.get(t[-1:])
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        err.print(f"error: --for {text!r} is not a duration: say 90s, 30m, 2h or 1d")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return value
 
 
 def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:

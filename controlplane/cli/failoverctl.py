@@ -27,6 +27,7 @@ from controlplane.cli.client import (
 )
 from controlplane.cli.common import (
     Ctx,
+    ForOpt,
     JsonOpt,
     ModelOpt,
     ReasonOpt,
@@ -40,6 +41,7 @@ from controlplane.cli.common import (
     _units,
     err,
     out,
+    parse_duration,
 )
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
 from controlplane.cli.scale_cmds import scale_app
@@ -388,25 +390,26 @@ def recover(
 
 
 @app.command()
-def pause(ctx: typer.Context, reason: ReasonOpt, json_out: JsonOpt = False) -> None:
-    """Stop automatic failovers and recovery steps (manual commands still work).
+def pause(
+    ctx: typer.Context, reason: ReasonOpt, for_: ForOpt = "1h", json_out: JsonOpt = False
+) -> None:
+    """Stop automatic failovers, recovery steps, the ladder and the scaler for a while
+    (manual commands still work); automation resumes by itself when it ends.
 
-    Example: failoverctl pause --reason "etcd maintenance"
+    Example: failoverctl pause --reason "etcd maintenance" --for 2h
     """
     c = _ctx(ctx, json_out)
-    resp = _call(c, lambda s: s.Pause, pb.PauseRequest(reason=reason, actor=c.actor))
-    _show(c, resp, lambda: err.print("automation paused"))
+    seconds = parse_duration(for_)
+    req = pb.PauseRequest(reason=reason, actor=c.actor, for_s=seconds)
+    resp = _call(c, lambda s: s.Pause, req)
+    _show(c, resp, lambda: err.print(f"automation paused for {for_}: it resumes by itself then"))
 
 
 @app.command()
-def resume(
-    ctx: typer.Context,
-    reason: Annotated[str, typer.Option("--reason", "-r")] = "",
-    json_out: JsonOpt = False,
-) -> None:
-    """Resume automation after a pause.
+def resume(ctx: typer.Context, reason: ReasonOpt, json_out: JsonOpt = False) -> None:
+    """Resume automation before its pause ends.
 
-    Example: failoverctl resume
+    Example: failoverctl resume --reason "INC-123 closed"
     """
     c = _ctx(ctx, json_out)
     resp = _call(c, lambda s: s.Resume, pb.PauseRequest(reason=reason, actor=c.actor))

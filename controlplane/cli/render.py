@@ -91,11 +91,20 @@ def scale_text(r: pb.RegionStatus) -> str:
     return f"{r.scale.active}{warm}"
 
 
+def _clock(at: float) -> str:
+    """A wall-clock time in UTC, with how far away it is."""
+    left = at - time.time()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+    return f"{when} (in {left / 60:.0f} min)" if left >= 0 else when
+
+
 def status_table(st: pb.StatusResponse) -> Table:
     leader = st.leader or "[red]none[/red]"
     title = f"leader {leader} · answered by {st.responder}"
     if st.paused:
         title += f" · [bold yellow]AUTOMATION PAUSED[/bold yellow] ({st.pause_reason})"
+        if st.paused_until:  # absent from older servers
+            title += f" until {_clock(st.paused_until)}"
     if st.HasField("store") and not st.store.writable:  # absent from older servers
         title += f" · [bold red]ETCD REFUSES WRITES[/bold red] ({st.store.reason})"
     t = Table(title=title, title_justify="left")

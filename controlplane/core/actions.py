@@ -17,6 +17,7 @@ from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
     AuditEntry,
+    ControlFlags,
     Decision,
     FailoverPlan,
     FailoverStep,
@@ -140,6 +141,15 @@ class SpecWrite(Frozen):
     audit: AuditEntry
 
 
+class ControlWrite(Frozen):
+    """``control`` rewritten by the leader (a pause that expired: automation resumes),
+    CAS on its revision, audited."""
+
+    expected_rev: int
+    control: ControlFlags
+    audit: AuditEntry
+
+
 class WriteHealth(Frozen):
     region: str
     health: RegionHealth
@@ -159,6 +169,7 @@ class TickResult(Frozen):
     health: tuple[WriteHealth, ...] = ()
     writes: tuple[Write, ...] = ()
     spec: SpecWrite | None = None  # the cluster spec, when etcd holds another
+    control: ControlWrite | None = None  # a pause that expired, resumed
     ladder: tuple[LadderWrite, ...] = ()  # degradation ladder moves
     ladder_holds: dict[str, str] = Field(default_factory=dict)  # region -> why it holds
     scale: tuple[ScaleWrite, ...] = ()  # the scaler's records to write
@@ -176,6 +187,8 @@ class TickResult(Frozen):
     def summary(self) -> str:
         """One sentence: what the leader does this tick and why."""
         parts = [f"cluster spec published ({self.spec.audit.reason})"] if self.spec else []
+        if self.control is not None:
+            parts.append(f"automation resumed ({self.control.audit.reason})")
         for w in self.writes:
             what = [f"{s.value}" for s in w.failover_steps]
             if d := w.decision:

@@ -30,7 +30,7 @@ from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import fire
-from controlplane.core.publish import prefix_aggregation, spec_write
+from controlplane.core.publish import pause_expired, prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.scale_tick import scale_moves
 from controlplane.core.steps import all_next_steps, awaited, pending_steps
@@ -436,7 +436,7 @@ def decide(
     # The ladder walks on the snapshot as stored: the health folded last tick.
     moves: list[LadderWrite] = []
     holds: dict[str, str] = {}
-    if ladder is not None and snap.control.paused:  # the steps stay as they are
+    if ladder is not None and snap.paused:  # the steps stay as they are
         holds = {"*": f"paused with automation: {snap.control.reason}"}
     elif ladder is not None:
         moves, holds = ladder_moves(snap, topology, ladder, actor)
@@ -464,7 +464,7 @@ def decide(
             writes[intent.region] = out
             snap = snap.with_record(out.record)
 
-    if not snap.control.paused:
+    if not snap.paused:
         for name in regions:
             if name in writes:
                 continue
@@ -488,6 +488,7 @@ def decide(
         health=tuple(health_writes),
         writes=tuple(writes.values()),
         spec=spec_write(snap, spec, actor),
+        control=pause_expired(snap, actor),
         ladder=tuple(moves),
         ladder_holds=holds,
         scale=scale,

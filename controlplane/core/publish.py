@@ -1,12 +1,13 @@
 """What the leader publishes for every other process, as parts of its tick: the cluster
-spec (one write) and the prefix catalogs (a periodic job). Pure (docs/architecture.md §2)."""
+spec (one write), the prefix catalogs (a periodic job) and the end of a pause that
+expired. Pure (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
-from controlplane.core.actions import CLUSTER, Job, JobKind, Jobs, SpecWrite
+from controlplane.core.actions import CLUSTER, ControlWrite, Job, JobKind, Jobs, SpecWrite
 from controlplane.kernel.cluster_spec import ClusterSpec, changes
 from controlplane.kernel.config import PrefixesConfig
-from controlplane.kernel.model import AuditAction, AuditEntry
+from controlplane.kernel.model import AuditAction, AuditEntry, ControlFlags
 from controlplane.kernel.snapshot import Snapshot
 
 
@@ -27,6 +28,24 @@ def spec_write(snap: Snapshot, spec: ClusterSpec | None, actor: str) -> SpecWrit
         details={k: f"{old} -> {new}" for k, (new, old) in changes(spec, snap.spec).items()},
     )
     return SpecWrite(expected_rev=snap.spec_rev, spec=spec, audit=entry)
+
+
+def pause_expired(snap: Snapshot, actor: str) -> ControlWrite | None:
+    """A pause past its ``until`` ends: automation resumes, in the audit log as a resume
+    by the leader naming the pause (its actor, reason and length). The ticks decide as
+    unpaused from ``until`` on whether or not this write lands."""
+    c = snap.control
+    if not c.paused or c.in_force(snap.now) or c.until is None:
+        return None
+    reason = (
+        f"the pause {c.actor or 'an operator'} set for {c.until - c.at:.0f} s expired "
+        f"(it said: {c.reason or 'no reason'})"
+    )
+    return ControlWrite(
+        expected_rev=snap.control_rev,
+        control=ControlFlags(paused=False, reason=reason, actor=actor, at=snap.now),
+        audit=AuditEntry(at=snap.now, actor=actor, action=AuditAction.RESUME, reason=reason),
+    )
 
 
 def prefix_aggregation(now: float, prefixes: PrefixesConfig, jobs: Jobs) -> Job | None:

@@ -41,7 +41,7 @@ def scale_moves(
     """The scale records to write this tick, and every pool's newest record; none
     without the topology's ``scaling:`` or while automation is paused (sizes hold)."""
     policy = topology.scaling
-    if policy is None or snap.control.paused:
+    if policy is None or snap.paused:
         return (), {}
     newest = _newest_agent_reports(snap.reports)
     moving = _moving(snap)

@@ -412,10 +412,34 @@ class AuditEntry(Frozen):
         return int(text) if text is not None and text.isdigit() else None
 
 
+PAUSE_DEFAULT_S = 3600.0  # a pause asked for without a length
+PAUSE_MAX_S = 7 * 86400.0  # the longest pause: a week, renewed by pausing again
+
+
+def pause_length(for_s: float) -> float:
+    """A pause's length in seconds from what was asked (0: the default); ValueError
+    naming the bounds otherwise."""
+    if for_s == 0:
+        return PAUSE_DEFAULT_S
+    if not 0 < for_s <= PAUSE_MAX_S:  # also NaN
+        raise ValueError(
+            f"a pause lasts more than 0 s and at most {PAUSE_MAX_S:.0f} s (7 days), "
+            f"not {for_s!r}; pause again to extend one"
+        )
+    return for_s
+
+
 class ControlFlags(Frozen):
-    """Value of ``control``: automation pause, set by operators."""
+    """Value of ``control``: automation pause, set by operators. A pause ends by itself
+    at ``until`` (the leader resumes automation then and audits it); None: a pause
+    written before pauses expired, which holds until a resume."""
 
     paused: bool = False
     reason: str = ""
     actor: str = ""
     at: float = 0.0
+    until: float | None = None
+
+    def in_force(self, now: float) -> bool:
+        """Paused at ``now``: set, and not expired."""
+        return self.paused and (self.until is None or now < self.until)

@@ -79,11 +79,17 @@ class Snapshot(Frozen):
     intents: tuple[Intent, ...] = ()
     claims: dict[str, IntentClaim] = Field(default_factory=dict)  # by region
     control: ControlFlags = Field(default_factory=ControlFlags)
+    control_rev: int = 0  # ``control``'s mod revision (0: absent)
     leader: str = ""
     # The published cluster spec (``spec``) and its mod revision; None with a
     # revision: unreadable.
     spec: ClusterSpec | None = None
     spec_rev: int = 0
+
+    @property
+    def paused(self) -> bool:
+        """Automation is paused now (a pause past its ``until`` is not)."""
+        return self.control.in_force(self.now)
 
     def with_record(self, record: RegionRecord) -> Snapshot:
         """This snapshot with ``record`` for its region, as later decisions of the same

@@ -111,6 +111,7 @@ async def _read_at_one_revision(
         intents=intents,
         claims=claims,
         control=_parse(ControlFlags, control_kv) or ControlFlags(),
+        control_rev=control_kv.mod_revision if control_kv is not None else 0,
         leader=leader_kv.value.decode() if leader_kv else "",
         spec=_parse(ClusterSpec, spec_kv),
         spec_rev=spec_kv.mod_revision if spec_kv else 0,

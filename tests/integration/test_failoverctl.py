@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -137,16 +138,26 @@ async def test_pause_resume_and_events_follow(topology: Topology) -> None:
             stderr=asyncio.subprocess.PIPE,
         )
         await asyncio.sleep(1.5)  # let it subscribe
-        code, _, err = await ctl(t, "pause", "--reason", "etcd maintenance")
-        assert code == 0 and "paused" in err
+        for bad in ("0", "-5m", "2 weeks", "8d"):  # bad input: exit 2, nothing paused
+            code, _, err = await ctl(t, "pause", "--reason", "x", "--for", bad)
+            assert code == 2 and ("duration" in err or "7 days" in err), (bad, err)
+        assert not (await run.stub.GetStatus(pb.GetStatusRequest())).paused
+        before = time.time()
+        code, _, err = await ctl(t, "pause", "--reason", "etcd maintenance", "--for", "2h")
+        assert code == 0 and "paused for 2h" in err
         st = await run.stub.GetStatus(pb.GetStatusRequest())
         assert st.paused and st.pause_reason == "etcd maintenance"
+        assert before + 7200 <= st.paused_until <= time.time() + 7200
+        code, out, _ = await ctl(t, "status")
+        assert code == 0 and "AUTOMATION PAUSED" in out and "until" in out
         assert follower.stdout is not None
         line = await asyncio.wait_for(follower.stdout.readline(), 20)
         assert b"pause" in line and b"etcd maintenance" in line
         follower.kill()
         await follower.wait()
-        code, _, _ = await ctl(t, "resume")
+        code, _, err = await ctl(t, "resume")  # every change says why
+        assert code == 2 and "--reason" in err
+        code, _, _ = await ctl(t, "resume", "--reason", "done")
         assert code == 0
         assert not (await run.stub.GetStatus(pb.GetStatusRequest())).paused
 

@@ -7,6 +7,7 @@ vantage points; the replica's own agent probe is off (there are no agents here).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import grpc
@@ -134,6 +135,11 @@ async def test_bad_requests_are_refused_and_change_nothing(topology: Topology) -
             == grpc.StatusCode.INVALID_ARGUMENT
         )
         assert await code_of(s.Pause(pb.PauseRequest())) == grpc.StatusCode.INVALID_ARGUMENT
+        for bad in (-1.0, 8 * 86400.0, float("nan"), float("inf")):  # a pause ends, within 7 d
+            got = await code_of(s.Pause(pb.PauseRequest(reason="r", for_s=bad)))
+            assert got == grpc.StatusCode.INVALID_ARGUMENT, bad
+        assert await code_of(s.Resume(pb.PauseRequest())) == grpc.StatusCode.INVALID_ARGUMENT
+        assert not (await s.GetStatus(pb.GetStatusRequest())).paused  # none of those paused
         assert (
             await code_of(
                 s.RequestFailover(pb.FailoverRequest(region="east", reason="x" * 200_000))
@@ -185,12 +191,31 @@ async def test_manual_failover_pause_and_recovery(topology: Topology) -> None:
         await asyncio.sleep(1.0)
         st = await until(lambda st: True, s, {})
         assert region(st, "west").state == pb.RECOVERED and region(st, "west").recovery_step == 0
-        await s.Resume(pb.PauseRequest(actor="alice"))
+        await s.Resume(pb.PauseRequest(reason="done", actor="alice"))
         st = await until(lambda st: region(st, "west").state == pb.NORMAL, s, {})
         hist = await s.GetHistory(pb.HistoryRequest(limit=200))
         actors = {(e.action, e.actor) for e in hist.events}
         assert ("intent_failover", "alice") in actors and ("pause", "alice") in actors
         assert ("transition", "alice") in actors
+
+
+async def test_a_pause_ends_by_itself_and_the_leader_audits_it(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        s = run.stub
+        await until(lambda st: st.responder_is_leader, s, {})
+        before = time.time()
+        await s.Pause(pb.PauseRequest(reason="INC-7 look", actor="alice"))  # the default: 1 h
+        st = await s.GetStatus(pb.GetStatusRequest())
+        assert st.paused and before + 3600 <= st.paused_until <= time.time() + 3600
+        await s.Pause(pb.PauseRequest(reason="INC-7 short", actor="alice", for_s=1.5))
+        st = await until(lambda st: not st.paused, s, {})  # the leader's tick ends it
+        assert st.paused_until == 0 and st.pause_reason == ""
+        hist = await s.GetHistory(pb.HistoryRequest(limit=20))
+        resumed = [e for e in hist.events if e.action == "resume"]
+        assert len(resumed) == 1 and resumed[0].actor == st.leader
+        assert "alice" in resumed[0].reason and "INC-7 short" in resumed[0].reason
+        paused = [e for e in hist.events if e.action == "pause"]
+        assert [e.reason for e in paused] == ["INC-7 look", "INC-7 short"]
 
 
 async def test_standard_health_and_reflection(topology: Topology) -> None:

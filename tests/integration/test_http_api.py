@@ -191,7 +191,7 @@ async def test_validation_replay_resume_and_docs(topology: Topology) -> None:
         async with http.get("/v1/events", headers={"Last-Event-ID": str(first)}) as stream:
             backlog = await data_messages(stream, 2)
             assert [json.loads(m["data"])["reason"] for m in backlog] == ["two", "three"]
-            await run.stub.Resume(pb.PauseRequest(actor="bob"))
+            await run.stub.Resume(pb.PauseRequest(reason="done", actor="bob"))
             (live,) = await asyncio.wait_for(data_messages(stream, 1), 10)
         assert json.loads(live["data"])["action"] == "resume"
         assert json.loads(live["data"])["actor"] == "bob"

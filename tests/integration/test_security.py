@@ -240,16 +240,16 @@ async def test_request_size_and_rate_limits(pki: Pki) -> None:
             assert await code_of(admin.Pause(big)) is grpc.StatusCode.RESOURCE_EXHAUSTED
         async with stub(pki, run, "carol") as op:
             for _ in range(BURST):
-                await op.Resume(pb.PauseRequest())
+                await op.Resume(pb.PauseRequest(reason="r"))
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await op.Resume(pb.PauseRequest())
+                await op.Resume(pb.PauseRequest(reason="r"))
             assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "retry in" in (e.value.details() or "")
             retry_ms = dict(e.value.trailing_metadata() or ())[RETRY_AFTER_KEY]
             assert 1000 < int(retry_ms) <= 10_000  # 6 a minute: one every 10 s
             await op.GetStatus(pb.GetStatusRequest())  # reads are never rate limited
         async with stub(pki, run, "dave") as other:  # buckets are per principal
-            await other.Resume(pb.PauseRequest())
+            await other.Resume(pb.PauseRequest(reason="r"))
 
 
 def ctl(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.core.steps import pending_steps
 from controlplane.kernel.model import (
+    PAUSE_DEFAULT_S,
+    PAUSE_MAX_S,
+    AuditAction,
     ControlFlags,
     FailoverStep,
     Health,
@@ -11,6 +16,7 @@ from controlplane.kernel.model import (
     IntentKind,
     Readiness,
     RegionState,
+    pause_length,
 )
 from tests.unit.world import World
 
@@ -128,6 +134,41 @@ def test_pause_stops_automation_but_not_operator_intents() -> None:
     rec = w.records["us-west"][0]
     assert rec.failover is not None and rec.failover.plan.warm_first  # manual: warm first
     assert rec.failover.done == (FailoverStep.PREWARM, FailoverStep.SWITCH)
+
+
+def test_a_pause_ends_at_its_until_audited_and_automation_acts_again() -> None:
+    w = World()
+    run(w, 2)
+    w.control = ControlFlags(paused=True, reason="INC-9", actor="alice", at=w.now, until=w.now + 10)
+    run(w, 9, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "NORMAL" and w.control.paused  # held while in force
+    assert not any(r.control for r in w.results)
+    run(w, 1, {"us-east": Health.UNHEALTHY})  # now at until: it ends, and the tick acts
+    [tick] = [r for r in w.results if r.control is not None]
+    assert w.state("us-east") == "FAILING_OVER" and not w.control.paused
+    assert tick.control is not None and "alice" in tick.control.audit.reason
+    assert "INC-9" in tick.control.audit.reason and "automation resumed" in tick.summary()
+    resumes = [e for e in w.audit if e.action is AuditAction.RESUME]
+    assert len(resumes) == 1 and resumes[0].actor == "cp-test"
+    run(w, 3, {"us-east": Health.UNHEALTHY})
+    assert len([e for e in w.audit if e.action is AuditAction.RESUME]) == 1  # said once
+
+
+def test_a_pause_without_an_until_holds_until_a_resume() -> None:
+    """Written before pauses expired (no ``until``): it keeps its meaning."""
+    w = World()
+    run(w, 2)
+    w.control = ControlFlags(paused=True, reason="old", at=w.now - 10 * 86400)
+    run(w, 5, {"us-east": Health.UNHEALTHY})
+    assert w.state("us-east") == "NORMAL" and w.control.paused
+    assert not any(r.control for r in w.results)
+
+
+def test_pause_lengths_are_bounded() -> None:
+    assert pause_length(0) == PAUSE_DEFAULT_S and pause_length(60) == 60
+    for bad in (-1.0, PAUSE_MAX_S + 1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="7 days"):
+            pause_length(bad)
 
 
 def test_refused_intent_is_dropped_and_audited_with_the_reason() -> None:

@@ -275,6 +275,8 @@ class World:
             if (kv := kvs.get(k.region_health(r))) is not None:
                 self.health[r] = decode(RegionHealth, kv.value)
         self.intents = {i.id: i for i in self.intents.values() if k.intent(i.id) in kvs}
+        if (kv := kvs.get(k.control())) is not None:  # the leader ends an expired pause
+            self.control = decode(ControlFlags, kv.value)
         self.outcomes = {
             key.rsplit("/", 1)[1]: decode(IntentOutcome, kv.value)
             for key, kv in kvs.items()

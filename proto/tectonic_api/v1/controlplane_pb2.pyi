@@ -181,7 +181,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at", "store")
+    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at", "store", "paused_until")
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class StatusResponse(_message.Message):
     RESPONDER_IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_UNTIL_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[RegionStatus]
     paused: bool
     pause_reason: str
@@ -198,7 +199,8 @@ class StatusResponse(_message.Message):
     responder_is_leader: bool
     generated_at: float
     store: StoreWrites
-    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ..., store: _Optional[_Union[StoreWrites, _Mapping]] = ...) -> None: ...
+    paused_until: float
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ..., store: _Optional[_Union[StoreWrites, _Mapping]] = ..., paused_until: _Optional[float] = ...) -> None: ...
 
 class StoreWrites(_message.Message):
     __slots__ = ("writable", "reason", "since", "alarms")
@@ -429,12 +431,14 @@ class IntentStatus(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., kind: _Optional[str] = ..., region: _Optional[str] = ..., state: _Optional[_Union[IntentState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., requested_at: _Optional[float] = ..., decided_at: _Optional[float] = ..., decided_by: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PauseRequest(_message.Message):
-    __slots__ = ("reason", "actor")
+    __slots__ = ("reason", "actor", "for_s")
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    FOR_S_FIELD_NUMBER: _ClassVar[int]
     reason: str
     actor: str
-    def __init__(self, reason: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+    for_s: float
+    def __init__(self, reason: _Optional[str] = ..., actor: _Optional[str] = ..., for_s: _Optional[float] = ...) -> None: ...
 
 class PauseResponse(_message.Message):
     __slots__ = ("paused",)
