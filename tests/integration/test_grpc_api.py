@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from chaos.lab.procs import until as poll
 from controlplane.kernel.config import Topology
 from tests.integration.cp_harness import fast_topology, region, running_replica, until
 
@@ -208,11 +209,23 @@ async def test_a_pause_ends_by_itself_and_the_leader_audits_it(topology: Topolog
         st = await s.GetStatus(pb.GetStatusRequest())
         assert st.paused and before + 3600 <= st.paused_until <= time.time() + 3600
         await s.Pause(pb.PauseRequest(reason="INC-7 short", actor="alice", for_s=1.5))
-        st = await until(lambda st: not st.paused, s, {})  # the leader's tick ends it
+        # from its until on, status says unpaused (read off the clock); the leader's
+        # next tick writes the end
+        st = await until(lambda st: not st.paused, s, {})
         assert st.paused_until == 0 and st.pause_reason == ""
-        hist = await s.GetHistory(pb.HistoryRequest(limit=20))
-        resumed = [e for e in hist.events if e.action == "resume"]
-        assert len(resumed) == 1 and resumed[0].actor == st.leader
+
+        async def resumes() -> list[pb.Event]:
+            hist = await s.GetHistory(pb.HistoryRequest(limit=200))
+            return [e for e in hist.events if e.action == "resume"]
+
+        async def resumed_once() -> bool:
+            return bool(await resumes())
+
+        await poll(resumed_once, within=20, what="the leader's resume entry")
+        await asyncio.sleep(1.0)  # ticks go on: the end is written once
+        hist = await s.GetHistory(pb.HistoryRequest(limit=200))
+        resumed = await resumes()
+        assert len(resumed) == 1 and resumed[0].actor == st.leader, resumed
         assert "alice" in resumed[0].reason and "INC-7 short" in resumed[0].reason
         paused = [e for e in hist.events if e.action == "pause"]
         assert [e.reason for e in paused] == ["INC-7 look", "INC-7 short"]
