@@ -187,6 +187,13 @@ class ControlPlaneMetrics:
             "recovery steps), else 0 (a follower says 0)",
             registry=r,
         )
+        self.region_held = Gauge(
+            "tectonic_region_held",
+            "1 while an operator holds the unit's automation (failoverctl hold), else 0 "
+            "(leader only)",
+            ["region"],
+            registry=r,
+        )
         self.capacity_utilization = Gauge(
             "tectonic_region_capacity_utilization",
             "Capacity utilisation (CBU): served load over the load the region bears at the "
@@ -291,6 +298,7 @@ class ControlPlaneMetrics:
             self._set_routing(name, view.effective_routing().targets)
             self._set_readiness(name, view)
             self._set_capacity(name, view, snap.now)
+            self.region_held.labels(name).set(1 if view.held(snap.now) else 0)
         self.automation_paused.set(1 if snap.paused else 0)
 
     def _drop_region_gauges(self) -> None:
@@ -300,6 +308,7 @@ class ControlPlaneMetrics:
             self.prewarm_attained.clear()
             self.routing_weight.clear()
             self.region_barred.clear()
+            self.region_held.clear()
             self.drill_timestamp.clear()
             self.capacity_utilization.clear()
             self.allowed_rps.clear()

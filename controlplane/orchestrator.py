@@ -31,6 +31,7 @@ from controlplane.cluster import Cluster
 from controlplane.core.actions import (
     ControlWrite,
     DropIntent,
+    HoldRelease,
     Job,
     JobKind,
     Jobs,
@@ -217,6 +218,16 @@ class Orchestrator:
             log.warning("automation resumed: %s", cw.audit.reason)
         return ok
 
+    async def release_hold(self, hr: HoldRelease) -> bool:
+        """A unit's hold deleted once its time is up (lost to an operator's newer hold
+        or release: theirs stands)."""
+        key = self.keys.region_hold(hr.unit)
+        cas = [Compare.mod_revision(key, hr.expected_rev)]
+        ok = (await self._txn(cas, [Delete(key), self.audit.op(hr.audit)])).succeeded
+        if ok:
+            log.warning("%s: hold released: %s", hr.unit, hr.audit.reason)
+        return ok
+
     async def _put_audited(self, key: str, rev: int, value: bytes, entry: AuditEntry) -> bool:
         """``value`` at ``key`` with its audit entry in one fenced transaction,
         compare-and-set on ``rev`` (0: the key must be absent)."""
@@ -290,6 +301,9 @@ class Orchestrator:
             await self.write_spec(result.spec)
         if result.control is not None and not await self.write_control(result.control):
             lost.append("the expired pause's end")
+        for hr in result.releases:
+            if not await self.release_hold(hr):
+                lost.append(f"{hr.unit}'s expired hold's end")
         if result.health:
             await self.write_health(result.health)
         for dropped in result.dropped:

@@ -16,6 +16,7 @@ from controlplane.kernel.model import (
     FailoverPlan,
     Health,
     ObserverKind,
+    RegionHold,
     RegionState,
 )
 from controlplane.kernel.pool.scale import ScaleRecord
@@ -93,6 +94,7 @@ def region_status(
     *,
     writable: bool = True,
     pool: PoolUnit | None = None,
+    hold: RegionHold | None = None,
 ) -> pb.RegionStatus:
     """``writable``: False while the store refuses writes; the state is then UNKNOWN.
     ``pool``: what a model pool's unit is part of (None: a region without pools)."""
@@ -120,6 +122,9 @@ def region_status(
         pool=pool.pool if pool else "",
         models=list(pool.models) if pool else [],
         scale=scale_to_pb(view.scale) if view.scale is not None else None,
+        hold=pb.UnitHold(reason=hold.reason, actor=hold.actor, at=hold.at, until=hold.until)
+        if hold is not None
+        else None,
     )
 
 

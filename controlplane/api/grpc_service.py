@@ -33,6 +33,7 @@ from controlplane.api.convert import (
     region_status,
     store_writes_to_pb,
 )
+from controlplane.api.grpc_control import ControlMethods
 from controlplane.api.grpc_drills import DrillMethods
 from controlplane.api.reads import BadRead, Reads, capacity_view
 from controlplane.api.rpc_checks import (
@@ -54,11 +55,9 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
-    ControlFlags,
     Intent,
     IntentKind,
     RegionState,
-    pause_length,
 )
 from controlplane.kernel.rpc.health_report import health_from_pb, thresholds_to_pb
 from controlplane.kernel.sessions.resolve import SessionPin
@@ -88,7 +87,7 @@ class Submission:
 Build = Callable[[Snapshot], Awaitable[Submission]]
 
 
-class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
+class ControlPlaneService(ControlMethods, DrillMethods, pb_grpc.ControlPlaneServicer):
     def __init__(
         self,
         store: Store,
@@ -130,6 +129,7 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
                     capacity_view(snap.regions[r.name], t, snap.now),
                     writable=store.writable,
                     pool=t.pool_of(r.name),
+                    hold=snap.regions[r.name].held(snap.now),
                 )
                 for r in t.regions
             ],
@@ -408,54 +408,6 @@ class ControlPlaneService(DrillMethods, pb_grpc.ControlPlaneServicer):
             f"no intent {iid}: never accepted, or its outcome expired (kept a day); "
             "failoverctl history shows every intent",
         )
-
-    async def _set_paused(
-        self, paused: bool, request: pb.PauseRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PauseResponse:
-        reason, actor = await reason_and_actor(context, request.reason, request.actor)
-        until = None
-        now = self.clock.now()
-        if paused:
-            try:
-                until = now + pause_length(request.for_s)
-            except ValueError as e:
-                await bad_request(context, str(e))
-        flags = ControlFlags(paused=paused, reason=reason, actor=actor, at=now, until=until)
-        await self.store.txn(
-            [],
-            [
-                Put(self.keys.control(), encode(flags)),
-                self.audit.op(
-                    AuditEntry(
-                        at=now,
-                        actor=actor,
-                        action=AuditAction.PAUSE if paused else AuditAction.RESUME,
-                        reason=reason,
-                        details={"until": f"{until:.3f}"} if until is not None else {},
-                    )
-                ),
-            ],
-        )
-        log.warning(
-            "automation %s by %s: %s%s",
-            "paused" if paused else "resumed",
-            actor,
-            reason,
-            f" (until {until:.0f}, in {until - now:.0f} s)" if until is not None else "",
-        )
-        return pb.PauseResponse(paused=paused)
-
-    @store_errors
-    async def Pause(
-        self, request: pb.PauseRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PauseResponse:
-        return await self._set_paused(True, request, context)
-
-    @store_errors
-    async def Resume(
-        self, request: pb.PauseRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PauseResponse:
-        return await self._set_paused(False, request, context)
 
     # ---- sticky sessions ---------------------------------------------------------------
     @store_errors

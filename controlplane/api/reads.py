@@ -36,6 +36,7 @@ from controlplane.kernel.model import (
     Health,
     PrewarmFigures,
     Readiness,
+    RegionHold,
     RegionState,
 )
 from controlplane.kernel.region_config import PoolUnit
@@ -214,6 +215,11 @@ class RegionStatusView(BaseModel):
         description="what the leader's scaler wants of it (scale/<unit>, docs/scaling.md); "
         "null without a record",
     )
+    hold: RegionHold | None = Field(
+        None,
+        description="an operator's hold on this unit's automation (failoverctl hold), "
+        "while in force; null otherwise",
+    )
 
 
 class StatusView(BaseModel):
@@ -272,6 +278,7 @@ def region_view(
     *,
     writable: bool = True,
     pool: PoolUnit | None = None,
+    hold: RegionHold | None = None,
 ) -> RegionStatusView:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return RegionStatusView(
@@ -312,6 +319,7 @@ def region_view(
         pool=pool.pool if pool else "",
         models=list(pool.models) if pool else [],
         scale=scale_view(view.scale),
+        hold=hold,
     )
 
 
@@ -362,6 +370,7 @@ class Reads:
                     capacity_view(snap.regions[r.name], t, snap.now),
                     writable=store.writable,
                     pool=t.pool_of(r.name),
+                    hold=snap.regions[r.name].held(snap.now),
                 )
                 for r in t.regions
             ],

@@ -44,6 +44,7 @@ from controlplane.cli.common import (
     parse_duration,
 )
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
+from controlplane.cli.hold_cmds import hold, release
 from controlplane.cli.scale_cmds import scale_app
 from controlplane.kernel.version import version_text
 
@@ -462,6 +463,8 @@ def sessions_pin(
 
 
 # The readiness, prefixes and drill commands (drill_cmds.py), capacity (capacity_cmds.py).
+app.command()(hold)
+app.command()(release)
 app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")

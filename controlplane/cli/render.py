@@ -131,6 +131,11 @@ def status_table(st: pb.StatusResponse) -> Table:
             progress = f"{progress}; {ladder}" if progress else ladder
         name = f"  └ {r.name} ({', '.join(r.models)})" if r.pool else r.name
         name += " [red](barred)[/red]" if r.barred else ""
+        if r.HasField("hold"):  # absent from older servers, and while not held
+            name += f" [bold yellow](held until {_clock(r.hold.until)})[/]"
+            progress = (
+                f"{progress}; held: {r.hold.reason}" if progress else f"held: {r.hold.reason}"
+            )
         t.add_row(
             name,
             r.zone,

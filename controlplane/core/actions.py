@@ -150,6 +150,15 @@ class ControlWrite(Frozen):
     audit: AuditEntry
 
 
+class HoldRelease(Frozen):
+    """``regions/<unit>/hold`` deleted by the leader once its time is up, CAS on its
+    revision (an operator's newer hold stays), audited as a release."""
+
+    unit: str
+    expected_rev: int
+    audit: AuditEntry
+
+
 class WriteHealth(Frozen):
     region: str
     health: RegionHealth
@@ -170,6 +179,7 @@ class TickResult(Frozen):
     writes: tuple[Write, ...] = ()
     spec: SpecWrite | None = None  # the cluster spec, when etcd holds another
     control: ControlWrite | None = None  # a pause that expired, resumed
+    releases: tuple[HoldRelease, ...] = ()  # units' holds that expired
     ladder: tuple[LadderWrite, ...] = ()  # degradation ladder moves
     ladder_holds: dict[str, str] = Field(default_factory=dict)  # region -> why it holds
     scale: tuple[ScaleWrite, ...] = ()  # the scaler's records to write
@@ -189,6 +199,7 @@ class TickResult(Frozen):
         parts = [f"cluster spec published ({self.spec.audit.reason})"] if self.spec else []
         if self.control is not None:
             parts.append(f"automation resumed ({self.control.audit.reason})")
+        parts += [f"{x.unit}: hold released ({x.audit.reason})" for x in self.releases]
         for w in self.writes:
             what = [f"{s.value}" for s in w.failover_steps]
             if d := w.decision:

@@ -1,14 +1,13 @@
 """One reconcile tick: snapshot in, actions out. Pure (docs/architecture.md §7.1).
 
-``decide`` returns a ``TickResult`` (types in ``controlplane.core.actions``) that names
-every write of the tick; each ``Write`` is one fenced etcd transaction for one region
-(record CAS, routing, audit, intent resolution: all or nothing). In order: health
-folding, operator intents, automatic transitions, then each running failover's and
-recovery's next steps (``steps.next_steps``): a routing switch is written at once, in the same
-transaction as the transition that needs it; a pre-warm is started as a job and its
-result, an input of a later tick (``Jobs``), is recorded then, with the switch that
-waited for it. Recovery's traffic steps and their guard are decided in
-``controlplane.core.recovery``.
+``decide`` returns a ``TickResult`` (``controlplane.core.actions``) naming every write of
+the tick; each ``Write`` is one fenced etcd transaction for one region (record CAS,
+routing, audit, intent resolution: all or nothing). In order: health folding, operator
+intents, automatic transitions (none while paused, none of a held unit), then each
+running failover's and recovery's next steps (``steps.next_steps``): a switch is written
+at once, with the transition that needs it; a pre-warm is started as a job and its
+result, an input of a later tick (``Jobs``), recorded then, with the switch that waited
+for it. Recovery's traffic steps and their guard: ``controlplane.core.recovery``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from controlplane.core.actions import (
     NO_JOBS,
     DropIntent,
     Jobs,
-    LadderWrite,
     TickResult,
     Write,
     WriteHealth,
@@ -30,7 +28,7 @@ from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import fire
-from controlplane.core.publish import pause_expired, prefix_aggregation, spec_write
+from controlplane.core.publish import holds_expired, pause_expired, prefix_aggregation, spec_write
 from controlplane.core.recovery import MoveKind, next_recovery_move
 from controlplane.core.scale_tick import scale_moves
 from controlplane.core.steps import all_next_steps, awaited, pending_steps
@@ -434,12 +432,7 @@ def decide(
     (written or not): with the topology's ``scaling:``, every pool is sized."""
     now = snap.now
     # The ladder walks on the snapshot as stored: the health folded last tick.
-    moves: list[LadderWrite] = []
-    holds: dict[str, str] = {}
-    if ladder is not None and snap.paused:  # the steps stay as they are
-        holds = {"*": f"paused with automation: {snap.control.reason}"}
-    elif ladder is not None:
-        moves, holds = ladder_moves(snap, topology, ladder, actor)
+    moves, holds = ladder_moves(snap, topology, ladder, actor) if ladder else ([], {})
     health_writes: list[WriteHealth] = []
     regions: dict[str, RegionView] = {}
     for name, view in snap.regions.items():
@@ -469,6 +462,8 @@ def decide(
             if name in writes:
                 continue
             w, note = _automatic(snap, topology, snap.regions[name], actor)
+            if hold := snap.regions[name].held(now):  # said only when it holds a move back
+                w, note = None, f"{name} kept as it is, {hold.describe()}" if w else None
             if w is not None:
                 writes[name] = w
                 snap = snap.with_record(w.record)
@@ -489,6 +484,7 @@ def decide(
         writes=tuple(writes.values()),
         spec=spec_write(snap, spec, actor),
         control=pause_expired(snap, actor),
+        releases=holds_expired(snap, actor),
         ladder=tuple(moves),
         ladder_holds=holds,
         scale=scale,

@@ -25,13 +25,19 @@ from controlplane.kernel.snapshot import Snapshot
 def ladder_moves(
     snap: Snapshot, topology: Topology, ladder: Ladder, actor: str
 ) -> tuple[list[LadderWrite], dict[str, str]]:
-    """The ladder changes of this tick, and why each region that does not move holds."""
+    """The ladder changes of this tick, and why each region that does not move holds
+    (all of them while automation is paused, a held unit's: the steps stay as they are)."""
+    if snap.paused:
+        return [], {"*": f"paused with automation: {snap.control.reason}"}
     short = _short_of_headroom(snap)
     writes: list[LadderWrite] = []
     holds: dict[str, str] = {}
     for region in topology.regions:
         view = snap.regions.get(region.name)
         if view is None:
+            continue
+        if hold := view.held(snap.now):
+            holds[region.name] = hold.describe()
             continue
         if view.ladder is None and view.ladder_rev:
             holds[region.name] = (

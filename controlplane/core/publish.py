@@ -1,10 +1,18 @@
 """What the leader publishes for every other process, as parts of its tick: the cluster
 spec (one write), the prefix catalogs (a periodic job) and the end of a pause that
-expired. Pure (docs/architecture.md §2)."""
+expired and the holds whose time is up. Pure (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
-from controlplane.core.actions import CLUSTER, ControlWrite, Job, JobKind, Jobs, SpecWrite
+from controlplane.core.actions import (
+    CLUSTER,
+    ControlWrite,
+    HoldRelease,
+    Job,
+    JobKind,
+    Jobs,
+    SpecWrite,
+)
 from controlplane.kernel.cluster_spec import ClusterSpec, changes
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.model import AuditAction, AuditEntry, ControlFlags
@@ -46,6 +54,26 @@ def pause_expired(snap: Snapshot, actor: str) -> ControlWrite | None:
         control=ControlFlags(paused=False, reason=reason, actor=actor, at=snap.now),
         audit=AuditEntry(at=snap.now, actor=actor, action=AuditAction.RESUME, reason=reason),
     )
+
+
+def holds_expired(snap: Snapshot, actor: str) -> tuple[HoldRelease, ...]:
+    """Each unit's hold past its ``until`` ends: deleted, audited as a release by the
+    leader naming the hold. The ticks decide as unheld from ``until`` on whether or not
+    this write lands."""
+    out = []
+    for name, view in snap.regions.items():
+        h = view.hold
+        if h is None or h.in_force(snap.now):
+            continue
+        reason = (
+            f"the hold {h.actor or 'an operator'} set for {h.until - h.at:.0f} s expired "
+            f"(it said: {h.reason or 'no reason'})"
+        )
+        entry = AuditEntry(
+            at=snap.now, actor=actor, action=AuditAction.RELEASE, region=name, reason=reason
+        )
+        out.append(HoldRelease(unit=name, expected_rev=view.hold_rev, audit=entry))
+    return tuple(out)
 
 
 def prefix_aggregation(now: float, prefixes: PrefixesConfig, jobs: Jobs) -> Job | None:

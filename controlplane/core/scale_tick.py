@@ -39,7 +39,8 @@ def scale_moves(
     snap: Snapshot, topology: Topology, actor: str, memory: Mapping[str, ScaleRecord]
 ) -> tuple[tuple[ScaleWrite, ...], dict[str, ScaleRecord]]:
     """The scale records to write this tick, and every pool's newest record; none
-    without the topology's ``scaling:`` or while automation is paused (sizes hold)."""
+    without the topology's ``scaling:`` or while automation is paused (sizes hold); a
+    held unit's size holds."""
     policy = topology.scaling
     if policy is None or snap.paused:
         return (), {}
@@ -48,8 +49,8 @@ def scale_moves(
     writes: list[ScaleWrite] = []
     sizes: dict[str, ScaleRecord] = {}
     for name, view in snap.regions.items():
-        if view.scale is None and view.scale_rev:
-            continue  # unreadable: rewritten by an operator, never over blindly
+        if (view.scale is None and view.scale_rev) or view.held(snap.now):
+            continue  # unreadable (rewritten by an operator, never over blindly), or held
         sized = size_pool(
             name,
             view.scale,

@@ -36,6 +36,11 @@ class Keys:
     def region_health(self, region: str) -> str:
         return f"{self.root}regions/{region}/health"
 
+    def region_hold(self, unit: str) -> str:
+        """An operator's hold on one unit's automation (``RegionHold``); read with the
+        region's other keys, so a hold costs the tick no extra read."""
+        return f"{self.root}regions/{unit}/hold"
+
     def readiness(self, region: str) -> str:
         return f"{self.root}regions/{region}/readiness"
 

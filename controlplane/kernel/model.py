@@ -356,6 +356,8 @@ class AuditAction(StrEnum):
     LADDER_RESTORE = "ladder_restore"
     PAUSE = "pause"
     RESUME = "resume"
+    HOLD = "hold"  # an operator held one unit's automation (regions/<unit>/hold)
+    RELEASE = "release"  # a hold ended: released by an operator, or expired
     READINESS_OVERRIDE = "readiness_override"
     DRILL_REQUESTED = "drill_requested"
     DRILL_RUN = "drill_run"
@@ -443,3 +445,22 @@ class ControlFlags(Frozen):
     def in_force(self, now: float) -> bool:
         """Paused at ``now``: set, and not expired."""
         return self.paused and (self.until is None or now < self.until)
+
+
+class RegionHold(Frozen):
+    """Value of ``regions/<unit>/hold``: an operator holds one failover unit's automation
+    (its automatic transitions and recovery steps, its ladder and its scaler) while every
+    other unit carries on, until ``until``: the leader then releases it and audits it.
+    Lengths as a pause's (``pause_length``)."""
+
+    unit: str
+    reason: str
+    actor: str
+    at: float
+    until: float
+
+    def in_force(self, now: float) -> bool:
+        return now < self.until
+
+    def describe(self) -> str:
+        return f"held by {self.actor or 'an operator'}: {self.reason}"

@@ -85,6 +85,8 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "RequestRecovery": Permission.OPERATE,
         _CP + "Pause": Permission.OPERATE,
         _CP + "Resume": Permission.OPERATE,
+        _CP + "Hold": Permission.OPERATE,
+        _CP + "Release": Permission.OPERATE,
         _CP + "PinSession": Permission.OPERATE,
         _CP + "OverrideReadiness": Permission.OPERATE,
         # KEDA's external scaler (docs/keda.md): desired replicas, read-only

@@ -15,6 +15,7 @@ from controlplane.kernel.model import (
     Intent,
     Readiness,
     RegionHealth,
+    RegionHold,
     RegionRecord,
     RegionState,
     Routing,
@@ -43,6 +44,13 @@ class RegionView(Frozen):
     # topology has scaling: on); None with a revision: unreadable.
     scale: ScaleRecord | None = None
     scale_rev: int = 0
+    # regions/<r>/hold, an operator's hold on this unit, and its mod revision.
+    hold: RegionHold | None = None
+    hold_rev: int = 0
+
+    def held(self, now: float) -> RegionHold | None:
+        """The hold in force at ``now`` (one past its ``until`` is not)."""
+        return self.hold if self.hold is not None and self.hold.in_force(now) else None
 
     @property
     def barred(self) -> bool:

@@ -19,6 +19,7 @@ from controlplane.kernel.model import (
     Intent,
     Readiness,
     RegionHealth,
+    RegionHold,
     RegionRecord,
     Routing,
 )
@@ -81,6 +82,7 @@ async def _read_at_one_revision(
         pool = _parse(PoolMembers, pools_kv.get(keys.pool(name)))
         static = len(topology.region(name).replicas)
         scale_at = scale_kv.get(keys.scale(name))
+        hold_kv = regions_kv.get(keys.region_hold(name))
         views[name] = RegionView(
             name=name,
             record=record,
@@ -96,6 +98,8 @@ async def _read_at_one_revision(
             active_replicas=len(pool.active) if pool else (static or None),
             scale=_parse(ScaleRecord, scale_at),
             scale_rev=scale_at.mod_revision if scale_at else 0,
+            hold=_parse(RegionHold, hold_kv),
+            hold_rev=hold_kv.mod_revision if hold_kv else 0,
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))

@@ -87,6 +87,8 @@ MUTATING = frozenset(
         "tectonic.v1.ControlPlane.RequestRecovery",
         "tectonic.v1.ControlPlane.Pause",
         "tectonic.v1.ControlPlane.Resume",
+        "tectonic.v1.ControlPlane.Hold",
+        "tectonic.v1.ControlPlane.Release",
         "tectonic.v1.ControlPlane.PinSession",
         "tectonic.v1.ControlPlane.OverrideReadiness",
         "tectonic.v1.ControlPlane.RequestDrill",

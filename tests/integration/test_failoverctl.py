@@ -162,6 +162,44 @@ async def test_pause_resume_and_events_follow(topology: Topology) -> None:
         assert not (await run.stub.GetStatus(pb.GetStatusRequest())).paused
 
 
+async def test_hold_one_region_status_shows_it_and_it_ends_by_itself(topology: Topology) -> None:
+    async with running_replica(topology) as run:
+        await healthy(run)
+        t = run.target
+        code, _, err = await ctl(t, "hold", "mars", "--reason", "x")
+        assert code == 2 and "unknown region mars" in err
+        code, _, err = await ctl(t, "hold", "east", "--reason", "x", "--for", "8d")
+        assert code == 2 and "7 days" in err  # the server's bound, nothing held
+        code, _, err = await ctl(t, "hold", "east", "--for", "1h")
+        assert code == 2 and "--reason" in err
+        assert not region(await run.stub.GetStatus(pb.GetStatusRequest()), "east").HasField("hold")
+        code, out, _ = await ctl(t, "hold", "east", "--reason", "INC-4 keep it", "--json")
+        assert code == 0 and json.loads(out)["held"] is True
+        st = await run.stub.GetStatus(pb.GetStatusRequest())
+        east = region(st, "east")
+        assert east.hold.reason == "INC-4 keep it" and east.hold.actor == "oncall@test"
+        assert not region(st, "west").HasField("hold") and not st.paused  # one region only
+        code, out, _ = await ctl(t, "status")
+        assert code == 0 and "held until" in out and "held: INC-4 keep it" in out
+        code, _, err = await ctl(t, "release", "east", "--reason", "INC-4 closed")
+        assert code == 0 and "east released" in err
+        assert not region(await run.stub.GetStatus(pb.GetStatusRequest()), "east").HasField("hold")
+        # a short hold: the leader releases it at its end, audited as its own release
+        code, _, _ = await ctl(t, "hold", "west", "--reason", "brief", "--for", "2s")
+        assert code == 0
+
+        async def released() -> bool:
+            code, out, _ = await ctl(t, "history", "--region", "west", "--json")
+            events = json.loads(out) if code == 0 else []
+            return any(e["action"] == "release" and e["actor"] == "cp-a" for e in events)
+
+        deadline = time.monotonic() + 30
+        while not await released():
+            assert time.monotonic() < deadline, "the leader never released the hold"
+            await asyncio.sleep(0.5)
+        assert not region(await run.stub.GetStatus(pb.GetStatusRequest()), "west").HasField("hold")
+
+
 async def test_unreachable_control_plane_exits_3() -> None:
     code, _, err = await ctl(f"127.0.0.1:{free_port()}", "--timeout", "1", "status")
     assert code == 3 and "unreachable" in err
@@ -177,6 +215,8 @@ async def test_every_command_explains_itself_with_an_example() -> None:
         ["recover"],
         ["pause"],
         ["resume"],
+        ["hold"],
+        ["release"],
         ["sessions", "get"],
         ["sessions", "pin"],
     ):

@@ -15,6 +15,7 @@ from controlplane.kernel.model import (
     Intent,
     IntentKind,
     Readiness,
+    RegionHold,
     RegionState,
     pause_length,
 )
@@ -162,6 +163,34 @@ def test_a_pause_without_an_until_holds_until_a_resume() -> None:
     run(w, 5, {"us-east": Health.UNHEALTHY})
     assert w.state("us-east") == "NORMAL" and w.control.paused
     assert not any(r.control for r in w.results)
+
+
+def test_a_hold_keeps_one_unit_as_it_is_while_the_others_carry_on() -> None:
+    w = World()
+    run(w, 2)
+    w.holds["us-east"] = RegionHold(
+        unit="us-east", reason="INC-7", actor="alice", at=w.now, until=w.now + 10
+    )
+    bad = {"us-east": Health.UNHEALTHY, "us-west": Health.UNHEALTHY}
+    run(w, 5, bad)
+    assert w.state("us-east") == "NORMAL" and w.state("us-west") == "FAILING_OVER"
+    said = [n for r in w.results for n in r.notes if n.startswith("us-east kept")]
+    assert said and "held by alice: INC-7" in said[-1]  # a held-back move is said
+    assert "us-east" in w.holds and not any(r.releases for r in w.results)
+    run(w, 5, bad)  # the hold's end passes: released, audited, and automation acts
+    assert "us-east" not in w.holds and w.state("us-east") == "FAILING_OVER"
+    [release] = [e for e in w.audit if e.action is AuditAction.RELEASE]
+    assert release.region == "us-east" and release.actor == "cp-test"
+    assert "alice" in release.reason and "INC-7" in release.reason
+    assert any("hold released" in r.summary() for r in w.results)
+
+
+def test_a_hold_on_a_unit_at_rest_says_nothing_each_tick() -> None:
+    w = World()
+    w.holds["eu-west"] = RegionHold(unit="eu-west", reason="r", actor="a", at=0, until=9e9)
+    run(w, 4)
+    assert not any(n.startswith("eu-west") for r in w.results for n in r.notes)
+    assert w.results[-1].summary() == "no change" and "eu-west" in w.holds
 
 
 def test_pause_lengths_are_bounded() -> None:

@@ -12,7 +12,14 @@ from controlplane.core.decide import decide
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.file import load_ladder
-from controlplane.kernel.model import ControlFlags, Health, RegionHealth, RegionRecord, RegionState
+from controlplane.kernel.model import (
+    ControlFlags,
+    Health,
+    RegionHealth,
+    RegionHold,
+    RegionRecord,
+    RegionState,
+)
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.orchestrator import Orchestrator
@@ -63,3 +70,17 @@ def test_an_unreadable_degradation_record_holds_that_regions_ladder() -> None:
         ladder=load_ladder(RUNBOOK),
     )
     assert res.ladder == () and "unreadable" in res.ladder_holds["us-east"]
+
+
+def test_a_held_unit_walks_no_ladder_step_until_its_hold_ends() -> None:
+    snap = degraded_snapshot(1000.0, paused=False)
+    hold = RegionHold(unit="us-east", reason="INC-2", actor="op", at=990.0, until=1010.0)
+    east = snap.regions["us-east"].model_copy(update={"hold": hold, "hold_rev": 3})
+    held = snap.model_copy(update={"regions": {**snap.regions, "us-east": east}})
+    ladder, topo = load_ladder(RUNBOOK), topology()
+    res = decide(held, topo, "cp-1", ladder=ladder)
+    assert res.ladder == () and res.ladder_holds["us-east"] == "held by op: INC-2"
+    later = held.model_copy(update={"now": 1010.0})  # at its end: released, and it walks
+    res = decide(later, topo, "cp-1", ladder=ladder)
+    assert [m.step for m in res.ladder] == [ladder.names[0]]
+    assert [r.unit for r in res.releases] == ["us-east"] and res.releases[0].expected_rev == 3

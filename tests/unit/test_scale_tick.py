@@ -9,7 +9,14 @@ import asyncio
 import math
 
 from controlplane.kernel.codec import decode
-from controlplane.kernel.model import AuditAction, ControlFlags, Health, HealthReport, ObserverKind
+from controlplane.kernel.model import (
+    AuditAction,
+    ControlFlags,
+    Health,
+    HealthReport,
+    ObserverKind,
+    RegionHold,
+)
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from controlplane.metrics import ControlPlaneMetrics
 from tests.unit.world import World, topology
@@ -92,6 +99,13 @@ def test_paused_automation_and_no_scaling_section_write_nothing() -> None:
     run(off, 5, {"us-east": 100.0})
     assert scale_record(off, "us-east") is None
     assert not any(e.action is AuditAction.SCALE for e in off.audit)
+
+
+def test_a_held_unit_keeps_its_size_while_the_others_are_sized() -> None:
+    w = scaled_world()
+    w.holds["us-east"] = RegionHold(unit="us-east", reason="r", actor="a", at=0, until=9e9)
+    run(w, 5, {"us-east": 100.0, "us-west": 100.0})
+    assert scale_record(w, "us-east") is None and scale_record(w, "us-west") is not None
 
 
 def test_failover_targets_are_sized_for_the_moved_load_and_come_back_down_after() -> None:

@@ -40,6 +40,7 @@ from controlplane.kernel.model import (
     PrewarmFigures,
     Readiness,
     RegionHealth,
+    RegionHold,
     RegionRecord,
     Routing,
 )
@@ -132,6 +133,7 @@ class World:
     intents: dict[str, Intent] = field(default_factory=dict)
     outcomes: dict[str, IntentOutcome] = field(default_factory=dict)  # intent-outcomes/<id>
     control: ControlFlags = field(default_factory=ControlFlags)
+    holds: dict[str, RegionHold] = field(default_factory=dict)  # regions/<r>/hold
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
     failover_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # failover pre-warms
@@ -181,6 +183,7 @@ class World:
                 routing_rev=route[1] if route else 0,
                 capacity=self.capacity.get(r),
                 active_replicas=self.active_replicas.get(r),
+                hold=self.holds.get(r),
             )
         return Snapshot(
             now=self.now,
@@ -251,6 +254,8 @@ class World:
         for i in self.intents.values():
             out[k.intent(i.id)] = encode(i)
         out[k.control()] = encode(self.control)
+        for r, hold in self.holds.items():
+            out[k.region_hold(r)] = encode(hold)
         for r, cap in self.capacity.items():
             out[k.capacity(r)] = encode(cap)
         for r, n in self.active_replicas.items():
@@ -275,6 +280,11 @@ class World:
             if (kv := kvs.get(k.region_health(r))) is not None:
                 self.health[r] = decode(RegionHealth, kv.value)
         self.intents = {i.id: i for i in self.intents.values() if k.intent(i.id) in kvs}
+        self.holds = {  # the leader deletes an expired hold
+            r: decode(RegionHold, kv.value)
+            for r in self.topo.names
+            if (kv := kvs.get(k.region_hold(r))) is not None
+        }
         if (kv := kvs.get(k.control())) is not None:  # the leader ends an expired pause
             self.control = decode(ControlFlags, kv.value)
         self.outcomes = {

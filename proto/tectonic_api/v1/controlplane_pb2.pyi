@@ -58,7 +58,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models", "scale")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models", "scale", "hold")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class RegionStatus(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -122,7 +123,20 @@ class RegionStatus(_message.Message):
     pool: str
     models: _containers.RepeatedScalarFieldContainer[str]
     scale: PoolSize
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., scale: _Optional[_Union[PoolSize, _Mapping]] = ...) -> None: ...
+    hold: UnitHold
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., scale: _Optional[_Union[PoolSize, _Mapping]] = ..., hold: _Optional[_Union[UnitHold, _Mapping]] = ...) -> None: ...
+
+class UnitHold(_message.Message):
+    __slots__ = ("reason", "actor", "at", "until")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    actor: str
+    at: float
+    until: float
+    def __init__(self, reason: _Optional[str] = ..., actor: _Optional[str] = ..., at: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
 
 class PoolSize(_message.Message):
     __slots__ = ("active", "warm", "reason", "decided_at")
@@ -445,6 +459,28 @@ class PauseResponse(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     paused: bool
     def __init__(self, paused: _Optional[bool] = ...) -> None: ...
+
+class HoldRequest(_message.Message):
+    __slots__ = ("region", "reason", "actor", "for_s")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    FOR_S_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    reason: str
+    actor: str
+    for_s: float
+    def __init__(self, region: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., for_s: _Optional[float] = ...) -> None: ...
+
+class HoldResponse(_message.Message):
+    __slots__ = ("region", "held", "until")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    held: bool
+    until: float
+    def __init__(self, region: _Optional[str] = ..., held: _Optional[bool] = ..., until: _Optional[float] = ...) -> None: ...
 
 class HistoryRequest(_message.Message):
     __slots__ = ("region", "limit")

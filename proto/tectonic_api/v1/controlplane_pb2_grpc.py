@@ -74,6 +74,16 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.PauseRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.PauseResponse.FromString,
                 _registered_method=True)
+        self.Hold = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/Hold',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/Release',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+                _registered_method=True)
         self.GetHistory = channel.unary_unary(
                 '/tectonic.v1.ControlPlane/GetHistory',
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HistoryRequest.SerializeToString,
@@ -172,6 +182,18 @@ class ControlPlaneServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Hold(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -279,6 +301,16 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.PauseRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.PauseResponse.SerializeToString,
+            ),
+            'Hold': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.SerializeToString,
             ),
             'GetHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.GetHistory,
@@ -547,6 +579,60 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/Resume',
             tectonic__api_dot_v1_dot_controlplane__pb2.PauseRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.PauseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/Hold',
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/Release',
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
             options,
             channel_credentials,
             insecure,
