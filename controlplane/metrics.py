@@ -34,6 +34,7 @@ from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.config import Topology
 from controlplane.kernel.metric_labels import exposition
 from controlplane.kernel.model import (
+    Cause,
     Decision,
     FailoverProgress,
     FailoverStep,
@@ -101,6 +102,14 @@ class ControlPlaneMetrics:
             "tectonic_region_state",
             "1 for the region's current state, 0 for the others (leader only)",
             ["region", "state"],
+            registry=r,
+        )
+        self.region_cause = Gauge(
+            "tectonic_region_state_cause",
+            "1 for what started the region's current state (automatic: the leader on what "
+            "the observers saw; manual: an operator; drill: a drill on the region; "
+            "capacity), 0 for the others (leader only)",
+            ["region", "cause"],
             registry=r,
         )
         self.region_health = Gauge(
@@ -291,7 +300,8 @@ class ControlPlaneMetrics:
             # The snapshot was read before this tick's writes: never step back from a
             # transition ``transitioned`` has already shown.
             if rec.epoch >= self._epochs.get(name, 0):
-                self._set_state(name, rec.state, rec.epoch)
+                cause = rec.last_decision.cause if rec.last_decision else Cause.AUTOMATIC
+                self._set_state(name, rec.state, rec.epoch, cause)
             self._set_health(name, view.health.verdict)
             if rec.failover is not None:
                 self._set_prewarm(name, rec.failover.prewarm_result)
@@ -304,6 +314,7 @@ class ControlPlaneMetrics:
     def _drop_region_gauges(self) -> None:
         if self._epochs:
             self.region_state.clear()
+            self.region_cause.clear()
             self.region_health.clear()
             self.prewarm_attained.clear()
             self.routing_weight.clear()
@@ -371,11 +382,13 @@ class ControlPlaneMetrics:
                 if value is not None:
                     self.forecast_rps.labels(unit, series).set(value)
 
-    def _set_state(self, region: str, state: RegionState, epoch: int) -> None:
+    def _set_state(self, region: str, state: RegionState, epoch: int, cause: str) -> None:
         self._epochs[region] = epoch
         for s in RegionState:
             self.region_state.labels(region, s.value).set(1 if s is state else 0)
         self.region_state.labels(region, UNKNOWN_STATE).set(0)
+        for c in Cause:  # a cause a newer leader added shows as none of these
+            self.region_cause.labels(region, c.value).set(1 if c == cause else 0)
 
     def _set_health(self, region: str, verdict: Health) -> None:
         for v in Health:
@@ -389,7 +402,7 @@ class ControlPlaneMetrics:
     # ---- from the orchestrator -------------------------------------------------------
     def transitioned(self, d: Decision) -> None:
         self.transitions.labels(d.region, d.from_state.value, d.to_state.value, d.trigger).inc()
-        self._set_state(d.region, d.to_state, d.epoch)
+        self._set_state(d.region, d.to_state, d.epoch, d.cause)
 
     def failover_step_done(
         self, region: str, step: FailoverStep, progress: FailoverProgress, at: float

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NoReturn
 
-from pydantic import BaseModel, ConfigDict
-
 from chaos.drills.result import DrillSummary
 from controlplane.kernel.audit import AuditLog
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.details import json_list
+from controlplane.kernel.drills import DrillLock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.leases import LeaseKeeper, LeaseLost
 from controlplane.kernel.model import AuditAction, AuditEntry
@@ -40,19 +39,6 @@ from controlplane.kernel.store.port import (
 from controlplane.kernel.store.retry import retry_call
 
 log = logging.getLogger("tectonic.drills")
-
-
-class DrillLock(BaseModel):
-    """Value of ``drills/lock``: who runs which drill, since when."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    holder: str
-    scenario: str
-    region: str
-    trigger: str
-    started_at: float
-    lease: int
 
 
 class DrillBusy(Exception):

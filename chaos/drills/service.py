@@ -38,17 +38,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from chaos.drills import requests as requests
-from chaos.drills.lock import DrillBusy, DrillLock, DrillLocker, HeldLock, LockLost
+from chaos.drills.lock import DrillBusy, DrillLocker, HeldLock, LockLost
 from chaos.drills.result import DrillResult, DrillSummary, summarize
 from chaos.drills.schedule import PlannedRun, Schedule, ScheduleEntry, Skipped, check_due, next_runs
 from controlplane.kernel.clock import Clock
 from controlplane.kernel.codec import CorruptValue, decode
-from controlplane.kernel.drills import CAPACITY_PROBE, DrillRequest, ScenarioInfo
+from controlplane.kernel.drills import CAPACITY_PROBE, DrillLock, DrillRequest, ScenarioInfo
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.store.port import Put, Store, StoreError
 
-# DrillBusy, DrillLock and LockLost moved to chaos/drills/lock.py: importable from here too.
+# DrillBusy and LockLost (chaos/drills/lock.py) and DrillLock (controlplane/kernel/drills.py)
+# are importable from here too.
 __all__ = [
     "MANUAL",
     "REQUEST",

@@ -28,12 +28,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from chaos.drills.lock import DrillLocker, LockLost
 from chaos.drills.result import DrillResult, Sample
 from chaos.drills.runner import DrillRunner, dump
 from chaos.drills.scenario import Scenario, find_scenario
 from chaos.drills.traffic import MODEL, Traffic
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.spec import DATA_PLANES, DataPlane, DeploymentSpec
+from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import REGION_NAME, ConfigError, load_topology
 from controlplane.kernel.prefix.catalog import PrefixCatalog
@@ -41,6 +43,7 @@ from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
 
 REPORTS = Path("drill-reports")
+LAB_LOCK_TTL_S = 10  # the drill lock's lease: a lab whose drill process died frees it soon
 
 
 @contextlib.asynccontextmanager
@@ -213,7 +216,17 @@ async def drill_on(
             on_sample=on_sample,
             say=say,
         )
-        return await runner.run(scenario, region, dry_run=dry_run)
+        # Held like the drill service holds it: the leader marks what it decides on the
+        # region meanwhile as the drill's (cause "drill"), so it pages no one.
+        locker = DrillLocker(store, dep.keys, SystemClock(), "lab", LAB_LOCK_TTL_S, 10.0)
+        async with locker.locked(scenario.name, target, "lab") as held:
+            keeper = asyncio.create_task(locker.keep_alive(held))
+            try:
+                return await runner.run(scenario, region, dry_run=dry_run)
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError, LockLost):
+                    await keeper
     finally:
         await traffic.stop()
 

@@ -148,6 +148,7 @@ def decision_to_pb(d: Decision) -> pb.Decision:
         at=d.at,
         epoch=d.epoch,
         signals=d.signals,
+        cause=str(d.cause),
     )
 
 

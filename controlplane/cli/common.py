@@ -43,8 +43,8 @@ ForOpt = Annotated[
     str,
     typer.Option(
         "--for",
-        help="How long the pause lasts: 90s, 30m, 2h, 1d (at most 7d); then automation "
-        "resumes by itself, in the audit log. Pause again to extend it.",
+        help="How long it lasts: 90s, 30m, 2h, 1d (at most 7d); then it ends by itself, "
+        "in the audit log. Run the command again to extend it.",
     ),
 ]
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

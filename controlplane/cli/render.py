@@ -166,7 +166,8 @@ def event_line(e: pb.Event) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(e.at))
     if e.HasField("decision"):
         d = e.decision
-        what = f"{state_name(d.from_state)} → {state_name(d.to_state)} ({d.trigger})"
+        cause = f", {d.cause}" if d.cause and d.cause != "automatic" else ""
+        what = f"{state_name(d.from_state)} → {state_name(d.to_state)} ({d.trigger}{cause})"
     else:
         what = e.action + (f" [{e.result}]" if e.result and e.result != "ok" else "")
     extra = "; ".join(f"{k}={v}" for k, v in sorted(e.details.items()))

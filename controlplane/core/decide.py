@@ -23,6 +23,7 @@ from controlplane.core.actions import (
     WriteHealth,
 )
 from controlplane.core.bearing import allowed_now
+from controlplane.core.causes import drilled, with_cause
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
 from controlplane.core.health import evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
@@ -40,6 +41,7 @@ from controlplane.kernel.model import (
     RECOVERY_STEP_DETAIL,
     AuditAction,
     AuditEntry,
+    Cause,
     FailoverPlan,
     FailoverProgress,
     Health,
@@ -78,6 +80,8 @@ def _transition(
         signals=view.health.signals,
         epoch=rec.epoch + 1,
     )
+    if intent is not None:
+        decision = decision.model_copy(update={"cause": Cause.MANUAL})
     new = rec.model_copy(
         update={
             "state": decision.to_state,
@@ -424,12 +428,10 @@ def decide(
     spec: ClusterSpec | None = None,
     sizes: Mapping[str, ScaleRecord] | None = None,
 ) -> TickResult:
-    """Decide one tick. ``actor`` names this control-plane replica in decisions;
-    ``jobs``: the results of finished jobs, and those running; ``ladder``: the
-    degradation ladder, walked one step per region per tick (none while paused);
-    ``spec``: the cluster spec this replica's topology makes, published when etcd
-    holds another; ``sizes``: the scaler's newest record per pool from the last tick
-    (written or not): with the topology's ``scaling:``, every pool is sized."""
+    """Decide one tick. ``actor`` names this replica in decisions; ``jobs``: the results
+    of finished jobs, and those running; ``ladder``: walked one step per region per tick;
+    ``spec``: this replica's cluster spec, published when etcd holds another; ``sizes``:
+    the scaler's newest record per pool from the last tick (written or not)."""
     now = snap.now
     # The ladder walks on the snapshot as stored: the health folded last tick.
     moves, holds = ladder_moves(snap, topology, ladder, actor) if ladder else ([], {})
@@ -462,6 +464,8 @@ def decide(
             if name in writes:
                 continue
             w, note = _automatic(snap, topology, snap.regions[name], actor)
+            if w is not None and drilled(snap, topology, name):
+                w = with_cause(w, Cause.DRILL)
             if hold := snap.regions[name].held(now):  # said only when it holds a move back
                 w, note = None, f"{name} kept as it is, {hold.describe()}" if w else None
             if w is not None:

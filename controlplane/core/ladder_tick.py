@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from controlplane.core.actions import LadderWrite
 from controlplane.core.bearing import allowed_now
+from controlplane.core.causes import drilled
 from controlplane.core.ladder_executor import ActionKind, LadderMode, mode_for, next_ladder_action
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import json_list
 from controlplane.kernel.ladder.model import Ladder, with_headroom
 from controlplane.kernel.ladder.record import DegradationRecord
-from controlplane.kernel.model import AuditAction, AuditEntry, RegionState
+from controlplane.kernel.model import AuditAction, AuditEntry, Cause, RegionState
 from controlplane.kernel.snapshot import Snapshot
 
 
@@ -61,7 +62,11 @@ def ladder_moves(
             action=AuditAction.of_ladder(change),
             region=region.name,
             reason=action.reason,
-            details={"step": action.step or "", "applied": json_list(action.record.applied)},
+            details={
+                "step": action.step or "",
+                "applied": json_list(action.record.applied),
+                "cause": _cause(snap, topology, region.name, short).value,
+            },
         )
         writes.append(
             LadderWrite(
@@ -74,6 +79,14 @@ def ladder_moves(
             )
         )
     return writes, holds
+
+
+def _cause(snap: Snapshot, topology: Topology, unit: str, short: set[str]) -> Cause:
+    """A ladder step's cause: a drill on the region, else capacity when the region took
+    more than it can absorb (its steps shed what it cannot carry), else automatic."""
+    if drilled(snap, topology, unit):
+        return Cause.DRILL
+    return Cause.CAPACITY if unit in short else Cause.AUTOMATIC
 
 
 def _short_of_headroom(snap: Snapshot) -> set[str]:

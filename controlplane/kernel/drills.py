@@ -13,6 +13,19 @@ from controlplane.kernel.model import Frozen
 SCENARIO_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 
+class DrillLock(Frozen):
+    """Value of ``drills/lock``: who runs which drill on which region, since when, on
+    the holder's lease (chaos/drills/lock.py takes it). The leader reads it too: a
+    transition of that region while it is held is the drill's (``Cause.DRILL``)."""
+
+    holder: str
+    scenario: str
+    region: str
+    trigger: str
+    started_at: float
+    lease: int
+
+
 class DrillSummary(Frozen):
     """A finished drill in a few fields: the value of ``drills/history/<id>`` and a row
     of every history table (the full result stays in its report directory)."""

@@ -99,6 +99,19 @@ class Trigger(StrEnum):
 TriggerValue = Annotated[Trigger | str, Field(union_mode="left_to_right")]
 
 
+class Cause(StrEnum):
+    """Who or what started a transition: metrics label it, events carry it, and the
+    paging alert leaves out what a person or a drill started (runbooks/README.md)."""
+
+    AUTOMATIC = "automatic"  # the leader, on what the observers saw
+    MANUAL = "manual"  # an operator's intent (failoverctl failover/recover)
+    DRILL = "drill"  # the leader, while a drill holds the lock on the region
+    CAPACITY = "capacity"  # the ladder's steps, while the region is short of headroom
+
+
+CauseValue = Annotated[Cause | str, Field(union_mode="left_to_right")]  # as TriggerValue
+
+
 class Decision(Frozen):
     """One state transition and why it happened: persisted, audited, streamed."""
 
@@ -111,6 +124,7 @@ class Decision(Frozen):
     at: float
     epoch: int
     signals: Signals = Field(default_factory=dict)
+    cause: CauseValue = Cause.AUTOMATIC  # absent from records written before causes
 
 
 class FailoverPlan(Frozen):

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
+from controlplane.kernel.drills import DrillLock
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
     ControlFlags,
@@ -93,6 +94,7 @@ class Snapshot(Frozen):
     # revision: unreadable.
     spec: ClusterSpec | None = None
     spec_rev: int = 0
+    drill: DrillLock | None = None  # ``drills/lock``: the drill running now, if any
 
     @property
     def paused(self) -> bool:

@@ -11,6 +11,7 @@ from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.cluster_spec import ClusterSpec
 from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.config import Topology
+from controlplane.kernel.drills import DrillLock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import (
@@ -69,6 +70,7 @@ async def _read_at_one_revision(
     control_kv = await store.get(keys.control(), revision=rev)
     leader_kv = await store.get(keys.leader(), revision=rev)
     spec_kv = await store.get(keys.spec(), revision=rev)
+    drill_kv = await store.get(keys.drill_lock(), revision=rev)
 
     views: dict[str, RegionView] = {}
     for name in topology.names:
@@ -119,6 +121,7 @@ async def _read_at_one_revision(
         leader=leader_kv.value.decode() if leader_kv else "",
         spec=_parse(ClusterSpec, spec_kv),
         spec_rev=spec_kv.mod_revision if spec_kv else 0,
+        drill=_parse(DrillLock, drill_kv),
     )
 
 

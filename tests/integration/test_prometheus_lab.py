@@ -11,8 +11,12 @@ Prometheus's own HTTP API:
   variable finds the lab's regions, and no query of
   runbooks/grafana/tectonic-dashboard.json errors or comes back empty (its template
   variables substituted the way Grafana does, with "All" regions);
-* then every vLLM server of us-east is SIGKILLed: the failover alert fires (seen in
-  /api/v1/alerts and /api/v1/rules), the agent's own metrics show its replicas down,
+* then the region-blackout drill runs on us-east (holding the drill lock, as the drill
+  service does): the region fails over and comes back, the planned-failover ticket
+  fires with ``cause="drill"``, and the paging failover alert is never even pending;
+* then every vLLM server of us-east is SIGKILLed by the test itself, a real outage:
+  the paging failover alert fires after its ``for:`` (seen in /api/v1/alerts and
+  /api/v1/rules), the ticket does not, the agent's own metrics show its replicas down,
   and once the servers are back and the region NORMAL again the alert resolves; the
   dashboard's "State transitions" query counts NORMAL -> FAILING_OVER; every rule
   evaluated without error throughout.
@@ -39,11 +43,14 @@ import aiohttp
 import pytest
 import yaml
 
+from chaos.drills.scenario import find_scenario
 from chaos.drills.traffic import Traffic
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.procs import until
-from chaos.lab.run import running_lab
+from chaos.lab.run import drill_on, running_lab
 from chaos.lab.spec import DeploymentSpec
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
 from regions.pool.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(300)]
@@ -52,6 +59,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "runbooks" / "alerts" / "tectonic-alerts.yaml"
 DASHBOARD = REPO / "runbooks" / "grafana" / "tectonic-dashboard.json"
 FAILOVER_ALERT = "TectonicRegionFailingOver"
+PLANNED_ALERT = "TectonicRegionFailedOverPlanned"
 SCRAPE_S = 1  # scrape and rule evaluation interval
 REGION = "us-east"  # the region blacked out
 
@@ -69,8 +77,8 @@ def prometheus_binary() -> str:
 
 
 def prometheus_config(targets: dict[str, list[str]]) -> dict[str, Any]:
-    # The failover alert has no `for:`, so the shipped rules file is loaded as it is:
-    # no copy with shortened durations is needed for what this test checks.
+    # The shipped rules file is loaded as it is: the failover alert's `for: 30s` is
+    # waited for in real time, no copy with shortened durations is needed.
     return {
         "global": {
             "scrape_interval": f"{SCRAPE_S}s",
@@ -284,6 +292,7 @@ async def test_prometheus_scrapes_the_lab_fires_the_failover_alert_and_draws_the
         try:
             async with prometheus(dep, tmp_path) as prom:
                 problems += await healthy_lab(prom, dep)
+                await drill_pages_no_one(prom, dep)
                 problems += await blackout_and_recovery(prom, dep)
         finally:
             await traffic.stop()
@@ -332,6 +341,42 @@ async def healthy_lab(prom: Prom, dep: LocalDeployment) -> list[str]:
     return problems
 
 
+async def drill_pages_no_one(prom: Prom, dep: LocalDeployment) -> None:
+    """The blackout drill fails the region over and back: a ticket with its cause, no
+    page (not even pending) at any evaluation while it runs."""
+    paged: list[dict[str, Any]] = []
+    planned: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        while True:
+            for state in ("pending", "firing"):
+                paged.extend(a for a in await prom.alerts(FAILOVER_ALERT, state) if mine(a))
+            planned.extend(a for a in await prom.alerts(PLANNED_ALERT) if mine(a))
+            await asyncio.sleep(0.5)
+
+    store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
+    await store.connect()
+    watcher = asyncio.create_task(watch())
+    try:
+        result = await drill_on(
+            dep, store, find_scenario("region-blackout"), REGION, sessions=6, say=lambda m: None
+        )
+        await asyncio.sleep(2 * SCRAPE_S)  # the last evaluations after the drill's end
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await store.close()
+    assert result.passed, [c for c in result.criteria if not c.passed]
+    assert await region_state_is(prom, "NORMAL")
+    assert not paged, f"the drill paged: {paged}"
+    assert planned and {a["labels"]["cause"] for a in planned} == {"drill"}, planned
+
+
+def mine(alert: dict[str, Any]) -> bool:
+    return bool(alert["labels"].get("region") == REGION)
+
+
 async def blackout_and_recovery(prom: Prom, dep: LocalDeployment) -> list[str]:
     """The failover alert fires and resolves (asserted); returns what the dashboard's
     "State transitions" query got wrong about the blackout, if anything."""
@@ -342,9 +387,11 @@ async def blackout_and_recovery(prom: Prom, dep: LocalDeployment) -> list[str]:
     async def firing() -> bool:
         return any(a["labels"]["region"] == REGION for a in await prom.alerts(FAILOVER_ALERT))
 
-    await until(firing, within=60, every=0.5, what=f"{FAILOVER_ALERT} firing for {REGION}")
+    # detection (a few probe intervals), then the rule's `for: 30s`
+    await until(firing, within=75, every=0.5, what=f"{FAILOVER_ALERT} firing for {REGION}")
     rule = next(r for r in await prom.rules() if r["name"] == FAILOVER_ALERT)
     assert rule["state"] == "firing" and rule["health"] == "ok"
+    assert not [a for a in await prom.alerts(PLANNED_ALERT) if mine(a)]  # an outage: no ticket
     # the agent's own view of the blackout, scraped from its --metrics-listen
     assert await prom.query(f'tectonic_agent_replica_up{{region="{REGION}"}} == 0')
     assert await prom.query(

@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from controlplane.kernel.model import ControlFlags, Readiness, RegionHealth, RegionRecord, Routing
+from controlplane.kernel.model import (
+    Cause,
+    ControlFlags,
+    Decision,
+    Readiness,
+    RegionHealth,
+    RegionHold,
+    RegionRecord,
+    RegionState,
+    Routing,
+)
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from tests.unit.alert_promql import capacity_record, capacity_topology
@@ -20,6 +30,61 @@ DAY = 86400.0
 
 
 # ---- the metrics the alerts added -----------------------------------------------------
+
+
+def test_leader_exports_what_started_each_state_and_each_hold() -> None:
+    m = ControlPlaneMetrics()
+    get = m.registry.get_sample_value
+    drilled = Decision(
+        region="east",
+        from_state=RegionState.NORMAL,
+        to_state=RegionState.FAILING_OVER,
+        trigger="fail_over",
+        reason="UNHEALTHY",
+        actor="cp-1",
+        at=10.0,
+        epoch=1,
+        cause=Cause.DRILL,
+    )
+    east = RegionView(
+        name="east",
+        record=RegionRecord(
+            region="east", state=RegionState.FAILING_OVER, epoch=1, last_decision=drilled
+        ),
+        health=RegionHealth(region="east"),
+        hold=RegionHold(unit="east", reason="INC-1", actor="op", at=5.0, until=50.0),
+    )
+    west = RegionView(
+        name="west", record=RegionRecord(region="west"), health=RegionHealth(region="west")
+    )
+    m.tick_done(leader=True, snapshot=Snapshot(now=20.0, regions={"east": east, "west": west}))
+    assert get("tectonic_region_state_cause", {"region": "east", "cause": "drill"}) == 1
+    assert get("tectonic_region_state_cause", {"region": "east", "cause": "automatic"}) == 0
+    assert get("tectonic_region_state_cause", {"region": "west", "cause": "automatic"}) == 1
+    assert get("tectonic_region_held", {"region": "east"}) == 1
+    assert get("tectonic_region_held", {"region": "west"}) == 0
+    # an operator's recovery is its own cause; the hold's end passes
+    manual = drilled.model_copy(
+        update={
+            "from_state": RegionState.FAILING_OVER,
+            "to_state": RegionState.RECOVERED,
+            "epoch": 2,
+            "cause": Cause.MANUAL,
+        }
+    )
+    m.transitioned(manual)
+    assert get("tectonic_region_state_cause", {"region": "east", "cause": "manual"}) == 1
+    assert get("tectonic_region_state_cause", {"region": "east", "cause": "drill"}) == 0
+    later = east.model_copy(
+        update={
+            "record": east.record.model_copy(
+                update={"state": RegionState.RECOVERED, "epoch": 2, "last_decision": manual}
+            )
+        }
+    )
+    m.tick_done(leader=True, snapshot=Snapshot(now=60.0, regions={"east": later, "west": west}))
+    assert get("tectonic_region_held", {"region": "east"}) == 0
+    assert get("tectonic_region_state_cause", {"region": "east", "cause": "manual"}) == 1
 
 
 def test_leader_exports_routing_readiness_and_pause() -> None:

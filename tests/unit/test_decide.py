@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.steps import pending_steps
+from controlplane.kernel.drills import DrillLock
 from controlplane.kernel.model import (
     PAUSE_DEFAULT_S,
     PAUSE_MAX_S,
     AuditAction,
+    Cause,
     ControlFlags,
     FailoverStep,
     Health,
@@ -191,6 +193,50 @@ def test_a_hold_on_a_unit_at_rest_says_nothing_each_tick() -> None:
     run(w, 4)
     assert not any(n.startswith("eu-west") for r in w.results for n in r.notes)
     assert w.results[-1].summary() == "no change" and "eu-west" in w.holds
+
+
+def test_each_transition_names_its_cause_in_the_record_and_the_audit() -> None:
+    """A drill's lock on a region makes the leader's moves of it the drill's; an
+    operator's intent is manual; the rest is automatic (docs: runbooks/README.md)."""
+    w = World()
+    run(w, 2)
+    w.intents["i1"] = Intent(
+        id="i1",
+        kind=IntentKind.FAILOVER,
+        region="us-central",
+        targets=("us-west",),
+        reason="drain",
+        actor="alice",
+        created_at=w.now,
+    )
+    run(w, 1)
+    w.drill = DrillLock(
+        holder="drills-1",
+        scenario="region-blackout",
+        region="us-east",
+        trigger="scheduled",
+        started_at=w.now,
+        lease=7,
+    )
+    run(w, 3, {"us-east": Health.UNHEALTHY, "eu-west": Health.DEGRADED})
+    causes = {
+        e.region: e.decision.cause
+        for e in w.audit
+        if e.action is AuditAction.TRANSITION and e.decision is not None
+    }
+    assert causes == {
+        "us-central": Cause.MANUAL,
+        "us-east": Cause.DRILL,
+        "eu-west": Cause.AUTOMATIC,
+    }
+    for region, cause in causes.items():
+        last = w.records[region][0].last_decision
+        assert last is not None and last.cause == cause
+    w.drill = None  # the drill is over: its region's next move is the leader's own
+    run(w, 12)
+    last = w.records["us-east"][0].last_decision
+    assert last is not None and last.to_state is not RegionState.FAILING_OVER
+    assert last.cause == Cause.AUTOMATIC
 
 
 def test_pause_lengths_are_bounded() -> None:

@@ -28,6 +28,7 @@ from controlplane.core.intents import IntentOutcome
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.config import Topology, parse_topology
+from controlplane.kernel.drills import DrillLock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import (
     AuditEntry,
@@ -134,6 +135,7 @@ class World:
     outcomes: dict[str, IntentOutcome] = field(default_factory=dict)  # intent-outcomes/<id>
     control: ControlFlags = field(default_factory=ControlFlags)
     holds: dict[str, RegionHold] = field(default_factory=dict)  # regions/<r>/hold
+    drill: DrillLock | None = None  # drills/lock: a drill running now
     audit: list[AuditEntry] = field(default_factory=list)
     results: list[TickResult] = field(default_factory=list)
     failover_result: PrewarmFigures = field(default_factory=PrewarmFigures)  # failover pre-warms
@@ -191,6 +193,7 @@ class World:
             reports=tuple(self.reports.values()),
             intents=tuple(self.intents.values()),
             control=self.control,
+            drill=self.drill,
         )
 
     def apply(self, w: Write) -> bool:
@@ -256,6 +259,10 @@ class World:
         out[k.control()] = encode(self.control)
         for r, hold in self.holds.items():
             out[k.region_hold(r)] = encode(hold)
+        if self.drill is not None:
+            out[k.drill_lock()] = encode(self.drill)
+        elif self._pulled.get(k.drill_lock()) is not None:
+            await self.store.delete(k.drill_lock())
         for r, cap in self.capacity.items():
             out[k.capacity(r)] = encode(cap)
         for r, n in self.active_replicas.items():

@@ -276,7 +276,7 @@ class RegionThresholds(_message.Message):
     def __init__(self, queue_over: _Optional[int] = ..., ttft_p99_over_s: _Optional[float] = ..., error_rate_over: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("region", "from_state", "to_state", "trigger", "reason", "actor", "at", "epoch", "signals")
+    __slots__ = ("region", "from_state", "to_state", "trigger", "reason", "actor", "at", "epoch", "signals", "cause")
     class SignalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,7 @@ class Decision(_message.Message):
     AT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     region: str
     from_state: RegionState
     to_state: RegionState
@@ -302,7 +303,8 @@ class Decision(_message.Message):
     at: float
     epoch: int
     signals: _containers.ScalarMap[str, float]
-    def __init__(self, region: _Optional[str] = ..., from_state: _Optional[_Union[RegionState, str]] = ..., to_state: _Optional[_Union[RegionState, str]] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    cause: str
+    def __init__(self, region: _Optional[str] = ..., from_state: _Optional[_Union[RegionState, str]] = ..., to_state: _Optional[_Union[RegionState, str]] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., signals: _Optional[_Mapping[str, float]] = ..., cause: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("id", "at", "action", "region", "actor", "reason", "result", "decision", "details")
