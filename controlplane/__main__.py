@@ -14,6 +14,8 @@ from collections.abc import Callable
 from controlplane.kernel.config import ConfigError, Topology, load_topology, parse_topology
 from controlplane.kernel.ladder.file import topology_ladder
 from controlplane.kernel.ladder.model import Ladder
+from controlplane.kernel.logs import add_log_format_flag, configure_logging
+from controlplane.kernel.tracing import add_otlp_flag, configure_tracing
 from controlplane.kernel.version import add_version_flag
 from controlplane.prewarm import Prewarmer
 
@@ -52,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", action="store_true", help="validate the topology and exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_format_flag(p)
+    add_otlp_flag(p)
     add_version_flag(p)
     return p
 
@@ -115,9 +119,7 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
     """``prewarmer``: a seam for the test lab (chaos/lab/controlplane.py), which makes
     the pre-warmer a replica runs; None: the real one."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format, "controlplane")
     try:
         t = load_topology(args.topology)
         if args.etcd:
@@ -137,7 +139,12 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
             "degradation ladder %s: %s", t.degradation_ladder, " -> ".join(ladder.names)
         )
     pre = prewarmer() if prewarmer is not None else None
-    asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder, pre))
+    provider = configure_tracing("controlplane", args.otlp_endpoint)
+    try:
+        asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder, pre))
+    finally:
+        if provider is not None:
+            provider.shutdown()  # the spans still buffered
     return 0
 
 

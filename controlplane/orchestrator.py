@@ -43,6 +43,7 @@ from controlplane.core.actions import (
     WriteHealth,
 )
 from controlplane.core.intents import IntentOutcome
+from controlplane.failover_traces import FailoverTraces
 from controlplane.fenced import Fence, FencedWriter
 from controlplane.jobs import JobExecutor
 from controlplane.kernel.audit import AuditLog
@@ -161,6 +162,7 @@ class Orchestrator:
         self.catalogs: Catalogs = catalogs or NoCatalogs()
         self.audit = AuditLog(cluster.keys, actor)
         self.executor = JobExecutor(self._run_job, self._job_done, cluster.clock.now)
+        self.traces = FailoverTraces()  # spans when tracing is on (--otlp-endpoint)
         self.job_done = asyncio.Event()  # set when a job finishes: the loop ticks at once
         self._held: dict[str, str] = {}  # per region: the ladder's hold reason last logged
         self._outcome_lease: tuple[int, float] | None = None  # (lease id, granted at)
@@ -329,6 +331,7 @@ class Orchestrator:
 
     def _written(self, w: Write, now: float) -> None:
         self.executor.recorded(w.consumes)
+        self.traces.written(w)
         if d := w.decision:
             self.observer.transitioned(d)
         fo = w.record.failover
@@ -351,9 +354,15 @@ class Orchestrator:
             log.info(
                 "%s: pre-warming %s (budget %.0fs)", job.region, sorted(job.plan.targets), budget
             )
-            return await self.prewarmer.prewarm(job.plan, budget, job.id)
+            targets = {"tectonic.targets": ",".join(sorted(job.plan.targets))}
+            with self.traces.child(job.region, "prewarm", targets) as span:
+                figures = await self.prewarmer.prewarm(job.plan, budget, job.id)
+                if span is not None and figures.attained_fraction is not None:
+                    span.set_attribute("tectonic.attained_fraction", figures.attained_fraction)
+                return figures
         if job.kind is JobKind.RECOVERY_PREWARM:
-            return await self._prewarm_home(job, budget)
+            with self.traces.child(job.region, "recovery prewarm"):
+                return await self._prewarm_home(job, budget)
         await self._aggregate()  # PREFIX_AGGREGATE
         return None
 

@@ -27,6 +27,7 @@ from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.config import ConfigError, load_topology
 from controlplane.kernel.drills import CAPACITY_PROBE, CAPACITY_PROBE_MAX_S
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.logs import add_log_format_flag, configure_logging
 from controlplane.kernel.store.port import StoreError
 from controlplane.kernel.store.settings import EtcdConfig
 from controlplane.kernel.version import add_version_flag
@@ -44,6 +45,7 @@ def _parser(targets: Sequence[str] = ("lab",)) -> argparse.ArgumentParser:
         epilog="Check the schedule first: python -m chaos.drills.schedule next chaos/schedule.yaml",
     )
     p.add_argument("--schedule", type=Path, default=SCHEDULE_FILE, help="default: %(default)s")
+    add_log_format_flag(p)
     p.add_argument(
         "--topology",
         type=Path,
@@ -154,9 +156,7 @@ def main(loaders: Mapping[str, RunnerLoader], argv: Sequence[str] | None = None)
     """``loaders``: the targets this entry point offers, the default first."""
     args = _parser(tuple(loaders)).parse_args(argv)
     load_runner = loaders[args.target]
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO, args.log_format, "drills")
     try:
         return asyncio.run(_main(args, load_runner))
     except (ConfigError, DrillBusy, StoreError) as e:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from controlplane.kernel.config import ConfigError, describe_errors, load_etcd, read_yaml
+from controlplane.kernel.logs import add_log_format_flag, configure_logging
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.version import add_version_flag
 from regions.agent.kube_wiring import KubeDiscoveryConfig
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         "section's TLS and user settings are used for --etcd",
     )
     p.add_argument("--log-level", default="INFO")
+    add_log_format_flag(p)
     add_version_flag(p)
     return p
 
@@ -269,11 +271,7 @@ def _prewarm_flags(p: argparse.ArgumentParser) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     p = _parser()
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format, "agent")
     cps = tuple(ep.strip() for arg in args.control_plane for ep in arg.split(",") if ep.strip())
     kube = _kube_config(p, args)
     launcher = _pool_launcher(p, args)

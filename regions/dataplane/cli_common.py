@@ -23,7 +23,9 @@ from pydantic import ValidationError
 
 from controlplane.kernel.cluster_spec import SpecDisagreement
 from controlplane.kernel.config import ConfigError, PrefixesConfig, load_topology
+from controlplane.kernel.logs import LogSettings, configure_logging
 from controlplane.kernel.store.settings import HOST_PORT
+from controlplane.kernel.tracing import configure_tracing
 from regions.dataplane.admission_bound import BoundAt
 from regions.dataplane.admission_gate import AdmissionOptions
 from regions.dataplane.options import DataPlaneOptions, RequestConfig
@@ -96,12 +98,19 @@ def routing_options(
     )
 
 
-def run_main(level: str, run: Callable[[], Coroutine[Any, Any, int]]) -> None:
-    """Log to stderr at ``level`` and exit with what ``run()`` returns, on uvloop."""
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    sys.exit(uvloop.run(run()))
+def run_main(
+    logs: LogSettings, run: Callable[[], Coroutine[Any, Any, int]], component: str
+) -> None:
+    """Log to stderr (and trace) as ``logs`` says and exit with what ``run()`` returns,
+    on uvloop; the spans still buffered are sent before the exit."""
+    configure_logging(logs.level, logs.format, component)
+    provider = configure_tracing(component, logs.otlp_endpoint)
+    try:
+        code = uvloop.run(run())
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    sys.exit(code)
 
 
 class Server(Protocol):

@@ -35,6 +35,8 @@ import logging
 from collections.abc import Sequence
 from functools import partial
 
+from controlplane.kernel.logs import LogSettings, add_log_format_flag
+from controlplane.kernel.tracing import add_otlp_flag
 from controlplane.kernel.version import add_version_flag
 from regions.dataplane.cli_common import (
     add_admission_flags,
@@ -94,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_continuation_flags(p)
     add_admission_flags(p)
     p.add_argument("--log-level", default="INFO")
+    add_log_format_flag(p)
+    add_otlp_flag(p)
     add_version_flag(p)
     return p
 
@@ -144,7 +148,7 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, LogSettings]:
     """The gateway's options and the log level."""
     p = _parser()
     args = p.parse_args(argv)
@@ -171,7 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, str]:
         grace_s=args.grace,
         admission=admission_options(p, args),
     )
-    return options, str(args.log_level).upper()
+    return options, LogSettings(str(args.log_level).upper(), args.log_format, args.otlp_endpoint)
 
 
 async def _run(options: GatewayOptions) -> int:
@@ -180,8 +184,8 @@ async def _run(options: GatewayOptions) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    options, level = parse_args(argv)
-    run_main(level, partial(_run, options))
+    options, logs = parse_args(argv)
+    run_main(logs, partial(_run, options), "gateway")
 
 
 if __name__ == "__main__":

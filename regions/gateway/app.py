@@ -30,8 +30,11 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
+from opentelemetry.trace import SpanKind
 
+from controlplane.kernel import tracing
 from controlplane.kernel.ladder.record import FeatureFlags
+from controlplane.kernel.logs import REQUEST_ID, REQUEST_ID_HEADER, request_id
 from controlplane.kernel.sessions.resolve import NoRegionServing, self_routed, spill_region
 from controlplane.kernel.sessions.store import InvalidSessionId
 from regions.dataplane.actuators import Refusal
@@ -60,6 +63,7 @@ from regions.gateway.warmth import WarmUps, warmup_body
 from regions.http_expect import expect_handler
 
 log = logging.getLogger("tectonic.gateway")
+TRACER = "tectonic.gateway"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 NO_REGION = "none"  # the region label of requests refused before a region was chosen
 NOT_DEGRADED = FeatureFlags()
@@ -188,7 +192,13 @@ class GatewayApp:
                 return _routing_error(allowed.get(request.path))
             if hdrs.EXPECT in request.headers:
                 await expect_handler(request)  # 100 Continue, or a 417 raised
-            return await handler(request)
+            # Each request is its own task: what it logs names it (kernel/logs.py).
+            rid = request_id(request.headers)
+            REQUEST_ID.set(rid)
+            resp = await handler(request)
+            if not resp.prepared:  # a streamed answer sent it with its headers
+                resp.headers[REQUEST_ID_HEADER] = rid
+            return resp
 
         return web.Server(dispatch, request_factory=make_request)
 
@@ -199,9 +209,29 @@ class GatewayApp:
         return handler
 
     async def proxy(self, request: web.BaseRequest, endpoint: Endpoint) -> web.StreamResponse:
+        """One generation request, traced when tracing is on (kernel/tracing.py)."""
+        if not tracing.enabled():
+            return await self._proxy(request, endpoint)
+        with tracing.start(
+            TRACER,
+            f"{request.method} {request.path}",
+            kind=SpanKind.SERVER,
+            carrier=request.headers,
+            attributes={"http.request.method": request.method, "url.path": request.path},
+        ) as span:
+            resp = await self._proxy(request, endpoint)
+            if span is not None:
+                span.set_attribute("http.response.status_code", resp.status)
+                span.set_attribute("tectonic.request_id", REQUEST_ID.get())
+            return resp
+
+    async def _proxy(self, request: web.BaseRequest, endpoint: Endpoint) -> web.StreamResponse:
         started = time.monotonic()
         try:
-            routed = await self._route(request, endpoint)
+            with tracing.start(TRACER, "route") as span:
+                routed = await self._route(request, endpoint)
+                if span is not None and not isinstance(routed, web.Response):
+                    span.set_attribute("tectonic.region", routed[2])
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except InvalidSessionId as e:

@@ -36,7 +36,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
+from controlplane.kernel import tracing
+from controlplane.kernel.logs import REQUEST_ID, REQUEST_ID_HEADER
 from regions.dataplane.admission_gate import ADMISSION_OFF, Gates, Grant, Refusal
 from regions.dataplane.failures import ErrorKind
 from regions.dataplane.replicas import ReplicaBalancer
@@ -54,6 +57,7 @@ from regions.gateway.resume import (
 from regions.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("tectonic.gateway.proxy")
+TRACER = "tectonic.gateway"
 REGION_HEADER = "x-tectonic-region"
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those the upstream client sets itself.
@@ -115,6 +119,8 @@ def new_pool(config: ProxyConfig) -> UpstreamPool:
 
 
 def forward_headers(request: web.BaseRequest) -> list[tuple[str, str]]:
+    """The request's headers the model server gets, with the request id when the client
+    sent none (``controlplane/kernel/logs.py``): vLLM takes it as its own request id."""
     keep = _FORWARD_REQUEST
     out = []
     for k, v in request.headers.items():
@@ -123,6 +129,9 @@ def forward_headers(request: web.BaseRequest) -> list[tuple[str, str]]:
             passed = _remember(keep, k, _SKIP_REQUEST)
         if passed:
             out.append((k, v))
+    if (rid := REQUEST_ID.get()) and REQUEST_ID_HEADER not in request.headers:
+        out.append((REQUEST_ID_HEADER, rid))
+    tracing.inject(out)  # the request's span is the model server's parent
     return out
 
 
@@ -222,9 +231,10 @@ class Forwarder:
             if tried:
                 self._metrics.retry(region)
             # may wait for a slot, here or on another replica (AdmissionOff: never)
-            entered = await self._admission.enter(
-                region, request.headers, balancer, key, replica, tried, now
-            )
+            with tracing.start(TRACER, "admission", attributes={"tectonic.region": region}):
+                entered = await self._admission.enter(
+                    region, request.headers, balancer, key, replica, tried, now
+                )
             if isinstance(entered, Refusal):
                 return self._overloaded(region, entered)
             grant = entered
@@ -232,9 +242,17 @@ class Forwarder:
                 replica = grant.replica
             tried.add(replica)
             resume = Resume(continuer, key, tried, headers) if continuer else None
-            outcome = await self._attempt_held(
-                request, region, balancer, replica, key, body, headers, started, resume, grant
-            )
+            with tracing.start(
+                TRACER,
+                "upstream",
+                kind=SpanKind.CLIENT,
+                attributes={"server.address": replica, "tectonic.region": region},
+            ) as span:
+                outcome = await self._attempt_held(
+                    request, region, balancer, replica, key, body, headers, started, resume, grant
+                )
+                if span is not None:
+                    _outcome_on(span, outcome)
             if not isinstance(outcome, _Failed):
                 balancer.readmit(replica)
                 return outcome
@@ -442,6 +460,14 @@ class Forwarder:
         return None
 
 
+def _outcome_on(span: Span, outcome: web.StreamResponse | _Failed) -> None:
+    if isinstance(outcome, _Failed):
+        span.set_attribute("error.type", outcome.kind.value)
+        span.set_status(StatusCode.ERROR, outcome.detail)
+    else:
+        span.set_attribute("http.response.status_code", outcome.status)
+
+
 def _untimed(region: str, seconds: float) -> None:
     pass
 
@@ -455,4 +481,7 @@ def _response_headers(up: UpstreamResponse) -> CIMultiDict[str]:
             passed = _remember(keep, k, _SKIP_RESPONSE)
         if passed:
             out.append((k, v))
-    return CIMultiDict(out)
+    h = CIMultiDict(out)
+    if rid := REQUEST_ID.get():  # the gateway's own, whatever the model server said
+        h[REQUEST_ID_HEADER] = rid
+    return h

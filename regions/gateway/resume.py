@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from controlplane.kernel import tracing
 from regions.dataplane.failures import ErrorKind, UpstreamFailure
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.dataplane.requests import error_body
@@ -41,6 +42,7 @@ from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("tectonic.gateway.proxy")
+TRACER = "tectonic.gateway"
 STREAM_BROKEN_STATUS = 502  # a stream cut after its first byte: its error event and its count
 SSE = "text/event-stream"
 # The end of an answer among an SSE stream's last events: ``[DONE]``, or a choice's
@@ -117,7 +119,15 @@ class Resumer:
         except (UpstreamError, Broken) as e:
             self._metrics.error(region, ErrorKind.STREAM_BROKEN)
             log.warning("stream from a replica of %s broke after the first byte: %s", region, e)
-            return await self._continue(request, resp, region, transcript, resume)
+            with tracing.start(
+                TRACER,
+                "continuation",
+                attributes={"tectonic.region": region, "tectonic.cut": str(e)},
+            ) as span:
+                status = await self._continue(request, resp, region, transcript, resume)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", status)
+                return status
         return up.status
 
     async def _continue(

@@ -34,6 +34,7 @@ import argparse
 from collections.abc import Sequence
 from functools import partial
 
+from controlplane.kernel.logs import LogSettings, add_log_format_flag
 from controlplane.kernel.version import add_version_flag
 from regions.dataplane.cli_common import (
     add_admission_flags,
@@ -105,11 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     # under the 1 s message_timeout of deploy/envoy/envoy.yaml: a later answer fails open
     add_admission_flags(p, max_wait_s=0.5)
     p.add_argument("--log-level", default="INFO")
+    add_log_format_flag(p)
     add_version_flag(p)
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, LogSettings]:
     p = _parser()
     args = p.parse_args(argv)
     routing = routing_options(
@@ -136,7 +138,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, str]:
         picker=picker,
         grace_s=args.grace,
     )
-    return options, str(args.log_level).upper()
+    return options, LogSettings(str(args.log_level).upper(), args.log_format)
 
 
 async def _run(options: PickerOptions) -> int:
@@ -145,8 +147,8 @@ async def _run(options: PickerOptions) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    options, level = parse_args(argv)
-    run_main(level, partial(_run, options))
+    options, logs = parse_args(argv)
+    run_main(logs, partial(_run, options), "picker")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from controlplane.kernel.logs import REQUEST_ID, REQUEST_ID_HEADER
 from regions.picker import extproc
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import Answer, Pick, Picker
@@ -110,6 +111,8 @@ class _Stream:
             self.mode = message.protocol_config.request_body_mode
             self.response_mode = message.protocol_config.response_body_mode
         self.headers = extproc.headers_of(message.request_headers)
+        # The stream is one HTTP request: what it logs names Envoy's request id.
+        REQUEST_ID.set(self.headers.get(REQUEST_ID_HEADER, ""))
         self.subset = extproc.subset_of(message.metadata_context)
         if message.request_headers.end_of_stream or self.mode not in (
             BODY_BUFFERED,

@@ -124,8 +124,9 @@ def dumps(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, request_id: str | None = None) -> str:
+    """An answer's id: as vLLM makes it, the client's ``X-Request-Id`` when it sent one."""
+    return f"{prefix}-{request_id if request_id is not None else uuid.uuid4().hex}"
 
 
 def now() -> int:

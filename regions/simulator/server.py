@@ -157,7 +157,7 @@ class Simulator:
             extra_prefill_s=latency,
         )
         head: Json = {
-            "id": new_id("cmpl"),
+            "id": new_id("cmpl", request.headers.get("X-Request-Id")),
             "object": "text_completion",
             "created": now(),
             "model": self.config.engine.model,
@@ -220,7 +220,7 @@ class Simulator:
             extra_prefill_s=latency,
         )
         head: Json = {
-            "id": new_id("chatcmpl"),
+            "id": new_id("chatcmpl", request.headers.get("X-Request-Id")),
             "object": "chat.completion.chunk",
             "created": now(),
             "model": self.config.engine.model,

@@ -184,3 +184,30 @@ async def test_streaming_and_not_with_the_official_openai_client(
         assert "".join([c.choices[0].text async for c in text_stream if c.choices])
     pin = await pin_of(etcd_store, keys, "openai-1")
     assert pin is not None and pin.region == "west"
+
+
+async def test_the_request_id_goes_to_the_model_server_and_back(
+    deployment: Deployment, http: aiohttp.ClientSession
+) -> None:
+    """The client's x-request-id, else one the gateway makes, reaches the model server
+    (the simulator, like vLLM, makes it its answer's id) and comes back in the answer,
+    streamed or not; ``--log-format json`` makes every log line one JSON object (that
+    a line names the request it was written for: tests/unit/test_logs.py)."""
+    gw = await asyncio.to_thread(deployment.gateway, "east", "--log-format", "json")
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    url = gw.url + "/v1/completions"
+    async with http.post(url, json=body, headers={"x-request-id": "req-abc-1"}) as resp:
+        assert resp.status == 200 and resp.headers["x-request-id"] == "req-abc-1"
+        assert (await resp.json())["id"] == "cmpl-req-abc-1"
+    async with http.post(url, json=body) as resp:
+        made = resp.headers["x-request-id"]
+        assert resp.status == 200 and len(made) == 32
+        assert (await resp.json())["id"] == f"cmpl-{made}"
+    async with http.post(url, json={**body, "stream": True}) as resp:
+        made = resp.headers["x-request-id"]
+        assert resp.status == 200 and len(made) == 32
+        assert f"cmpl-{made}" in await resp.text()  # every chunk's id
+    async with http.post(url, data=b"{not json", headers={"x-request-id": "req-bad"}) as resp:
+        assert resp.status == 400 and resp.headers["x-request-id"] == "req-bad"
+    lines = [json.loads(line) for line in gw.log_path.read_text().splitlines() if line.strip()]
+    assert lines and all(x["component"] == "gateway" and x["msg"] for x in lines)

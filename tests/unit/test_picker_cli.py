@@ -19,7 +19,7 @@ def test_the_options_come_from_the_flags_and_the_topology() -> None:
             "--session-header", "X-Conversation", "--control-plane", "127.0.0.1:7000",
         ]
     )  # fmt: skip
-    assert (options.listen, options.body_mode, level) == (
+    assert (options.listen, options.body_mode, level.level) == (
         "127.0.0.1:9102",
         BODY_FULL_DUPLEX,
         "INFO",
