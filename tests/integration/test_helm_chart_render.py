@@ -43,7 +43,7 @@ FIXTURES = (helm, kubernetes_validate, rendered)
 # 1.37 ships: a manifest valid for both is valid for the versions between.
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 # Kinds whose schemas are CRDs, not Kubernetes': kubernetes-validate has none for them.
-CRD_KINDS = {"InferencePool", "ScaledObject"}
+CRD_KINDS = {"InferencePool", "ScaledObject", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
 KEDA_CRD = Path(__file__).parent / "crds" / "keda" / "keda.sh_scaledobjects.yaml"
 
 # GIE's InferencePool spec, from config/crd/bases/inference.networking.k8s.io_inferencepools.yaml

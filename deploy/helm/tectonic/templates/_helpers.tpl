@@ -330,3 +330,9 @@ annotations:
   {{- $lines | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* Labels of a monitoring object (monitoring.*): the chart's, with the extra labels (a
+map) over them: (dict "root" $ "extra" .Values.monitoring.prometheusRule.labels) */}}
+{{- define "tectonic.monitoringLabels" -}}
+{{- toYaml (merge (deepCopy (default dict .extra)) (include "tectonic.labels" .root | fromYaml)) }}
+{{- end }}
