@@ -11,6 +11,10 @@ Exit codes scripts can trust:
 | 4 | aborted by the operator at the confirmation prompt |
 | 5 | not authenticated: no token, or one the control plane does not know (--token) |
 
+With ``--json`` an error is one JSON object on stderr,
+``{"error": {"code": 3, "message": "...", "kind": "unreachable"}}``, the kind one of
+refused, bad_input, unreachable, aborted, unauthenticated (``EXIT_KINDS``).
+
 A role too low for the command (``PERMISSION_DENIED``) and a rate limit are refusals
 (1); an oversized request is bad input (2); a TLS handshake the server refused (wrong
 CA, no client certificate) reads as unreachable (3), with a hint at --ca/--cert/--key.
@@ -32,6 +36,14 @@ from controlplane.kernel.rpc.tls import sync_channel
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_ABORTED = 0, 1, 2, 3, 4
 EXIT_UNAUTHENTICATED = 5
+# The ``kind`` of ``{"error": {"code", "message", "kind"}}``, what --json prints on stderr.
+EXIT_KINDS = {
+    EXIT_REFUSED: "refused",
+    EXIT_BAD_INPUT: "bad_input",
+    EXIT_UNREACHABLE: "unreachable",
+    EXIT_ABORTED: "aborted",
+    EXIT_UNAUTHENTICATED: "unauthenticated",
+}
 DEFAULT_SERVER = "127.0.0.1:50051"
 T = TypeVar("T")
 
@@ -143,7 +155,8 @@ class Client:
         raise CliError(
             "control plane unreachable; tried "
             + "; ".join(errors)
-            + ". Check --server (or TECTONIC_SERVER) and that a replica is running.",
+            + ". Check --server (or TECTONIC_SERVER, or the context's server: failoverctl "
+            "config view) and that a replica is running.",
             EXIT_UNREACHABLE,
         )
 

@@ -9,20 +9,23 @@ import them without importing each other.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
 from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from controlplane.cli import render
-from controlplane.cli.client import EXIT_ABORTED, EXIT_BAD_INPUT, Client, CliError
+from controlplane.cli.client import EXIT_ABORTED, EXIT_BAD_INPUT, EXIT_KINDS, Client, CliError
 
 out = Console()
 err = Console(stderr=True)
@@ -60,34 +63,64 @@ def parse_duration(text: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        err.print(f"error: --for {text!r} is not a duration: say 90s, 30m, 2h or 1d")
-        raise typer.Exit(EXIT_BAD_INPUT)
+        what = f"--for {text!r} is not a duration: say 90s, 30m, 2h or 1d"
+        raise _error(what, EXIT_BAD_INPUT, _wants_json())
     return value
+
+
+# This invocation's Ctx, for the error helpers that are not handed one: set by ``main``
+# (_start) and by every command (_ctx).
+_CURRENT: ContextVar[Ctx | None] = ContextVar("failoverctl_ctx", default=None)
+
+
+def _start(c: Ctx) -> Ctx:
+    """``main``: ``c`` is this invocation's Ctx."""
+    _CURRENT.set(c)
+    return c
 
 
 def _ctx(ctx: typer.Context, json_out: bool) -> Ctx:
     c: Ctx = ctx.obj
     c.json = json_out
+    _CURRENT.set(c)
     return c
 
 
-def _fail(e: CliError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {e}")
-    return typer.Exit(e.code)
+def _wants_json(c: Ctx | None = None) -> bool:
+    """Whether the running command was given --json: ``c``'s, else that of the
+    invocation's Ctx (for helpers not handed one: parse_duration, _confirm)."""
+    c = c or _CURRENT.get()
+    return bool(c is not None and c.json)
+
+
+def _error(message: str, code: int, json_out: bool) -> typer.Exit:
+    """Print an error on stderr, one JSON object with ``json_out``
+    (``{"error": {"code", "message", "kind"}}``), and return the Exit to raise."""
+    if json_out:
+        body = {"code": code, "message": message, "kind": EXIT_KINDS.get(code, "error")}
+        typer.echo(json.dumps({"error": body}), err=True)
+    else:
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(code)
+
+
+def _fail(e: CliError, c: Ctx | None = None) -> typer.Exit:
+    """A CliError as an error on stderr (JSON when the command was given --json)."""
+    return _error(str(e), e.code, _wants_json(c))
 
 
 @contextlib.contextmanager
-def _exit_on_error() -> Iterator[None]:
+def _exit_on_error(c: Ctx | None = None) -> Iterator[None]:
     """A CliError ends the command: its message on stderr, its exit code."""
     try:
         yield
     except CliError as e:
-        raise _fail(e) from None
+        raise _fail(e, c) from None
 
 
 def _call(c: Ctx, rpc: Callable[[pb_grpc.ControlPlaneStub], Callable[..., T]], request: Any) -> T:
     """One unary call, ``rpc(stub)(request)``, with the per-call timeout; see _exit_on_error."""
-    with _exit_on_error():
+    with _exit_on_error(c):
         return c.client.call(lambda s: rpc(s)(request, timeout=c.client.timeout_s))
 
 
@@ -105,11 +138,16 @@ def _confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        err.print("refusing to act without confirmation: no terminal to ask on; pass --yes")
-        raise typer.Exit(EXIT_ABORTED)
+        why = "refusing to act without confirmation: no terminal to ask on; pass --yes"
+        if not _wants_json():
+            err.print(why)
+            raise typer.Exit(EXIT_ABORTED)
+        raise _error(why, EXIT_ABORTED, True)
     if not typer.confirm(question, default=False):
-        err.print("aborted; nothing was changed")
-        raise typer.Exit(EXIT_ABORTED)
+        if not _wants_json():
+            err.print("aborted; nothing was changed")
+            raise typer.Exit(EXIT_ABORTED)
+        raise _error("aborted; nothing was changed", EXIT_ABORTED, True)
 
 
 def _status(c: Ctx) -> pb.StatusResponse:
@@ -140,6 +178,6 @@ def _units(c: Ctx, region: str, model: str) -> list[str]:
         what = (
             f"no pool of {region} answers model {model!r}" if model else f"unknown region {region}"
         )
-        err.print(f"error: {what} (regions: {', '.join(known)}; failoverctl status lists pools)")
-        raise typer.Exit(EXIT_BAD_INPUT)
+        what += f" (regions: {', '.join(known)}; failoverctl status lists pools)"
+        raise _error(what, EXIT_BAD_INPUT, c.json)
     return [r.name for r in units]

@@ -22,7 +22,6 @@ from controlplane.cli.client import (
     EXIT_BAD_INPUT,
     EXIT_REFUSED,
     Client,
-    Credentials,
     default_actor,
 )
 from controlplane.cli.common import (
@@ -37,12 +36,14 @@ from controlplane.cli.common import (
     _ctx,
     _exit_on_error,
     _show,
+    _start,
     _status,
     _units,
     err,
     out,
     parse_duration,
 )
+from controlplane.cli.contexts import Settings, config_app, with_context
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
 from controlplane.cli.hold_cmds import hold, release
 from controlplane.cli.scale_cmds import scale_app
@@ -57,7 +58,11 @@ HELP = (
     "authenticated (no --token / TECTONIC_TOKEN, or one the control plane does not know).\n\n"
     "Secured deployments: --ca (TECTONIC_CA) verifies the control plane; --cert/--key "
     "(TECTONIC_CERT/TECTONIC_KEY) are your client certificate for mutual TLS; --token "
-    "(prefer the env TECTONIC_TOKEN: command lines show up in ps) is your bearer token."
+    "(prefer the env TECTONIC_TOKEN: command lines show up in ps) is your bearer token.\n\n"
+    "Contexts: --context NAME (TECTONIC_CONTEXT, else current-context) of $TECTONIC_CONFIG "
+    "or ~/.config/tectonic/failoverctl.yaml gives what no flag or env var does (a token "
+    "only by token-file, a path): failoverctl config --help. With --json an error is one "
+    'JSON object on stderr: {"error": {"code", "message", "kind"}}.'
 )
 
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich")
@@ -101,6 +106,15 @@ def main(
             show_default=False,
         ),
     ] = "",
+    context: Annotated[
+        str,
+        typer.Option(
+            envvar="TECTONIC_CONTEXT",
+            help="The context of the config file for what no flag or env var gives "
+            "(default: its current-context); see failoverctl config --help.",
+            show_default=False,
+        ),
+    ] = "",
     version: Annotated[
         bool,
         typer.Option(
@@ -112,15 +126,16 @@ def main(
         ),
     ] = False,
 ) -> None:
-    servers = [s.strip() for s in server.split(",") if s.strip()]
+    s = with_context(ctx, context, Settings(server, actor, timeout, ca, cert, key, token))
+    servers = [x.strip() for x in s.server.split(",") if x.strip()]
     if not servers:
         err.print("error: --server is empty")
         raise typer.Exit(EXIT_BAD_INPUT)
-    if bool(cert) != bool(key):
+    if bool(s.cert) != bool(s.key):
         err.print("error: --cert and --key go together (your client certificate and its key)")
         raise typer.Exit(EXIT_BAD_INPUT)
-    creds = Credentials(ca=ca or None, cert=cert or None, key=key or None, token=token or None)
-    ctx.obj = Ctx(Client(servers, timeout, creds), actor or default_actor(), False)
+    client = Client(servers, s.timeout, s.credentials())
+    ctx.obj = _start(Ctx(client, s.actor or default_actor(), False))
 
 
 @app.command()
@@ -470,6 +485,7 @@ app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")
 app.add_typer(capacity_app, name="capacity")
 app.add_typer(scale_app, name="scale")
+app.add_typer(config_app, name="config")
 
 
 def run() -> None:
