@@ -35,6 +35,8 @@ from controlplane.kernel.model import (
 from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
+from regions.agent.metrics import AgentMetrics
+from regions.agent.probe_vllm import ReplicaProbe
 from regions.dataplane.failures import ErrorKind
 from regions.gateway.metrics import GatewayMetrics
 
@@ -138,7 +140,15 @@ def _exercised_registries() -> list[CollectorRegistry]:
     gw.retry("east")
     gw.degrade("east", "shed")
     gw.spill("east", "west")
-    return [cp.registry, gw.registry]
+    gw.admitted("east", "batch")
+    gw.admission_refused("east", "batch", "queue_full")
+    gw.continuation("east", "failed")
+
+    agent = AgentMetrics("east", ["http://e1:8000"], pool=True)
+    agent.probed([ReplicaProbe(url="http://e1:8000", up=False)], at=20.0)
+    agent.activated("wake", False, 1.0)
+    agent.pool_shortfall.labels("east").set(1)
+    return [cp.registry, gw.registry, agent.registry]
 
 
 _SUFFIXES = {
