@@ -362,7 +362,7 @@ async def gateway_admission(url: str) -> dict[str, object]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "tectonic_gateway_admission_limit":
-                out["limits"][s.labels["replica"]] = s.value  # type: ignore[index]
+                out["limits"][s.labels["endpoint"]] = s.value  # type: ignore[index]
             for kind in ("admitted", "queued", "refused"):
                 if s.name == f"tectonic_gateway_admission_{kind}_total":
                     counts = out[kind]

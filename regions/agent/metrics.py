@@ -86,19 +86,19 @@ class AgentMetrics:
             "tectonic_agent_replica_up",
             "1 if the replica's last probe (/health) answered, else 0; replicas the agent "
             "probes (the static ones, or the pool's ACTIVE ones)",
-            ["region", "replica"],
+            ["region", "endpoint"],
             registry=r,
         )
         self.replica_probed = Gauge(
             "tectonic_agent_replica_last_probe_timestamp_seconds",
             "Unix time of the replica's last probe",
-            ["region", "replica"],
+            ["region", "endpoint"],
             registry=r,
         )
         self.probes = Counter(
             "tectonic_agent_probes",
             "Replica probes, by result (up, down)",
-            ["region", "replica", "result"],
+            ["region", "endpoint", "result"],
             registry=r,
         )
         self.pool_replicas = Gauge(

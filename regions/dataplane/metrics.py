@@ -198,8 +198,8 @@ class DataPlaneMetrics:
         self.admission_limit_gauge = Gauge(
             "tectonic_gateway_admission_limit",
             "Each replica's current in-flight limit (adaptive: grows while first tokens "
-            "come within the target, shrinks when they do not)",
-            ["region", "replica"],
+            "come within the target, shrinks when they do not); endpoint: the replica's URL",
+            ["region", "endpoint"],
             registry=r,
         )
         self._admission_counts: dict[tuple[str, ...], Counter] = {}  # (kind, *labels)

@@ -95,7 +95,7 @@ async def test_pool_states_wakes_probes_and_prewarm_runs_are_scraped(agent: Agen
     assert get(before, "tectonic_agent_pool_activations_total", kind="wake", result="ok") == 1
     assert get(before, "tectonic_agent_pool_activation_duration_seconds_count", kind="wake") == 1
     (active,) = agent.replica_set.active()
-    assert get(before, "tectonic_agent_replica_up", replica=active) == 1
+    assert get(before, "tectonic_agent_replica_up", endpoint=active) == 1
     assert get(before, "tectonic_agent_prewarm_runs_total", outcome="complete") == 0
 
     req = apb.PrewarmRequest(
@@ -121,7 +121,7 @@ async def test_pool_states_wakes_probes_and_prewarm_runs_are_scraped(agent: Agen
     async def both_probed() -> bool:
         got = await scrape(agent)
         return all(
-            get(got, "tectonic_agent_replica_up", replica=u) == 1
+            get(got, "tectonic_agent_replica_up", endpoint=u) == 1
             for u in agent.replica_set.active()
         )
 

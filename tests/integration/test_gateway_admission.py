@@ -245,7 +245,7 @@ async def test_the_limit_shrinks_when_first_tokens_pass_the_target(
         assert limits == [8, 4, 2]  # halved each time (the cut is at most 1/2)
         page = await metrics_page(http, gw)
         line = (
-            f'tectonic_gateway_admission_limit{{region="{REGION}",replica="{simulator.url}"}} 2.0'
+            f'tectonic_gateway_admission_limit{{endpoint="{simulator.url}",region="{REGION}"}} 2.0'
         )
         assert line in page
 

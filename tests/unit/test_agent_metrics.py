@@ -44,7 +44,7 @@ def test_series_known_in_advance_start_at_zero() -> None:
     m = AgentMetrics("eu", ("http://a", "http://b"), pool=True)
     for url in ("http://a", "http://b"):
         for result in ("up", "down"):
-            assert value(m, "tectonic_agent_probes_total", replica=url, result=result) == 0
+            assert value(m, "tectonic_agent_probes_total", endpoint=url, result=result) == 0
     assert value(m, "tectonic_agent_region_health", verdict="UNKNOWN") == 1
     assert value(m, "tectonic_agent_region_health", verdict="HEALTHY") == 0
     for result in ("accepted", "failed"):
@@ -70,19 +70,19 @@ def test_an_agent_without_a_pool_exports_no_pool_series() -> None:
 def test_probe_rounds_set_up_down_and_drop_replicas_no_longer_probed() -> None:
     m = AgentMetrics("eu", ("http://a",), pool=True)
     m.probed([ReplicaProbe(url="http://a", up=True), ReplicaProbe(url="http://b", up=False)], 100)
-    assert value(m, "tectonic_agent_replica_up", replica="http://a") == 1
-    assert value(m, "tectonic_agent_replica_up", replica="http://b") == 0
+    assert value(m, "tectonic_agent_replica_up", endpoint="http://a") == 1
+    assert value(m, "tectonic_agent_replica_up", endpoint="http://b") == 0
     assert (
-        value(m, "tectonic_agent_replica_last_probe_timestamp_seconds", replica="http://b") == 100
+        value(m, "tectonic_agent_replica_last_probe_timestamp_seconds", endpoint="http://b") == 100
     )
-    assert value(m, "tectonic_agent_probes_total", replica="http://b", result="down") == 1
-    assert value(m, "tectonic_agent_probes_total", replica="http://b", result="up") == 0
+    assert value(m, "tectonic_agent_probes_total", endpoint="http://b", result="down") == 1
+    assert value(m, "tectonic_agent_probes_total", endpoint="http://b", result="up") == 0
 
     m.probed([ReplicaProbe(url="http://a", up=False)], 101)  # b drained from the pool
-    assert value(m, "tectonic_agent_replica_up", replica="http://a") == 0
-    assert value(m, "tectonic_agent_probes_total", replica="http://a", result="up") == 1
-    assert value(m, "tectonic_agent_probes_total", replica="http://a", result="down") == 1
-    assert not {labels for _, labels in samples(m) if ("replica", "http://b") in labels}
+    assert value(m, "tectonic_agent_replica_up", endpoint="http://a") == 0
+    assert value(m, "tectonic_agent_probes_total", endpoint="http://a", result="up") == 1
+    assert value(m, "tectonic_agent_probes_total", endpoint="http://a", result="down") == 1
+    assert not {labels for _, labels in samples(m) if ("endpoint", "http://b") in labels}
 
 
 def test_verdict_and_reports() -> None:
