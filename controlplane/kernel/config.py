@@ -177,6 +177,16 @@ class PrefixesConfig(Frozen):
     max_catalog_bytes: Annotated[
         int, Field(ge=4096, le=1_400_000, description="a catalog is cut to this")
     ] = 1024 * 1024
+    replay_strip_headers: Annotated[
+        tuple[str, ...],
+        Field(
+            max_length=64,
+            description="request headers a replay never carries, besides Authorization, "
+            "Proxy-Authorization, Cookie and X-Api-Key (any case): gateways keep the "
+            "prompts they replay warm first without them; replays authenticate with the "
+            "data plane's own key (vLLM's --api-key), never a user's",
+        ),
+    ] = ()
 
     @model_validator(mode="after")
     def _levels(self) -> Self:

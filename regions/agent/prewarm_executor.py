@@ -5,7 +5,10 @@ Each payload (``controlplane.kernel.prefix.prewarm.ReplayPayload``) is sent once
 ``max_tokens: 1`` to the replica prefix-aware routing will send its prompts to
 (:mod:`regions.agent.prewarm_plan`), most frequent first, ``per_replica`` at a time on each
 replica: prefill is compute-bound, so more concurrency on one replica only queues.
-Replays not finished by the deadline are cancelled and count as not warmed.
+Replays not finished by the deadline are cancelled and count as not warmed. A payload
+carries no request headers (no user's credentials): a replay sends only its content
+type and, when the agent has one, the data plane's own key (vLLM's ``--api-key``, as
+``Authorization: Bearer``: ``regions.dataplane.replay_headers``).
 
 **Verification**: afterwards, the ``verify`` most frequent warmed payloads are sent a
 second time, one at a time per replica. The hits of each come from vLLM itself: the
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from controlplane.kernel.prefix.prewarm import ReplayPayload
 from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_plan import assign
+from regions.dataplane.replay_headers import replay_headers
 from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 from regions.http_errors import describe_error
 
@@ -102,14 +106,20 @@ def answered_replays() -> int:
 
 
 async def replay(
-    http: aiohttp.ClientSession, replica: str, payload: ReplayPayload, timeout_s: float
+    http: aiohttp.ClientSession,
+    replica: str,
+    payload: ReplayPayload,
+    timeout_s: float,
+    api_key: str | None = None,
 ) -> Usage:
-    """Send one payload with ``max_tokens: 1``; vLLM's usage of it. Raises RuntimeError
-    with a short reason when the replica refuses it."""
+    """Send one payload with ``max_tokens: 1`` (with the data plane's ``api_key``, if
+    any); vLLM's usage of it. Raises RuntimeError with a short reason when the replica
+    refuses it."""
     url = replica.rstrip("/") + payload.endpoint
     limit = aiohttp.ClientTimeout(total=max(0.001, timeout_s))
+    hdrs = dict(replay_headers(_JSON.items(), api_key=api_key))
     try:
-        async with http.post(url, data=payload.request_body(1), headers=_JSON, timeout=limit) as r:
+        async with http.post(url, data=payload.request_body(1), headers=hdrs, timeout=limit) as r:
             if r.status != 200:
                 text = (await r.text())[:200]
                 raise RuntimeError(f"{replica}: HTTP {r.status}: {text}")
@@ -161,8 +171,10 @@ async def execute_prewarm(
     verify: int = 0,
     prefix_chars: int = DEFAULT_PREFIX_CHARS,
     on_progress: Callable[[Progress], None] | None = None,
+    api_key: str | None = None,
 ) -> PrewarmOutcome:
-    """Warm ``replicas`` with ``payloads`` (most frequent first) within ``budget_s``."""
+    """Warm ``replicas`` with ``payloads`` (most frequent first) within ``budget_s``;
+    ``api_key``: the data plane's own key for the replicas (vLLM's ``--api-key``)."""
     loop = asyncio.get_running_loop()
     run = _Run(len(payloads), loop.time(), on_progress)
     deadline = run.started + budget_s
@@ -176,7 +188,8 @@ async def execute_prewarm(
         while q and loop.time() < deadline:
             i = q.popleft()
             try:
-                tokens, _ = await replay(http, replica, payloads[i], deadline - loop.time())
+                left = deadline - loop.time()
+                tokens, _ = await replay(http, replica, payloads[i], left, api_key)
             except RuntimeError as e:
                 if loop.time() >= deadline:
                     q.appendleft(i)  # cut by the budget: not warmed, not failed
@@ -206,7 +219,9 @@ async def execute_prewarm(
             run.errors.append(f"{left} not warmed before the deadline")
     elapsed = loop.time() - run.started
     run.tick(loop.time())
-    verified, rate = await _verify(http, payloads, run.sent, verify) if verify else (0, 0.0)
+    verified, rate = (
+        await _verify(http, payloads, run.sent, verify, api_key) if verify else (0, 0.0)
+    )
     total, warmed = run.progress.total, run.progress.warmed
     detail = "; ".join(run.errors[:3]) + (
         f" (+{len(run.errors) - 3} more)" if len(run.errors) > 3 else ""
@@ -232,6 +247,7 @@ async def _verify(
     payloads: Sequence[ReplayPayload],
     sent: dict[int, _Sent],
     count: int,
+    api_key: str | None = None,
 ) -> tuple[int, float]:
     """Send the ``count`` most frequent warmed payloads again; (samples, hit rate)."""
     chosen = sorted(sent)[:count]
@@ -245,7 +261,7 @@ async def _verify(
         for i in idx:
             try:
                 q0, h0 = await cache_counters(http, replica)
-                prompt, cached = await replay(http, replica, payloads[i], 30.0)
+                prompt, cached = await replay(http, replica, payloads[i], 30.0, api_key)
                 q1, h1 = await settled_counters(http, replica, q0 + prompt)
             except (RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.info("pre-warm verification on %s skipped: %s", replica, e)

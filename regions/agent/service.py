@@ -22,7 +22,7 @@ from typing import Protocol
 import aiohttp
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
@@ -82,6 +82,9 @@ class PrewarmServiceConfig(BaseModel):
     per_replica_concurrency: int = Field(2, ge=1, le=64)
     max_budget_s: float = Field(600.0, gt=0)
     keep_results: int = Field(32, ge=1)  # finished pre-warms remembered for re-joins
+    # The data plane's own key for the replicas (vLLM's --api-key), sent with every
+    # replay as Authorization: Bearer; None: replays carry no Authorization.
+    replay_api_key: SecretStr | None = None
 
 
 class _Prewarm:
@@ -255,6 +258,7 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
                 verify=request.verify,
                 prefix_chars=request.routing_chars or DEFAULT_PREFIX_CHARS,
                 on_progress=run.update,
+                api_key=self._replay_key(),
             )
             outcome = outcome.model_copy(update={"elapsed_s": loop.time() - started})
         except Exception as e:  # the caller gets the reason, the agent keeps serving
@@ -286,6 +290,10 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             outcome.verified,
             f"; {outcome.detail}" if outcome.detail else "",
         )
+
+    def _replay_key(self) -> str | None:
+        key = self.config.replay_api_key
+        return key.get_secret_value() if key is not None else None
 
     async def stop(self) -> None:
         tasks = [r.task for r in self._runs.values() if r.task is not None and not r.task.done()]

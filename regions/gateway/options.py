@@ -18,6 +18,9 @@ class GatewayOptions(DataPlaneOptions):
     listen: str = "127.0.0.1:0"
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     grace_s: float = 5.0
+    # the data plane's own key for the replicas (vLLM's --api-key): warm-first replays
+    # send it, never a user's credentials (regions/dataplane/replay_headers.py)
+    replay_api_key: str | None = field(default=None, repr=False)
 
 
 def completed_app(options: GatewayOptions) -> AppConfig:

@@ -8,7 +8,10 @@ to the region. ``PromptMemory`` keeps, per region, the last request body per rep
 ring key (the prompt's first characters) with how often it was answered there, bounded
 in bytes; when the region serves again, ``WarmUps`` replays the most asked ones there
 (``max_tokens: 1``). The bodies never leave the gateway's memory, and are replayed only
-in the region that answered them.
+in the region that answered them. The headers are kept without the user's credentials
+(``Authorization``, ``Cookie``... and the topology's ``prefixes.replay_strip_headers``:
+``regions.dataplane.replay_headers``): a replay authenticates with the data plane's own
+key, never a user's.
 
 Eviction is a clock: the oldest entry goes unless it was asked again since it was
 last passed over, which halves its count and moves it to the back; so a popular
@@ -18,8 +21,10 @@ prompt stays while one-off prompts churn through.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from regions.dataplane.replay_headers import replay_headers, strip_names
 
 DEFAULT_MAX_BYTES = 8 << 20  # per region: ~800 prompts of 10 KB
 
@@ -37,10 +42,16 @@ class Remembered:
 
 
 class PromptMemory:
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """``strip_headers``: header names kept out of memory besides the credentials
+    (``regions.dataplane.replay_headers.CREDENTIAL_HEADERS``), any case."""
+
+    def __init__(
+        self, max_bytes: int = DEFAULT_MAX_BYTES, strip_headers: Iterable[str] = ()
+    ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.strip_headers = strip_names(strip_headers)
         self._prompts: dict[str, OrderedDict[int, Remembered]] = {}
         self._bytes: dict[str, int] = {}
 
@@ -53,7 +64,7 @@ class PromptMemory:
         body: bytes,
     ) -> None:
         """``region`` answered a request for ``key`` (the hot path of a known prompt is
-        a counter; ``headers`` are copied only for a new one)."""
+        a counter; ``headers`` are copied only for a new one, without credentials)."""
         prompts = self._prompts.get(region)
         if prompts is None:
             prompts = self._prompts[region] = OrderedDict()
@@ -61,7 +72,7 @@ class PromptMemory:
         if known is not None:
             known.hits += 1
             return
-        entry = Remembered(path, tuple(headers), body)
+        entry = Remembered(path, tuple(replay_headers(headers, self.strip_headers)), body)
         if entry.size > self.max_bytes:
             return
         prompts[key] = entry

@@ -90,7 +90,14 @@ class GatewayServer:
         self.warm_ups: WarmUps | None = None
         if app_config.warm_first:
             warmth = RegionWarmth()
-            self.warm_ups = WarmUps(warmth, self.pool, self.balancers, self.metrics)
+            self.warm_ups = WarmUps(
+                warmth,
+                self.pool,
+                self.balancers,
+                self.metrics,
+                strip_headers=options.topology.prefixes.replay_strip_headers,
+                api_key=options.replay_api_key,
+            )
             self.routing.listeners.append(self.warm_ups.routing_changed)
         self.app = GatewayApp(
             app_config,

@@ -21,6 +21,11 @@ Replays run one at a time per region, on the prompt's first two replicas in ring
 order. Nothing moves: only a new session's first placement changes, pinned as any
 other. The replays are prompts the region itself answered: nothing leaves the region
 (the K-sessions rule of docs/architecture.md §4 is about prompts that do).
+
+Replays carry no user credentials: the headers kept for one, in ``PromptMemory`` or a
+queued steered warm-up, are stripped of ``Authorization``, ``Cookie``... and the names
+in ``strip_headers`` (``regions.dataplane.replay_headers``), and a replay sends the data
+plane's own ``Authorization: Bearer <api_key>`` (vLLM's ``--api-key``) when a key is set.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from prometheus_client import Counter
 
 from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions.resolve import self_routed
+from regions.dataplane.replay_headers import replay_headers, strip_names
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
@@ -132,7 +138,12 @@ class WarmUps:
     Both ways share one gate per region: at most ``concurrency`` replays at a time (the
     region is recovering; its capacity goes to users first; the gate is first come,
     first served, so a steered prompt waits for at most the recalls already running),
-    each on the prompt's first ``replicas`` replicas in ring order."""
+    each on the prompt's first ``replicas`` replicas in ring order.
+
+    ``strip_headers``: header names a replay never carries besides the credentials (the
+    topology's ``prefixes.replay_strip_headers``); ``api_key``: the data plane's own key
+    for the model servers (vLLM's ``--api-key``), sent as ``Authorization: Bearer``
+    with every replay; None: replays carry no ``Authorization``."""
 
     def __init__(
         self,
@@ -147,11 +158,15 @@ class WarmUps:
         max_queued: int = 256,
         recall_limit: int = 1024,
         monotonic: Callable[[], float] = time.monotonic,
+        strip_headers: Iterable[str] = (),
+        api_key: str | None = None,
     ) -> None:
         if min(concurrency, replicas, max_queued) < 1:
             raise ValueError("warm-up concurrency, replicas and queue must be at least 1")
         self.warmth = warmth
-        self.memory = memory or PromptMemory()
+        self.strip_headers = strip_names(strip_headers)
+        self.api_key = api_key or None
+        self.memory = memory or PromptMemory(strip_headers=self.strip_headers)
         self._pool = pool
         self._balancers = balancers
         self._concurrency = concurrency
@@ -196,7 +211,8 @@ class WarmUps:
             self.warmups.labels(region, "steered", "dropped").inc()
             return False
         self._wanted.add((region, key))
-        self._spawn(self._steered(region, key, path, list(headers), body), f"warm-up {region}")
+        kept = replay_headers(headers, self.strip_headers)  # no credential waits in the queue
+        self._spawn(self._steered(region, key, path, kept, body), f"warm-up {region}")
         return True
 
     def routing_changed(self, routings: Mapping[str, Routing]) -> None:
@@ -285,6 +301,8 @@ class WarmUps:
         if balancer is None or not targets:
             return "failed"
         generation = self.warmth.generation(region)
+        # Stripped again (memory given by a caller may keep more), then the data plane's key.
+        headers = replay_headers(headers, self.strip_headers, self.api_key)
         for replica in targets:
             balancer.acquire(replica)  # counts against the bound like a user request
             try:

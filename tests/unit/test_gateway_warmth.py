@@ -66,12 +66,12 @@ def test_an_answer_to_a_request_sent_before_the_region_was_forgotten_is_ignored(
     assert w.is_warm("east", 3)
 
 
-HEADERS = [("authorization", "Bearer t")]
+HEADERS = [("x-tenant", "tenant-a")]  # no credential: replays never keep one
 
 
 def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
     body = b"x" * 100
-    size = len(body) + len("/v1/completions") + len("authorization") + len("Bearer t")
+    size = len(body) + len("/v1/completions") + len("x-tenant") + len("tenant-a")
     memory = PromptMemory(max_bytes=3 * size)
     for _ in range(5):
         memory.answered("east", 1, "/v1/completions", HEADERS, body)  # popular
@@ -83,7 +83,7 @@ def test_prompt_memory_keeps_the_popular_prompts_within_its_bytes() -> None:
     assert memory.knows(1) and not memory.knows(2) and memory.knows(4)
     ranked = memory.ranked("east", 2)
     assert ranked[0][0] == 1 and len(ranked) == 2
-    assert ranked[0][1].headers == (("authorization", "Bearer t"),)
+    assert ranked[0][1].headers == (("x-tenant", "tenant-a"),)
     assert memory.ranked("west", 5) == [] and not memory.knows(99)
 
 
