@@ -47,7 +47,22 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         metavar="HOST:PORT",
         help="also serve the HTTP API and dashboard here (port 0: any free port; "
-        "the log says which); off by default",
+        "the log says which); off by default. With security.tokens every path but "
+        "/healthz, /readyz and /metrics needs a bearer token; without a security: section "
+        "only a loopback host is accepted",
+    )
+    p.add_argument(
+        "--http-metrics-auth",
+        action="store_true",
+        help="/metrics needs a bearer token too (with security.tokens; Prometheus: "
+        "authorization with a viewer token)",
+    )
+    p.add_argument(
+        "--insecure-listen-any",
+        action="store_true",
+        help="let --http-listen bind a non-loopback address without a security: section: "
+        "the HTTP API is then open to anyone who reaches it (logged as a warning at each "
+        "start)",
     )
     p.add_argument(
         "--etcd", default="", help="comma-separated etcd endpoints, overriding the topology file"
@@ -82,6 +97,9 @@ async def _run(
     http_listen: str | None,
     ladder: Ladder | None,
     prewarmer: Prewarmer | None,
+    *,
+    http_metrics_auth: bool = False,
+    insecure_listen_any: bool = False,
 ) -> None:
     from controlplane.kernel.store.etcd import EtcdStore
     from controlplane.server import ControlPlaneReplica
@@ -96,6 +114,8 @@ async def _run(
         http_listen=http_listen,
         ladder=ladder,
         prewarmer=prewarmer,
+        http_metrics_auth=http_metrics_auth,
+        insecure_listen_any=insecure_listen_any,
     )
     task = asyncio.create_task(replica.run())
     started = asyncio.create_task(replica.started.wait())
@@ -130,6 +150,13 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.http_listen:
+        from controlplane.api.http_auth import bind_refusal
+
+        refusal = bind_refusal(args.http_listen, t.security, args.insecure_listen_any)
+        if refusal is not None:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
     if args.check:
         print(_summary(t))
         return 0
@@ -141,7 +168,18 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
     pre = prewarmer() if prewarmer is not None else None
     provider = configure_tracing("controlplane", args.otlp_endpoint)
     try:
-        asyncio.run(_run(t, args.id, args.listen, args.http_listen or None, ladder, pre))
+        asyncio.run(
+            _run(
+                t,
+                args.id,
+                args.listen,
+                args.http_listen or None,
+                ladder,
+                pre,
+                http_metrics_auth=args.http_metrics_auth,
+                insecure_listen_any=args.insecure_listen_any,
+            )
+        )
     finally:
         if provider is not None:
             provider.shutdown()  # the spans still buffered

@@ -26,6 +26,7 @@ from tectonic_api.v1 import controlplane_pb2, controlplane_pb2_grpc
 from controlplane.agent_prewarm import AgentPrewarmer
 from controlplane.api.grpc_service import ControlPlaneService
 from controlplane.api.http import create_http_app
+from controlplane.api.http_auth import check_bind, http_auth_on
 from controlplane.api.keda_scaler import KedaScaler, add_keda_scaler
 from controlplane.api.reads import Reads
 from controlplane.cluster import Cluster
@@ -71,6 +72,11 @@ class ControlPlaneReplica:
     prewarmer: Prewarmer | None = None
     http_listen: str | None = None  # host:port (port 0: any free one); None: no HTTP API
     ladder: Ladder | None = None  # the degradation ladder; None: no degradation steps
+    # With security.tokens: /metrics needs a token too (else only /healthz, /readyz, /metrics
+    # are open). Without a security: section, a non-loopback http_listen is refused unless
+    # insecure_listen_any (controlplane/api/http_auth.py).
+    http_metrics_auth: bool = False
+    insecure_listen_any: bool = False
 
     port: int = 0
     http_port: int = 0
@@ -188,7 +194,7 @@ class ControlPlaneReplica:
 
     async def run(self) -> None:
         server = self._grpc_server()
-        http = self._http_server(self.http_listen) if self.http_listen else None
+        http = self._http_server(self.http_listen) if self.http_listen else None  # may refuse
         try:
             await self._set_health(False)
             await server.start()
@@ -207,10 +213,11 @@ class ControlPlaneReplica:
             http.start()
             log.info(
                 "replica %s serving HTTP on http://%s:%d (dashboard /, /metrics, /v1/status, "
-                "/docs)",
+                "/docs); %s",
                 self.replica_id,
                 http.host,
                 self.http_port,
+                _http_auth_summary(self.topology.security, self.http_metrics_auth),
             )
         self.started.set()
         try:
@@ -287,7 +294,12 @@ class ControlPlaneReplica:
     # ---- HTTP ------------------------------------------------------------------------
     def _http_server(self, listen: str) -> _EmbeddedHttp:
         """Bound now, so that errors surface before the replica reports started and
-        port 0 is resolved; served from ``run``."""
+        port 0 is resolved; served from ``run``. Refuses (InsecureListen) a non-loopback
+        address without a ``security:`` section unless ``insecure_listen_any``."""
+        sec = self.topology.security
+        check_bind(listen, sec, self.insecure_listen_any)
+        if self.http_metrics_auth and not http_auth_on(sec):
+            log.warning("--http-metrics-auth has no effect: the topology has no security.tokens")
         http = _EmbeddedHttp(
             create_http_app(
                 self.reads,
@@ -296,11 +308,20 @@ class ControlPlaneReplica:
                     leader=self.election.is_leader, writable=self.loop.writes.writable
                 ),
                 stopping=self.stopping,
+                security=sec,
+                metrics_auth=self.http_metrics_auth,
             ),
             listen,
         )
         self.http_port = http.port
         return http
+
+
+def _http_auth_summary(sec: SecurityConfig | None, metrics_auth: bool) -> str:
+    if not http_auth_on(sec):
+        return "no tokens checked"
+    open_paths = "/healthz, /readyz" + ("" if metrics_auth else ", /metrics")
+    return f"bearer tokens required (open: {open_paths})"
 
 
 def _log_security(replica_id: str, sec: SecurityConfig) -> None:

@@ -1,5 +1,9 @@
 """The control plane's HTTP API, beside gRPC: probes, metrics, reads and the dashboard.
 
+With ``security.tokens`` it takes the gRPC API's bearer tokens and roles: everything
+but ``/healthz`` and ``/readyz`` (and ``/metrics``, unless ``metrics_auth``) needs a
+token whose role may read (``controlplane.api.http_auth``).
+
 Read-only: every answer comes from ``controlplane.api.reads`` (the same logic as the
 gRPC reads); operator commands stay on gRPC (``failoverctl``). Bad requests get 400
 with a message that says what to change; an unreachable etcd gets 503.
@@ -25,6 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from controlplane.api.http_auth import HttpAuth, http_auth_on
 from controlplane.api.reads import (
     DEFAULT_HISTORY,
     MAX_HISTORY,
@@ -35,6 +40,7 @@ from controlplane.api.reads import (
     Reads,
     StatusView,
 )
+from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.port import StoreUnavailable
 from controlplane.metrics import CONTENT_TYPE
 
@@ -73,9 +79,13 @@ def create_http_app(
     stopping: asyncio.Event,
     heartbeat_s: float = HEARTBEAT_S,
     max_streams: int = MAX_STREAMS,
+    security: SecurityConfig | None = None,
+    metrics_auth: bool = False,
 ) -> FastAPI:
     """``not_ready`` returns why the replica should take no traffic (None: ready);
-    ``metrics`` the Prometheus exposition; ``stopping`` ends event streams."""
+    ``metrics`` the Prometheus exposition; ``stopping`` ends event streams. With
+    ``security.tokens``, every path but the probes (and ``/metrics`` unless
+    ``metrics_auth``) needs a bearer token (controlplane/api/http_auth.py)."""
     app = FastAPI(
         title="Tectonic control plane",
         summary="Region states, routing, history and live events of one deployment",
@@ -90,6 +100,9 @@ def create_http_app(
     app.include_router(_reads(reads))
     app.include_router(_events(reads, stopping, heartbeat_s, max_streams))
     app.add_middleware(_RequestLimits)
+    if security is not None and http_auth_on(security):
+        # added last, so outermost: an unauthenticated caller learns nothing
+        app.add_middleware(HttpAuth, security=security, metrics_auth=metrics_auth)
     return app
 
 
