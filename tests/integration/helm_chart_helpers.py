@@ -8,13 +8,17 @@ locally with the install line, and fails in CI.
 
 Rendering: Helm's own Go SDK (helm-python-sdk, no helm binary) renders the chart with
 its default values or the value sets in its ci/ folder (``VALUE_SETS``); each value set
-is rendered once per session (``_rendered``). Fixtures: ``helm`` and
+is rendered once per session (``_rendered``). The chart has no default for
+etcd.external.endpoints (an install without them fails, saying so:
+test_helm_chart_defaults.py): every render here gets ``REQUIRED_VALUES`` under its own
+values, so "default" is the defaults plus those endpoints. Fixtures: ``helm`` and
 ``kubernetes_validate`` (the tools' modules, module-scoped: a test module imports them,
 so each module that uses them has its own) and ``rendered`` (one test per value set).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -39,6 +43,9 @@ VALUE_SETS: dict[str, Path | None] = {
     "external-etcd": CHART / "ci" / "external-etcd-values.yaml",
     "pools": CHART / "ci" / "pools-values.yaml",
 }
+# The one value without a default (docs/kubernetes.md, "A default install"): what every
+# render and lint of these tests is given under its own values.
+REQUIRED_VALUES: dict[str, Any] = {"etcd": {"external": {"endpoints": ["etcd.example.com:2379"]}}}
 PYPI_HINT = "pip install 'helm-python-sdk==0.2.2' 'kubernetes-validate>=1.37,<1.38'"
 TOOLS_HINT = (
     "python3.11 -m venv .venv-tools && .venv-tools/bin/pip install 'checkov>=3.3,<4' "
@@ -108,17 +115,31 @@ class Rendered:
                     yield m, c
 
 
+def with_required(values: dict[str, Any], base: Any = None) -> dict[str, Any]:
+    """``values`` over ``REQUIRED_VALUES`` (maps merged, as Helm merges values; the rest,
+    lists included, replaced)."""
+    out = copy.deepcopy(REQUIRED_VALUES if base is None else base)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = with_required(value, out[key])
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def load_values(path: Path | None) -> dict[str, Any]:
     if path is None:
-        return {}
+        return with_required({})
     data = yaml.safe_load(path.read_text())
     assert isinstance(data, dict)
     return data
 
 
-def render(helm: ModuleType, values: dict[str, Any]) -> dict[str, str]:
+def render(helm: ModuleType, values: dict[str, Any], *, required: bool = True) -> dict[str, str]:
+    """The chart rendered with ``values`` (over ``REQUIRED_VALUES`` unless not ``required``)."""
+    given = with_required(values) if required else values
     with helm.Chart.load(str(CHART)) as chart:
-        files: dict[str, str] = chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+        files: dict[str, str] = chart.render(values=given, name=RELEASE, namespace=NAMESPACE)
     return files
 
 

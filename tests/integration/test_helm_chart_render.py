@@ -114,12 +114,12 @@ def test_every_value_set_renders_the_components_it_turns_on(rendered: Rendered) 
         m["metadata"]["labels"].get("app.kubernetes.io/component")
         for m in rendered.of_kind("Deployment") + rendered.of_kind("StatefulSet")
     }
-    expected = {
-        "default": {"controlplane", "agent"},
+    expected = {  # the gateway is on by default (ci/external-etcd-values.yaml turns it off)
+        "default": {"controlplane", "agent", "gateway"},
         "all-on": {"controlplane", "agent", "gateway", "picker", "drills", "model-server", "etcd"},
         "external-etcd": {"agent", "picker", "drills"},
         "pools": {"controlplane", "agent", "gateway", "picker", "model-server", "etcd"},
-        "advisory": {"controlplane", "agent", "model-server"},
+        "advisory": {"controlplane", "agent", "gateway", "model-server"},
     }
     assert components == expected[rendered.name]
     for m in rendered.manifests:  # namespaced objects name their namespace: none in default

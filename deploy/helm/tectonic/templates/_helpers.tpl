@@ -72,6 +72,93 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/* The pod template's annotations: the chart's own (lines of "key: value", such as the
+topology checksum) over the component's podAnnotations over the global podAnnotations;
+nothing when there are none:
+(dict "root" $ "component" .Values.gateway "own" (include "tectonic.topologyChecksum" $)) */}}
+{{- define "tectonic.podAnnotations" -}}
+{{- $own := default dict (fromYaml (default "" .own)) }}
+{{- $all := merge $own (deepCopy (default dict .component.podAnnotations)) (deepCopy (default dict .root.Values.podAnnotations)) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A pod's priorityClassName and topologySpreadConstraints: the component's, else the
+global ones. A constraint without a labelSelector gets the pod's own selector labels, so
+that a global constraint spreads each component's (and region's) pods by themselves:
+(dict "root" $ "component" .Values.gateway "sel" $sel) */}}
+{{- define "tectonic.podPlacement" -}}
+{{- with default .root.Values.priorityClassName .component.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- $constraints := list }}
+{{- range default .root.Values.topologySpreadConstraints .component.topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not $c.labelSelector }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "tectonic.selectorLabels" $.sel | fromYaml)) }}
+{{- end }}
+{{- $constraints = append $constraints $c }}
+{{- end }}
+{{- with $constraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The Deployment's replicas, unless its HorizontalPodAutoscaler owns them:
+(dict "component" .Values.gateway "field" "gateway") */}}
+{{- define "tectonic.replicas" -}}
+{{- if .component.autoscaling.enabled -}}
+# No replicas: the HorizontalPodAutoscaler ({{ .field }}.autoscaling) owns them, and an
+# upgrade that set them would undo its scaling.
+{{- else -}}
+replicas: {{ .component.replicas }}
+{{- end }}
+{{- end }}
+
+{{/* An autoscaling/v2 HorizontalPodAutoscaler on CPU for one Deployment, when the
+component's autoscaling is enabled:
+(dict "root" $ "component" .Values.gateway "field" "gateway" "name" $name "region" "us-east") */}}
+{{- define "tectonic.hpa" -}}
+{{- $as := .component.autoscaling }}
+{{- if $as.enabled }}
+{{- if gt (int $as.minReplicas) (int $as.maxReplicas) }}
+{{- fail (printf "%s.autoscaling.minReplicas (%d) must be at most maxReplicas (%d)" .field (int $as.minReplicas) (int $as.maxReplicas)) }}
+{{- end }}
+{{- if not (and .component.resources .component.resources.requests .component.resources.requests.cpu) }}
+{{- fail (printf "%s.autoscaling: the HorizontalPodAutoscaler scales on CPU utilization of the request; set %s.resources.requests.cpu" .field .field) }}
+{{- end }}
+---
+# {{ .field }}.autoscaling: CPU utilization of {{ .field }}.resources.requests.cpu,
+# averaged over the Deployment's pods, sizes it between minReplicas and maxReplicas.
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "tectonic.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .field }}
+    tectonic.io/region: {{ .region }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ .name }}
+  minReplicas: {{ $as.minReplicas }}
+  maxReplicas: {{ $as.maxReplicas }}
+  metrics:
+    - type: Resource
+      resource:
+        name: cpu
+        target:
+          type: Utilization
+          averageUtilization: {{ $as.targetCPUUtilizationPercentage }}
+{{- end }}
+{{- end }}
+
 {{- define "tectonic.containerSecurity" -}}
 securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
@@ -112,8 +199,10 @@ podAntiAffinity:
 {{- $eps = append $eps (printf "%s-%d.%s.%s.svc:2379" $name $i $name $.Release.Namespace) }}
 {{- end }}
 {{- toJson $eps }}
-{{- else }}
+{{- else if .Values.etcd.external.endpoints }}
 {{- toJson .Values.etcd.external.endpoints }}
+{{- else }}
+{{- fail "etcd.external.endpoints is required (host:port of your etcd members), or set etcd.mode: bundled (a small etcd of this chart, for trials and single-cluster installs; see docs/kubernetes.md)" }}
 {{- end }}
 {{- end }}
 
@@ -220,6 +309,50 @@ region), modelPool (the pool's name, "" without pools) and models (its model nam
 {{- .region.discovery.namespace }}
 {{- else }}
 {{- .root.Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/* The replicas gateways forward to for a unit of this cluster (a region, or a model pool
+of one) without a warm pool and without the chart's model servers, as a JSON list: its
+discovery Service at discovery.port (http://<service>.<namespace>.svc:<port>); [] when
+the pool publishes them (pools/<unit> in etcd), modelServer.enabled fills them in, or
+discovery.port is 0: (dict "root" $ "unit" unit) */}}
+{{- define "tectonic.discoveryReplicas" -}}
+{{- $pool := default dict .unit.pool }}
+{{- $discovery := default dict .unit.discovery }}
+{{- if or $pool.enabled .root.Values.modelServer.enabled (not $discovery.port) }}
+{{- toJson list }}
+{{- else }}
+{{- $ctx := dict "root" .root "region" .unit }}
+{{- toJson (list (printf "http://%s.%s.svc:%d" (include "tectonic.discoveryService" $ctx) (include "tectonic.discoveryNamespace" $ctx) (int $discovery.port))) }}
+{{- end }}
+{{- end }}
+
+{{/* "yes" when the topology lists replicas for a unit of this cluster: (dict "root" $ "unit" unit) */}}
+{{- define "tectonic.topologyHasReplicas" -}}
+{{- range $t := .root.Values.topology.regions }}
+{{- if eq $t.name $.unit.site }}
+{{- if $.unit.modelPool }}
+{{- range $p := $t.pools }}
+{{- if and (eq $p.name $.unit.modelPool) $p.replicas }}yes{{ end }}
+{{- end }}
+{{- else if $t.replicas }}yes
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Fails the render when the gateway of a unit of this cluster would have nothing to
+forward to (every request a 503): no replicas in the topology, no warm pool to publish
+them, no model server of the chart's and no discovery.port: (dict "root" $ "unit" unit) */}}
+{{- define "tectonic.gatewayHasReplicas" -}}
+{{- $u := .unit }}
+{{- $pool := default dict $u.pool }}
+{{- $derived := include "tectonic.discoveryReplicas" . | fromJsonArray }}
+{{- if not (or $pool.enabled .root.Values.modelServer.enabled $derived (include "tectonic.topologyHasReplicas" .)) }}
+{{- $local := ternary (printf "regions[%s].pools.%s" $u.site $u.modelPool) (printf "regions[%s]" $u.site) (ne $u.modelPool "") }}
+{{- $topo := ternary (printf "topology.regions[%s].pools[%s].replicas" $u.site $u.modelPool) (printf "topology.regions[%s].replicas" $u.site) (ne $u.modelPool "") }}
+{{- fail (printf "gateway.enabled: the gateway has nothing to forward %s's requests to. Set %s.discovery.port (the port of its Service %s; the gateway then forwards to that Service), or list its model servers' base URLs in %s, or run its warm pool (%s.pool.enabled), or set modelServer.enabled, or gateway.enabled: false (with Envoy and the picker as the data plane)" $u.unit $local (include "tectonic.discoveryService" (dict "root" .root "region" $u)) $topo $local) }}
 {{- end }}
 {{- end }}
 
