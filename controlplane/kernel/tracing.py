@@ -1,5 +1,5 @@
 """OpenTelemetry traces, opt-in: ``--otlp-endpoint URL`` (or ``$TECTONIC_OTLP_ENDPOINT``)
-sends a process's spans over OTLP/HTTP (protobuf) to a collector, e.g.
+sends a process's spans over OTLP/HTTP (JSON, ``otlp_json.py``) to a collector, e.g.
 ``http://otel-collector:4318/v1/traces``. Without it nothing is traced and ``start`` costs
 one check: the gateway's hot path stays as it was.
 
@@ -19,12 +19,12 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind
 
+from controlplane.kernel.otlp_json import OtlpJsonExporter
 from controlplane.kernel.version import VERSION
 
 ENDPOINT_ENV = "TECTONIC_OTLP_ENDPOINT"
@@ -48,7 +48,7 @@ def configure_tracing(
             {"service.name": f"tectonic-{component}", "service.version": VERSION}
         )
     )
-    provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint)))
+    provider.add_span_processor(BatchSpanProcessor(exporter or OtlpJsonExporter(endpoint)))
     _state["provider"] = provider
     return provider
 

@@ -2,8 +2,8 @@
 
 The gateway runs as a process in front of simulator processes (a real etcd) with
 ``--otlp-endpoint`` pointing at a collector in this test: an aiohttp server that takes
-OTLP/HTTP exports (protobuf ``ExportTraceServiceRequest``, the wire format any
-collector speaks) and decodes them with the OpenTelemetry proto package. A request
+OTLP/HTTP exports in the OTLP specification's JSON encoding (what any collector's
+``/v1/traces`` accepts) and reads them by the specification's field names. A request
 sent with a W3C ``traceparent`` must come back as one trace: the gateway's server span
 a child of the caller's span, and route, admission and upstream spans children of it,
 the upstream span naming the replica it went to and what it answered.
@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from chaos.lab.procs import until
 from tests.integration.gateway_helpers import Deployment, deployment, http, procs_cleanup
@@ -32,19 +31,54 @@ CALLER_SPAN = "00f067aa0ba902b7"
 
 
 @dataclass
+class Span:
+    """A span as an OTLP/HTTP JSON export carries it (the OTLP specification's JSON
+    mapping: hex ids, the kind as a number, attributes as key/value pairs)."""
+
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    kind: int
+    attributes: dict[str, object]
+
+
+SERVER, CLIENT = 2, 3  # OTLP's SpanKind numbers
+
+
+def attributes(pairs: list[dict[str, Any]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for a in pairs:
+        v = a["value"]
+        out[a["key"]] = int(v["intValue"]) if "intValue" in v else v.get("stringValue")
+    return out
+
+
+@dataclass
 class Collector:
     url: str = ""
-    spans: list[tuple[str, trace_pb2.Span]] = field(default_factory=list)  # (service, span)
+    spans: list[Span] = field(default_factory=list)
 
     async def export(self, request: web.Request) -> web.Response:
-        assert request.content_type == "application/x-protobuf"
-        msg = trace_service_pb2.ExportTraceServiceRequest.FromString(await request.read())
-        for rs in msg.resource_spans:
-            attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                self.spans += [(attrs.get("service.name", ""), s) for s in ss.spans]
-        body = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-        return web.Response(body=body, content_type="application/x-protobuf")
+        assert request.content_type == "application/json"
+        body = await request.json()
+        for rs in body["resourceSpans"]:
+            service = attributes(rs["resource"]["attributes"]).get("service.name", "")
+            for ss in rs["scopeSpans"]:
+                self.spans += [
+                    Span(
+                        service=str(service),
+                        name=s["name"],
+                        trace_id=s["traceId"],
+                        span_id=s["spanId"],
+                        parent_span_id=s.get("parentSpanId", ""),
+                        kind=s["kind"],
+                        attributes=attributes(s["attributes"]),
+                    )
+                    for s in ss["spans"]
+                ]
+        return web.json_response({})
 
 
 @pytest.fixture
@@ -64,14 +98,6 @@ async def collector() -> AsyncIterator[Collector]:
         await runner.cleanup()
 
 
-def attrs(span: trace_pb2.Span) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for a in span.attributes:
-        v = a.value
-        out[a.key] = v.string_value if v.HasField("string_value") else v.int_value
-    return out
-
-
 async def test_a_request_is_one_trace_under_the_callers_span(
     deployment: Deployment,
     collector: Collector,
@@ -89,23 +115,23 @@ async def test_a_request_is_one_trace_under_the_callers_span(
     wanted = {"POST /v1/completions", "route", "admission", "upstream"}
 
     async def exported() -> bool:
-        return wanted <= {s.name for _, s in collector.spans}
+        return wanted <= {s.name for s in collector.spans}
 
     await until(exported, within=20, every=0.2, what="the gateway's spans at the collector")
-    spans = {s.name: (svc, s) for svc, s in collector.spans}
-    service, root = spans["POST /v1/completions"]
-    assert service == "tectonic-gateway"
-    assert root.trace_id.hex() == TRACE_ID and root.parent_span_id.hex() == CALLER_SPAN
-    assert root.kind == trace_pb2.Span.SPAN_KIND_SERVER
-    assert attrs(root)["http.response.status_code"] == 200
-    assert attrs(root)["tectonic.request_id"] == "req-t1"
+    spans = {s.name: s for s in collector.spans}
+    root = spans["POST /v1/completions"]
+    assert root.service == "tectonic-gateway"
+    assert root.trace_id == TRACE_ID and root.parent_span_id == CALLER_SPAN
+    assert root.kind == SERVER
+    assert root.attributes["http.response.status_code"] == 200
+    assert root.attributes["tectonic.request_id"] == "req-t1"
     for name in ("route", "admission", "upstream"):
-        _, child = spans[name]
+        child = spans[name]
         assert child.trace_id == root.trace_id, name
         assert child.parent_span_id == root.span_id, name
-    _, up = spans["upstream"]
-    assert up.kind == trace_pb2.Span.SPAN_KIND_CLIENT
+    up = spans["upstream"]
+    assert up.kind == CLIENT
     replicas = {s.url for s in deployment.sims["east"]}
-    assert attrs(up)["server.address"] in replicas
-    assert attrs(up)["http.response.status_code"] == 200
-    assert attrs(spans["route"][1])["tectonic.region"] == "east"
+    assert up.attributes["server.address"] in replicas
+    assert up.attributes["http.response.status_code"] == 200
+    assert spans["route"].attributes["tectonic.region"] == "east"
