@@ -85,13 +85,16 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
         envoy_ports,
     )
     try:
-        for region, ports in picker_ports.items():
-            for i in range(len(ports)):
-                await asyncio.to_thread(w.start_picker, region, i)
+        # Envoys first: their ports were chosen above and are free only until some
+        # process's outgoing connection takes one (the pickers' are many); an Envoy is
+        # live before its pickers answer.
         for region in sims:
             w.envoys[region] = await asyncio.to_thread(
                 start_envoy, w.envoy_spec(region), tmp / f"envoy-{region}"
             )
+        for region, ports in picker_ports.items():
+            for i in range(len(ports)):
+                await asyncio.to_thread(w.start_picker, region, i)
         yield w
     finally:
         procs: list[Proc] = [*w.envoys.values(), *(p for ps in w.pickers.values() for p in ps)]
