@@ -29,7 +29,7 @@ from regions.agent.kube_wiring import KubeDiscoveryConfig
 from regions.agent.pool_config import load_pool_config
 from regions.agent.server import AgentConfig, serve_agent
 from regions.agent.service import PrewarmServiceConfig
-from regions.dataplane.replay_headers import read_api_key
+from regions.dataplane.replay_headers import add_replay_key_flag, replay_key
 
 log = logging.getLogger("tectonic.agent")
 
@@ -267,14 +267,7 @@ def _prewarm_flags(p: argparse.ArgumentParser) -> None:
         help="pre-warm replays in flight per replica (default 2): how many "
         "prefills a replica runs at full speed at once, plus one",
     )
-    g.add_argument(
-        "--replay-api-key-file",
-        default=None,
-        metavar="PATH",
-        help="a file holding the data plane's own API key for the replicas (vLLM's "
-        "--api-key): pre-warm replays send it as Authorization: Bearer (never a "
-        "user's credentials); a file, not a value, to keep it out of the process list",
-    )
+    add_replay_key_flag(g, "pre-warm replays")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
@@ -290,10 +283,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     except ConfigError as e:
         p.error(str(e))
     etcd = tuple(ep.strip() for ep in args.etcd.split(",") if ep.strip())
-    try:
-        replay_key = read_api_key(args.replay_api_key_file) if args.replay_api_key_file else None
-    except (OSError, ValueError) as e:
-        p.error(f"--replay-api-key-file: {e}")
+    key = replay_key(p, args)
     try:
         security = load_security(args.security) if args.security else None
         etcd_settings = load_etcd(args.security) if args.security else None
@@ -320,7 +310,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
                     for k, v in (
                         ("prefill_tokens_per_s", args.prefill_tokens_per_s),
                         ("per_replica_concurrency", args.prewarm_concurrency),
-                        ("replay_api_key", replay_key),
+                        ("replay_api_key", key),
                     )
                     if v is not None
                 }

@@ -12,6 +12,7 @@ when it is sent, it authenticates with the data plane's own key (vLLM's
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,3 +49,27 @@ def read_api_key(path: str | Path) -> str:
     if not key:
         raise ValueError(f"{path}: no API key in the file")
     return key
+
+
+def add_replay_key_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    """``--replay-api-key-file`` for a process whose ``what`` (its replays) need the data
+    plane's own key; read it with ``replay_key``."""
+    p.add_argument(
+        "--replay-api-key-file",
+        default=None,
+        metavar="PATH",
+        help=f"a file holding the data plane's own API key for the replicas (vLLM's "
+        f"--api-key): {what} send it as Authorization: Bearer, never a user's credentials; "
+        "a file, not a value, to keep it out of the process list",
+    )
+
+
+def replay_key(p: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The key ``--replay-api-key-file`` names (None without it); a usage error naming
+    the flag when the file cannot be read or holds none."""
+    if not args.replay_api_key_file:
+        return None
+    try:
+        return read_api_key(args.replay_api_key_file)
+    except (OSError, ValueError) as e:
+        p.error(f"--replay-api-key-file: {e}")

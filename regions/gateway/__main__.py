@@ -49,7 +49,7 @@ from regions.dataplane.cli_common import (
     run_main,
     serve,
 )
-from regions.dataplane.replay_headers import read_api_key
+from regions.dataplane.replay_headers import add_replay_key_flag, replay_key
 from regions.gateway.app import AppConfig
 from regions.gateway.continuation import ContinuationConfig
 from regions.gateway.proxy import ProxyConfig
@@ -98,15 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     add_admission_flags(p)
     p.add_argument("--log-level", default="INFO")
     add_log_format_flag(p)
-    p.add_argument(
-        "--replay-api-key-file",
-        default=None,
-        metavar="PATH",
-        help="a file holding the data plane's own API key for the replicas (vLLM's "
-        "--api-key): warm-first replays send it as Authorization: Bearer, never a user's "
-        "credentials (those are stripped from what is kept); a file, not a value, to keep "
-        "it out of the process list",
-    )
+    add_replay_key_flag(p, "warm-first replays (user credentials are stripped from what is kept)")
     add_otlp_flag(p)
     add_version_flag(p)
     return p
@@ -164,10 +156,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, LogSe
     args = p.parse_args(argv)
     if args.continuation_deadline <= 0:
         p.error("--continuation-deadline must be positive")
-    try:
-        replay_key = read_api_key(args.replay_api_key_file) if args.replay_api_key_file else None
-    except (OSError, ValueError) as e:
-        p.error(f"--replay-api-key-file: {e}")
     app = AppConfig(
         home=args.region,
         warm_first=args.warm_first,
@@ -188,7 +176,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GatewayOptions, LogSe
         proxy=ProxyConfig(retry_deadline_s=args.retry_deadline, read_timeout_s=args.read_timeout),
         grace_s=args.grace,
         admission=admission_options(p, args),
-        replay_api_key=replay_key,
+        replay_api_key=replay_key(p, args),
     )
     return options, LogSettings(str(args.log_level).upper(), args.log_format, args.otlp_endpoint)
 

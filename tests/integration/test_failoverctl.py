@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from chaos.lab.procs import until as poll
 from controlplane.kernel.config import Topology
 from regions.pool.processes import free_port
 from tests.integration.cp_harness import (
@@ -193,10 +194,7 @@ async def test_hold_one_region_status_shows_it_and_it_ends_by_itself(topology: T
             events = json.loads(out) if code == 0 else []
             return any(e["action"] == "release" and e["actor"] == "cp-a" for e in events)
 
-        deadline = time.monotonic() + 30
-        while not await released():
-            assert time.monotonic() < deadline, "the leader never released the hold"
-            await asyncio.sleep(0.5)
+        await poll(released, within=30, every=0.5, what="the leader's release of the hold")
         assert not region(await run.stub.GetStatus(pb.GetStatusRequest()), "west").HasField("hold")
 
 

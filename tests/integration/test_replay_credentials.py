@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_simulators, until
@@ -29,6 +28,7 @@ from controlplane.kernel.store.etcd import EtcdStore
 from regions.gateway.app import AppConfig
 from regions.gateway.server import GatewayOptions, GatewayServer
 from tests.integration.cp_harness import fast_topology
+from tests.recording_replica import Recorder, recording_replica
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 RECOVERING = Routing(targets={"east": 0.5, "west": 0.5}, epoch=2)
@@ -41,34 +41,10 @@ USER = {
 }
 
 
-class Recorder:
-    """East's replica: records each request's headers and answers one token."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, str]] = []
-        self.url = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append({k.lower(): v for k, v in request.headers.items()})
-        await request.read()
-        return web.json_response(
-            {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
-        )
-
-
 @pytest.fixture
 async def recorder() -> AsyncIterator[Recorder]:
-    rec = Recorder()
-    app = web.Application()
-    app.router.add_post("/v1/completions", rec.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    rec.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with recording_replica() as rec:
         yield rec
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture(scope="module")

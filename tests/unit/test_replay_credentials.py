@@ -9,15 +9,14 @@ has a key of its own (vLLM's ``--api-key``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
+from chaos.lab.procs import until
 from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.model import Routing
 from controlplane.kernel.prefix.identity import PromptKind
@@ -35,6 +34,7 @@ from regions.gateway.metrics import GatewayMetrics
 from regions.gateway.prompt_memory import PromptMemory
 from regions.gateway.upstream import UpstreamPool
 from regions.gateway.warmth import RegionWarmth, WarmUps
+from tests.recording_replica import Recorder, recording_replica
 
 USER = [
     ("Content-Type", "application/json"),
@@ -107,49 +107,15 @@ def test_the_prompt_memory_holds_no_authorization_or_cookie() -> None:
     )
 
 
-class _Recorder:
-    """A model server that records each request's headers and answers one token."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, str]] = []
-        self.url = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append({k.lower(): v for k, v in request.headers.items()})
-        await request.read()
-        usage = {"prompt_tokens": 7, "completion_tokens": 1}
-        return web.json_response({"choices": [{"text": "x"}], "usage": usage})
-
-
 @pytest.fixture
-async def recorder() -> AsyncIterator[_Recorder]:
-    rec = _Recorder()
-    app = web.Application()
-    app.router.add_post("/v1/completions", rec.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    rec.url = f"http://127.0.0.1:{port}"
-    try:
+async def recorder() -> AsyncIterator[Recorder]:
+    async with recording_replica() as rec:
         yield rec
-    finally:
-        await runner.cleanup()
-
-
-async def _until(cond: object, within: float = 5.0) -> None:
-    assert callable(cond)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not cond():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("api_key", [None, "dp-key"])
 async def test_warm_ups_replay_without_the_users_credentials(
-    recorder: _Recorder, api_key: str | None
+    recorder: Recorder, api_key: str | None
 ) -> None:
     pool = UpstreamPool()
     balancers = {"east": ReplicaBalancer([recorder.url])}
@@ -165,12 +131,20 @@ async def test_warm_ups_replay_without_the_users_credentials(
     try:
         # Steered: the request's headers, as the gateway hands them over.
         assert ups.want("east", 1, "/v1/completions", USER, BODY)
-        await _until(lambda: ups.pending == 0 and len(recorder.seen) == 1)
+
+        async def replayed() -> bool:
+            return ups.pending == 0 and len(recorder.seen) == 1
+
+        await until(replayed, within=5, what="the steered replay")
         # Recall: what the memory kept when east answered, replayed when east comes back.
         ups.memory.answered("east", 2, "/v1/completions", USER, BODY)
         ups.routing_changed({"east": Routing(targets={"west": 1.0})})  # failed over
         ups.routing_changed({"east": Routing(targets={"east": 1.0})})  # serves again
-        await _until(lambda: len(recorder.seen) == 2)
+
+        async def recalled() -> bool:
+            return len(recorder.seen) == 2
+
+        await until(recalled, within=5, what="the recall")
     finally:
         await ups.close()
         pool.close()
@@ -195,7 +169,7 @@ def _payload() -> ReplayPayload:
 
 
 async def test_the_agents_pre_warm_replays_carry_only_the_data_planes_key(
-    recorder: _Recorder,
+    recorder: Recorder,
 ) -> None:
     async with aiohttp.ClientSession() as http:
         await replay(http, recorder.url, _payload(), 5.0)
