@@ -38,6 +38,7 @@ ACCESS_LINE = re.compile(
 )
 # a stream whose server died after its first byte: Envoy can only cut it
 CUT_STREAM = "upstream_reset_after_response_started"
+SESSIONS = 24  # the drill's conversations
 
 
 def access_log(dep: LocalDeployment) -> list[re.Match[str]]:
@@ -82,12 +83,18 @@ async def check_envoy_drill(result: DrillResult, dep: LocalDeployment) -> None:
     assert requests > 100, result.figures
     lines = await settled_access_log(dep, requests)
     assert len(lines) >= requests  # the traffic went through the Envoys
-    assert {m["code"] for m in lines} == {"200"}, [m.string for m in lines]  # no 5xx
+    # No 5xx. A line without a response (code 0, flag DC: downstream connection
+    # termination) is the drill's own client hanging up on a request still in flight
+    # when the traffic stopped: at most one per session.
+    hung_up = [m for m in lines if m["code"] == "0" and "DC" in m["flags"].split(",")]
+    assert len(hung_up) <= SESSIONS, [m.string for m in hung_up]
+    answered = [m for m in lines if m not in hung_up]
+    assert {m["code"] for m in answered} == {"200"}, [m.string for m in answered]
     # The pickers answered (nearly) every request. A picker later than Envoy's
     # message_timeout (1 s) fails open: served round robin, without x-tectonic-region,
     # which the traffic counts as failed; seen here only while other work stalled the
     # machine's two cores for seconds.
-    unpicked = [m.string for m in lines if m["route"] != "picked"]
+    unpicked = [m.string for m in answered if m["route"] != "picked"]
     assert len(unpicked) <= 0.01 * requests, unpicked
     # Nothing else lost but the streams the kill cut after their first byte.
     cut = cut_streams(dep)
@@ -109,7 +116,12 @@ async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
         await store.connect()
         try:
             result = await drill_on(
-                dep, store, find_scenario(name), reports=tmp_path, sessions=24, say=lambda m: None
+                dep,
+                store,
+                find_scenario(name),
+                reports=tmp_path,
+                sessions=SESSIONS,
+                say=lambda m: None,
             )
             await check_envoy_drill(result, dep)  # while the pickers still run
             return result
