@@ -41,9 +41,11 @@ from controlplane.kernel.vllm.signals import (
 
 log = logging.getLogger("chaos.drills.observe")
 
-GW_REQUESTS = "tectonic_gateway_requests"  # the parser drops _total from family names
-GW_FIRST = "tectonic_gateway_first_token_seconds"
-GW_VIOLATIONS = "tectonic_gateway_consistency_violations_total"
+# A data plane's series: the gateway's, or the same under the endpoint picker's prefix.
+DATA_PLANES = ("tectonic_gateway_", "tectonic_picker_")
+GW_REQUESTS = {p + "requests" for p in DATA_PLANES}  # the parser drops _total from names
+GW_FIRST = {p + "first_token_seconds" for p in DATA_PLANES}
+GW_VIOLATIONS = tuple(p + "consistency_violations_total " for p in DATA_PLANES)
 GW_CONTINUED = "tectonic_gateway_stream_continuations_total{"  # outcome="continued" only
 
 
@@ -54,12 +56,12 @@ def gateway_metrics(text: str, at: float) -> ReplicaMetrics:
     buckets: dict[float, float] = defaultdict(float)
     total = 0.0
     for family in text_string_to_metric_families(text):
-        if family.name == GW_REQUESTS:
+        if family.name in GW_REQUESTS:
             for s in family.samples:
                 if s.name.endswith("_total"):
                     requests += s.value
                     errors += s.value if s.labels.get("code", "")[:1] == "5" else 0.0
-        elif family.name == GW_FIRST:
+        elif family.name in GW_FIRST:
             for s in family.samples:
                 if s.name.endswith("_bucket"):
                     buckets[float(s.labels["le"])] += s.value
@@ -188,7 +190,7 @@ class Observer:
     def _count_violations(self, url: str, text: str) -> None:
         violations = continued = 0.0
         for line in text.splitlines():
-            if line.startswith(GW_VIOLATIONS + " "):
+            if line.startswith(GW_VIOLATIONS):
                 violations += float(line.rsplit(" ", 1)[1])
             elif line.startswith(GW_CONTINUED) and 'outcome="continued"' in line:
                 continued += float(line.rsplit(" ", 1)[1])

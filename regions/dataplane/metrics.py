@@ -1,6 +1,8 @@
-"""A data plane's Prometheus metrics (the gateway's and the endpoint picker's, under
-the gateway's names: ``tectonic_gateway_*``), on a registry of its own (never the
-process-wide default, so two data planes in one test process do not share counters).
+"""A data plane's Prometheus metrics, the gateway's (``tectonic_gateway_*``) and the
+endpoint picker's (the same series under its own prefix, ``tectonic_picker_*``; in
+0.1.0 the picker exported the gateway's names, so the shipped rules and dashboard match
+both: ``{__name__=~"tectonic_(gateway|picker)_..."}``), on a registry of its own (never
+the process-wide default, so two data planes in one test process do not share counters).
 What only the gateway's forwarding counts (stream continuations) is added by
 ``regions/gateway/metrics.py``, warm first's series by ``regions/gateway/warmth.py``.
 
@@ -46,6 +48,7 @@ FIRST_TOKEN_BUCKETS = (
     30.0,
     60.0,
 )
+COMPONENTS = ("gateway", "picker")  # the data planes, each with its metrics' prefix
 NO_REGION = "none"  # the region label of requests refused before a region was chosen
 # Statuses counted from the start for every region: 200, and each 5xx a gateway answers
 # with: a replica's own after the retries (regions/gateway/proxy.py RETRYABLE_STATUS),
@@ -67,14 +70,17 @@ class DataPlaneMetrics:
     ) -> None:
         """``zones``: the topology's region -> zone (its regions and the spills they
         may make start at 0); none: every series appears at its first event.
-        ``component``: ``tectonic_build_info``'s (``gateway``, or ``picker`` for the
-        endpoint picker)."""
+        ``component``: ``gateway``, or ``picker`` for the endpoint picker: the metrics'
+        prefix (``tectonic_<component>_``) and ``tectonic_build_info``'s label."""
+        if component not in COMPONENTS:
+            raise ValueError(f"component must be one of {COMPONENTS}, not {component!r}")
+        p = f"tectonic_{component}_"
         self.registry = CollectorRegistry(auto_describe=True)
         self.pool_models: Mapping[str, str] = {}  # unit -> model label (docs/models.md)
         r = self.registry
         build_info(r, component)
         self.requests = Counter(
-            "tectonic_gateway_requests",
+            p + "requests",
             "Requests answered, by serving region and HTTP status, counted when the answer "
             "ends; a stream cut after its first byte counts as 502 (its in-band error event "
             'says 502; errors_total{kind="stream_broken"} counts it too)',
@@ -82,7 +88,7 @@ class DataPlaneMetrics:
             registry=r,
         )
         self.errors = Counter(
-            "tectonic_gateway_errors",
+            p + "errors",
             "Failures seen by the gateway (connect, upstream 5xx, broken stream, no replica, "
             "no region, bad request; client_gone: the client closed before it had the whole "
             "answer), by region",
@@ -90,79 +96,79 @@ class DataPlaneMetrics:
             registry=r,
         )
         self.first_token = Histogram(
-            "tectonic_gateway_first_token_seconds",
+            p + "first_token_seconds",
             "From request arrival to the first response byte sent to the client",
             ["region"],
             buckets=FIRST_TOKEN_BUCKETS,
             registry=r,
         )
         self.session_moves = Counter(
-            "tectonic_gateway_session_moves",
+            p + "session_moves",
             "Sessions this gateway re-pinned to another region, or whose pin it changed to "
             "etcd's answer after serving from its cache during an etcd outage",
             registry=r,
         )
         self.consistency_violations = Counter(
-            "tectonic_gateway_consistency_violations",
+            p + "consistency_violations",
             "Sessions found served outside their pinned region: this gateway's cached pin "
             "named another region than etcd's while both still served (should stay 0)",
             registry=r,
         )
         self.retries = Counter(
-            "tectonic_gateway_retries",
+            p + "retries",
             "Attempts retried on another replica before the first byte",
             ["region"],
             registry=r,
         )
         self.fail_static = Counter(
-            "tectonic_gateway_fail_static",
+            p + "fail_static",
             "Sessions resolved from the local cache because etcd was unavailable",
             registry=r,
         )
         self.pending_pins = Gauge(
-            "tectonic_gateway_pending_pins",
+            p + "pending_pins",
             "Pins made while etcd was unavailable, not yet written to etcd",
             registry=r,
         )
         self.store_up = Gauge(
-            "tectonic_gateway_store_up",
+            p + "store_up",
             "1 while etcd answers the gateway, 0 while it serves from its cache",
             registry=r,
         )
         self.routing_revision = Gauge(
-            "tectonic_gateway_routing_revision",
+            p + "routing_revision",
             "etcd revision of the routing the gateway follows",
             registry=r,
         )
         self.spills = Counter(
-            "tectonic_gateway_spills",
+            p + "spills",
             "Requests sent to another region of the zone because no replica of theirs "
             "answered before the first byte (their session moved with them), by region",
             ["from_region", "to_region"],
             registry=r,
         )
         self.move_notices = Counter(
-            "tectonic_gateway_session_move_notices",
+            p + "session_move_notices",
             "Notices from other gateways that they moved sessions off a region (no replica "
             "answered: a spill); this gateway's cached pins of it were re-read from etcd",
             ["region"],
             registry=r,
         )
         self.degraded = Counter(
-            "tectonic_gateway_degraded",
+            p + "degraded",
             "Requests a degradation actuator acted on, by serving region and action "
             "(shed, context_rejected, context_truncated, parallel_tool_calls_off)",
             ["region", "action"],
             registry=r,
         )
         self.prefix_payloads_dropped = Counter(
-            "tectonic_gateway_prefix_payloads_dropped",
+            p + "prefix_payloads_dropped",
             "Replay payloads of shared prefixes that the size cut of this gateway's prefix "
             "export (prefixes.export_max_bytes) left out, summed over the exports written; "
             "a failover cannot pre-warm a prefix whose payload never reached the leader",
             registry=r,
         )
-        self._admission(r)
+        self._admission(r, p)
         self._requests: dict[tuple[str, int], Counter] = {}
         self._errors: dict[tuple[str, ErrorKind], Counter] = {}
         self._first: dict[str, Histogram] = {}
@@ -170,25 +176,25 @@ class DataPlaneMetrics:
         if zones:
             self._start_at_zero(zones)
 
-    def _admission(self, r: CollectorRegistry) -> None:
+    def _admission(self, r: CollectorRegistry, p: str) -> None:
         """Admission control's series (admission_gate.py); they start at 0 only on a
         data plane that runs it (``admission_started``)."""
         self.admission_admitted_total = Counter(
-            "tectonic_gateway_admission_admitted",
+            p + "admission_admitted",
             "Requests admission control let through to a replica, by region and priority "
             "partition (interactive, batch), whether they waited first or not",
             ["region", "priority"],
             registry=r,
         )
         self.admission_queued_total = Counter(
-            "tectonic_gateway_admission_queued",
+            p + "admission_queued",
             "Requests that found every replica of their region at its in-flight limit and "
             "waited (then admitted, or refused on timeout or eviction)",
             ["region", "priority"],
             registry=r,
         )
         self.admission_refused_total = Counter(
-            "tectonic_gateway_admission_refused",
+            p + "admission_refused",
             "Requests answered 429 with Retry-After by admission control, by region, "
             "priority and reason (queue_full, timeout: waited the queue's wait, evicted: a "
             "batch waiter dropped for an interactive arrival)",
@@ -196,7 +202,7 @@ class DataPlaneMetrics:
             registry=r,
         )
         self.admission_limit_gauge = Gauge(
-            "tectonic_gateway_admission_limit",
+            p + "admission_limit",
             "Each replica's current in-flight limit (adaptive: grows while first tokens "
             "come within the target, shrinks when they do not); endpoint: the replica's URL",
             ["region", "endpoint"],

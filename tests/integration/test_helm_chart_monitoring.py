@@ -389,8 +389,11 @@ def test_the_dashboard_configmap_is_the_dashboard_for_grafanas_sidecar(
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "Tectonic"}
     (text,) = cm["data"].values()
-    assert json.loads(text) == json.loads(DASHBOARD.read_text())
-    assert text == DASHBOARD.read_text()  # byte for byte, even
+    shipped = DASHBOARD.read_text()
+    assert SOURCE_BASE + "/" in shipped  # the Runbooks panel and the dashboard's links
+    # byte for byte, but for the runbook links under monitoring.runbookBaseUrl
+    assert text == shipped.replace(SOURCE_BASE + "/", BASE + "/")
+    assert SOURCE_BASE not in text and json.loads(text)["links"][0]["url"].startswith(BASE + "/")
 
 
 def test_the_sidecar_label_and_the_namespace_are_configurable(helm: ModuleType) -> None:

@@ -3,8 +3,8 @@ tests (tests/unit/test_alert_*.py).
 
 ``EXPORTED``: every series name the code exports, with its real suffix (counters
 ``_total``, histograms ``_bucket`` / ``_sum`` / ``_count``) and the labels it carries.
-The names come from the real registries (``ControlPlaneMetrics``, ``GatewayMetrics``; the
-region agent exports no Prometheus metrics of its own), exercised so that labelled
+The names come from the real registries (``ControlPlaneMetrics``, ``GatewayMetrics``, the
+endpoint picker's ``DataPlaneMetrics``, ``AgentMetrics``), exercised so that labelled
 series exist; etcd's own metrics that rules read (``ETCD_METRICS``) are added.
 ``check_promql`` names what an expression queries that is not there: unknown metrics,
 functions, labels or enum values.
@@ -38,6 +38,7 @@ from controlplane.metrics import ControlPlaneMetrics
 from regions.agent.metrics import AgentMetrics
 from regions.agent.probe_vllm import ReplicaProbe
 from regions.dataplane.failures import ErrorKind
+from regions.dataplane.metrics import DataPlaneMetrics
 from regions.gateway.metrics import GatewayMetrics
 
 TARGET_LABELS = {"instance", "job"}  # added by Prometheus to every scraped series
@@ -143,12 +144,22 @@ def _exercised_registries() -> list[CollectorRegistry]:
     gw.admitted("east", "batch")
     gw.admission_refused("east", "batch", "queue_full")
     gw.continuation("east", "failed")
+    # The endpoint picker: the gateway's series (less continuations) under its prefix.
+    picker = DataPlaneMetrics({"east": "us", "west": "us"}, component="picker")
+    picker.request("east", 200)
+    picker.error("east", ErrorKind.CONNECT)
+    picker.first_byte("east", 0.1)
+    picker.retry("east")
+    picker.degrade("east", "shed")
+    picker.spill("east", "west")
+    picker.admitted("east", "batch")
+    picker.admission_refused("east", "batch", "queue_full")
 
     agent = AgentMetrics("east", ["http://e1:8000"], pool=True)
     agent.probed([ReplicaProbe(url="http://e1:8000", up=False)], at=20.0)
     agent.activated("wake", False, 1.0)
     agent.pool_shortfall.labels("east").set(1)
-    return [cp.registry, gw.registry, agent.registry]
+    return [cp.registry, gw.registry, picker.registry, agent.registry]
 
 
 _SUFFIXES = {
@@ -281,9 +292,25 @@ _GRAFANA_VAR = re.compile(r"\$\{?\w+\}?")
 _IDENT = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(\s*\()?")
 
 
+_NAME_MATCHER = re.compile(r'__name__\s*=~?\s*"([^"\\]*)"')
+_ALTERNATION = re.compile(r"([\w:]*)\(([\w:|]+)\)([\w:]*)")
+
+
+def expand_name(pattern: str) -> list[str]:
+    """The metric names a ``__name__`` matcher's value stands for: a plain name, or one
+    group of alternatives (``tectonic_(gateway|picker)_requests_total``, how the rules
+    read a series that both data planes export); anything else is returned as it is
+    (and then reported as not exported)."""
+    if (m := _ALTERNATION.fullmatch(pattern)) is None:
+        return [pattern]
+    return [m.group(1) + alt + m.group(3) for alt in m.group(2).split("|")]
+
+
 def promql_names(expr: str) -> tuple[set[str], set[str]]:
-    """(metric names, function names) in a PromQL expression; Grafana's ``$variables``
-    may appear where PromQL allows a literal."""
+    """(metric names, function names) in a PromQL expression, including those a
+    ``{__name__=~"..."}`` selector names; Grafana's ``$variables`` may appear where
+    PromQL allows a literal."""
+    by_matcher = {n for m in _NAME_MATCHER.finditer(expr) for n in expand_name(m.group(1))}
     e = _STRINGS.sub('""', expr)
     e = _GRAFANA_VAR.sub("1", e)
     e = _RANGE.sub("", e)
@@ -296,15 +323,20 @@ def promql_names(expr: str) -> tuple[set[str], set[str]]:
         if name in PROMQL_KEYWORDS:
             continue
         (functions if call else metrics).add(name)
-    return metrics, functions
+    return metrics | by_matcher, functions
 
 
 def promql_selectors(expr: str) -> list[tuple[str | None, dict[str, str]]]:
-    """Each ``name{label op "value", ...}`` of the expression: (name, {label: value})."""
-    out = []
+    """Each ``name{label op "value", ...}`` of the expression: (name, {label: value});
+    a selector by ``__name__`` gives one entry per name it stands for."""
+    out: list[tuple[str | None, dict[str, str]]] = []
     for m in _SELECTOR.finditer(expr):
         labels = {lm.group(1): lm.group(3)[1:-1] for lm in _MATCHER.finditer(m.group(2))}
-        out.append((m.group(1), labels))
+        if "__name__" in labels:
+            names: list[str | None] = list(expand_name(labels.pop("__name__")))
+        else:
+            names = [m.group(1)]
+        out += [(name, dict(labels)) for name in names]
     return out
 
 

@@ -56,7 +56,7 @@ def test_dashboard_variables_and_panels() -> None:
                 problems.append(f"{where} {t['refId']}: datasource is not ${{datasource}}")
             problems += check_promql(t["expr"], f"{where} {t['refId']}")
             queried |= promql_names(t["expr"])[0]
-            if "tectonic_gateway_first_token_seconds_bucket" in t["expr"]:
+            if "first_token_seconds_bucket" in t["expr"]:
                 queried.add("first_token " + t["expr"].split("(")[1].split(",")[0])
     assert problems == []
     assert {
@@ -64,11 +64,11 @@ def test_dashboard_variables_and_panels() -> None:
         "tectonic_routing_weight",
         "tectonic_failover_duration_seconds_bucket",
         "tectonic_prewarm_attained_fraction",
-        "tectonic_gateway_session_moves_total",
-        "tectonic_gateway_requests_total",
-        "tectonic_gateway_errors_total",
-        "tectonic_leader",
-        "tectonic_gateway_consistency_violations_total",
+        *(
+            f"tectonic_{data_plane}_{name}_total"
+            for data_plane in ("gateway", "picker")  # the endpoint picker's own names too
+            for name in ("session_moves", "requests", "errors", "consistency_violations")
+        ),
         "tectonic_gateway_degraded_total",
         "tectonic_loop_tick_duration_seconds_bucket",
         "first_token 0.5",

@@ -87,6 +87,12 @@ def test_the_promql_reader_finds_metrics_and_skips_the_rest() -> None:
         ("z", {"state": "NORMAL"}),
     ]
     assert promql_grouping_labels(expr) == {"region", "le"}
+    both = 'rate({__name__=~"a_(gateway|picker)_x_total", code=~"5.."}[5m]) / w'
+    assert promql_names(both) == ({"a_gateway_x_total", "a_picker_x_total", "w"}, {"rate"})
+    assert promql_selectors(both) == [
+        ("a_gateway_x_total", {"code": "5.."}),
+        ("a_picker_x_total", {"code": "5.."}),
+    ]
     # Wrong suffixes, typos, unknown labels and states are caught.
     bad = check_promql(
         'rate(tectonic_transitions[5m]) + tectonic_leader{regoin="x"}'
@@ -103,6 +109,12 @@ def test_the_promql_reader_finds_metrics_and_skips_the_rest() -> None:
         "t: grouping by 'zone', which no metric here carries",
     ]
     assert check_promql("sum(rate(tectonic_transitions_total[5m]))", "t") == []
+    # Both data planes' names are checked: the picker's too.
+    assert check_promql('{__name__=~"tectonic_(gateway|picker)_store_up"} == 0', "t") == []
+    assert check_promql('{__name__=~"tectonic_(gateway|picker)_stor_up"} == 0', "t") == [
+        "t: tectonic_gateway_stor_up is not exported by the code",
+        "t: tectonic_picker_stor_up is not exported by the code",
+    ]
 
 
 # ---- the alert rules ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from controlplane.core.machine import ALLOWED_EDGES, TRANSITIONS
@@ -169,3 +170,24 @@ def test_the_known_label_values_are_all_the_code_counts() -> None:
     assert set(UPSTREAM_KINDS) <= set(REGION_KINDS)
     assert proxy.RETRYABLE_STATUS | {resume.STREAM_BROKEN_STATUS, 503} <= set(REGION_CODES)
     assert app.NO_REGION == NO_REGION
+
+
+def test_the_picker_exports_the_same_series_under_its_own_prefix() -> None:
+    def series(
+        registry: CollectorRegistry, prefix: str
+    ) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {
+            (x.name.removeprefix(prefix), tuple(sorted(x.labels.items())))
+            for f in registry.collect()
+            for x in f.samples
+            if x.name.startswith(prefix) and not x.name.endswith("_created")
+        }
+
+    gateway = DataPlaneMetrics(ZONES).registry
+    picker = DataPlaneMetrics(ZONES, component="picker").registry
+    shared = series(gateway, "tectonic_gateway_")
+    assert ("requests_total", (("code", "200"), ("region", "east"))) in shared
+    assert series(picker, "tectonic_picker_") == shared
+    assert series(picker, "tectonic_gateway_") == set()
+    with pytest.raises(ValueError, match="component must be one of"):
+        DataPlaneMetrics(ZONES, component="envoy")
