@@ -38,6 +38,7 @@ from controlplane.kernel.capacity.serving import (
     serving_config,
 )
 from regions.agent.probe_vllm import ReplicaProbe
+from regions.dataplane.replay_headers import replay_headers
 
 DEFAULT_REFRESH_S = 300.0
 RETRY_S = 30.0  # after a failed read: not every round (a slow /version holds the round)
@@ -121,13 +122,20 @@ async def read_version(
 
 
 async def _get(
-    session: aiohttp.ClientSession, url: str, request_timeout: float, *, as_json: bool
+    session: aiohttp.ClientSession,
+    url: str,
+    request_timeout: float,
+    *,
+    as_json: bool,
+    api_key: str | None = None,
 ) -> tuple[bool, object]:
     """Whether the endpoint answered (a 4xx is an answer: it has nothing to say; a
-    timeout, a refusal or a 5xx is not), and the body of a 200 (JSON or text)."""
+    timeout, a refusal or a 5xx is not), and the body of a 200 (JSON or text);
+    ``api_key``: the data plane's own, sent as ``Authorization: Bearer``."""
+    headers = dict(replay_headers((), api_key=api_key))
     try:
         limit = aiohttp.ClientTimeout(total=request_timeout)
-        async with session.get(url, timeout=limit) as resp:
+        async with session.get(url, timeout=limit, headers=headers) as resp:
             if resp.status != 200:
                 return resp.status < 500, None
             return True, await (resp.json(content_type=None) if as_json else resp.text())
@@ -136,14 +144,19 @@ async def _get(
 
 
 async def read_serving(
-    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+    session: aiohttp.ClientSession,
+    base_url: str,
+    request_timeout: float,
+    api_key: str | None = None,
 ) -> tuple[str, bool]:
     """The replica's serving configuration's fingerprint (see the module doc), each
     part best effort ("" when nothing answered), and whether every part answered
-    (vLLM's first ``/server_info`` collects its environment: it may take seconds)."""
+    (vLLM's first ``/server_info`` collects its environment: it may take seconds).
+    ``/v1/models`` is read with ``api_key`` (the data plane's own: vLLM's ``--api-key``
+    guards ``/v1/*``, not ``/metrics`` nor ``/server_info``)."""
     base = base_url.rstrip("/")
     (m_ok, models), (x_ok, metrics), (i_ok, info) = await asyncio.gather(
-        _get(session, base + "/v1/models", request_timeout, as_json=True),
+        _get(session, base + "/v1/models", request_timeout, as_json=True, api_key=api_key),
         _get(session, base + "/metrics", request_timeout, as_json=False),
         _get(session, base + "/server_info?config_format=json", request_timeout, as_json=True),
     )
@@ -154,13 +167,16 @@ async def read_serving(
 
 
 async def read_engine(
-    session: aiohttp.ClientSession, base_url: str, request_timeout: float
+    session: aiohttp.ClientSession,
+    base_url: str,
+    request_timeout: float,
+    api_key: str | None = None,
 ) -> tuple[str | None, str, bool]:
     """The replica's version (:func:`read_version`) and serving configuration
     (:func:`read_serving`, and whether it is whole), read at once."""
     version, (serving, whole) = await asyncio.gather(
         read_version(session, base_url, request_timeout),
-        read_serving(session, base_url, request_timeout),
+        read_serving(session, base_url, request_timeout, api_key),
     )
     return version, serving, whole
 
@@ -171,12 +187,15 @@ async def refresh_versions(
     probes: Sequence[ReplicaProbe],
     now: float,
     request_timeout: float,
+    api_key: str | None = None,
 ) -> None:
     """Read the versions (and serving configurations) that are due (at once), and
-    record them."""
+    record them; ``api_key``: the data plane's own (``--replay-api-key-file``)."""
     due = versions.due(probes, now)
     if not due:
         return
-    answers = await asyncio.gather(*(read_engine(session, u, request_timeout) for u in due))
+    answers = await asyncio.gather(
+        *(read_engine(session, u, request_timeout, api_key) for u in due)
+    )
     for url, (version, serving, whole) in zip(due, answers, strict=True):
         versions.record(url, version, now, serving, whole=whole)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,10 +35,11 @@ from typing import NamedTuple
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
+from controlplane.kernel.logs import REQUEST_ID
 from controlplane.kernel.prefix.prewarm import ReplayPayload
 from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_plan import assign
-from regions.dataplane.replay_headers import replay_headers
+from regions.dataplane.replay_headers import replay_headers, replay_id
 from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 from regions.http_errors import describe_error
 
@@ -111,13 +113,14 @@ async def replay(
     payload: ReplayPayload,
     timeout_s: float,
     api_key: str | None = None,
+    request_id: str | None = None,
 ) -> Usage:
     """Send one payload with ``max_tokens: 1`` (with the data plane's ``api_key``, if
-    any); vLLM's usage of it. Raises RuntimeError with a short reason when the replica
-    refuses it."""
+    any, and ``request_id`` as its ``x-request-id``); vLLM's usage of it. Raises
+    RuntimeError with a short reason when the replica refuses it."""
     url = replica.rstrip("/") + payload.endpoint
     limit = aiohttp.ClientTimeout(total=max(0.001, timeout_s))
-    hdrs = dict(replay_headers(_JSON.items(), api_key=api_key))
+    hdrs = dict(replay_headers(_JSON.items(), api_key=api_key, request_id=request_id))
     try:
         async with http.post(url, data=payload.request_body(1), headers=hdrs, timeout=limit) as r:
             if r.status != 200:
@@ -174,7 +177,43 @@ async def execute_prewarm(
     api_key: str | None = None,
 ) -> PrewarmOutcome:
     """Warm ``replicas`` with ``payloads`` (most frequent first) within ``budget_s``;
-    ``api_key``: the data plane's own key for the replicas (vLLM's ``--api-key``)."""
+    ``api_key``: the data plane's own key for the replicas (vLLM's ``--api-key``).
+
+    The run has a request id (the caller's, else ``prewarm-<new id>``): what it logs
+    names it, and each replay sends ``<run id>-<payload index>`` as its
+    ``x-request-id`` (``-verify-<index>`` for a verification), so a model server's
+    logs tell pre-warm replays apart from users' requests."""
+    run_id = REQUEST_ID.get() or replay_id((), "prewarm")
+    ctx = contextvars.copy_context()
+    ctx.run(REQUEST_ID.set, run_id)  # the run's own context: the caller's is unchanged
+    run = _execute_prewarm(
+        http,
+        payloads,
+        replicas,
+        budget_s=budget_s,
+        per_replica=per_replica,
+        verify=verify,
+        prefix_chars=prefix_chars,
+        on_progress=on_progress,
+        api_key=api_key,
+        run_id=run_id,
+    )
+    return await asyncio.get_running_loop().create_task(run, context=ctx)
+
+
+async def _execute_prewarm(
+    http: aiohttp.ClientSession,
+    payloads: Sequence[ReplayPayload],
+    replicas: Sequence[str],
+    *,
+    budget_s: float,
+    per_replica: int,
+    verify: int,
+    prefix_chars: int,
+    on_progress: Callable[[Progress], None] | None,
+    api_key: str | None,
+    run_id: str,
+) -> PrewarmOutcome:
     loop = asyncio.get_running_loop()
     run = _Run(len(payloads), loop.time(), on_progress)
     deadline = run.started + budget_s
@@ -189,7 +228,7 @@ async def execute_prewarm(
             i = q.popleft()
             try:
                 left = deadline - loop.time()
-                tokens, _ = await replay(http, replica, payloads[i], left, api_key)
+                tokens, _ = await replay(http, replica, payloads[i], left, api_key, f"{run_id}-{i}")
             except RuntimeError as e:
                 if loop.time() >= deadline:
                     q.appendleft(i)  # cut by the budget: not warmed, not failed
@@ -220,7 +259,7 @@ async def execute_prewarm(
     elapsed = loop.time() - run.started
     run.tick(loop.time())
     verified, rate = (
-        await _verify(http, payloads, run.sent, verify, api_key) if verify else (0, 0.0)
+        await _verify(http, payloads, run.sent, verify, api_key, run_id) if verify else (0, 0.0)
     )
     total, warmed = run.progress.total, run.progress.warmed
     detail = "; ".join(run.errors[:3]) + (
@@ -248,6 +287,7 @@ async def _verify(
     sent: dict[int, _Sent],
     count: int,
     api_key: str | None = None,
+    run_id: str = "prewarm",
 ) -> tuple[int, float]:
     """Send the ``count`` most frequent warmed payloads again; (samples, hit rate)."""
     chosen = sorted(sent)[:count]
@@ -261,7 +301,9 @@ async def _verify(
         for i in idx:
             try:
                 q0, h0 = await cache_counters(http, replica)
-                prompt, cached = await replay(http, replica, payloads[i], 30.0, api_key)
+                prompt, cached = await replay(
+                    http, replica, payloads[i], 30.0, api_key, f"{run_id}-verify-{i}"
+                )
                 q1, h1 = await settled_counters(http, replica, q0 + prompt)
             except (RuntimeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.info("pre-warm verification on %s skipped: %s", replica, e)

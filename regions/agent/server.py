@@ -374,8 +374,14 @@ class AgentHandle:
 
     async def _read_engine(self, probes: Sequence[ReplicaProbe]) -> None:
         assert self._session is not None
+        key = self.config.prewarm.replay_api_key
         await refresh_versions(
-            self.versions, self._session, probes, time.monotonic(), self.config.timeout
+            self.versions,
+            self._session,
+            probes,
+            time.monotonic(),
+            self.config.timeout,
+            key.get_secret_value() if key is not None else None,
         )
         version = self.versions.region_version(probes)
         if version != self.engine_version:

@@ -8,13 +8,18 @@ plane's own request, not the user's: what is kept for one is stripped of
 topology lists (``prefixes.replay_strip_headers``), so no credential sits in memory;
 when it is sent, it authenticates with the data plane's own key (vLLM's
 ``--api-key``: ``Authorization: Bearer <key>``) when one is configured, else with none.
+It carries a request id of its own, derived from the replayed request's (``replay_id``),
+and the replayer's log lines name it (``controlplane/kernel/logs.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
+
+from controlplane.kernel.logs import REQUEST_ID_HEADER
 
 # Lowercase: header names compare case-insensitively (RFC 9110 §5.1).
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
@@ -29,15 +34,27 @@ def replay_headers(
     headers: Iterable[tuple[str, str]],
     strip: Iterable[str] = (),
     api_key: str | None = None,
+    request_id: str | None = None,
 ) -> list[tuple[str, str]]:
     """``headers`` without the credential headers and those named in ``strip`` (any
     case); with ``Authorization: Bearer <api_key>`` when a key is given (the data
-    plane's own, for vLLM's ``--api-key``)."""
-    names = strip_names(strip)
+    plane's own, for vLLM's ``--api-key``); with ``x-request-id: <request_id>`` in place
+    of the one kept when an id is given (a replay is a request of its own)."""
+    names = strip_names(strip) | ({REQUEST_ID_HEADER} if request_id else set())
     out = [(k, v) for k, v in headers if k.lower() not in names]
     if api_key:
         out.append(("Authorization", f"Bearer {api_key}"))
+    if request_id:
+        out.append((REQUEST_ID_HEADER, request_id))
     return out
+
+
+def replay_id(headers: Iterable[tuple[str, str]], kind: str) -> str:
+    """The request id of a replay of ``kind`` (``warm``, ``prewarm``): the replayed
+    request's own id with ``-<kind>`` after it, so a search for the user's request finds
+    its replays too; ``<kind>-<new id>`` when it had none."""
+    given = next((v for k, v in headers if k.lower() == REQUEST_ID_HEADER), "")
+    return f"{given[:120]}-{kind}" if given else f"{kind}-{uuid.uuid4().hex}"
 
 
 def read_api_key(path: str | Path) -> str:

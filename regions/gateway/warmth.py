@@ -38,9 +38,10 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 
 from prometheus_client import Counter
 
+from controlplane.kernel.logs import REQUEST_ID
 from controlplane.kernel.model import Routing
 from controlplane.kernel.sessions.resolve import self_routed
-from regions.dataplane.replay_headers import replay_headers, strip_names
+from regions.dataplane.replay_headers import replay_headers, replay_id, strip_names
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.gateway.metrics import GatewayMetrics, start_at_zero
 from regions.gateway.prompt_memory import PromptMemory
@@ -300,9 +301,28 @@ class WarmUps:
         targets = list(balancer.ring.walk(key))[: self._replicas] if balancer else []
         if balancer is None or not targets:
             return "failed"
+        # Stripped again (memory given by a caller may keep more), then the data plane's
+        # key, and an id of its own that names the replayed request's (what this task
+        # logs carries it).
+        rid = replay_id(headers, "warm")
+        token = REQUEST_ID.set(rid)
+        try:
+            sent = replay_headers(headers, self.strip_headers, self.api_key, rid)
+            return await self._replay_on(region, key, targets, balancer, path, sent, body)
+        finally:
+            REQUEST_ID.reset(token)
+
+    async def _replay_on(
+        self,
+        region: str,
+        key: int,
+        targets: list[str],
+        balancer: ReplicaBalancer,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> str:
         generation = self.warmth.generation(region)
-        # Stripped again (memory given by a caller may keep more), then the data plane's key.
-        headers = replay_headers(headers, self.strip_headers, self.api_key)
         for replica in targets:
             balancer.acquire(replica)  # counts against the bound like a user request
             try:

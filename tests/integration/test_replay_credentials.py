@@ -98,7 +98,7 @@ async def test_a_warm_first_replay_carries_no_user_credentials(
 
             async def ask(session: str) -> str:
                 body = {"model": "tiny", "prompt": TENANT + "\nQ: which rule?", "max_tokens": 2}
-                headers = {**USER, "x-session-id": session}
+                headers = {**USER, "x-session-id": session, "x-request-id": f"req-{session}"}
                 async with http.post(gw.url + "/v1/completions", json=body, headers=headers) as r:
                     assert r.status == 200, await r.text()
                     return r.headers["x-tectonic-region"]
@@ -131,3 +131,5 @@ async def test_a_warm_first_replay_carries_no_user_credentials(
     assert "cookie" not in replayed and "x-tenant-token" not in replayed, replayed
     assert "user-secret" not in repr(replayed) and "user-cookie" not in repr(replayed)
     assert replayed.get("authorization") == (f"Bearer {api_key}" if api_key else None)
+    # A request of its own, named after the one it replays (kernel/logs.py).
+    assert replayed.get("x-request-id") == f"req-{homed}-warm", replayed

@@ -21,12 +21,14 @@ from controlplane.kernel.config import PrefixesConfig
 from controlplane.kernel.model import Routing
 from controlplane.kernel.prefix.identity import PromptKind
 from controlplane.kernel.prefix.prewarm import ReplayPayload
+from regions.agent.engine_version import read_serving
 from regions.agent.prewarm_executor import execute_prewarm, replay
 from regions.agent.service import PrewarmServiceConfig
 from regions.dataplane.replay_headers import (
     CREDENTIAL_HEADERS,
     read_api_key,
     replay_headers,
+    replay_id,
     strip_names,
 )
 from regions.dataplane.replicas import ReplicaBalancer
@@ -75,6 +77,15 @@ def test_a_replay_authenticates_with_the_data_planes_key_never_the_users() -> No
     assert "user-secret" not in repr(sent)
     assert not any(k.lower() == "authorization" for k, _ in replay_headers(USER, (), None))
     assert not any(k.lower() == "authorization" for k, _ in replay_headers(USER, (), ""))
+
+
+def test_a_replay_has_a_request_id_of_its_own() -> None:
+    sent = replay_headers([*USER, ("X-Request-ID", "user-1")], request_id="user-1-warm")
+    assert [v for k, v in sent if k.lower() == "x-request-id"] == ["user-1-warm"]
+    assert replay_id([("X-Request-Id", "user-1")], "warm") == "user-1-warm"
+    assert replay_id([("X-Request-Id", "u" * 200)], "warm") == "u" * 120 + "-warm"
+    fresh = replay_id(USER, "prewarm")
+    assert fresh.startswith("prewarm-") and fresh != replay_id(USER, "prewarm")
 
 
 def test_the_key_is_read_from_a_file(tmp_path: Path) -> None:
@@ -130,7 +141,7 @@ async def test_warm_ups_replay_without_the_users_credentials(
     )
     try:
         # Steered: the request's headers, as the gateway hands them over.
-        assert ups.want("east", 1, "/v1/completions", USER, BODY)
+        assert ups.want("east", 1, "/v1/completions", [*USER, ("X-Request-Id", "r-1")], BODY)
 
         async def replayed() -> bool:
             return ups.pending == 0 and len(recorder.seen) == 1
@@ -153,6 +164,11 @@ async def test_warm_ups_replay_without_the_users_credentials(
         assert "cookie" not in seen and "x-tenant-token" not in seen
         assert seen.get("authorization") == (f"Bearer {api_key}" if api_key else None)
         assert seen["x-session-id"] == "s-1"
+    # Each replay is a request of its own, named after the one it replays when it had
+    # an id (the steered one), else a new one (the recall's memory had none).
+    steered, recalled_ = (seen["x-request-id"] for seen in recorder.seen)
+    assert steered == "r-1-warm"
+    assert recalled_.startswith("warm-") and len(recalled_) > len("warm-") + 16
 
 
 def _payload() -> ReplayPayload:
@@ -177,8 +193,23 @@ async def test_the_agents_pre_warm_replays_carry_only_the_data_planes_key(
     assert out.warmed == 1
     assert "authorization" not in recorder.seen[0]  # no key configured: none sent
     assert recorder.seen[1]["authorization"] == "Bearer k1"
+    # The run's replays are named after it: <run id>-<payload index>.
+    assert recorder.seen[1]["x-request-id"].startswith("prewarm-")
+    assert recorder.seen[1]["x-request-id"].endswith("-0")
     config = PrewarmServiceConfig(replay_api_key="k1")  # type: ignore[arg-type]
     assert "k1" not in repr(config)  # a secret: never in a log line or a dump
+
+
+async def test_the_agent_reads_the_served_models_with_the_data_planes_key(
+    recorder: Recorder,
+) -> None:
+    """vLLM's --api-key guards /v1/*: the agent's read of /v1/models (the serving
+    configuration) sends the data plane's key, and only there."""
+    async with aiohttp.ClientSession() as http:
+        await read_serving(http, recorder.url, 5.0, "k1")
+        await read_serving(http, recorder.url, 5.0)
+    models = [s for s in recorder.seen if s[":path"] == "/v1/models"]
+    assert [s.get("authorization") for s in models] == ["Bearer k1", None]
 
 
 def test_the_agent_reads_its_replay_key_from_a_file(tmp_path: Path) -> None:
