@@ -44,6 +44,7 @@ from controlplane.cli.common import (
     parse_duration,
 )
 from controlplane.cli.contexts import Settings, config_app, with_context
+from controlplane.cli.dashboard_cmd import dashboard
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
 from controlplane.cli.hold_cmds import hold, release
 from controlplane.cli.scale_cmds import scale_app
@@ -480,6 +481,7 @@ def sessions_pin(
 # The readiness, prefixes and drill commands (drill_cmds.py), capacity (capacity_cmds.py).
 app.command()(hold)
 app.command()(release)
+app.command()(dashboard)
 app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")
