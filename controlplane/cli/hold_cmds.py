@@ -1,8 +1,8 @@
 """failoverctl's per-unit hold: stop one region's (or one model pool's) automation for a
 while, when ``pause`` would stop every region's.
 
-    failoverctl hold REGION --reason R [--for 2h] [--model M]
-    failoverctl release REGION --reason R [--model M]
+    failoverctl hold REGION --reason WHY [--for 2h] [--model M]
+    failoverctl release REGION --reason WHY [--model M]
 
 A hold stops the unit's automatic transitions and recovery steps, its degradation
 ladder and its scaler; every other unit carries on and manual commands still work. It

@@ -5,6 +5,11 @@
 * Every ``failoverctl`` command the runbooks show exists, with the options shown
   (from the Typer app itself). A command marked "(coming)" on its line may not exist
   yet; once it does, it is checked like the others.
+
+This only parses the commands; ``tests/integration/test_runbook_commands.py`` runs each
+of them (``failoverctl_commands`` collects them for it) against a lab: placeholders
+filled, every one exiting 0 or with the refusal it lists, the fragments that are no
+whole command (prose naming one) in a short list there.
 """
 
 from __future__ import annotations
