@@ -27,7 +27,7 @@ SLO, per second of the offered window), the first-token p50/p99 of admitted requ
 ``goodput_ratio`` (with admission: goodput / allowed capacity), ``admitted_p99_over_slo``,
 ``goodput_ratio_without``, ``interactive_refused_share``, ``batch_refused_share``; goals:
 goodput >= 0.9 x allowed, admitted p99 within the SLO, batch refused more than
-interactive. Figures and sizing: bench/README.md.
+interactive. Figures and sizing: bench/README.md (latest) and bench/results/overload.md.
 """
 
 from __future__ import annotations

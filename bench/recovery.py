@@ -15,7 +15,7 @@ per request. Each round: home warm, **steady** window; then twice **failover** (
 the target, home drained and ``/reset_prefix_cache``) and a **recovery** window,
 graduated (``--step-percent`` every ``--step-interval`` s) or all at once, in
 alternating order. Ratios: window p99 ÷ the round's steady p99; headline = medians
-over rounds. Figures and sizing: bench/README.md.
+over rounds. Figures and sizing: bench/README.md (latest) and bench/results/recovery.md.
 
 The workload is in bench/recovery_load.py, the figures in bench/recovery_figures.py.
 """

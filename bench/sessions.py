@@ -26,7 +26,7 @@ Then:
 There is no re-pin phase any more: the leader's background re-pin after a switch, whose
 rate it measured, was removed (issue 27). A failover writes no session; each one is
 re-pinned by the gateway that serves its next request (one CAS on that request's path),
-and one that sends nothing during the failover is never written (bench/README.md).
+and one that sends nothing during the failover is never written (bench/results/sessions.md).
 
 One JSON object per phase goes to stdout, then the headline object; progress goes
 to stderr. Both etcds are stopped on exit, also on Ctrl-C / SIGTERM.

@@ -44,5 +44,5 @@ if [ "${#failed[@]}" -gt 0 ]; then
 fi
 echo '{"predictors": ["constant"], "warm": [1, 2, 3], "series": [4]}' \
   | "$VENV/bin/python" bench/autoscale_dynamo_helper.py 2>/dev/null \
-  || echo "the predictors' helper did not run: see bench/README.md (autoscale)"
+  || echo "the predictors' helper did not run: see bench/results/autoscale.md"
 exit 0
