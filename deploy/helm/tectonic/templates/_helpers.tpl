@@ -425,6 +425,142 @@ them, no model server of the chart's and no discovery.port: (dict "root" $ "unit
 {{- end }}
 {{- end }}
 
+{{/* ---- own tokens (security.tokenSecret) ------------------------------------------- */}}
+{{- define "tectonic.defaultTokenFile" -}}/etc/tectonic/token/token{{- end }}
+
+{{/* The file Tectonic's processes read their own bearer token from: the topology's
+security.token_file, else with security.tokenSecret.name the chart's default (which the
+rendered topology then names); "" when neither. */}}
+{{- define "tectonic.tokenFile" -}}
+{{- $sec := default dict .Values.topology.security }}
+{{- if $sec.token_file }}
+{{- $sec.token_file }}
+{{- else if and $sec (dig "tokenSecret" "name" "" (default dict .Values.security)) }}
+{{- include "tectonic.defaultTokenFile" . }}
+{{- end }}
+{{- end }}
+
+{{/* The key of security.tokenSecret a component's pods mount (controlPlane, agent,
+gateway, picker, drills, tests), as JSON {secret, key, dir, file}; {} when none:
+(dict "root" $ "component" "agent") */}}
+{{- define "tectonic.ownToken" -}}
+{{- $ts := dig "tokenSecret" dict (default dict .root.Values.security) }}
+{{- $key := get (default dict $ts.keys) .component }}
+{{- $file := include "tectonic.tokenFile" .root }}
+{{- if and $ts.name $key $file }}
+{{- toJson (dict "secret" $ts.name "key" $key "dir" (dir $file) "file" (base $file)) }}
+{{- else }}
+{{- toJson dict }}
+{{- end }}
+{{- end }}
+
+{{/* The volumeMount and the volume of a component's own token (nothing without one):
+(dict "root" $ "component" "agent") */}}
+{{- define "tectonic.tokenVolumeMount" -}}
+{{- $t := include "tectonic.ownToken" . | fromJson }}
+{{- if $t }}
+- name: own-token
+  mountPath: {{ $t.dir }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "tectonic.tokenVolume" -}}
+{{- $t := include "tectonic.ownToken" . | fromJson }}
+{{- if $t }}
+- name: own-token
+  secret:
+    secretName: {{ $t.secret }}
+    defaultMode: 0440
+    items:
+      - {key: {{ $t.key | quote }}, path: {{ $t.file | quote }}}
+{{- end }}
+{{- end }}
+
+{{/* Fails the render on a token setup that cannot work (topology-configmap.yaml calls
+it): security.tokenSecret without topology.security (nothing would read the token); a
+token directory that another mount of the pods shadows or is shadowed by; with
+topology.security.tokens or token_file, an enabled component with no token of its own
+(security.tokenSecret, token_file inside extraSecretMounts, or TECTONIC_TOKEN in its
+extraEnv): its calls would be refused as UNAUTHENTICATED, or it would not start. */}}
+{{- define "tectonic.checkTokens" -}}
+{{- $v := .Values }}
+{{- $sec := default dict $v.topology.security }}
+{{- $ts := dig "tokenSecret" dict (default dict $v.security) }}
+{{- $file := include "tectonic.tokenFile" . }}
+{{- if and $ts.name (not $sec) }}
+{{- fail (printf "security.tokenSecret.name (%s): the processes read their token through topology.security.token_file, and the topology has no security section, so security is off and the token would go unused. Add topology.security (its tokens, tls: controlplane/SECURITY.md), or unset security.tokenSecret.name" $ts.name) }}
+{{- end }}
+{{- if and $ts.name $file }}
+{{- $dir := dir $file }}
+{{- if or (eq $dir "/") (eq $dir ".") (not (hasPrefix "/" $file)) }}
+{{- fail (printf "topology.security.token_file (%s): with security.tokenSecret it must be an absolute path in a directory of its own, e.g. %s" $file (include "tectonic.defaultTokenFile" .)) }}
+{{- end }}
+{{- $taken := list (list "the topology" "/etc/tectonic/topology") (list "the /tmp emptyDir" "/tmp") (list "the warm pool's file" "/etc/tectonic/pool") (list "the prefix session key" "/etc/tectonic/prefix-key") (list "the drill target" "/etc/tectonic/drills-target") (list "the drill schedule" "/etc/tectonic/drills") }}
+{{- if $v.etcd.tls.enabled }}
+{{- $taken = append $taken (list "etcd.tls" (include "tectonic.etcdTlsDir" .)) }}
+{{- end }}
+{{- if $v.etcd.auth.user }}
+{{- $taken = append $taken (list "etcd.auth" (include "tectonic.etcdAuthDir" .)) }}
+{{- end }}
+{{- range $i, $m := $v.extraSecretMounts }}
+{{- if eq $m.name "own-token" }}
+{{- fail (printf "extraSecretMounts[%d].name: own-token is the volume of security.tokenSecret; name this one otherwise" $i) }}
+{{- end }}
+{{- $taken = append $taken (list (printf "extraSecretMounts[%d] (%s)" $i $m.name) (trimSuffix "/" $m.mountPath)) }}
+{{- end }}
+{{- range $taken }}
+{{- $what := index . 0 }}
+{{- $path := index . 1 }}
+{{- if or (eq $dir $path) (hasPrefix (printf "%s/" $path) $dir) (hasPrefix (printf "%s/" $dir) $path) }}
+{{- fail (printf "topology.security.token_file (%s): security.tokenSecret mounts its Secret on %s, which collides with %s at %s; point token_file into a directory of its own (default %s), and drop an extraSecretMounts entry that mounted the token before" $file $dir $what $path (include "tectonic.defaultTokenFile" $)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if or $sec.tokens $sec.token_file }}
+{{- $inMounts := false }}
+{{- range $v.extraSecretMounts }}
+{{- if and $sec.token_file (hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $sec.token_file) }}
+{{- $inMounts = true }}
+{{- end }}
+{{- end }}
+{{- $components := list }}
+{{- if $v.controlPlane.enabled }}
+{{- $components = append $components (list "controlPlane" $v.controlPlane.extraEnv) }}
+{{- end }}
+{{- if $v.regions }}
+{{- $components = append $components (list "agent" $v.agent.extraEnv) }}
+{{- if $v.gateway.enabled }}
+{{- $components = append $components (list "gateway" $v.gateway.extraEnv) }}
+{{- end }}
+{{- if $v.picker.enabled }}
+{{- $components = append $components (list "picker" $v.picker.extraEnv) }}
+{{- end }}
+{{- end }}
+{{- if $v.tests.enabled }}
+{{- $components = append $components (list "tests" $v.tests.extraEnv) }}
+{{- end }}
+{{- range $components }}
+{{- $field := index . 0 }}
+{{- $env := index . 1 }}
+{{- $fromEnv := false }}
+{{- range $env }}
+{{- if eq .name "TECTONIC_TOKEN" }}
+{{- $fromEnv = true }}
+{{- end }}
+{{- end }}
+{{- $fromSecret := and $ts.name (get (default dict $ts.keys) $field) }}
+{{- if not (or $fromSecret $inMounts $fromEnv) }}
+{{- $why := ternary "topology.security.tokens: the control planes and agents check bearer tokens" (printf "topology.security.token_file (%s): every process reads its token from this file" $sec.token_file) (not (empty $sec.tokens)) }}
+{{- if $ts.name }}
+{{- fail (printf "%s, and the %s pods have no token of their own: security.tokenSecret.keys.%s is empty; name their key in the Secret %s (or give %s.extraEnv a TECTONIC_TOKEN)" $why $field $field $ts.name $field) }}
+{{- end }}
+{{- fail (printf "%s, and the %s pods have no token of their own: set security.tokenSecret.name (a Secret with a token per role, docs/kubernetes.md \"Tokens from a Secret\"), or point topology.security.token_file into a Secret of extraSecretMounts, or give %s.extraEnv a TECTONIC_TOKEN" $why $field $field) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Environment of every Tectonic container: its pod's name (replica ids) and Python
 settings for a read-only root filesystem. */}}
 {{- define "tectonic.env" -}}

@@ -1,7 +1,8 @@
 {{/* `helm test` Pods (templates/tests/): one check each, in the Tectonic image, with the
 chart's pod and container security, the Secrets of extraSecretMounts (where
-topology.security's files live) and the topology's TLS files and token file for
-failoverctl; the check retries for tests.waitSeconds before it fails.
+topology.security's files live), security.tokenSecret's key for tests (a viewer token by
+default) and the topology's TLS files and token file for failoverctl; the check retries
+for tests.waitSeconds before it fails.
 (dict "root" $ "check" "controlplane"|"region" "suffix" "test-controlplane") */}}
 {{- define "tectonic.testPod" -}}
 {{- $root := .root }}
@@ -76,8 +77,9 @@ spec:
         {{- with $tls.key }}
         - {name: TECTONIC_KEY, value: {{ . | quote }}}
         {{- end }}
-        {{- with $security.token_file }}
-        # topology.security.token_file: read into TECTONIC_TOKEN (unless tests.extraEnv gives it)
+        {{- with include "tectonic.tokenFile" $root }}
+        # topology.security.token_file (or security.tokenSecret's): read into TECTONIC_TOKEN
+        # (unless tests.extraEnv gives it)
         - {name: TOKEN_FILE, value: {{ . | quote }}}
         {{- end }}
         {{- with $t.extraEnv }}
@@ -91,6 +93,7 @@ spec:
         {{- range $root.Values.extraSecretMounts }}
         - {name: {{ .name }}, mountPath: {{ .mountPath }}, readOnly: true}
         {{- end }}
+        {{- with include "tectonic.tokenVolumeMount" (dict "root" $root "component" "tests") }}{{ . | trim | nindent 8 }}{{ end }}
   volumes:
     - name: tmp
       emptyDir: {sizeLimit: 64Mi}
@@ -100,6 +103,7 @@ spec:
         secretName: {{ .secretName }}
         defaultMode: 0440
     {{- end }}
+    {{- with include "tectonic.tokenVolume" (dict "root" $root "component" "tests") }}{{ . | trim | nindent 4 }}{{ end }}
 {{- end }}
 
 {{/* The check both test Pods run (python -c), by CHECK: "controlplane": the control
