@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from chaos.lab.local_etcd import EtcdServer
-from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.clock import Clock, FakeClock, SystemClock
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Routing
@@ -56,7 +57,11 @@ def store_for(
 
 
 async def test_racing_gateways_agree_on_a_new_session(etcd_store: EtcdStore, keys: Keys) -> None:
-    gws = [store_for(etcd_store, keys, f"gw{i}") for i in range(4)]
+    # One frozen clock: the races fall in one lease bucket (60 s) however long they take.
+    # On the system clock a run that straddled a bucket's end re-attached a session to
+    # the next bucket's lease on a later use (a second write, version 2), as it should.
+    clock = FakeClock(time.time())
+    gws = [store_for(etcd_store, keys, f"gw{i}", clock) for i in range(4)]
     results = await asyncio.gather(
         *(gws[i % 4].resolve(f"race-{j}", "us-east", NORMAL) for j in range(20) for i in range(8))
     )
