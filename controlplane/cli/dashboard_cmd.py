@@ -38,6 +38,8 @@ _HOP = frozenset(
     | {"content-length", "proxy-authorization", "authorization"}
 )
 
+CHECK_TIMEOUT_S = 10.0  # the first read, which says whether the API and the token work
+
 UrlOpt = Annotated[
     str,
     typer.Option(
@@ -106,7 +108,10 @@ class DashboardProxy:
         """The API answers and takes the token: a CLI error naming what to fix if not."""
         try:
             async with self.http.get(
-                self.url + "/v1/status", headers=upstream_headers({}, self.token), ssl=self._ssl
+                self.url + "/v1/status",
+                headers=upstream_headers({}, self.token),
+                ssl=self._ssl,
+                timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S),
             ) as r:
                 status = r.status
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -155,6 +160,7 @@ class DashboardProxy:
         if request.method not in ("GET", "HEAD") or not forwarded(request.path):
             return web.Response(status=404, text="not forwarded: the dashboard reads only\n")
         headers = upstream_headers(request.headers, self.token)
+        resp: web.StreamResponse | None = None
         try:
             async with self.http.request(
                 request.method, self.url + request.path_qs, headers=headers, ssl=self._ssl
@@ -169,6 +175,10 @@ class DashboardProxy:
                 await resp.write_eof()
                 return resp
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            if resp is not None and resp.prepared:
+                # Cut mid-answer (the API or the browser went away): the browser sees
+                # the stream end, and an EventSource reconnects by itself.
+                return resp
             return web.Response(status=502, text=f"the control plane's HTTP API: {e}\n")
 
 
