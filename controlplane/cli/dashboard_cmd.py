@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import ssl
 from collections.abc import Mapping
@@ -61,23 +60,25 @@ ListenOpt = Annotated[
 
 def parse_listen(text: str) -> tuple[str, int]:
     """(host, port) of a loopback ``host:port``; ValueError saying what to type."""
+    # The HTTP API's own rule (localhost, 127.0.0.0/8, ::1); imported here, so that
+    # failoverctl's other commands do not load the API's web framework.
+    from controlplane.api.http_auth import is_loopback
+
     host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
     try:
-        loopback = ipaddress.ip_address(host).is_loopback if host != "localhost" else True
         number = int(port)
     except ValueError:
-        raise ValueError(
-            f"--listen {text!r}: give a loopback host:port, e.g. 127.0.0.1:8090"
-        ) from None
-    if not sep or not loopback:
+        number = -1
+    if not sep or number < 0:
+        raise ValueError(f"--listen {text!r}: give a loopback host:port, e.g. 127.0.0.1:8090")
+    if not is_loopback(host):
         raise ValueError(
             f"--listen {text!r}: only a loopback address (127.0.0.1, ::1, localhost): "
             "what reaches it is sent on with your token"
         )
-    if not 0 <= number <= 65535:
+    if number > 65535:
         raise ValueError(f"--listen {text!r}: the port must be 0..65535")
-    return host, number
+    return host.strip("[]"), number
 
 
 def forwarded(path: str) -> bool:
