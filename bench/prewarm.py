@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import random
@@ -52,7 +53,7 @@ from bench._common import (
 )
 from bench._stream import streamed_completion
 from chaos.lab.procs import Proc, start_simulators
-from controlplane.kernel.prefix.identity import PromptKind
+from controlplane.kernel.prefix.identity import FingerprintParams, PromptKind
 from controlplane.kernel.prefix.prewarm import (
     Candidate,
     PrewarmLimits,
@@ -60,6 +61,7 @@ from controlplane.kernel.prefix.prewarm import (
     Residency,
     select_prewarm,
 )
+from controlplane.kernel.prefix.sealing import Keyring, generate_key, open_payloads, seal_payload
 from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.prewarm_executor import cache_counters, execute_prewarm
 from regions.agent.prewarm_plan import assign, routing_text
@@ -229,17 +231,23 @@ async def warm_run(
     per_replica: int,
     budget_s: float,
     say: Reporter,
+    ring: Keyring | None = None,
 ) -> dict[str, object]:
-    """One pre-warm from cold caches; its figures."""
+    """One pre-warm from cold caches; its figures. With ``ring`` the payloads are
+    sealed and opened first, as an agent does, inside the timed run (``open_s``)."""
     sends: list[float] = []
     async with aiohttp.ClientSession(trace_configs=[_trace(sends)]) as http:
         await reset_caches(http, urls)
         _, h0 = await prefilled(http, urls)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        if ring is not None:
+            payloads = open_payloads(payloads, ring)[0]
+        open_s = loop.time() - t0
         out = await execute_prewarm(
-            http, payloads, urls, budget_s=budget_s, per_replica=per_replica
+            http, payloads, urls, budget_s=budget_s - open_s, per_replica=per_replica
         )
+        out = out.model_copy(update={"elapsed_s": out.elapsed_s + open_s})
         returned = loop.time()
         q1, h1 = await prefilled(http, urls)  # as the executor returned
         await wait_idle(http, urls)
@@ -270,6 +278,8 @@ async def warm_run(
         "last_send_s": round(max(sends) - t0, 3) if sends else None,
         "returned_after_deadline_ms": round((returned - deadline) * 1000, 1),
         "server_tokens_after_return": int((q2 - q1) - (h2 - h1)),
+        "sealed": ring is not None,
+        "open_s": round(open_s, 6),
     }
     if out.detail:
         fig["detail"] = out.detail[:300]
@@ -342,6 +352,10 @@ async def measure(urls: Sequence[str], o: Options, say: Reporter) -> dict[str, o
     cut_plan = planned(payloads, o, short)
     cuts: list[dict[str, object]] = []
     done: dict[int, list[dict[str, object]]] = {k: [] for k in o.per_replica}
+    ring = Keyring(keys={"bench-1": base64.b64decode(generate_key())}, active="bench-1")
+    params = FingerprintParams(block_size=o.block_size)
+    sealed = [seal_payload(p, ring, params) for p in payloads]
+    sealed_runs: list[dict[str, object]] = []
     for r in range(o.rounds):
         say.progress(f"round {r + 1}/{o.rounds}: budget cut ({short:.2f} s), then the sweep")
         cut = await warm_run(
@@ -354,7 +368,14 @@ async def measure(urls: Sequence[str], o: Options, say: Reporter) -> dict[str, o
             fig = await warm_run(urls, payloads, o, per_replica=k, budget_s=o.budget, say=say)
             done[k].append(fig)
             say.line({"phase": "warm", "round": r + 1, **fig})
+        # the agent's own setting again, the payloads sealed as with prefixes.sealed_payloads
+        fig = await warm_run(
+            urls, sealed, o, per_replica=AGENT_PER_REPLICA, budget_s=o.budget, say=say, ring=ring
+        )
+        sealed_runs.append(fig)
+        say.line({"phase": "warm_sealed", "round": r + 1, **fig})
     runs = {k: median_run(figs) for k, figs in done.items()}
+    sealing = sealing_figures(payloads, ring, params, sealed_runs, runs.get(AGENT_PER_REPLICA))
     step = max(1, len(payloads) // max(1, o.sample))
     picks = list(range(0, len(payloads), step))[: o.sample]
     say.progress(f"first requests, warm ({len(picks)} prefixes)")
@@ -365,7 +386,37 @@ async def measure(urls: Sequence[str], o: Options, say: Reporter) -> dict[str, o
     say.progress("first requests, cold (after /reset_prefix_cache)")
     cold = summary(await first_requests(urls, payloads, picks, "cold"))
     say.line({"phase": "first_requests", "state": "cold", **cold})
-    return headline(o, payloads, cut_plan, cuts, runs, warm, cold)
+    return {**headline(o, payloads, cut_plan, cuts, runs, warm, cold), "sealed": sealing}
+
+
+def sealing_figures(
+    payloads: Sequence[ReplayPayload],
+    ring: Keyring,
+    params: FingerprintParams,
+    runs: Sequence[dict[str, object]],
+    clear: dict[str, object] | None,
+) -> dict[str, object]:
+    """What sealing costs (docs/residency.md): the sealed runs' median beside the clear
+    one at the same setting, and sealing and opening timed alone over every payload."""
+    t0 = time.perf_counter()
+    sealed = [seal_payload(p, ring, params) for p in payloads]
+    t1 = time.perf_counter()
+    open_payloads(sealed, ring)
+    t2 = time.perf_counter()
+    median = median_run(runs)
+    clear_s = _num(clear["warm_s"]) if clear else None
+    sealed_s = _num(median["warm_s"])
+    return {
+        "warm_s": median["warm_s"],
+        "warm_s_runs": median["warm_s_runs"],
+        "attainment": median["attainment"],
+        "warm_s_clear": clear_s,
+        "warm_s_ratio": round(sealed_s / clear_s, 4) if sealed_s and clear_s else None,
+        "seal_us_per_payload": round(1e6 * (t1 - t0) / len(payloads), 1),
+        "open_us_per_payload": round(1e6 * (t2 - t1) / len(payloads), 1),
+        "bytes_clear": sum(len(p.model_dump_json()) for p in payloads),
+        "bytes_sealed": sum(len(p.model_dump_json()) for p in sealed),
+    }
 
 
 def median_run(figs: Sequence[dict[str, object]]) -> dict[str, object]:

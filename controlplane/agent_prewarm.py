@@ -249,6 +249,13 @@ def _outcome(
         if last is not None:
             res["prefixes_warmed"] = float(last.warmed)
         return PrewarmFigures.model_validate(res)
+    if last.no_key or last.unreadable:
+        # chosen by the leader, but not opened by the target's agent: said as skipped
+        skipped = dict(res.get("skipped") or {})  # type: ignore[call-overload]
+        skipped[SkipReason.NO_KEY.value] = float(last.no_key)
+        skipped[SkipReason.UNREADABLE.value] = float(last.unreadable)
+        res["skipped"] = skipped
+        log.error("%s: pre-warm skipped sealed payloads: %s", target, last.detail)
     res.update(
         prefixes_warmed=float(last.warmed),
         prefixes_failed=float(last.failed),

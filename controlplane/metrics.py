@@ -43,6 +43,7 @@ from controlplane.kernel.model import (
     RegionState,
 )
 from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.prefix.catalog import PrefixCatalog
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.version import build_info
 
@@ -203,6 +204,14 @@ class ControlPlaneMetrics:
             ["region"],
             registry=r,
         )
+        self.catalog_payloads = Gauge(
+            "tectonic_prefix_catalog_payloads",
+            "Replay payloads in the unit's prefix catalog as last written, by the data key "
+            'that sealed them (docs/residency.md; key="clear": not sealed). After a '
+            "rotation, a key can be removed once no catalog counts it (leader only)",
+            ["region", "key"],
+            registry=r,
+        )
         self.capacity_utilization = Gauge(
             "tectonic_region_capacity_utilization",
             "Capacity utilisation (CBU): served load over the load the region bears at the "
@@ -247,6 +256,7 @@ class ControlPlaneMetrics:
             registry=r,
         )
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
+        self._catalog_keys: dict[str, set[str]] = {}  # per region: keys the gauge shows
         self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
         self._drilled: set[str] = set()  # regions drill_timestamp shows
         self._probed: set[str] = set()  # regions capacity_age shows
@@ -286,6 +296,20 @@ class ControlPlaneMetrics:
         elif not leader:
             self._drop_region_gauges()
             self.automation_paused.set(0)
+
+    def catalog_written(self, region: str, catalog: PrefixCatalog) -> None:
+        """A prefix catalog the leader wrote: its payloads counted by sealing key."""
+        counts: dict[str, int] = {}
+        for e in catalog.entries:
+            if e.payload is not None:
+                key = e.payload.sealed.kid if e.payload.sealed is not None else "clear"
+                counts[key] = counts.get(key, 0) + 1
+        for labels in list(self._catalog_keys.get(region, ())):
+            if labels not in counts:
+                self.catalog_payloads.remove(region, labels)
+        for key, n in counts.items():
+            self.catalog_payloads.labels(region, key).set(n)
+        self._catalog_keys[region] = set(counts)
 
     def compacted(self, revision: int) -> None:
         self.compacted_revision.set(revision)

@@ -38,7 +38,7 @@ periodic job (``controlplane.core.publish.prefix_aggregation``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from controlplane.election import NotLeader
 from controlplane.fenced import Fence, FencedWriter
@@ -52,7 +52,8 @@ from controlplane.kernel.prefix.catalog import (
     PrefixWanted,
     wanted_keys,
 )
-from controlplane.kernel.prefix.prewarm import fewest_to_drop
+from controlplane.kernel.prefix.prewarm import ReplayPayload, fewest_to_drop
+from controlplane.kernel.prefix.sealing import sealed_kid
 from controlplane.kernel.prefix.tracker import PrefixTracker, TrackerConfig, TrackerExport
 from controlplane.kernel.store.port import Put, Store
 
@@ -72,12 +73,16 @@ class PrefixAggregator:
         fence: Fence,
         *,
         regions: Collection[str] | None = None,
+        on_written: Callable[[str, PrefixCatalog], None] | None = None,
     ) -> None:
-        """``regions``: the topology's; catalogs of others are not written."""
+        """``regions``: the topology's; catalogs of others are not written.
+        ``on_written``: told of every catalog written (the leader's metrics)."""
         self.store, self.keys, self.config = store, keys, config
         self.clock, self.fence = clock, fence
         self.writer = FencedWriter(store, fence)
         self.regions = None if regions is None else frozenset(regions)
+        self._sealed_only = config.sealed_payloads
+        self._on_written = on_written
         self._tracker_config = TrackerConfig(
             params=config.params,
             min_sessions=config.min_sessions,
@@ -123,7 +128,14 @@ class PrefixAggregator:
                 self._skip(f"for region {region}", "not in the topology; no catalog written")
                 continue
             fresh = self._catalog(tracker, region, contributors.get(region, 0))
-            catalog = self._fit(carry_payloads(fresh, await self._previous(region)))
+            if self._sealed_only and (clear := clear_payloads(fresh)):
+                self._skip(
+                    f"payloads for region {region}",
+                    f"{clear} in clear while prefixes.sealed_payloads is on: dropped "
+                    "(a gateway without --payload-keys, or older than this leader)",
+                )
+            previous = await self._previous(region)
+            catalog = self._fit(carry_payloads(fresh, previous, sealed_only=self._sealed_only))
             if not self._due(region, catalog):
                 continue
             puts = [Put(self.keys.prefixes(region), encode(catalog))]
@@ -141,6 +153,8 @@ class PrefixAggregator:
             self._last[region] = (catalog, 0)
             self._wanted[region] = wanted
             written[region] = catalog
+            if self._on_written is not None:
+                self._on_written(region, catalog)
         self._skipped = self._skipping
         return written
 
@@ -214,20 +228,44 @@ class PrefixAggregator:
         self._skipping[what] = problem
 
 
-def carry_payloads(catalog: PrefixCatalog, previous: PrefixCatalog | None) -> PrefixCatalog:
+def carry_payloads(
+    catalog: PrefixCatalog, previous: PrefixCatalog | None, *, sealed_only: bool = False
+) -> PrefixCatalog:
     """``catalog`` with the payloads ``previous`` had for entries that have none now but
-    are still seen from K sessions (see the module doc)."""
+    are still seen from K sessions (see the module doc). Sealed payloads
+    (docs/residency.md) are carried only under a key id the fresh catalog still uses,
+    so that a rotated key's envelopes age out; with ``sealed_only`` (the topology's
+    ``prefixes.sealed_payloads``) a payload in clear is never kept."""
+
+    def kept(p: ReplayPayload | None) -> bool:
+        return p is not None and (p.sealed is not None or not sealed_only)
+
+    fresh = tuple(
+        e if e.payload is None or kept(e.payload) else e.model_copy(update={"payload": None})
+        for e in catalog.entries
+    )
     if previous is None or previous.params != catalog.params:
-        return catalog
+        return catalog.model_copy(update={"entries": fresh})
+    live = {kid for e in fresh if (kid := sealed_kid(e.payload)) is not None}
+
+    def carried(p: ReplayPayload) -> bool:
+        kid = sealed_kid(p)
+        return kept(p) and (not live or kid is None or kid in live)
+
     old = {e.key: e.payload for e in previous.entries if e.payload is not None}
     k = catalog.min_sessions
     entries = tuple(
         e.model_copy(update={"payload": old[e.key]})
-        if e.payload is None and e.sessions >= k and e.key in old
+        if e.payload is None and e.sessions >= k and e.key in old and carried(old[e.key])
         else e
-        for e in catalog.entries
+        for e in fresh
     )
     return catalog.model_copy(update={"entries": entries})
+
+
+def clear_payloads(catalog: PrefixCatalog) -> int:
+    """How many of ``catalog``'s payloads are in clear."""
+    return sum(e.payload is not None and e.payload.sealed is None for e in catalog.entries)
 
 
 def fit_catalog(catalog: PrefixCatalog, limit: int) -> tuple[PrefixCatalog, int, int]:

@@ -119,7 +119,13 @@ class ControlPlaneReplica:
             writer=f"sessions-{self.replica_id}",
         )
         self.prefixes = PrefixAggregator(
-            self.store, self.keys, t.prefixes, self.clock, self.election.fence, regions=t.names
+            self.store,
+            self.keys,
+            t.prefixes,
+            self.clock,
+            self.election.fence,
+            regions=t.names,
+            on_written=self.metrics.catalog_written,
         )
         self.orchestrator = Orchestrator(
             Cluster(self.store, self.keys, t, self.clock),

@@ -59,3 +59,8 @@ def test_tiny_run_prints_one_headline_with_sane_figures() -> None:
         == {"attainment", "sent_after_deadline", "ttft_ratio", "hit_rate_warm"}
     )
     assert all(isinstance(v, bool) for v in head["met"].values())
+    # sealed payloads (docs/residency.md), opened inside the timed run, warm all the same
+    sealed = head["sealed"]
+    assert sealed["attainment"] == head["sweep"]["2"]["attainment"] == 1
+    assert sealed["seal_us_per_payload"] > 0 and sealed["open_us_per_payload"] > 0
+    assert sealed["bytes_sealed"] > sealed["bytes_clear"] and sealed["warm_s_ratio"] > 0

@@ -47,6 +47,7 @@ from chaos.lab.procs import (
 from chaos.lab.spec import SIM_ARGS, SIM_MODEL, DeploymentSpec, compressed_ladder, local_topology
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.prefix.sealing import generate_key
 
 log = logging.getLogger("chaos.lab.deployment")
 
@@ -204,7 +205,34 @@ class LocalDeployment:
         )
         self.keys = Keys(str(topo["cluster"]))
         self.topology_path.write_text(yaml.safe_dump(topo))
+        if self.spec.sealed_payloads:
+            for zone in {self.spec.zone_of(r) for r in self.spec.regions}:
+                self.rotate_payload_key(zone)
         self._agent_ports = agent_ports
+
+    # ---- sealed payloads (docs/residency.md) -------------------------------------------
+    def payload_keys_dir(self, zone: str) -> Path:
+        """``zone``'s key directory, as a Secret mounted only in its clusters would be."""
+        return self.workdir / "payload-keys" / zone
+
+    def payload_key_args(self, region: str) -> list[str]:
+        """``--payload-keys`` for a process of ``region`` (none when nothing is sealed)."""
+        if not self.spec.sealed_payloads:
+            return []
+        return ["--payload-keys", str(self.payload_keys_dir(self.spec.zone_of(region)))]
+
+    def rotate_payload_key(self, zone: str) -> str:
+        """A new key for ``zone``, made the active one (the older ones still open); its
+        id. Processes read the directory on every use: no restart."""
+        d = self.payload_keys_dir(zone)
+        d.mkdir(parents=True, exist_ok=True)
+        kid = f"{zone}-{sum(1 for f in d.iterdir() if f.name != 'active') + 1}"
+        (d / kid).write_text(generate_key() + "\n")
+        (d / "active").write_text(kid + "\n")
+        return kid
+
+    def remove_payload_key(self, zone: str, kid: str) -> None:
+        (self.payload_keys_dir(zone) / kid).unlink()
 
     def _choose_envoy_ports(self) -> None:
         regions, taken = self.spec.regions, self._taken_ports
@@ -232,6 +260,7 @@ class LocalDeployment:
                 listen=f"127.0.0.1:{self._agent_ports[unit]}",
                 extra_args=(
                     *self.spec.agent_args,
+                    *self.payload_key_args(unit),
                     "--metrics-listen",
                     f"127.0.0.1:{self.agent_metrics_ports[unit]}",
                 ),
@@ -259,7 +288,13 @@ class LocalDeployment:
             self.topology_path,
             region,
             control_planes=self.cp_targets,
-            extra_args=["--retry-deadline", "2", "--report-interval", "0.5"],
+            extra_args=[
+                "--retry-deadline",
+                "2",
+                "--report-interval",
+                "0.5",
+                *self.payload_key_args(region),
+            ],
         )
 
     @staticmethod
@@ -281,7 +316,7 @@ class LocalDeployment:
                     control_planes=self.cp_targets,
                     listen=f"{LOCALHOST}:{ports.grpc}",
                     http_port=ports.http,
-                    extra_args=PICKER_ARGS,
+                    extra_args=[*PICKER_ARGS, *self.payload_key_args(region)],
                     name=self._picker_name(region, i),
                 )
             )

@@ -61,6 +61,15 @@ class DeploymentSpec:
     # pool of each, with its own servers (serving that model name) and agent. Empty:
     # one pool per region answering any model, as before pools.
     pools: tuple[tuple[str, str], ...] = ()
+    # Residency (docs/residency.md): (region, zone) pairs for regions not in zone "us",
+    # and whether replay payloads leave sealed with each zone's key (the lab writes one
+    # key per zone under <workdir>/payload-keys/<zone>; only that zone's processes get it).
+    zones: tuple[tuple[str, str], ...] = ()
+    sealed_payloads: bool = False
+
+    def zone_of(self, region: str) -> str:
+        """``region``'s residency zone (a unit's, its region's)."""
+        return dict(self.zones).get(region.split(".", 1)[0], "us")
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -98,7 +107,7 @@ def local_topology(
         "regions": [
             {
                 "name": r,
-                "zone": "us",
+                "zone": spec.zone_of(r),
                 **_serving(spec, r, 60 if i == 2 else 120, agent_ports, sim_ports),
                 "degraded_when": spec.degraded_when.model_dump(exclude_none=True),
                 **({"entry": entries[r]} if entries and r in entries else {}),
@@ -136,6 +145,7 @@ def local_topology(
             "level_tokens": 128 if spec.server == "vllm" else 32,
             "export_interval_s": 1.0,
             "aggregate_interval_s": 1.0,
+            "sealed_payloads": spec.sealed_payloads,
         },
     }
     if ladder is not None:

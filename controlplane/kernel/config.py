@@ -177,6 +177,14 @@ class PrefixesConfig(Frozen):
     max_catalog_bytes: Annotated[
         int, Field(ge=4096, le=1_400_000, description="a catalog is cut to this")
     ] = 1024 * 1024
+    sealed_payloads: Annotated[
+        bool,
+        Field(
+            description="replay payloads leave gateways sealed with their zone's data key "
+            "and are opened only by an agent of that zone (docs/residency.md): gateways "
+            "refuse to start without --payload-keys and the leader keeps no payload in clear",
+        ),
+    ] = False
     replay_strip_headers: Annotated[
         tuple[str, ...],
         Field(

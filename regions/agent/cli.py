@@ -29,6 +29,7 @@ from regions.agent.kube_wiring import KubeDiscoveryConfig
 from regions.agent.pool_config import load_pool_config
 from regions.agent.server import AgentConfig, serve_agent
 from regions.agent.service import PrewarmServiceConfig
+from regions.dataplane.payload_keys import add_payload_keys_flag, payload_keys
 from regions.dataplane.replay_headers import add_replay_key_flag, replay_key
 
 log = logging.getLogger("tectonic.agent")
@@ -268,6 +269,7 @@ def _prewarm_flags(p: argparse.ArgumentParser) -> None:
         "prefills a replica runs at full speed at once, plus one",
     )
     add_replay_key_flag(g, "pre-warm replays")
+    add_payload_keys_flag(g, "sealed payloads this agent cannot open are skipped and counted")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
@@ -311,6 +313,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
                         ("prefill_tokens_per_s", args.prefill_tokens_per_s),
                         ("per_replica_concurrency", args.prewarm_concurrency),
                         ("replay_api_key", key),
+                        ("payload_keys", payload_keys(p, args, seal=False)),
                     )
                     if v is not None
                 }

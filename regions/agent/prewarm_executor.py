@@ -62,6 +62,9 @@ class PrewarmOutcome(BaseModel):
     verified_hit_rate: float = 0.0
     replicas: int = 0
     detail: str = ""
+    # sealed payloads (docs/residency.md) not opened here: in ``total``, never warmed
+    no_key: int = 0  # sealed with a key this agent does not hold
+    unreadable: int = 0  # the key is here but the envelope does not open
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from tectonic_api.v1 import agent_pb2 as apb
 from tectonic_api.v1 import agent_pb2_grpc as apb_grpc
 
-from controlplane.kernel.prefix.prewarm import ReplayPayload
+from controlplane.kernel.prefix.prewarm import ReplayPayload, SkipReason
+from controlplane.kernel.prefix.sealing import Keyring, KeyringError, open_payloads
 from regions.agent.prewarm_executor import PrewarmOutcome, Progress, execute_prewarm
 from regions.dataplane.ring import DEFAULT_PREFIX_CHARS
 
@@ -85,6 +86,28 @@ class PrewarmServiceConfig(BaseModel):
     # The data plane's own key for the replicas (vLLM's --api-key), sent with every
     # replay as Authorization: Bearer; None: replays carry no Authorization.
     replay_api_key: SecretStr | None = None
+    # this zone's payload keys (--payload-keys, docs/residency.md); None: a sealed
+    # payload is skipped and counted as no_key
+    payload_keys: str | None = None
+
+
+def _with_unopened(
+    outcome: PrewarmOutcome, total: int, unopened: Counter[SkipReason], why: Sequence[str]
+) -> PrewarmOutcome:
+    """``outcome`` over every payload asked for, those not opened counted as not warmed
+    and said why."""
+    if not unopened:
+        return outcome
+    detail = "; ".join([*why, outcome.detail] if outcome.detail else why)
+    return outcome.model_copy(
+        update={
+            "total": total,
+            "attainment": outcome.warmed / total if total else 1.0,
+            "no_key": unopened[SkipReason.NO_KEY],
+            "unreadable": unopened[SkipReason.UNREADABLE],
+            "detail": detail[:1000],
+        }
+    )
 
 
 class _Prewarm:
@@ -119,6 +142,8 @@ def _progress_pb(p: Progress, outcome: PrewarmOutcome | None) -> apb.PrewarmProg
         prompt_tokens=o.prompt_tokens,
         replicas_active=o.replicas,
         detail=o.detail,
+        no_key=o.no_key,
+        unreadable=o.unreadable,
     )
 
 
@@ -248,10 +273,19 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             if request.activate:
                 await self.replicas.activate(request.activate)
             replicas = self.replicas.active()
+            opened, unopened, why = open_payloads(payloads, self._keyring())
+            if unopened:
+                log.error(
+                    "pre-warm for %s: %d of %d sealed payloads not opened, skipped: %s",
+                    request.failover_id,
+                    sum(unopened.values()),
+                    len(payloads),
+                    "; ".join(why),
+                )
             left = request.budget_s - (loop.time() - started)
             outcome = await execute_prewarm(
                 self.http,
-                payloads,
+                opened,
                 replicas,
                 budget_s=max(0.0, left),
                 per_replica=self.config.per_replica_concurrency,
@@ -260,7 +294,9 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
                 on_progress=run.update,
                 api_key=self._replay_key(),
             )
-            outcome = outcome.model_copy(update={"elapsed_s": loop.time() - started})
+            outcome = _with_unopened(outcome, len(payloads), unopened, why).model_copy(
+                update={"elapsed_s": loop.time() - started}
+            )
         except Exception as e:  # the caller gets the reason, the agent keeps serving
             log.exception("pre-warm for %s failed", request.failover_id)
             crashed = True
@@ -290,6 +326,18 @@ class RegionAgentService(apb_grpc.RegionAgentServicer):
             outcome.verified,
             f"; {outcome.detail}" if outcome.detail else "",
         )
+
+    def _keyring(self) -> Keyring | None:
+        """This zone's keys, read again for every pre-warm (a rotated Secret takes
+        effect without a restart); None, logged, when there are none or they fail."""
+        where = self.config.payload_keys
+        if where is None:
+            return None
+        try:
+            return Keyring.load(where)
+        except (OSError, KeyringError) as e:
+            log.error("payload keys unreadable, sealed payloads will be skipped: %s", e)
+            return None
 
     def _replay_key(self) -> str | None:
         key = self.config.replay_api_key

@@ -29,6 +29,7 @@ from controlplane.kernel.tracing import configure_tracing
 from regions.dataplane.admission_bound import BoundAt
 from regions.dataplane.admission_gate import AdmissionOptions
 from regions.dataplane.options import DataPlaneOptions, RequestConfig
+from regions.dataplane.payload_keys import add_payload_keys_flag, payload_keys
 from regions.dataplane.prefix_export import ExportOptions, tracker_config
 
 log = logging.getLogger("tectonic.gateway")
@@ -72,6 +73,12 @@ def routing_options(
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
     prefixes, session_key = prefix_options(p, args, topology.prefixes)
+    keys = payload_keys(p, args, seal=True)
+    if keys is None and prefixes.sealed_payloads and not args.no_prefix_tracking:
+        p.error(
+            "the topology's prefixes.sealed_payloads is on: give --payload-keys DIR (this "
+            "zone's data keys, docs/residency.md), or --no-prefix-tracking"
+        )
     app = more.pop("app", None) or RequestConfig(home=args.region)
     app = replace(
         app,
@@ -92,7 +99,8 @@ def routing_options(
         report_interval_s=args.report_interval,
         prefix_tracking=not args.no_prefix_tracking,
         tracker=tracker_config(prefixes, session_key),
-        prefix_export=ExportOptions.from_topology(prefixes),
+        prefix_export=ExportOptions.from_topology(prefixes, keys),
+        payload_keys=keys,
         replica_slots=replica_slots(p, args.replica_slots),
         **more,
     )
@@ -327,6 +335,7 @@ def add_prefix_flags(p: argparse.ArgumentParser) -> None:
         help="exports are cut to this size, lowest-ranked prefixes first; default: "
         "prefixes.export_max_bytes (512 KiB)",
     )
+    add_payload_keys_flag(g, "replay payloads are exported sealed with the active key")
 
 
 def prefix_options(

@@ -57,6 +57,8 @@ class DataPlaneOptions:
     prefix_tracking: bool = True  # count prompt prefixes and export them for pre-warm
     tracker: TrackerConfig | None = None  # None: from the topology's ``prefixes``
     prefix_export: ExportOptions | None = None  # None: from the topology's ``prefixes``
+    # this zone's payload keys (docs/residency.md): replay payloads leave sealed
+    payload_keys: str | None = None
     # per-replica in-flight limits steered by first-token time (admission_gate.py); off
     # unless enabled
     admission: AdmissionOptions = field(default_factory=AdmissionOptions)
@@ -72,7 +74,9 @@ class DataPlaneOptions:
         return self.tracker or tracker_config(self.topology.prefixes)
 
     def export_options(self) -> ExportOptions:
-        return self.prefix_export or ExportOptions.from_topology(self.topology.prefixes)
+        return self.prefix_export or ExportOptions.from_topology(
+            self.topology.prefixes, self.payload_keys
+        )
 
 
 Config = TypeVar("Config", bound=RequestConfig)

@@ -23,6 +23,11 @@ leader merges every export into ``prefixes/<region>`` (``controlplane.prefix_agg
   most every ``error_every_s`` and retried the next round; nothing here fails the
   gateway or waits in a request's path. The export itself is serialized on the event
   loop (the tracker is not thread-safe): a few milliseconds every interval.
+* **Sealed** (``payload_keys``, topology ``prefixes.sealed_payloads``): every payload's
+  prompt is sealed with the zone's active data key before it leaves
+  (``controlplane.kernel.prefix.sealing``; the keys re-read every round). A key
+  directory that cannot be used exports no payload at all, with an error, never one
+  in clear.
 * A gateway stopping does not revoke its lease: during a rolling restart its last
   counts keep counting until the lease expires.
 """
@@ -44,7 +49,9 @@ from controlplane.kernel.keys import Keys
 from controlplane.kernel.leases import LeaseKeeper
 from controlplane.kernel.prefix.catalog import PrefixWanted
 from controlplane.kernel.prefix.prewarm import fewest_to_drop, restore_payloads
+from controlplane.kernel.prefix.sealing import Keyring, KeyringError, seal_entries
 from controlplane.kernel.prefix.tracker import (
+    EntryExport,
     PrefixTracker,
     TrackerConfig,
     TrackerExport,
@@ -61,6 +68,8 @@ class ExportOptions:
     interval_s: float = 10.0
     max_bytes: int = DEFAULT_MAX_BYTES
     error_every_s: float = 30.0  # at most one store-error line per this many seconds
+    # this zone's data keys (docs/residency.md); None: payloads leave in clear
+    payload_keys: str | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_bytes < 1 or self.error_every_s < 0:
@@ -72,8 +81,14 @@ class ExportOptions:
         return max(2, math.ceil(3 * self.interval_s))
 
     @classmethod
-    def from_topology(cls, prefixes: PrefixesConfig) -> ExportOptions:
-        return cls(interval_s=prefixes.export_interval_s, max_bytes=prefixes.export_max_bytes)
+    def from_topology(
+        cls, prefixes: PrefixesConfig, payload_keys: str | None = None
+    ) -> ExportOptions:
+        return cls(
+            interval_s=prefixes.export_interval_s,
+            max_bytes=prefixes.export_max_bytes,
+            payload_keys=payload_keys,
+        )
 
 
 def tracker_config(prefixes: PrefixesConfig, session_key: str = "") -> TrackerConfig:
@@ -161,6 +176,10 @@ def _with_payloads(export: TrackerExport) -> int:
     )
 
 
+def _bare(e: EntryExport) -> EntryExport:
+    return e if e.payload is None else e.model_copy(update={"payload": None})
+
+
 class PrefixExporter:
     """Writes the tracker's export on the gateway's lease (see the module doc)."""
 
@@ -187,6 +206,7 @@ class PrefixExporter:
         self._failures = 0  # since the last logged one
         self._logged_at = -math.inf
         self._cut_logged_at = -math.inf
+        self._seal_logged_at = -math.inf
         self.exports = 0  # writes that succeeded
         self.last_bytes = 0
 
@@ -275,7 +295,7 @@ class PrefixExporter:
     def _fitted(
         self, wanted: dict[str, tuple[str, ...]] | None = None
     ) -> tuple[bytes | None, Cut | None]:
-        blob = self.tracker.export(wanted)
+        blob = self._sealed(self.tracker.export_model(wanted)).model_dump_json().encode()
         out, cut = fit_export(blob, self.options.max_bytes, self.tracker.estimate)
         if cut is None:
             return out, cut
@@ -303,6 +323,38 @@ class PrefixExporter:
                 cut.entries,
             )
         return out, cut
+
+    def _sealed(self, export: TrackerExport) -> TrackerExport:
+        """``export`` with its payloads sealed when this gateway seals; without them
+        (an error said why) when its keys cannot be read."""
+        where = self.options.payload_keys
+        if where is None:
+            return export
+        try:
+            ring = Keyring.load(where)
+            if ring.active is None:
+                raise KeyringError(f"payload keys: {where} has no 'active' file naming a key")
+            regions = tuple(
+                r.model_copy(update={"entries": seal_entries(r.entries, ring, export.params)})
+                for r in export.regions
+            )
+        except (OSError, KeyringError) as e:
+            now = self._clock()
+            if now - self._seal_logged_at >= self.options.error_every_s:
+                self._seal_logged_at = now
+                log.error("prefix export: no payload exported (none leaves in clear): %s", e)
+            bare = len([e for r in export.regions for e in r.entries if e.payload is not None])
+            if bare and self._payloads_dropped is not None:
+                self._payloads_dropped.inc(bare)
+            regions = tuple(
+                r.model_copy(
+                    update={
+                        "entries": tuple(e.model_copy(update={"payload": None}) for e in r.entries)
+                    }
+                )
+                for r in export.regions
+            )
+        return export.model_copy(update={"regions": regions})
 
     def _failed(self, what: str, *, exc_info: bool = False) -> None:
         self._failures += 1

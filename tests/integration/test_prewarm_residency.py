@@ -10,6 +10,7 @@ simulator processes. What reached a replica is read from vLLM's counters there.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,13 +21,15 @@ from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.model import FailoverPlan
+from controlplane.kernel.model import FailoverPlan, PrewarmFigures
 from controlplane.kernel.prefix.catalog import CatalogEntry, PrefixCatalog
 from controlplane.kernel.prefix.identity import FingerprintParams, PromptKind
 from controlplane.kernel.prefix.prewarm import ReplayPayload
+from controlplane.kernel.prefix.sealing import Keyring, generate_key, seal_payload
 from controlplane.kernel.store.memory import MemoryStore
 from regions.agent.prewarm_executor import cache_counters
 from regions.agent.server import AgentConfig, AgentHandle, serve_agent
+from regions.agent.service import PrewarmServiceConfig
 
 BLOCK = 16
 K = 3
@@ -160,3 +163,62 @@ async def test_an_unreachable_agent_costs_its_prefixes_not_the_failover(
     assert result.targets_unreachable == 1
     assert result.prefixes_total == 1 and (result.prefixes_warmed or 0) == 0
     assert result.attained_fraction == 0
+
+
+async def test_sealed_payloads_warm_only_on_an_agent_holding_the_zones_key(
+    agents: dict[str, AgentHandle], sims: list[Proc], tmp_path: Path
+) -> None:
+    """docs/residency.md: the leader passes sealed payloads on unread; an agent without
+    the zone's key warms nothing and the pre-warm's figures say why; one with it warms
+    each prefix as if it had been in clear."""
+    keys_dir = tmp_path / "eu"
+    keys_dir.mkdir()
+    (keys_dir / "eu-1").write_text(generate_key())
+    (keys_dir / "active").write_text("eu-1")
+    ring, params = Keyring.load(keys_dir), FingerprintParams(block_size=BLOCK)
+    entries = tuple(
+        e.model_copy(update={"payload": seal_payload(e.payload, ring, params)})
+        for e in (entry("sealed-a", 500, K), entry("sealed-b", 400, K + 1))
+        if e.payload is not None
+    )
+    catalog = PrefixCatalog(
+        region="eu-central",
+        at=0.0,
+        params=params,
+        min_sessions=K,
+        shared_prefixes=200,  # top 1 % = 2 entries
+        entries=entries,
+    )
+    assert "sealed-a instructions" not in encode(catalog).decode()
+    plan = FailoverPlan(source="eu-central", targets={"eu-west": 1.0}, reason="t", actor="t")
+    eu = sims[0].url
+
+    async def prewarm(topo: Topology, run: str) -> PrewarmFigures:
+        store, clock = MemoryStore(), FakeClock()
+        await store.put(Keys(topo.cluster).prefixes("eu-central"), encode(catalog))
+        prewarmer = AgentPrewarmer(topo, store, Keys(topo.cluster), clock, min_sessions=K)
+        return await prewarmer.prewarm(plan, 30.0, run)
+
+    # the fixture's eu-west agent was given no key
+    result = await prewarm(topology(agents), "eu-central@2")
+    assert result.prefixes_total == 2 and (result.prefixes_warmed or 0) == 0
+    assert result.skipped["no_key"] == 2 and result.attained_fraction == 0
+    async with aiohttp.ClientSession() as http:
+        assert await first_hits(http, eu, text("sealed-a")) == 0
+
+    keyed = await serve_agent(
+        AgentConfig(
+            region="eu-west",
+            replicas=(eu,),
+            interval=5,
+            prewarm=PrewarmServiceConfig(payload_keys=str(keys_dir)),
+        )
+    )
+    try:
+        result = await prewarm(topology({**agents, "eu-west": keyed}), "eu-central@3")
+    finally:
+        await keyed.stop(grace=0)
+    assert result.prefixes_warmed == 2 and result.attained_fraction == 1.0
+    assert result.skipped.get("no_key", 0) == 0
+    async with aiohttp.ClientSession() as http:
+        assert await first_hits(http, eu, text("sealed-b")) > 0

@@ -47,10 +47,23 @@ class ChatMessage(Frozen):
     content: str
 
 
+class SealedPrompt(Frozen):
+    """A payload's prompt (its text, token ids or messages, and ``cache_salt``) sealed
+    with its residency zone's data key (``controlplane.kernel.prefix.sealing``): only a
+    process holding that zone's keys reads it. The levels of one prompt share its
+    deepest level's envelope; each cuts the opened prompt to its own ``blocks``."""
+
+    kid: str = Field(min_length=1, max_length=64)  # which of the zone's keys sealed it
+    src: str  # the key of the level that was sealed (bound to the ciphertext)
+    nonce: str  # base64
+    ct: str  # base64: AES-GCM-SIV of the prompt's JSON, its tag appended
+
+
 class ReplayPayload(Frozen):
     """Everything needed to prefill one prefix again, byte for byte, on another region:
     the same model, LoRA and ``cache_salt``, and the prompt's leading text, token ids or
-    messages exactly as they were sent (cut where the prefix ends)."""
+    messages exactly as they were sent (cut where the prefix ends). Sealed, the prompt
+    and ``cache_salt`` are in ``sealed`` only; what ranks and budgets it stays in clear."""
 
     key: str
     kind: PromptKind
@@ -65,9 +78,15 @@ class ReplayPayload(Frozen):
     tokens: int = Field(ge=1)  # what the prefix covers, in the tracker's block size
     tokens_exact: bool  # False for the character proxy: ``tokens`` is then an estimate
     ancestors: tuple[str, ...] = ()  # keys of this prefix's shallower levels
+    sealed: SealedPrompt | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> ReplayPayload:
+        clear = (self.prompt, self.token_ids, self.messages, self.cache_salt)
+        if self.sealed is not None:
+            if any(v is not None for v in clear):
+                raise ValueError("a sealed payload carries no prompt in clear")
+            return self
         given = {
             PromptKind.TEXT: self.prompt,
             PromptKind.TOKENS: self.token_ids,
@@ -83,6 +102,8 @@ class ReplayPayload(Frozen):
 
     def request_body(self, max_tokens: int = 1) -> bytes:
         """The JSON body that replays the prefix (vLLM selects a LoRA by model name)."""
+        if self.sealed is not None:
+            raise ValueError(f"payload {self.key} is sealed: open it first (sealing.open_payload)")
         body: dict[str, object] = {"model": self.lora or self.model}
         if self.kind is PromptKind.CHAT:
             assert self.messages is not None
@@ -142,7 +163,7 @@ def replay_payload(
     )
 
 
-class _Cut(NamedTuple):
+class PromptCut(NamedTuple):
     kind: PromptKind
     prompt: str | None
     token_ids: tuple[int, ...] | None
@@ -151,15 +172,27 @@ class _Cut(NamedTuple):
 
 def _cut_prompt(
     request: PromptRequest, ids: Sequence[int] | None, blocks: int, params: FingerprintParams
-) -> _Cut:
+) -> PromptCut:
     """The leading part of a prompt that covers its first ``blocks`` blocks: token ids
     when known, else the characters of its text or rendered chat."""
+    return cut_prompt(request, ids, blocks, params.block_size, params.chars_per_block)
+
+
+def cut_prompt(
+    request: PromptRequest,
+    ids: Sequence[int] | None,
+    blocks: int,
+    block_size: int,
+    chars_per_block: int,
+) -> PromptCut:
+    """:func:`_cut_prompt` with the two figures of ``FingerprintParams`` it uses (an
+    opened sealed payload carries them, not the params)."""
     if ids is not None:
-        return _Cut(PromptKind.TOKENS, None, tuple(ids[: blocks * params.block_size]), None)
-    chars = blocks * params.chars_per_block
+        return PromptCut(PromptKind.TOKENS, None, tuple(ids[: blocks * block_size]), None)
+    chars = blocks * chars_per_block
     if request.messages is not None:
-        return _Cut(PromptKind.CHAT, None, None, _cut_messages(request.messages, chars))
-    return _Cut(PromptKind.TEXT, prompt_text(request)[:chars], None, None)
+        return PromptCut(PromptKind.CHAT, None, None, _cut_messages(request.messages, chars))
+    return PromptCut(PromptKind.TEXT, prompt_text(request)[:chars], None, None)
 
 
 # ---- one payload per chain -------------------------------------------------------------
@@ -198,12 +231,17 @@ def cut_payload(p: ReplayPayload, depth: int, params: FingerprintParams) -> Repl
 
 
 def _cut_fields(p: ReplayPayload, depth: int, params: FingerprintParams) -> dict[str, Any]:
-    """The fields in which :func:`cut_payload` differs from ``p``."""
-    messages = None if p.messages is None else [(m.role, m.content) for m in p.messages]
+    """The fields in which :func:`cut_payload` differs from ``p``. A sealed ``p``
+    keeps its envelope: the level is cut once it is opened, by its ``blocks``."""
     blocks = _level_blocks(depth, params)
-    cut = _cut_prompt(PromptRequest(p.model, p.prompt, None, messages), p.token_ids, blocks, params)
+    if p.sealed is None:
+        messages = None if p.messages is None else [(m.role, m.content) for m in p.messages]
+        request = PromptRequest(p.model, p.prompt, None, messages)
+        cut: dict[str, Any] = _cut_prompt(request, p.token_ids, blocks, params)._asdict()
+    else:
+        cut = {}
     return {
-        **cut._asdict(),
+        **cut,
         "key": p.ancestors[depth],
         "blocks": blocks,
         "tokens": blocks * params.block_size,
@@ -345,6 +383,9 @@ class SkipReason(StrEnum):
     COVERED = "covered"  # an ancestor of a chosen prefix: its replay warms this one
     BUDGET = "budget"  # would exceed the prefill budget
     KV = "kv"  # would exceed the target's KV capacity
+    # Found by the target's agent, not the choice: a sealed payload it cannot open
+    NO_KEY = "no_key"  # sealed with a key the target's agent does not hold (or none)
+    UNREADABLE = "unreadable"  # the key is there but the envelope does not open
 
 
 def may_leave(sessions: int, residency: Residency) -> SkipReason | None:

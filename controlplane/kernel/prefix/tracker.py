@@ -306,6 +306,10 @@ class PrefixTracker:
     # ---- export and merge ------------------------------------------------------------
 
     def export(self, wanted: Mapping[str, Collection[str]] | None = None) -> bytes:
+        """:meth:`export_model` as JSON."""
+        return self.export_model(wanted).model_dump_json().encode()
+
+    def export_model(self, wanted: Mapping[str, Collection[str]] | None = None) -> TrackerExport:
         """Sketches and heavy-hitter entries of every region; payloads only of prefixes
         seen from at least K distinct sessions here, or that the leader ``wanted``
         (region -> keys it saw from K sessions once merged)."""
@@ -331,8 +335,7 @@ class PrefixTracker:
             )
             for name, st in sorted(self._regions.items())
         )
-        out = TrackerExport(params=self.params, min_sessions=k, regions=regions)
-        return out.model_dump_json().encode()
+        return TrackerExport(params=self.params, min_sessions=k, regions=regions)
 
     def merge(self, blob: bytes | TrackerExport) -> None:
         """Add another tracker's export (the leader, per region, from every gateway).

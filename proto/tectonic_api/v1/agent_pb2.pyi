@@ -45,7 +45,7 @@ class PrewarmRequest(_message.Message):
     def __init__(self, failover_id: _Optional[str] = ..., source: _Optional[str] = ..., budget_s: _Optional[float] = ..., payloads: _Optional[_Iterable[bytes]] = ..., activate: _Optional[int] = ..., verify: _Optional[int] = ..., routing_chars: _Optional[int] = ...) -> None: ...
 
 class PrewarmProgress(_message.Message):
-    __slots__ = ("total", "warmed", "failed", "elapsed_s", "done", "attainment", "verified", "verified_hit_rate", "prompt_tokens", "replicas_active", "detail")
+    __slots__ = ("total", "warmed", "failed", "elapsed_s", "done", "attainment", "verified", "verified_hit_rate", "prompt_tokens", "replicas_active", "detail", "no_key", "unreadable")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     WARMED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,8 @@ class PrewarmProgress(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    NO_KEY_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     total: int
     warmed: int
     failed: int
@@ -68,4 +70,6 @@ class PrewarmProgress(_message.Message):
     prompt_tokens: int
     replicas_active: int
     detail: str
-    def __init__(self, total: _Optional[int] = ..., warmed: _Optional[int] = ..., failed: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[bool] = ..., attainment: _Optional[float] = ..., verified: _Optional[int] = ..., verified_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., replicas_active: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    no_key: int
+    unreadable: int
+    def __init__(self, total: _Optional[int] = ..., warmed: _Optional[int] = ..., failed: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[bool] = ..., attainment: _Optional[float] = ..., verified: _Optional[int] = ..., verified_hit_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., replicas_active: _Optional[int] = ..., detail: _Optional[str] = ..., no_key: _Optional[int] = ..., unreadable: _Optional[int] = ...) -> None: ...
