@@ -211,7 +211,9 @@ async def test_paged_read_equals_single_read_and_is_one_snapshot(h: Harness) -> 
     single = await h.store.get_prefix(h.k("p/"), page_size=n + 1)
     paged = await h.store.get_prefix(h.k("p/"), page_size=10_000)
     assert len(single.kvs) == n
-    assert paged.kvs == single.kvs and paged.revision == single.revision
+    # The etcd is shared by the session's tests: another test's lingering writer may
+    # move the store's revision between the two reads (not under this prefix).
+    assert paged.kvs == single.kvs and paged.revision >= single.revision
 
     # Now write while a paged read is in progress: overwrite keys on later pages,
     # add keys after the last one, delete some. The read must show exactly the

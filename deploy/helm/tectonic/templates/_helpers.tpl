@@ -477,6 +477,25 @@ gateway, picker, drills, tests), as JSON {secret, key, dir, file}; {} when none:
 {{- end }}
 {{- end }}
 
+{{/* The directories the chart mounts into Tectonic's pods, besides the own token's and
+the payload keys' (their checks compare against these), as a JSON list of [what, path]:
+the topology, /tmp, the warm pool's file, the prefix session key, the drills' files,
+etcd's TLS and password, and each of extraSecretMounts. */}}
+{{- define "tectonic.takenMounts" -}}
+{{- $v := .Values }}
+{{- $taken := list (list "the topology" "/etc/tectonic/topology") (list "the /tmp emptyDir" "/tmp") (list "the warm pool's file" "/etc/tectonic/pool") (list "the prefix session key" "/etc/tectonic/prefix-key") (list "the drill target" "/etc/tectonic/drills-target") (list "the drill schedule" "/etc/tectonic/drills") }}
+{{- if $v.etcd.tls.enabled }}
+{{- $taken = append $taken (list "etcd.tls" (include "tectonic.etcdTlsDir" .)) }}
+{{- end }}
+{{- if $v.etcd.auth.user }}
+{{- $taken = append $taken (list "etcd.auth" (include "tectonic.etcdAuthDir" .)) }}
+{{- end }}
+{{- range $i, $m := $v.extraSecretMounts }}
+{{- $taken = append $taken (list (printf "extraSecretMounts[%d] (%s)" $i $m.name) (trimSuffix "/" $m.mountPath)) }}
+{{- end }}
+{{- toJson $taken }}
+{{- end }}
+
 {{/* Fails the render on a token setup that cannot work (topology-configmap.yaml calls
 it): security.tokenSecret without topology.security (nothing would read the token); a
 token directory that another mount of the pods shadows or is shadowed by; with
@@ -496,20 +515,12 @@ extraEnv): its calls would be refused as UNAUTHENTICATED, or it would not start.
 {{- if or (eq $dir "/") (eq $dir ".") (not (hasPrefix "/" $file)) }}
 {{- fail (printf "topology.security.token_file (%s): with security.tokenSecret it must be an absolute path in a directory of its own, e.g. %s" $file (include "tectonic.defaultTokenFile" .)) }}
 {{- end }}
-{{- $taken := list (list "the topology" "/etc/tectonic/topology") (list "the /tmp emptyDir" "/tmp") (list "the warm pool's file" "/etc/tectonic/pool") (list "the prefix session key" "/etc/tectonic/prefix-key") (list "the drill target" "/etc/tectonic/drills-target") (list "the drill schedule" "/etc/tectonic/drills") }}
-{{- if $v.etcd.tls.enabled }}
-{{- $taken = append $taken (list "etcd.tls" (include "tectonic.etcdTlsDir" .)) }}
-{{- end }}
-{{- if $v.etcd.auth.user }}
-{{- $taken = append $taken (list "etcd.auth" (include "tectonic.etcdAuthDir" .)) }}
-{{- end }}
 {{- range $i, $m := $v.extraSecretMounts }}
 {{- if eq $m.name "own-token" }}
 {{- fail (printf "extraSecretMounts[%d].name: own-token is the volume of security.tokenSecret; name this one otherwise" $i) }}
 {{- end }}
-{{- $taken = append $taken (list (printf "extraSecretMounts[%d] (%s)" $i $m.name) (trimSuffix "/" $m.mountPath)) }}
 {{- end }}
-{{- range $taken }}
+{{- range include "tectonic.takenMounts" . | fromJsonArray }}
 {{- $what := index . 0 }}
 {{- $path := index . 1 }}
 {{- if or (eq $dir $path) (hasPrefix (printf "%s/" $path) $dir) (hasPrefix (printf "%s/" $dir) $path) }}
@@ -556,6 +567,102 @@ extraEnv): its calls would be refused as UNAUTHENTICATED, or it would not start.
 {{- fail (printf "%s, and the %s pods have no token of their own: security.tokenSecret.keys.%s is empty; name their key in the Secret %s (or give %s.extraEnv a TECTONIC_TOKEN)" $why $field $field $ts.name $field) }}
 {{- end }}
 {{- fail (printf "%s, and the %s pods have no token of their own: set security.tokenSecret.name (a Secret with a token per role, docs/kubernetes.md \"Tokens from a Secret\"), or point topology.security.token_file into a Secret of extraSecretMounts, or give %s.extraEnv a TECTONIC_TOKEN" $why $field $field) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* ---- sealed replay payloads (payloadKeys, docs/residency.md) ------------------------- */}}
+{{- define "tectonic.defaultPayloadKeysDir" -}}/etc/tectonic/payload-keys{{- end }}
+
+{{/* Where the gateway, picker and agent pods mount this zone's data keys
+(payloadKeys.secretName) and what their --payload-keys names; "" without the Secret.
+The control plane, the drills and the helm test Pods never mount it: the leader ranks
+and shares sealed payloads without a key. */}}
+{{- define "tectonic.payloadKeysDir" -}}
+{{- $pk := default dict .Values.payloadKeys }}
+{{- if $pk.secretName }}
+{{- default (include "tectonic.defaultPayloadKeysDir" .) $pk.mountPath | trimSuffix "/" }}
+{{- end }}
+{{- end }}
+
+{{/* The flag, the volumeMount and the volume of the payload keys (nothing without
+payloadKeys.secretName): the whole Secret, one file per key id and `active`. */}}
+{{- define "tectonic.payloadKeysArg" -}}
+{{- with include "tectonic.payloadKeysDir" . }}
+- --payload-keys={{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "tectonic.payloadKeysVolumeMount" -}}
+{{- with include "tectonic.payloadKeysDir" . }}
+- name: payload-keys
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "tectonic.payloadKeysVolume" -}}
+{{- if include "tectonic.payloadKeysDir" . }}
+- name: payload-keys
+  secret:
+    secretName: {{ .Values.payloadKeys.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/* Fails the render on a payload-key setup that cannot work (topology-configmap.yaml
+calls it): topology.prefixes.sealed_payloads with no payloadKeys.secretName while this
+release runs gateways or pickers (they refuse to start without --payload-keys; a
+component whose extraArgs give --payload-keys or --no-prefix-tracking is left alone);
+a mountPath that is not an absolute directory of its own, or that another mount of the
+pods shadows or is shadowed by; an extraSecretMounts entry named payload-keys. */}}
+{{- define "tectonic.checkPayloadKeys" -}}
+{{- $v := .Values }}
+{{- $pk := default dict $v.payloadKeys }}
+{{- $prefixes := default dict $v.topology.prefixes }}
+{{- if and $prefixes.sealed_payloads (not $pk.secretName) $v.regions }}
+{{- $missing := list }}
+{{- range $field := list "gateway" "picker" }}
+{{- $c := get $v $field }}
+{{- if $c.enabled }}
+{{- $own := false }}
+{{- range $c.extraArgs }}
+{{- $arg := toString . }}
+{{- if or (eq $arg "--no-prefix-tracking") (hasPrefix "--payload-keys" $arg) }}
+{{- $own = true }}
+{{- end }}
+{{- end }}
+{{- if not $own }}
+{{- $missing = append $missing $field }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with $missing }}
+{{- fail (printf "topology.prefixes.sealed_payloads is on, and the %s pods have no payload keys: they seal replay payloads with their residency zone's data keys (--payload-keys) and refuse to start without them. Set payloadKeys.secretName to a Secret, created in this cluster, with this zone's keys (a file per key id holding `openssl rand -base64 32`, and a file `active` naming the one that seals; docs/residency.md), or turn sealed_payloads off" (join " and " .)) }}
+{{- end }}
+{{- end }}
+{{- if $pk.secretName }}
+{{- $dir := include "tectonic.payloadKeysDir" . }}
+{{- if or (not (hasPrefix "/" $dir)) (eq $dir "") }}
+{{- fail (printf "payloadKeys.mountPath (%s): an absolute path of a directory of its own, e.g. %s" $pk.mountPath (include "tectonic.defaultPayloadKeysDir" .)) }}
+{{- end }}
+{{- $taken := include "tectonic.takenMounts" . | fromJsonArray }}
+{{- $ts := dig "tokenSecret" dict (default dict $v.security) }}
+{{- $tokenFile := include "tectonic.tokenFile" . }}
+{{- if and $ts.name $tokenFile }}
+{{- $taken = append $taken (list "security.tokenSecret" (dir $tokenFile)) }}
+{{- end }}
+{{- range $i, $m := $v.extraSecretMounts }}
+{{- if eq $m.name "payload-keys" }}
+{{- fail (printf "extraSecretMounts[%d].name: payload-keys is the volume of payloadKeys.secretName; name this one otherwise" $i) }}
+{{- end }}
+{{- end }}
+{{- range $taken }}
+{{- $what := index . 0 }}
+{{- $path := index . 1 }}
+{{- if or (eq $dir $path) (hasPrefix (printf "%s/" $path) $dir) (hasPrefix (printf "%s/" $dir) $path) }}
+{{- fail (printf "payloadKeys.mountPath (%s): the payload keys' Secret %s would be mounted there, which collides with %s at %s; give it a directory of its own (default %s)" $dir $pk.secretName $what $path (include "tectonic.defaultPayloadKeysDir" $)) }}
 {{- end }}
 {{- end }}
 {{- end }}
