@@ -251,7 +251,8 @@ def _outcome(
         return PrewarmFigures.model_validate(res)
     if last.no_key or last.unreadable:
         # chosen by the leader, but not opened by the target's agent: said as skipped
-        skipped = dict(res.get("skipped") or {})  # type: ignore[call-overload]
+        chosen = res.get("skipped")
+        skipped = dict(chosen) if isinstance(chosen, dict) else {}
         skipped[SkipReason.NO_KEY.value] = float(last.no_key)
         skipped[SkipReason.UNREADABLE.value] = float(last.unreadable)
         res["skipped"] = skipped

@@ -207,6 +207,7 @@ class PrefixExporter:
         self._logged_at = -math.inf
         self._cut_logged_at = -math.inf
         self._seal_logged_at = -math.inf
+        self._unsealed = 0  # payloads the last export left out: no key to seal them
         self.exports = 0  # writes that succeeded
         self.last_bytes = 0
 
@@ -263,9 +264,14 @@ class PrefixExporter:
         return True
 
     def _dropped(self, cut: Cut | None) -> None:
-        """Count the payloads a cut kept out of an export that went (or could not go)."""
-        if cut is not None and cut.payloads and self._payloads_dropped is not None:
+        """Count the payloads a cut, or keys that could not seal them, kept out of an
+        export that went (or could not go)."""
+        if self._payloads_dropped is None:
+            return
+        if cut is not None and cut.payloads:
             self._payloads_dropped.inc(cut.payloads)
+        if self._unsealed:
+            self._payloads_dropped.inc(self._unsealed)
 
     async def _keep_lease(self) -> None:
         """Refresh the lease (once a round, no keep-alive task), or take a new one."""
@@ -328,6 +334,7 @@ class PrefixExporter:
         """``export`` with its payloads sealed when this gateway seals; without them
         (an error said why) when its keys cannot be read."""
         where = self.options.payload_keys
+        self._unsealed = 0
         if where is None:
             return export
         try:
@@ -343,9 +350,7 @@ class PrefixExporter:
             if now - self._seal_logged_at >= self.options.error_every_s:
                 self._seal_logged_at = now
                 log.error("prefix export: no payload exported (none leaves in clear): %s", e)
-            bare = len([e for r in export.regions for e in r.entries if e.payload is not None])
-            if bare and self._payloads_dropped is not None:
-                self._payloads_dropped.inc(bare)
+            self._unsealed = sum(e.payload is not None for r in export.regions for e in r.entries)
             regions = tuple(
                 r.model_copy(
                     update={

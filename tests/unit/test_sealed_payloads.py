@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,15 @@ from controlplane.kernel.prefix.sealing import (
     seal_entries,
     seal_payload,
 )
+from controlplane.kernel.store.memory import MemoryStore
 from controlplane.prefix_aggregator import carry_payloads
+from regions.dataplane.metrics import DataPlaneMetrics
+from regions.dataplane.prefix_export import ExportOptions, PrefixExporter
 from tests.unit.test_prefix_payload_sharing import (
     CHAT,
+    DROPPED,
     IDS,
+    KEYS,
     PARAMS,
     TEMPLATE,
     leader_catalog,
@@ -186,3 +192,43 @@ def test_a_key_directory_is_checked_and_says_what_to_fix(tmp_path: Path) -> None
             Keyring(keys=EU.keys),
             PARAMS,
         )
+
+
+async def test_a_gateway_whose_keys_fail_exports_no_payload_never_one_in_clear(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = tracked("chat")
+    clear = read_payloads(t.export())
+    metrics, store = DataPlaneMetrics(), MemoryStore()
+    keys = tmp_path / "keys"
+
+    def exporter(gateway: str) -> PrefixExporter:
+        options = ExportOptions(payload_keys=str(keys))
+        return PrefixExporter(
+            store,
+            KEYS,
+            t,
+            options,
+            gateway_id=gateway,
+            payloads_dropped=metrics.prefix_payloads_dropped,
+        )
+
+    # the directory is missing: the export goes without payloads, said and counted
+    broken = exporter("g1")
+    with caplog.at_level(logging.ERROR, "tectonic.gateway.prefixes"):
+        assert await broken.export_once()
+    kv = await store.get(KEYS.prefix_export("g1"))
+    assert kv is not None and read_payloads(kv.value) == {}
+    assert_no_clear_prompt(kv.value)
+    assert "none leaves in clear" in caplog.text and "not a directory" in caplog.text
+    assert metrics.registry.get_sample_value(DROPPED) == len(clear)
+    # the keys mounted (a Secret arriving late): the next round seals, no restart
+    keys.mkdir()
+    (keys / "eu-1").write_text(base64.b64encode(EU.keys["eu-1"]).decode())
+    (keys / "active").write_text("eu-1")
+    assert await broken.export_once()
+    kv = await store.get(KEYS.prefix_export("g1"))
+    assert kv is not None
+    assert_no_clear_prompt(kv.value)
+    assert {k: open_payload(p, EU) for k, p in read_payloads(kv.value).items()} == clear
+    assert metrics.registry.get_sample_value(DROPPED) == len(clear)  # nothing lost now
