@@ -26,6 +26,9 @@ periodic job (``controlplane.core.publish.prefix_aggregation``).
   growing counts push the region's own payloads out. Without this the region's catalog
   would erode during a failover (measured: 19 prompts with payloads, 7 after 60 s)
   and the recovery pre-warm (``AgentPrewarmer.prewarm_home``) would find little.
+  Sealed payloads (docs/residency.md) are carried only under a key the region's fresh
+  exports still seal with, so a rotated key's envelopes age out; with
+  ``prefixes.sealed_payloads`` a payload in clear is dropped (warned once), never kept.
 * A catalog over ``max_catalog_bytes`` (etcd refuses requests over 1.5 MiB) loses the
   payloads of its lowest-ranked entries first, then those entries, with a warning. The
   size is the stored one: the levels of one prompt share one payload there
