@@ -45,6 +45,7 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.contexts import Settings, config_app, with_context
 from controlplane.cli.dashboard_cmd import dashboard
+from controlplane.cli.doctor_cmd import doctor
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
 from controlplane.cli.hold_cmds import hold, release
 from controlplane.cli.scale_cmds import scale_app
@@ -482,6 +483,7 @@ def sessions_pin(
 app.command()(hold)
 app.command()(release)
 app.command()(dashboard)
+app.command()(doctor)
 app.add_typer(readiness_app, name="readiness")
 app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")

@@ -43,6 +43,7 @@ from controlplane.kernel.config import (
     read_yaml,
 )
 from controlplane.kernel.model import Frozen
+from controlplane.kernel.pool.sizing import BurstProfile
 from controlplane.kernel.store.settings import HOST_PORT
 from regions.pool.launchers import (
     Launcher,
@@ -52,7 +53,6 @@ from regions.pool.launchers import (
     VllmSpec,
     check_speculative_config,
 )
-from regions.pool.sizing import BurstProfile
 from regions.pool.states import DwellPolicy, PoolConfig
 
 _URL = re.compile(r"^https?://[^/\s]+$")

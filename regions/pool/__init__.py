@@ -3,7 +3,7 @@
 - :mod:`regions.pool.states`   pure: states, edges, dwell times, the moves (``Action``)
 - :mod:`regions.pool.planner`  pure: the planner, ``plan`` (its phases in
   :mod:`regions.pool.plan_phases`, its loans in :mod:`regions.pool.lending`)
-- :mod:`regions.pool.sizing`   pure: WARM replicas needed for a burst, ``PoolSizeReport``
+- :mod:`controlplane.kernel.pool.sizing` pure: WARM replicas for a burst, ``PoolSizeReport``
 - :mod:`regions.pool.launchers` simulator / vLLM (GPU, CPU) launchers, static endpoints
 - :mod:`regions.pool.client`   vLLM's admin HTTP API (sleep, wake + reset, probe)
 - :mod:`regions.pool.snapshot` pure: ``PoolSnapshot``, the pool as its owner sees it

@@ -58,11 +58,11 @@ from collections.abc import Mapping
 import aiohttp
 
 from controlplane.kernel.clock import Clock, SystemClock
+from controlplane.kernel.pool.sizing import BurstProfile, check_pool
 from regions.pool.client import ReplicaClient, ReplicaError
 from regions.pool.hooks import OnActivation, OnChange, OnState, PoolHooks
 from regions.pool.launchers import Launcher, StaticEndpoints
 from regions.pool.planner import Plan, plan
-from regions.pool.sizing import BurstProfile, check_pool
 from regions.pool.snapshot import PoolSnapshot
 from regions.pool.states import (
     Action,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from controlplane.kernel.model import Frozen
-from regions.pool.sizing import PoolSizeReport
+from controlplane.kernel.pool.sizing import PoolSizeReport
 from regions.pool.states import PoolTarget, Replica, ReplicaState
 
 

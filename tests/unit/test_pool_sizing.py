@@ -1,4 +1,4 @@
-"""Warm-pool sizing (regions.pool.sizing): pure arithmetic, units in the names."""
+"""Warm-pool sizing (controlplane.kernel.pool.sizing): pure arithmetic, units in the names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from regions.pool.sizing import (
+from controlplane.kernel.pool.sizing import (
     BurstProfile,
     check_pool,
     cold_fits,

@@ -1,0 +1,789 @@
+"""``failoverctl doctor``'s questions, decided. PURE: no I/O, no clock.
+
+The on-call engineer's self-check (issue 32, item 4): ten questions, each answered
+from what the command already read from the live system (the control plane's
+``GetStatus``, ``GetCapacity``, ``GetScale``, ``GetReadiness`` and ``ListDrills``
+answers, the shipped alert rules, the repository when it is present) and the time
+``now`` it read them at. Each answer is one :class:`Line`: PASS, FAIL or UNKNOWN, the
+evidence, and what to do.
+
+UNKNOWN is never a PASS in disguise: a question whose data does not exist yet (no RPC
+gives it, nothing measures it) says so and names what is missing. :func:`exit_code`
+makes the command's exit code of the lines: 0 only when every line passes.
+
+The I/O is ``controlplane/cli/doctor_cmd.py``'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import yaml
+from pydantic import ValidationError
+from tectonic_api.v1 import controlplane_pb2 as pb
+
+from controlplane.kernel.capacity.record import CapacityRecord
+from controlplane.kernel.drills import CAPACITY_PROBE
+from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL, ScaleRecord
+from controlplane.kernel.pool.sizing import BurstProfile, check_pool
+
+DRILL_WINDOW_S = 7 * 86400.0  # a failover drill per region within this
+HORIZON_S, HORIZON_TOLERANCE_S = 30.0, 5.0
+ACTIVATION_SLO_SHARE = 1 / 3  # a wake's p95 within a third of the first-token SLO
+# A hit-rate alert fires this far above the hit rate at which capacity meets load
+# (so that it fires before the region is past what it bears).
+HIT_RATE_MARGIN = 0.1
+WAKES_KEPT = 32  # the agent's p95 is of its last wakes (regions/agent/warm_pool.py)
+# the drill criteria question 5 asks to be recorded (chaos/drills/measure.py)
+DRILL_CRITERIA = ("prewarm_attainment", "degradation_order", "session_consistency")
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    UNKNOWN = "UNKNOWN"
+
+
+_WORST = {Verdict.PASS: 0, Verdict.UNKNOWN: 1, Verdict.FAIL: 2}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One question's answer: ``todo`` is empty when it passes."""
+
+    id: int
+    question: str
+    verdict: Verdict
+    evidence: str
+    todo: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "question": self.question,
+            "verdict": self.verdict.value,
+            "evidence": self.evidence,
+            "todo": self.todo,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One unit's (or one part's) answer to a question."""
+
+    verdict: Verdict
+    text: str
+
+
+@dataclass(frozen=True)
+class SizingInputs:
+    """What the sizing formula (``controlplane/kernel/pool/sizing.py``) needs of one pool, each
+    only when measured (None: not measured, or no RPC gives it)."""
+
+    warm_now: int | None = None  # WARM replicas standing by (the agent's replicas_warm)
+    activation_s: float | None = None  # Ta: the agent's wake p95
+    activation_rate: float | None = None  # a: wakes per second, measured
+    replica_rps: float | None = None  # c: one replica's measured capacity
+    burst_rps: float | None = None  # R: the burst the pool plans for
+    cold_start_s: float | None = None  # Tc: COLD -> WARM
+    budget_s: float | None = None  # B: the burst absorbed within this
+
+
+# Why an input is missing when nothing measures it or no RPC gives it.
+SIZING_MISSING = {
+    "warm_now": "WARM now (no replicas_warm from the pool's agent)",
+    "activation_s": "activation time (no wake measured by the pool's agent yet)",
+    "activation_rate": "activation rate (nothing measures it: scaling.activation_rate is "
+    "typed, and no RPC returns it)",
+    "replica_rps": "per-replica capacity (no fresh capacity probe: the scaler sizes on "
+    "the typed capacity_rps)",
+    "burst_rps": "burst load (scaling.standby_rps is typed, and no RPC returns it)",
+    "cold_start_s": "cold start COLD -> WARM (nothing measures it)",
+    "budget_s": "absorption budget (the horizon, not in any RPC's answer)",
+}
+
+
+@dataclass(frozen=True)
+class RepoFacts:
+    """The repository, as the command read it (``doctor_cmd.read_repo``)."""
+
+    root: str
+    order_test: str | None  # tests/test_degradation_order.py's text; None: absent
+    ci_script: str | None  # scripts/test.sh's text (what .ci/run runs); None: absent
+    ci_entry: str | None  # .ci/run's text; None: absent
+    testpaths: tuple[str, ...]  # pyproject's [tool.pytest.ini_options] testpaths
+    ladder_steps: tuple[str, ...] | None  # runbooks/degradation.yaml's, in order
+    ladder_error: str = ""  # why the ladder file did not load
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything doctor read; a ``str`` in place of an answer says why it could not be
+    read (that RPC failed, or is not there)."""
+
+    now: float
+    status: pb.StatusResponse
+    capacity: pb.CapacityResponse | str
+    scale: pb.ScaleResponse | str
+    readiness: pb.ReadinessResponse | str
+    drills: pb.DrillsResponse | str
+    rules: str | None = None  # the alert rules file's text; None: not found
+    rules_source: str = ""  # where it was read from (or looked for)
+    repo: RepoFacts | None = None
+    region: str = ""  # only this region (its pools too); "" every one
+    sizing: dict[str, SizingInputs] = field(default_factory=dict)  # by unit
+
+
+# ---- helpers ---------------------------------------------------------------------------
+def age_text(now: float, ts: float) -> str:
+    if ts <= 0:
+        return "at an unrecorded time"
+    s = max(0.0, now - ts)
+    if s < 120:
+        return f"{s:.0f}s ago"
+    if s < 7200:
+        return f"{s / 60:.0f}m ago"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f}h ago"
+    return f"{s / 86400:.1f}d ago"
+
+
+def _in_region(name: str, region: str) -> bool:
+    """Whether unit or region ``name`` is ``region`` or one of its pools."""
+    return not region or name == region or name.startswith(region + ".")
+
+
+def units(f: Facts) -> list[pb.RegionStatus]:
+    """The failover units asked about: every one, or ``f.region``'s (itself, or its
+    pools)."""
+    return [r for r in f.status.regions if not f.region or f.region in (r.name, r.pool_of)]
+
+
+def regions(f: Facts) -> list[str]:
+    """The regions asked about (a pool's region once)."""
+    return sorted({r.pool_of or r.name for r in units(f)})
+
+
+def _line(
+    qid: int,
+    question: str,
+    findings: Sequence[Finding],
+    todo: Callable[[Verdict], str],
+    none: str = "nothing to check: no region in the answer",
+) -> Line:
+    if not findings:
+        return Line(qid, question, Verdict.UNKNOWN, none, todo(Verdict.UNKNOWN))
+    verdict = max((x.verdict for x in findings), key=_WORST.__getitem__)
+    evidence = "; ".join(x.text for x in findings)
+    return Line(qid, question, verdict, evidence, "" if verdict is Verdict.PASS else todo(verdict))
+
+
+def _unreadable(qid: int, question: str, what: str, why: str, todo: str) -> Line:
+    return Line(qid, question, Verdict.UNKNOWN, f"{what} could not be read: {why}", todo)
+
+
+def _scale_record(p: pb.PoolScale) -> ScaleRecord | str:
+    if not p.record_json:
+        return "no scale record yet"
+    try:
+        return ScaleRecord.model_validate_json(p.record_json)
+    except ValidationError as exc:
+        return f"scale record unreadable here ({exc.error_count()} problems)"
+
+
+def _capacity_records(f: Facts) -> dict[str, CapacityRecord]:
+    out: dict[str, CapacityRecord] = {}
+    if isinstance(f.capacity, str):
+        return out
+    for e in f.capacity.regions:
+        if e.record_json:
+            try:
+                out[e.region] = CapacityRecord.model_validate_json(e.record_json)
+            except ValidationError:
+                continue
+    return out
+
+
+def _record_for(records: dict[str, CapacityRecord], u: pb.RegionStatus) -> CapacityRecord | None:
+    return records.get(u.name) or (records.get(u.pool_of) if u.pool_of else None)
+
+
+# ---- 1. WARM standby >= the sizing formula ----------------------------------------------
+def sizing_inputs(u: pb.RegionStatus, scale: ScaleRecord | None) -> SizingInputs:
+    """What the live system measures of ``u``'s sizing inputs today: WARM now and the
+    wake p95 (the agent's signals), one replica's capacity when the scaler sized on a
+    measured probe. The activation rate, the burst, the cold start and the budget are
+    measured nowhere (or typed and in no RPC's answer): None."""
+    warm = u.signals.get("replicas_warm")
+    per = None
+    if scale is not None and scale.capacity == "measured" and scale.per_replica_rps:
+        per = scale.per_replica_rps
+    return SizingInputs(
+        warm_now=None if warm is None else int(warm),
+        activation_s=u.signals.get(ACTIVATION_SIGNAL),
+        replica_rps=per,
+    )
+
+
+def _sizing_finding(unit: str, s: SizingInputs) -> Finding:
+    missing = [SIZING_MISSING[k] for k, v in vars(s).items() if v is None]
+    if (
+        s.warm_now is None
+        or s.activation_s is None
+        or s.replica_rps is None
+        or s.burst_rps is None
+        or s.cold_start_s is None
+        or s.budget_s is None
+        or s.activation_rate is None
+    ):
+        have = []
+        if s.warm_now is not None:
+            have.append(f"{s.warm_now} WARM now")
+        if s.activation_s is not None:
+            have.append(f"wake p95 {s.activation_s:.1f} s")
+        if s.replica_rps is not None:
+            have.append(f"{s.replica_rps:.1f} rps per replica (measured)")
+        has = f" (has {', '.join(have)})" if have else ""
+        return Finding(Verdict.UNKNOWN, f"{unit}: not measured: {', '.join(missing)}{has}")
+    report = check_pool(
+        BurstProfile(
+            burst_rps=s.burst_rps,
+            replica_rps=s.replica_rps,
+            cold_start_s=s.cold_start_s,
+            activation_s=s.activation_s,
+            budget_s=s.budget_s,
+            activation_rate=s.activation_rate,
+        ),
+        s.warm_now,
+    )
+    ok = not report.too_small and report.feasible
+    return Finding(Verdict.PASS if ok else Verdict.FAIL, f"{unit}: {report.reason}")
+
+
+def check_warm_standby(f: Facts) -> Line:
+    q = "WARM standby >= the sizing formula (measured inputs)"
+
+    def todo(v: Verdict) -> str:
+        if v is Verdict.FAIL:
+            return (
+                "raise the pool's WARM standby (scaling.burst_warm / standby_rps) to what it lacks"
+            )
+        return (
+            "measure the missing inputs (a wake p95 comes with the first wakes; a capacity "
+            "probe: failoverctl capacity probe REGION -r WHY); the activation rate, burst and "
+            "cold start are not measured by Tectonic yet"
+        )
+
+    if isinstance(f.scale, str):
+        scale_by_unit: dict[str, ScaleRecord | str] = {}
+    else:
+        scale_by_unit = {p.unit: _scale_record(p) for p in f.scale.pools}
+    findings = []
+    for u in units(f):
+        rec = scale_by_unit.get(u.name)
+        inputs = f.sizing.get(u.name) or sizing_inputs(
+            u, rec if isinstance(rec, ScaleRecord) else None
+        )
+        findings.append(_sizing_finding(u.name, inputs))
+    return _line(1, q, findings, todo)
+
+
+# ---- 2. activation p95 <= first-token SLO / 3 -------------------------------------------
+def check_activation(f: Facts) -> Line:
+    q = "cold-start (activation) p95 <= first-token SLO / 3"
+    records = _capacity_records(f)
+    findings = []
+    window = (
+        f"each p95 is of the agent's last wakes, at most {WAKES_KEPT}; how far back in time "
+        "is not reported"
+    )
+    for u in units(f):
+        p95 = u.signals.get(ACTIVATION_SIGNAL)
+        rec = _record_for(records, u)
+        if p95 is None:
+            findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: no wake measured yet"))
+        elif rec is None:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"{u.name}: wake p95 {p95:.2f} s, but no first-token SLO known "
+                    "(no capacity probe record holds one)",
+                )
+            )
+        else:
+            bound = rec.slo.ttft_p99_s * ACTIVATION_SLO_SHARE
+            ok = p95 <= bound
+            findings.append(
+                Finding(
+                    Verdict.PASS if ok else Verdict.FAIL,
+                    f"{u.name}: wake p95 {p95:.2f} s {'<=' if ok else '>'} {bound:.2f} s "
+                    f"(SLO {rec.slo.ttft_p99_s:g} s / 3)",
+                )
+            )
+    line = _line(
+        2,
+        q,
+        findings,
+        lambda v: (
+            "find why wakes are slow (runbooks/data-plane.md): vLLM sleep level, host memory "
+            "bandwidth, wakes sharing a host"
+            if v is Verdict.FAIL
+            else "wake a WARM replica (a failover drill or a capacity probe does) and run a "
+            "capacity probe so the SLO is on record"
+        ),
+    )
+    return Line(line.id, line.question, line.verdict, f"{line.evidence}; {window}", line.todo)
+
+
+# ---- 3. the hit-rate alert --------------------------------------------------------------
+def alert_rules(text: str) -> list[tuple[str, str]]:
+    """(alert, expr) of every alerting rule in a Prometheus rules file."""
+    data = yaml.safe_load(text) or {}
+    out = []
+    for group in data.get("groups") or []:
+        for rule in group.get("rules") or []:
+            if isinstance(rule, dict) and "alert" in rule:
+                out.append((str(rule["alert"]), str(rule.get("expr", ""))))
+    return out
+
+
+def critical_hit_rate(b: pb.RegionCapacity) -> float | None:
+    """The hit rate under which what the unit bears falls below its load now, with the
+    measured beta (R(h) = R0 / (1 - beta h)); None without a measured beta or load."""
+    if b.source != "measured" or not b.HasField("beta") or b.beta <= 0 or b.load_rps <= 0:
+        return None
+    cold = b.allowed_rps * (1 - b.beta * b.hit_rate)
+    return (1 - cold / b.load_rps) / b.beta
+
+
+_THRESHOLD = re.compile(r"<=?\s*([0-9]*\.?[0-9]+)")
+
+
+def check_hit_rate_alert(f: Facts) -> Line:
+    q = "hit-rate alert set where a hit-rate drop takes capacity below load"
+
+    def todo(v: Verdict) -> str:
+        if v is Verdict.FAIL:
+            return (
+                f"add an alert on the served prefix-cache hit rate firing {HIT_RATE_MARGIN} "
+                "above each critical hit rate named (runbooks/alerts/tectonic-alerts.yaml); "
+                "Tectonic exports no hit-rate series to alert on yet"
+            )
+        return "run a capacity probe for a measured beta (failoverctl capacity probe REGION -r WHY)"
+
+    if f.rules is None:
+        return Line(
+            3,
+            q,
+            Verdict.UNKNOWN,
+            f"no alert rules file found ({f.rules_source})",
+            "pass --rules PATH (the rules Prometheus loads)",
+        )
+    try:
+        rules = alert_rules(f.rules)
+    except yaml.YAMLError as exc:
+        return Line(
+            3, q, Verdict.UNKNOWN, f"{f.rules_source}: not YAML: {exc}", todo(Verdict.UNKNOWN)
+        )
+    hit = [(a, e) for a, e in rules if re.search(r"hit", e, re.IGNORECASE)]
+    thresholds = [float(m) for _, e in hit for m in _THRESHOLD.findall(e)]
+    findings = []
+    for u in units(f):
+        b = u.capacity
+        h = critical_hit_rate(b)
+        if h is None:
+            findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: no measured beta ({b.source})"))
+            continue
+        if h <= 0:
+            findings.append(
+                Finding(
+                    Verdict.PASS,
+                    f"{u.name}: bears its {b.load_rps:.1f} rps even fully cold (beta "
+                    f"{b.beta:.2f}): no hit-rate drop takes it below load",
+                )
+            )
+            continue
+        want = h + HIT_RATE_MARGIN
+        where = (
+            f"{u.name}: below hit rate {h:.2f} (now {b.hit_rate:.2f}, beta {b.beta:.2f}) "
+            f"it bears less than its {b.load_rps:.1f} rps"
+        )
+        if not hit:
+            findings.append(
+                Finding(Verdict.FAIL, f"{where}; no rule in {f.rules_source} watches the hit rate")
+            )
+        elif not thresholds:
+            names = ", ".join(a for a, _ in hit)
+            findings.append(
+                Finding(Verdict.UNKNOWN, f"{where}; rule(s) {names}: threshold not read")
+            )
+        elif max(thresholds) >= want:
+            findings.append(
+                Finding(Verdict.PASS, f"{where}; an alert fires below {max(thresholds):g}")
+            )
+        else:
+            findings.append(
+                Finding(
+                    Verdict.FAIL,
+                    f"{where}; the hit-rate alert fires below {max(thresholds):g}, "
+                    f"under {want:.2f}",
+                )
+            )
+    return _line(3, q, findings, todo)
+
+
+# ---- 4. the forecast horizon and the forecaster's error --------------------------------
+_HORIZON = re.compile(r" in ([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?) s(?: \([^)]*\))? at hit rate")
+
+
+def horizon_of(r: ScaleRecord) -> float | None:
+    """The horizon the scaler forecast over, as its first reason says (None: a record
+    that did not forecast: a dark signal, a hold)."""
+    m = _HORIZON.search(r.reasons[0]) if r.reasons else None
+    return float(m.group(1)) if m else None
+
+
+def check_forecast(f: Facts) -> Line:
+    q = (
+        f"forecast horizon {HORIZON_S:g} s +- {HORIZON_TOLERANCE_S:g} s, and the "
+        "forecaster's recent error"
+    )
+
+    def todo(v: Verdict) -> str:
+        if v is Verdict.FAIL:
+            return (
+                f"set scaling.horizon_s to {HORIZON_S:g} (a horizon longer than that is the "
+                "measured wake p95: make wakes faster)"
+            )
+        return (
+            "the forecaster's error against what came is not recorded (scale/<unit> keeps the "
+            "latest forecast only): compare tectonic_pool_forecast_rps series=forecast with "
+            "series=observed one horizon later in Prometheus"
+        )
+
+    if isinstance(f.scale, str):
+        return _unreadable(4, q, "the scaler's records (GetScale)", f.scale, todo(Verdict.UNKNOWN))
+    if not f.scale.scaling:
+        return Line(
+            4,
+            q,
+            Verdict.UNKNOWN,
+            "scaling is off in this topology (no scaling: section): no forecaster runs",
+            "add a scaling: section (docs/scaling.md) if the pools should be sized",
+        )
+    wanted = {u.name for u in units(f)}
+    findings = []
+    for p in f.scale.pools:
+        if p.unit not in wanted:
+            continue
+        r = _scale_record(p)
+        if isinstance(r, str):
+            findings.append(Finding(Verdict.UNKNOWN, f"{p.unit}: {r}"))
+            continue
+        h = horizon_of(r)
+        if h is None:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"{p.unit}: no forecast in its last record ({'; '.join(r.reasons[:1])})",
+                )
+            )
+            continue
+        ok = abs(h - HORIZON_S) <= HORIZON_TOLERANCE_S
+        findings.append(Finding(Verdict.PASS if ok else Verdict.FAIL, f"{p.unit}: horizon {h:g} s"))
+        band = ""
+        if r.forecast_rps and r.upper_rps is not None:
+            band = f"; its own P90 band is +{(r.upper_rps - r.forecast_rps) / r.forecast_rps:.0%}"
+        findings.append(
+            Finding(
+                Verdict.UNKNOWN, f"{p.unit}: forecast error against what came: not recorded{band}"
+            )
+        )
+    return _line(4, q, findings, todo, none="no pool has a scale record")
+
+
+# ---- 5. a failover drill per region in the last 7 days ----------------------------------
+def check_drills(f: Facts) -> Line:
+    q = (
+        "a failover drill per region in the last 7 days, its pre-warm, ladder order and "
+        "consistency recorded"
+    )
+
+    def todo(v: Verdict) -> str:
+        if v is Verdict.FAIL:
+            return (
+                "run one: failoverctl drill run SCENARIO --region REGION -r WHY "
+                "(runbooks/region-barred.md)"
+            )
+        return (
+            "read the drill's report (failoverctl drill show ID): ListDrills names only the "
+            "criteria that failed, not which were measured"
+        )
+
+    if isinstance(f.drills, str):
+        return _unreadable(5, q, "the drill history (ListDrills)", f.drills, todo(Verdict.UNKNOWN))
+    since = f.now - DRILL_WINDOW_S
+    findings = []
+    for region in regions(f):
+        runs = [
+            r
+            for r in f.drills.runs
+            if r.region
+            and _in_region(r.region, region)
+            and not r.dry_run
+            and not r.aborted
+            and r.scenario != CAPACITY_PROBE
+            and (r.ended_at or r.started_at) >= since
+        ]
+        if not runs:
+            findings.append(
+                Finding(Verdict.FAIL, f"{region}: no failover drill in the last 7 days")
+            )
+            continue
+        last = max(runs, key=lambda r: r.ended_at or r.started_at)
+        when = age_text(f.now, last.ended_at or last.started_at)
+        bad = [c for c in last.failed if c in DRILL_CRITERIA]
+        outcome = "passed" if last.passed else f"failed ({', '.join(last.failed) or '?'})"
+        if bad:
+            findings.append(
+                Finding(
+                    Verdict.FAIL,
+                    f"{region}: drill {last.id} ({last.scenario}, {when}) failed {', '.join(bad)}",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"{region}: drill {last.id} ({last.scenario}, {when}) {outcome}; whether "
+                    f"it recorded {', '.join(DRILL_CRITERIA)} is not in ListDrills",
+                )
+            )
+    return _line(5, q, findings, todo)
+
+
+# ---- 6. the degradation-order test in CI, its ladder the deployed one ------------------
+def check_ladder_ci(f: Facts) -> Line:
+    q = "degradation-order test in CI, and its ladder file the one deployed"
+    repo = f.repo
+    if repo is None:
+        return Line(
+            6,
+            q,
+            Verdict.UNKNOWN,
+            "no Tectonic repository here (run from a checkout, or --repo PATH)",
+            "run failoverctl doctor from the repository's checkout",
+        )
+    findings = []
+    if repo.order_test is None:
+        findings.append(Finding(Verdict.FAIL, "tests/test_degradation_order.py is missing"))
+    elif "degradation.yaml" not in repo.order_test:
+        findings.append(
+            Finding(
+                Verdict.FAIL,
+                "tests/test_degradation_order.py does not read runbooks/degradation.yaml",
+            )
+        )
+    elif repo.ci_entry is None or "scripts/test.sh" not in repo.ci_entry:
+        findings.append(
+            Finding(Verdict.FAIL, ".ci/run (CI's entry point) does not run scripts/test.sh")
+        )
+    elif repo.ci_script is None or "pytest" not in repo.ci_script:
+        findings.append(Finding(Verdict.FAIL, "scripts/test.sh does not run pytest"))
+    elif "tests" not in repo.testpaths:
+        findings.append(
+            Finding(Verdict.FAIL, f"pytest's testpaths {list(repo.testpaths)} leave tests/ out")
+        )
+    else:
+        findings.append(
+            Finding(
+                Verdict.PASS,
+                "tests/test_degradation_order.py runs in CI (.ci/run -> scripts/test.sh -> "
+                "pytest tests/)",
+            )
+        )
+    if repo.ladder_steps is None:
+        findings.append(
+            Finding(Verdict.FAIL, f"runbooks/degradation.yaml does not load: {repo.ladder_error}")
+        )
+    else:
+        applied = {s for u in units(f) for s in u.degradation_steps}
+        foreign = sorted(applied - set(repo.ladder_steps))
+        if foreign:
+            findings.append(
+                Finding(
+                    Verdict.FAIL,
+                    f"the leader applies step(s) {', '.join(foreign)} that the repository's "
+                    "ladder lacks: the deployed ladder differs",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"the repository's ladder is {' > '.join(repo.ladder_steps)}; the deployed "
+                    "one is not in any RPC's answer (only the steps applied now are), so not "
+                    "compared",
+                )
+            )
+    return _line(
+        6,
+        q,
+        findings,
+        lambda v: (
+            "restore the test in CI, and deploy the ladder from this checkout"
+            if v is Verdict.FAIL
+            else "compare the leader's ladder file with runbooks/degradation.yaml by hand "
+            "(sha256sum)"
+        ),
+    )
+
+
+# ---- 7. capacity measured and fresh, of the engine running ------------------------------
+def check_capacity(f: Facts) -> Line:
+    q = "capacity measured and fresh for every region, of the engine running"
+    findings = []
+    for u in units(f):
+        b = u.capacity
+        if b.source == "measured":
+            when = age_text(f.now, b.measured_at) if b.HasField("measured_at") else "?"
+            if b.engine_version:
+                findings.append(
+                    Finding(
+                        Verdict.PASS,
+                        f"{u.name}: measured {when} on engine {b.engine_version} ({b.reason})",
+                    )
+                )
+            else:
+                findings.append(
+                    Finding(
+                        Verdict.UNKNOWN,
+                        f"{u.name}: measured {when}, but the probe recorded no engine version: "
+                        "not compared with the one running",
+                    )
+                )
+        else:
+            findings.append(
+                Finding(Verdict.FAIL, f"{u.name}: {b.source or 'no source'}: {b.reason}")
+            )
+    return _line(
+        7,
+        q,
+        findings,
+        lambda v: "probe it: failoverctl capacity probe REGION -r WHY (runbooks/capacity-stale.md)",
+    )
+
+
+# ---- 8. budget utilisation --------------------------------------------------------------
+def check_budget(f: Facts) -> Line:
+    return Line(
+        8,
+        "budget utilisation alerts configured, and the last week's utilisation",
+        Verdict.UNKNOWN,
+        "no budget configured: the cost guardrail is not built",
+        "none yet (issue 32: cost and spend)",
+    )
+
+
+# ---- 9. readiness and overrides ---------------------------------------------------------
+def check_readiness(f: Facts) -> Line:
+    q = "every region's readiness (drill verdict), and any override in force"
+
+    def todo(v: Verdict) -> str:
+        return "run a passing drill (failoverctl drill run ...); see runbooks/region-barred.md"
+
+    if isinstance(f.readiness, str):
+        return _unreadable(9, q, "readiness (GetReadiness)", f.readiness, todo(Verdict.UNKNOWN))
+    wanted = set(regions(f)) | {u.name for u in units(f)}
+    findings = []
+    for r in f.readiness.regions:
+        if r.region not in wanted:
+            continue
+        if not r.has_verdict:
+            findings.append(Finding(Verdict.FAIL, f"{r.region}: never drilled"))
+        elif r.barred:
+            findings.append(
+                Finding(
+                    Verdict.FAIL,
+                    f"{r.region}: BARRED by failed drill {r.drill} ({age_text(f.now, r.at)})",
+                )
+            )
+        elif not r.passed:
+            findings.append(
+                Finding(
+                    Verdict.FAIL,
+                    f"{r.region}: drill {r.drill} failed ({age_text(f.now, r.at)}); override in "
+                    f"force by "
+                    f"{r.override_actor} ({age_text(f.now, r.override_at)}): {r.override_reason}",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    Verdict.PASS, f"{r.region}: passed drill {r.drill} ({age_text(f.now, r.at)})"
+                )
+            )
+    return _line(9, q, findings, todo)
+
+
+# ---- 10. one engine version per pool ----------------------------------------------------
+_RUNS = re.compile(r"the region runs '([^']*)'")
+
+
+def check_engine(f: Facts) -> Line:
+    q = "the same engine version across a pool's replicas"
+    findings = []
+    for u in units(f):
+        m = _RUNS.search(u.capacity.reason)
+        if m is None:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"{u.name}: the engine versions its agent reports are in no RPC's answer "
+                    "(GetStatus shows the probed replica's only)",
+                )
+            )
+        elif ", " in m.group(1):
+            findings.append(Finding(Verdict.FAIL, f"{u.name}: its replicas run {m.group(1)}"))
+        else:
+            findings.append(Finding(Verdict.PASS, f"{u.name}: every up replica runs {m.group(1)}"))
+    return _line(
+        10,
+        q,
+        findings,
+        lambda v: (
+            "finish (or roll back) the rolling upgrade"
+            if v is Verdict.FAIL
+            else "compare the replicas' GET /version by hand (the agent logs each change: "
+            "'engine: A -> B')"
+        ),
+    )
+
+
+CHECKS: tuple[Callable[[Facts], Line], ...] = (
+    check_warm_standby,
+    check_activation,
+    check_hit_rate_alert,
+    check_forecast,
+    check_drills,
+    check_ladder_ci,
+    check_capacity,
+    check_budget,
+    check_readiness,
+    check_engine,
+)
+
+
+def diagnose(f: Facts) -> list[Line]:
+    """Every question's line, in order."""
+    return [check(f) for check in CHECKS]
+
+
+def exit_code(lines: Iterable[Line], allow_unknown: bool = False) -> int:
+    """0 when every line passes (with ``allow_unknown``, UNKNOWN lines count as passing);
+    1 otherwise. (3, the control plane unreachable, is the command's.)"""
+    ok = {Verdict.PASS, Verdict.UNKNOWN} if allow_unknown else {Verdict.PASS}
+    return 0 if all(x.verdict in ok for x in lines) else 1

@@ -1,0 +1,482 @@
+"""failoverctl doctor's questions (controlplane/cli/doctor.py), decided on fake answers
+and a fake clock: each question's PASS, FAIL and UNKNOWN, the exit code, and the
+command's reading of the repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tectonic_api.v1 import controlplane_pb2 as pb
+
+from controlplane.cli import doctor as d
+from controlplane.cli.doctor_cmd import find_repo, read_repo
+from controlplane.kernel.capacity.bearing import CapacitySLO
+from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.codec import encode
+from controlplane.kernel.pool.scale import ScaleRecord
+
+NOW = 1_800_000_000.0  # the fake clock
+DAY = 86400.0
+REPO = Path(__file__).resolve().parents[2]
+V = d.Verdict
+
+
+def bearing(**kw: object) -> pb.RegionCapacity:
+    base: dict[str, object] = {
+        "source": "measured",
+        "reason": "probed 2.0 h ago",
+        "cbu": 0.5,
+        "allowed_rps": 100.0,
+        "load_rps": 50.0,
+        "hit_rate": 0.5,
+        "beta": 0.5,
+        "measured_at": NOW - 7200,
+        "engine_version": "0.11.0",
+    }
+    base.update(kw)
+    return pb.RegionCapacity(**base)  # type: ignore[arg-type]
+
+
+def unit(name: str = "east", **kw: object) -> pb.RegionStatus:
+    fields: dict[str, object] = {"name": name, "capacity": bearing()}
+    fields.update(kw)
+    return pb.RegionStatus(**fields)  # type: ignore[arg-type]
+
+
+def capacity_record(region: str = "east", ttft: float = 1.5) -> CapacityRecord:
+    probe = HitProbe(hit_rate=0.0, baseline_p99_s=0.1, ultimate_rps=10, ultimate_bounded=True)
+    return CapacityRecord(
+        region=region,
+        measured_at=NOW - 7200,
+        engine_version="0.11.0",
+        replica=f"http://{region}-0:8000",
+        slo=CapacitySLO(ttft_p99_s=ttft),
+        factor_of_safety=2.0,
+        probes=(probe,),
+        r_base_rps=10.0,
+        beta=0.5,
+        profile=WorkloadProfile(
+            prompt_tokens_p50=500, prompt_tokens_p90=2000, output_tokens=64, shared_prefix_share=0.5
+        ),
+    )
+
+
+def scale_record(unit: str = "east", horizon: float = 30.0, **kw: object) -> ScaleRecord:
+    fields: dict[str, object] = {
+        "unit": unit,
+        "active": 2,
+        "warm": 1,
+        "decided_at": NOW - 5,
+        "changed_at": NOW - 600,
+        "reasons": (
+            f"load 50 rps, forecast 52 (P90 60) in {horizon:g} s at hit rate 0.50: 30 rps "
+            "per replica (measured) -> 2 ACTIVE",
+        ),
+        "load_rps": 50.0,
+        "forecast_rps": 52.0,
+        "upper_rps": 60.0,
+        "per_replica_rps": 30.0,
+        "capacity": "measured",
+    }
+    fields.update(kw)
+    return ScaleRecord.model_validate(fields)
+
+
+def facts(
+    units: list[pb.RegionStatus] | None = None,
+    *,
+    capacity: pb.CapacityResponse | str | None = None,
+    scale: pb.ScaleResponse | str | None = None,
+    readiness: pb.ReadinessResponse | str | None = None,
+    drills: pb.DrillsResponse | str | None = None,
+    **kw: object,
+) -> d.Facts:
+    us = units if units is not None else [unit()]
+    cap = capacity if capacity is not None else pb.CapacityResponse()
+    return d.Facts(
+        now=NOW,
+        status=pb.StatusResponse(regions=us, generated_at=NOW),
+        capacity=cap,
+        scale=scale if scale is not None else pb.ScaleResponse(scaling=True),
+        readiness=readiness if readiness is not None else pb.ReadinessResponse(),
+        drills=drills if drills is not None else pb.DrillsResponse(),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def with_capacity(*records: CapacityRecord) -> pb.CapacityResponse:
+    return pb.CapacityResponse(
+        regions=[pb.RegionCapacityRecord(region=r.region, record_json=encode(r)) for r in records]
+    )
+
+
+def with_scale(*records: ScaleRecord) -> pb.ScaleResponse:
+    return pb.ScaleResponse(
+        scaling=True,
+        pools=[pb.PoolScale(unit=r.unit, record_json=encode(r)) for r in records],
+    )
+
+
+# ---- 1. WARM standby -----------------------------------------------------------------
+def test_warm_standby_is_unknown_while_an_input_is_not_measured() -> None:
+    u = unit(signals={"replicas_warm": 1, "activation_p95_s": 4.0})
+    line = d.check_warm_standby(facts([u], scale=with_scale(scale_record())))
+    assert line.verdict is V.UNKNOWN
+    assert "activation rate" in line.evidence and "burst load" in line.evidence
+    assert "has 1 WARM now, wake p95 4.0 s, 30.0 rps per replica (measured)" in line.evidence
+
+
+def test_a_typed_capacity_is_not_a_measured_per_replica_capacity() -> None:
+    rec = scale_record(capacity="typed capacity_rps 100 over 2 ACTIVE")
+    inputs = d.sizing_inputs(unit(signals={"replicas_warm": 1}), rec)
+    assert inputs.replica_rps is None and inputs.warm_now == 1
+
+
+def measured(warm: int) -> d.SizingInputs:
+    return d.SizingInputs(
+        warm_now=warm,
+        activation_s=8.0,
+        activation_rate=0.5,
+        replica_rps=30.0,
+        burst_rps=100.0,
+        cold_start_s=120.0,
+        budget_s=30.0,
+    )
+
+
+@pytest.mark.parametrize(("warm", "verdict"), [(4, V.PASS), (2, V.FAIL)])
+def test_warm_standby_against_the_sizing_formula(warm: int, verdict: d.Verdict) -> None:
+    # sizing.py's worked example: 100 rps at 30 per replica, cold too slow: 4 WARM
+    line = d.check_warm_standby(facts(sizing={"east": measured(warm)}))
+    assert line.verdict is verdict
+    assert f"{warm} WARM configured, 4 needed" in line.evidence
+    assert bool(line.todo) is (verdict is not V.PASS)
+
+
+# ---- 2. activation p95 ---------------------------------------------------------------
+@pytest.mark.parametrize(("p95", "verdict"), [(0.4, V.PASS), (0.6, V.FAIL)])
+def test_wake_p95_against_a_third_of_the_slo(p95: float, verdict: d.Verdict) -> None:
+    u = unit(signals={"activation_p95_s": p95})
+    line = d.check_activation(facts([u], capacity=with_capacity(capacity_record(ttft=1.5))))
+    assert line.verdict is verdict
+    assert "(SLO 1.5 s / 3)" in line.evidence and "last wakes, at most 32" in line.evidence
+
+
+def test_wake_p95_unknown_without_a_wake_or_an_slo() -> None:
+    assert d.check_activation(facts()).verdict is V.UNKNOWN
+    line = d.check_activation(facts([unit(signals={"activation_p95_s": 0.2})]))
+    assert line.verdict is V.UNKNOWN and "no first-token SLO known" in line.evidence
+
+
+def test_a_pool_reads_its_regions_slo() -> None:
+    u = unit("east.chat", pool_of="east", signals={"activation_p95_s": 0.2})
+    line = d.check_activation(facts([u], capacity=with_capacity(capacity_record("east"))))
+    assert line.verdict is V.PASS
+
+
+# ---- 3. the hit-rate alert -----------------------------------------------------------
+RULES_WITHOUT = "groups:\n- name: t\n  rules:\n  - alert: X\n    expr: up == 0\n"
+RULES_WITH = (
+    "groups:\n- name: t\n  rules:\n  - alert: HitRateLow\n"
+    "    expr: tectonic_region_hit_rate < 0.45\n"
+)
+
+
+def test_critical_hit_rate_from_the_measured_beta() -> None:
+    # 100 rps allowed at h 0.5, beta 0.5: 75 cold; load 90: below h 0.33 it bears less
+    b = bearing(allowed_rps=100.0, hit_rate=0.5, beta=0.5, load_rps=90.0)
+    assert d.critical_hit_rate(b) == pytest.approx((1 - 75 / 90) / 0.5)
+    assert d.critical_hit_rate(bearing(source="typed")) is None
+
+
+def risky() -> pb.RegionStatus:
+    return unit(capacity=bearing(allowed_rps=100.0, hit_rate=0.5, beta=0.5, load_rps=90.0))
+
+
+def test_hit_rate_alert_missing_fails_where_a_drop_goes_below_load() -> None:
+    line = d.check_hit_rate_alert(facts([risky()], rules=RULES_WITHOUT, rules_source="r.yaml"))
+    assert line.verdict is V.FAIL
+    assert "below hit rate 0.33" in line.evidence and "no rule in r.yaml" in line.evidence
+
+
+def test_hit_rate_alert_present_and_high_enough_passes() -> None:
+    line = d.check_hit_rate_alert(facts([risky()], rules=RULES_WITH))
+    assert line.verdict is V.PASS and "fires below 0.45" in line.evidence
+    low = RULES_WITH.replace("0.45", "0.35")  # under 0.33 + 0.1
+    assert d.check_hit_rate_alert(facts([risky()], rules=low)).verdict is V.FAIL
+
+
+def test_hit_rate_alert_passes_where_even_cold_bears_the_load() -> None:
+    line = d.check_hit_rate_alert(facts(rules=RULES_WITHOUT))  # 75 cold > 50 load
+    assert line.verdict is V.PASS and "even fully cold" in line.evidence
+
+
+def test_hit_rate_alert_unknown_without_rules_or_measured_beta() -> None:
+    assert d.check_hit_rate_alert(facts()).verdict is V.UNKNOWN  # no rules file
+    typed = unit(capacity=bearing(source="typed"))
+    line = d.check_hit_rate_alert(facts([typed], rules=RULES_WITHOUT))
+    assert line.verdict is V.UNKNOWN and "no measured beta" in line.evidence
+
+
+def test_the_shipped_rules_have_no_hit_rate_alert() -> None:
+    text = (REPO / "runbooks/alerts/tectonic-alerts.yaml").read_text()
+    assert d.alert_rules(text)
+    line = d.check_hit_rate_alert(facts([risky()], rules=text))
+    assert line.verdict is V.FAIL
+
+
+# ---- 4. the forecast horizon ---------------------------------------------------------
+def test_horizon_read_from_the_scalers_reason() -> None:
+    assert d.horizon_of(scale_record(horizon=30)) == 30.0
+    longer = "load 5 rps, forecast 5 (P90 6) in 42 s (the measured wake p95) at hit rate 0.10"
+    assert d.horizon_of(scale_record(reasons=(longer,))) == 42.0
+    dark = "signal dark (no agent report): the size holds"
+    assert d.horizon_of(scale_record(reasons=(dark,))) is None
+
+
+def test_forecast_horizon_out_of_range_fails() -> None:
+    line = d.check_forecast(facts(scale=with_scale(scale_record(horizon=60))))
+    assert line.verdict is V.FAIL and "horizon 60 s" in line.evidence
+
+
+def test_forecast_horizon_in_range_is_unknown_for_want_of_a_measured_error() -> None:
+    line = d.check_forecast(facts(scale=with_scale(scale_record(horizon=33))))
+    assert line.verdict is V.UNKNOWN
+    assert "horizon 33 s" in line.evidence and "not recorded" in line.evidence
+    assert "P90 band is +15%" in line.evidence
+
+
+def test_forecast_unknown_without_scaling_or_records() -> None:
+    assert d.check_forecast(facts(scale=pb.ScaleResponse(scaling=False))).verdict is V.UNKNOWN
+    assert d.check_forecast(facts(scale="UNAVAILABLE")).verdict is V.UNKNOWN
+    assert d.check_forecast(facts()).verdict is V.UNKNOWN
+
+
+def test_forecast_pass_once_every_part_passes() -> None:
+    # a line with only passing findings passes: the combination rule
+    found = [d.Finding(V.PASS, "a"), d.Finding(V.PASS, "b")]
+    assert d._line(4, "q", found, lambda v: "do").verdict is V.PASS
+
+
+# ---- 5. drills in 7 days -------------------------------------------------------------
+def run(region: str = "east", ago_s: float = DAY, **kw: object) -> pb.DrillRun:
+    fields: dict[str, object] = {
+        "id": "d1",
+        "scenario": "region-blackout",
+        "region": region,
+        "started_at": NOW - ago_s - 60,
+        "ended_at": NOW - ago_s,
+        "passed": True,
+    }
+    fields.update(kw)
+    return pb.DrillRun(**fields)  # type: ignore[arg-type]
+
+
+def test_no_drill_in_seven_days_fails() -> None:
+    old = pb.DrillsResponse(runs=[run(ago_s=8 * DAY), run(ago_s=DAY, dry_run=True)])
+    line = d.check_drills(facts(drills=old))
+    assert line.verdict is V.FAIL and "east: no failover drill" in line.evidence
+
+
+def test_a_capacity_probe_is_not_a_failover_drill() -> None:
+    probe = pb.DrillsResponse(runs=[run(scenario="capacity-probe")])
+    assert d.check_drills(facts(drills=probe)).verdict is V.FAIL
+
+
+def test_a_recent_drill_is_unknown_for_its_criteria_and_fails_on_a_failed_one() -> None:
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[run()])))
+    assert line.verdict is V.UNKNOWN and "24.0h ago" in line.evidence
+    bad = run(passed=False, failed=["prewarm_attainment"])
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[bad])))
+    assert line.verdict is V.FAIL and "failed prewarm_attainment" in line.evidence
+    assert d.check_drills(facts(drills="UNAVAILABLE")).verdict is V.UNKNOWN
+
+
+# ---- 6. the degradation-order test in CI ---------------------------------------------
+def repo(**kw: object) -> d.RepoFacts:
+    fields: dict[str, object] = {
+        "root": "/r",
+        "order_test": "RUNBOOK = ... 'runbooks' / 'degradation.yaml'",
+        "ci_script": "exec .venv/bin/pytest -q",
+        "ci_entry": "exec scripts/test.sh",
+        "testpaths": ("tests",),
+        "ladder_steps": ("spec_off", "context_cap"),
+    }
+    fields.update(kw)
+    return d.RepoFacts(**fields)  # type: ignore[arg-type]
+
+
+def test_ladder_ci_unknown_without_a_repository_or_the_deployed_ladder() -> None:
+    assert d.check_ladder_ci(facts()).verdict is V.UNKNOWN
+    line = d.check_ladder_ci(facts(repo=repo()))
+    assert line.verdict is V.UNKNOWN and "spec_off > context_cap" in line.evidence
+
+
+def test_ladder_ci_fails_without_the_test_or_with_a_foreign_step() -> None:
+    assert d.check_ladder_ci(facts(repo=repo(order_test=None))).verdict is V.FAIL
+    assert d.check_ladder_ci(facts(repo=repo(testpaths=("tests/unit",)))).verdict is V.FAIL
+    stepped = unit(degradation_steps=["shed_everything"])
+    line = d.check_ladder_ci(facts([stepped], repo=repo()))
+    assert line.verdict is V.FAIL and "shed_everything" in line.evidence
+
+
+def test_this_checkout_runs_the_order_test_in_ci() -> None:
+    root = find_repo(Path(__file__).resolve().parent)
+    assert root == REPO
+    facts_ = read_repo(REPO)
+    assert facts_.ladder_steps, facts_.ladder_error
+    line = d.check_ladder_ci(facts(repo=facts_))
+    assert "runs in CI" in line.evidence and line.verdict is V.UNKNOWN
+
+
+# ---- 7. capacity ---------------------------------------------------------------------
+def test_capacity_measured_passes_stale_or_typed_fails() -> None:
+    line = d.check_capacity(facts())
+    assert line.verdict is V.PASS and "2.0h ago on engine 0.11.0" in line.evidence
+    stale = unit(capacity=bearing(source="stale", reason="measured 20.0 days ago (max 14)"))
+    line = d.check_capacity(facts([stale, unit("west")]))
+    assert line.verdict is V.FAIL and "east: stale: measured 20.0 days ago" in line.evidence
+
+
+def test_capacity_without_an_engine_version_is_unknown() -> None:
+    line = d.check_capacity(facts([unit(capacity=bearing(engine_version=""))]))
+    assert line.verdict is V.UNKNOWN
+
+
+# ---- 8. budget -----------------------------------------------------------------------
+def test_budget_is_unknown_until_the_cost_guardrail_exists() -> None:
+    line = d.check_budget(facts())
+    assert line.verdict is V.UNKNOWN
+    assert line.evidence == "no budget configured: the cost guardrail is not built"
+
+
+# ---- 9. readiness --------------------------------------------------------------------
+def readiness(*rs: pb.RegionReadiness) -> pb.ReadinessResponse:
+    return pb.ReadinessResponse(regions=list(rs))
+
+
+def test_readiness_pass_fail_and_override() -> None:
+    ok = pb.RegionReadiness(region="east", has_verdict=True, passed=True, drill="d1", at=NOW - 60)
+    line = d.check_readiness(facts(readiness=readiness(ok)))
+    assert line.verdict is V.PASS and "passed drill d1 (60s ago)" in line.evidence
+    over = pb.RegionReadiness(
+        region="east",
+        has_verdict=True,
+        passed=False,
+        drill="d2",
+        at=NOW - 3 * DAY,
+        override_reason="INC-77: harness bug",
+        override_actor="ana",
+        override_at=NOW - DAY,
+    )
+    line = d.check_readiness(facts(readiness=readiness(over)))
+    assert line.verdict is V.FAIL and "override in force by ana" in line.evidence
+    barred = pb.RegionReadiness(region="east", has_verdict=True, drill="d3", barred=True)
+    assert d.check_readiness(facts(readiness=readiness(barred))).verdict is V.FAIL
+    never = pb.RegionReadiness(region="east")
+    assert "never drilled" in d.check_readiness(facts(readiness=readiness(never))).evidence
+    assert d.check_readiness(facts(readiness="UNAVAILABLE")).verdict is V.UNKNOWN
+
+
+# ---- 10. engine versions -------------------------------------------------------------
+def test_engine_versions_from_the_capacity_reason() -> None:
+    assert d.check_engine(facts()).verdict is V.UNKNOWN
+    mixed = "measured on engine '0.8.5', the region runs '0.8.5, 0.9.0'"
+    line = d.check_engine(facts([unit(capacity=bearing(source="stale", reason=mixed))]))
+    assert line.verdict is V.FAIL and "0.8.5, 0.9.0" in line.evidence
+    one = "measured on engine '0.8.5', the region runs '0.9.0'"
+    assert d.check_engine(facts([unit(capacity=bearing(reason=one))])).verdict is V.PASS
+
+
+# ---- the whole -----------------------------------------------------------------------
+def test_every_question_answers_once_in_order_with_evidence() -> None:
+    lines = d.diagnose(facts())
+    assert [x.id for x in lines] == list(range(1, 11))
+    assert all(x.evidence for x in lines)
+    assert all(x.todo for x in lines if x.verdict is not V.PASS)
+    assert set(lines[0].as_dict()) == {"id", "question", "verdict", "evidence", "todo"}
+
+
+def test_region_filter_keeps_a_region_and_its_pools() -> None:
+    us = [unit("east"), unit("east.chat", pool_of="east"), unit("west")]
+    f = facts(us, region="east")
+    assert [u.name for u in d.units(f)] == ["east", "east.chat"]
+    assert d.regions(f) == ["east"]
+    line = d.check_capacity(f)
+    assert "west" not in line.evidence
+
+
+def test_exit_code() -> None:
+    ok = d.Line(1, "q", V.PASS, "e")
+    unknown = d.Line(2, "q", V.UNKNOWN, "e", "do")
+    bad = d.Line(3, "q", V.FAIL, "e", "do")
+    assert d.exit_code([ok]) == 0
+    assert d.exit_code([ok, unknown]) == 1
+    assert d.exit_code([ok, unknown], allow_unknown=True) == 0
+    assert d.exit_code([ok, unknown, bad], allow_unknown=True) == 1
+
+
+def test_age_text_uses_the_given_clock() -> None:
+    assert d.age_text(NOW, NOW - 30) == "30s ago"
+    assert d.age_text(NOW, NOW - 3 * DAY) == "3.0d ago"
+    assert d.age_text(NOW, 0.0) == "at an unrecorded time"
+
+
+# ---- the command, on a fake control plane --------------------------------------------
+class FakeStub:
+    """Answers doctor's reads; ListDrills fails, as an RPC a role may not read."""
+
+    def GetStatus(self, req: object, timeout: float) -> pb.StatusResponse:
+        return pb.StatusResponse(regions=[unit()], generated_at=NOW)
+
+    def GetCapacity(self, req: object, timeout: float) -> pb.CapacityResponse:
+        return with_capacity(capacity_record())
+
+    def GetScale(self, req: object, timeout: float) -> pb.ScaleResponse:
+        return with_scale(scale_record())
+
+    def GetReadiness(self, req: object, timeout: float) -> pb.ReadinessResponse:
+        return readiness(pb.RegionReadiness(region="east", has_verdict=True, passed=True))
+
+    def ListDrills(self, req: object, timeout: float) -> pb.DrillsResponse:
+        from controlplane.cli.client import EXIT_REFUSED, CliError
+
+        raise CliError("permission denied: drills", EXIT_REFUSED)
+
+
+class FakeClient:
+    timeout_s = 1.0
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        pass
+
+    def call(self, fn: object) -> object:
+        return fn(FakeStub())  # type: ignore[operator]
+
+
+def test_the_command_prints_every_line_and_exits_by_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from controlplane.cli import failoverctl
+
+    monkeypatch.setattr(failoverctl, "Client", FakeClient)
+    monkeypatch.chdir(REPO)
+    runner = CliRunner()
+    got = runner.invoke(failoverctl.app, ["doctor", "--json"])
+    assert got.exit_code == 1, got.output
+    body = json.loads(got.stdout)
+    assert [c["id"] for c in body["checks"]] == list(range(1, 11)) and body["exit_code"] == 1
+    by_id = {c["id"]: c for c in body["checks"]}
+    assert by_id[5]["verdict"] == "UNKNOWN" and "permission denied" in by_id[5]["evidence"]
+    assert by_id[7]["verdict"] == "PASS" and by_id[9]["verdict"] == "PASS"
+    assert "runs in CI" in by_id[6]["evidence"]
+    text = runner.invoke(failoverctl.app, ["doctor", "--region", "east"])
+    assert text.exit_code == 1
+    assert len([x for x in text.stdout.splitlines() if x[:7].strip() in set(V)]) == 10
+    bad = runner.invoke(failoverctl.app, ["doctor", "--region", "nowhere"])
+    assert bad.exit_code == 2
