@@ -28,6 +28,7 @@ from bench import (
     sessions,
     soak,
     store,
+    surge,
 )
 from controlplane.kernel.version import add_version_flag
 
@@ -144,6 +145,14 @@ BENCHES = (
         "HPA, KEDA, NVIDIA Dynamo's planner, Tectonic (reactive and forecast) and an oracle, "
         "each policy's own code on a discrete-event model of the simulator's engine checked "
         "against real simulators: first-token p99, SLO attainment, replica-seconds and cost.",
+    ),
+    BenchInfo(
+        "surge",
+        surge,
+        "A loaded region fails over into a target that needs twice its ACTIVE replicas, on "
+        "simulator warm pools: first-minute first-token p99 over before, with failover-aware "
+        "scaling and with scaling off, and how long the extra replicas take to go after "
+        "recovery.",
     ),
 )
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +46,14 @@ from chaos.lab.procs import (
     start_picker,
     wait_ready,
 )
-from chaos.lab.spec import SIM_ARGS, SIM_MODEL, DeploymentSpec, compressed_ladder, local_topology
+from chaos.lab.spec import (
+    SIM_ARGS,
+    SIM_MODEL,
+    DeploymentSpec,
+    block_size,
+    compressed_ladder,
+    local_topology,
+)
 from chaos.lab.vllm_cpu import VllmProc, launch_vllm, wait_vllm
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.prefix.sealing import generate_key
@@ -61,6 +70,8 @@ PICKERS_PER_REGION = 2
 # its cache (its default, 1 s, is the timeout itself). Seen on a loaded machine: requests
 # failed open while etcd answered slowly, and one in a region that was down got a 503.
 PICKER_ARGS = ("--report-interval", "0.5", "--store-timeout", "0.5")
+# An agent with a warm pool launches its simulators before it serves.
+POOL_AGENT_READY_TIMEOUT_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +203,8 @@ class LocalDeployment:
             return reserved_port(taken)
 
         agent_ports = {u: port() for u in units}
-        replicas = range(self.spec.replicas_per_region)
+        # warm pools: the agents launch their servers, none is the lab's
+        replicas = range(0 if self.spec.warm_pool else self.spec.replicas_per_region)
         self.sim_ports = {u: [port() for _ in replicas] for u in units}
         self.cp_ports = {f"cp-{i + 1}": port() for i in range(self.spec.controlplanes)}
         self.cp_http_ports = {rid: port() for rid in self.cp_ports}
@@ -261,10 +273,26 @@ class LocalDeployment:
                 extra_args=(
                     *self.spec.agent_args,
                     *self.payload_key_args(unit),
+                    *self._pool_args(unit),
                     "--metrics-listen",
                     f"127.0.0.1:{self.agent_metrics_ports[unit]}",
                 ),
+                **({"ready_timeout": POOL_AGENT_READY_TIMEOUT_S} if self.spec.warm_pool else {}),
             )
+
+    def _pool_args(self, unit: str) -> list[str]:
+        """``--pool-config`` (written to the workdir), ``--etcd`` and ``--cluster`` for a
+        unit's agent when the spec gives warm pools; none otherwise."""
+        pool = self.spec.warm_pool
+        if pool is None:
+            return []
+        config = pool.pool_config(
+            self.spec.model_of(unit) or SIM_MODEL, block_size(self.spec), self.spec.sim_args
+        )
+        path = self.workdir / f"pool-{unit}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        endpoints = ",".join(self.etcd_endpoints)
+        return ["--pool-config", str(path), "--etcd", endpoints, "--cluster", self.keys.cluster]
 
     def start_controlplane(self, rid: str) -> None:
         self.cps[rid] = start_controlplane(
@@ -335,11 +363,24 @@ class LocalDeployment:
         self.envoys[region] = start_envoy(spec, self.workdir / "envoy", name=f"envoy-{region}")
 
     def stop(self) -> None:
+        if self.spec.warm_pool is not None:
+            self._stop_pool_agents()
         for p in self.every_process():
             with contextlib.suppress(Exception):
                 p.kill()
         if self.etcd is not None:
             self.etcd.stop()
+
+    def _stop_pool_agents(self) -> None:
+        """A warm pool's simulators are its agent's children: SIGTERM lets the agent stop
+        them; any left (the agent died first) are SIGKILLed by PID."""
+        children = {pid for a in self.agents.values() for pid in _children(a.pid)}
+        for agent in self.agents.values():
+            with contextlib.suppress(Exception):
+                agent.terminate(timeout=5.0)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     # ---- faults and their undo ------------------------------------------------------------
     def start_servers(self, region: str) -> list[str]:
@@ -446,3 +487,13 @@ class LocalDeployment:
             started.append(i)
         self.killed_etcd.clear()
         return started
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs of ``pid``'s children (Linux: /proc/<pid>/task/*/children)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found

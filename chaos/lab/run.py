@@ -60,10 +60,11 @@ async def running_lab(
         say(f"topology: {dep.topology_path}")
         kind = "vLLM servers" if spec.server == "vllm" else "vLLM simulators"
         each = f"{len(spec.pools)} model pools of " if spec.pools else ""
-        say(
-            f"starting regions {', '.join(spec.regions)} (in parallel): {each}"
-            f"{spec.replicas_per_region} {kind} + an agent each ..."
-        )
+        servers = f"{spec.replicas_per_region} {kind} + an agent"
+        if spec.warm_pool is not None:
+            w = spec.warm_pool
+            servers = f"an agent with a warm pool of simulators ({w.active} ACTIVE, {w.warm} WARM)"
+        say(f"starting regions {', '.join(spec.regions)} (in parallel): {each}{servers} each ...")
         await asyncio.gather(*(asyncio.to_thread(dep.start_region, r) for r in spec.regions))
         for rid in dep.cp_ports:
             say(f"starting control-plane replica {rid} ...")

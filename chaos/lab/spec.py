@@ -22,6 +22,53 @@ SIM_MODEL = "tiny"  # what a simulator serves without a pool's model
 LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
 DataPlane = Literal["gateway", "envoy"]
 DATA_PLANES: tuple[DataPlane, ...] = ("gateway", "envoy")
+# The lab topology's scaling: section, compressed like the rest (docs/scaling.md).
+LAB_SCALING: dict[str, float] = {
+    "horizon_s": 10,
+    "activation_s": 1,
+    "stable_window_s": 30,
+    "checkpoint_s": 2,
+}
+
+
+@dataclass(frozen=True)
+class WarmPoolSpec:
+    """Each unit's warm pool (regions/pool/README.md) instead of static servers: its
+    agent launches simulators itself (``--pool-config``), keeps ``warm`` asleep,
+    publishes the ACTIVE ones to ``pools/<unit>`` for the gateways and follows the
+    leader's ``scale/<unit>``. The dwell times are compressed for a lab."""
+
+    active: int = 2
+    warm: int = 2
+    size: int = 4
+    active_min_s: float = 5.0  # ACTIVE before drain (120 s in production)
+    idle_min_s: float = 30.0  # IDLE before sleep (1800 s)
+    warm_min_s: float = 600.0  # WARM before stop (300 s): the standby stays for the run
+    reconcile_interval_s: float = 0.5
+
+    def pool_config(
+        self, model: str, block_size: int, sim_args: tuple[str, ...]
+    ) -> dict[str, object]:
+        """The agent's ``--pool-config`` file, as data."""
+        return {
+            "launcher": {
+                "kind": "simulator",
+                "model": model,
+                "block_size": block_size,
+                "extra_args": list(sim_args),
+                "ready_timeout_s": 60.0,
+            },
+            "active": self.active,
+            "warm": self.warm,
+            "size": self.size,
+            "reconcile_interval_s": self.reconcile_interval_s,
+            "dwell": {
+                "active_min_s": self.active_min_s,
+                "idle_min_s": self.idle_min_s,
+                "warm_min_s": self.warm_min_s,
+                "drain_s": 1.0,
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -66,6 +113,12 @@ class DeploymentSpec:
     # key per zone under <workdir>/payload-keys/<zone>; only that zone's processes get it).
     zones: tuple[tuple[str, str], ...] = ()
     sealed_payloads: bool = False
+    # Warm pools (None: static servers, started by the lab, as before): every unit's
+    # agent runs a warm pool of simulators (whatever ``server`` says) of these sizes,
+    # with ``sim_args``, and follows scale/<unit>.
+    warm_pool: WarmPoolSpec | None = None
+    # The topology's scaling: section (LAB_SCALING); False: none, the leader sizes nothing.
+    scaling: bool = True
 
     def zone_of(self, region: str) -> str:
         """``region``'s residency zone (a unit's, its region's)."""
@@ -129,8 +182,9 @@ def local_topology(
         },
         "recovery": {"step_percent": 25, "step_interval_s": 1.0},
         # The scaler sizes every pool, compressed like the rest (docs/scaling.md); the
-        # lab's agents serve static replicas, so its records are said, not carried out.
-        "scaling": {"horizon_s": 10, "activation_s": 1, "stable_window_s": 30, "checkpoint_s": 2},
+        # lab's agents serve static replicas unless the spec gives warm pools: then they
+        # carry its records out; else its records are said, not carried out.
+        **({"scaling": dict(LAB_SCALING)} if spec.scaling else {}),
         # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
         # so few is one prefix, so a local deployment warms the top quarter.
         "prewarm": {
@@ -151,6 +205,11 @@ def local_topology(
     if ladder is not None:
         topo["degradation_ladder"] = str(ladder)
     return topo
+
+
+def block_size(spec: DeploymentSpec) -> int:
+    """The servers' KV block size, as the topology's ``prefixes.block_size`` says."""
+    return 128 if spec.server == "vllm" else 16
 
 
 def _serving(
