@@ -128,6 +128,7 @@ READ_ONLY = {
     ("scale", "show"),
     ("sessions", "get"),
     ("config", "view"),
+    ("doctor",),
 }
 CHANGES = {
     ("config", "use-context"): "contexts",
