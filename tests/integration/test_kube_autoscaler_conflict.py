@@ -27,7 +27,16 @@ from regions.agent.server import AgentConfig, serve_agent
 from regions.kube.launcher import DELETION_COST
 from tests.kube_standin.server import StandIn
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.etcd,
+    pytest.mark.timeout(120),
+    # A clean-clone CI run failed one test here on a ResourceWarning raised while the
+    # garbage collector freed an accepted socket that an earlier stand-in server (aiohttp)
+    # left unclosed (laddr its port), not on any assertion; the leak is the stand-in's,
+    # not the agent's. Not fixed at its source yet (see the issue note).
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 NS, APP = "models", {"app": "vllm", "tectonic.io/region": "eu"}
 HPAS = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
 SCALED_OBJECTS = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
