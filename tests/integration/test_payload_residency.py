@@ -18,10 +18,8 @@ for want of a key.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
@@ -31,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.drills.scenario import find_scenario
 from chaos.drills.traffic import system_prompt
 from chaos.lab.deployment import LocalDeployment
+from chaos.lab.procs import until
 from chaos.lab.run import drill_on, lab_traffic, running_lab
 from chaos.lab.spec import DeploymentSpec
 from controlplane.kernel.codec import decode
@@ -141,26 +140,26 @@ async def test_prompts_stay_sealed_on_every_member_and_a_key_rotates(tmp_path: P
             # Rotation under traffic: the new key seals from the next export on, and the
             # leader's catalogs of the zone keep no envelope of the old one.
             new = dep.rotate_payload_key("us")
-            deadline = time.monotonic() + 30
-            kids: set[str] = set()
             traffic = lab_traffic(dep)
             traffic.add(18, list(SPEC.regions), prefix="r")
+
+            async def only_the_new_key() -> bool:
+                kids: set[str] = set()
+                for region in ("us-east", "us-west"):
+                    c = await catalog(store, dep.keys.prefixes(region))
+                    assert c is not None
+                    kids |= {
+                        e.payload.sealed.kid
+                        for e in c.entries
+                        if e.payload is not None and e.payload.sealed is not None
+                    }
+                return kids == {new}
+
             await traffic.start()
             try:
-                while True:
-                    kids = set()
-                    for region in ("us-east", "us-west"):
-                        c = await catalog(store, dep.keys.prefixes(region))
-                        assert c is not None
-                        kids |= {
-                            e.payload.sealed.kid
-                            for e in c.entries
-                            if e.payload is not None and e.payload.sealed is not None
-                        }
-                    if kids == {new}:
-                        break
-                    assert time.monotonic() < deadline, f"old envelopes in catalogs: {kids}"
-                    await asyncio.sleep(0.5)
+                await until(
+                    only_the_new_key, within=30, every=0.5, what="catalogs free of the old key"
+                )
             finally:
                 await traffic.stop()
             # what tells an operator the old key may go: the leader's metric
