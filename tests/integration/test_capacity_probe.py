@@ -120,9 +120,17 @@ async def failing_half(url: str) -> AsyncIterator[None]:
 @pytest.fixture(scope="module")
 async def probed(sims: dict[str, Proc]) -> AsyncIterator[tuple[CapacityRecord, list[StepReport]]]:
     reports: list[StepReport] = []
-    # longer sustained steps here: its figures are judged against the truth
+    # longer sustained steps here: its figures are judged against the truth. Probed
+    # together with the half-slot replica: the pair's steps come last, after the single
+    # replica's (and its recovery), so they change none of its figures
     tuned = config(min_requests=100, max_warmup_s=6.0, max_measure_s=8.0)
-    record = await probe_capacity(sims["cache"].url, tuned, WORKLOAD, progress=reports.append)
+    record = await probe_capacity(
+        sims["cache"].url,
+        tuned,
+        WORKLOAD,
+        pair_url=sims["half"].url,
+        progress=reports.append,
+    )
     yield record, reports
 
 
@@ -151,15 +159,15 @@ async def test_the_probe_finds_what_the_replica_sustains_never_far_above(
     assert record.t_recover_s is not None and record.t_recover_s >= 0
     assert record.wasted_work_share == 0.0  # nothing failed
     assert record.engine_version == "0.32.0+sim" and record.model == "tiny"
-    assert (record.scaling_measured, record.scaling_efficiency) == (False, 1.0)
     # the workload as sent: the prompts capped to fit the replica's 4,096-token context
     assert record.profile == PROFILE.model_copy(update={"max_prompt_tokens": 3625})
     assert record.probe_s > 0 and record.workload_errors == 0
     # progress: every step of every phase, in order, with its verdict; the curve keeps
     # the lowest step and the sustained ones (screening and saturation only bound it)
     first = [r for r in reports if r.attempt == 0]  # not the steps run again
-    phases = [r.phase for r in first]
+    phases = [r.phase for r in first if r.phase is not Phase.PAIR]
     assert phases[0] is Phase.COLD and phases[-2:] == [Phase.OVERLOAD, Phase.RECOVER]
+    assert all(r.phase is Phase.PAIR for r in first[len(phases) :])  # the pair's, last
     for phase, probe in ((Phase.COLD, cold), (Phase.WARM, warm)):
         kinds = [r.kind.value for r in first if r.phase is phase]
         assert kinds[0] == "screen" and "saturation" in kinds
@@ -250,19 +258,14 @@ async def test_the_probe_aborts_at_the_failure_criteria(sims: dict[str, Proc]) -
     assert {r.verdict.value for r in reports} == {"failure"}  # each attempt of that step
 
 
-async def test_a_pair_with_a_weaker_replica_scales_below_one(sims: dict[str, Proc]) -> None:
+async def test_a_pair_with_a_weaker_replica_scales_below_one(
+    probed: tuple[CapacityRecord, list[StepReport]], sims: dict[str, Proc]
+) -> None:
     """Both loaded at once at the single probe's per-replica rates, the SLA judged over
     both: the half-slot replica's queue breaks it below the single ultimate."""
-    reports: list[StepReport] = []
     with pytest.raises(ValueError, match="another replica"):
         await probe_capacity(sims["cache"].url, config(), WORKLOAD, pair_url=sims["cache"].url)
-    record = await probe_capacity(
-        sims["cache"].url,
-        config(measure_recovery=False, max_sustained=2),
-        WORKLOAD,
-        pair_url=sims["half"].url,
-        progress=reports.append,
-    )
+    record, reports = probed
     cold = record.probes[0]
     assert record.scaling_measured and 0 < record.scaling_efficiency < 0.9
     pair = [r for r in reports if r.phase is Phase.PAIR]

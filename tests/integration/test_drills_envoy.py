@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from chaos.drills.result import DrillResult
-from chaos.drills.scenario import find_scenario
+from chaos.drills.scenario import Scenario, find_scenario
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import drill_on, running_lab
 from chaos.lab.spec import DeploymentSpec
@@ -39,6 +39,7 @@ ACCESS_LINE = re.compile(
 # a stream whose server died after its first byte: Envoy can only cut it
 CUT_STREAM = "upstream_reset_after_response_started"
 SESSIONS = 24  # the drill's conversations
+FLAP_S = 24.0  # the flapping drill's flap: twelve down-and-up periods
 
 
 def access_log(dep: LocalDeployment) -> list[re.Match[str]]:
@@ -105,7 +106,7 @@ async def check_envoy_drill(result: DrillResult, dep: LocalDeployment) -> None:
     )
 
 
-async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
+async def envoy_drill(scenario: Scenario, tmp_path: Path) -> DrillResult:
     workdir = Path(tempfile.mkdtemp(prefix="tectonic-test-envoy-lab-"))
     spec = DeploymentSpec(data_plane="envoy")
     async with running_lab(spec, workdir, say=lambda m: None) as dep:
@@ -118,7 +119,7 @@ async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
             result = await drill_on(
                 dep,
                 store,
-                find_scenario(name),
+                scenario,
                 reports=tmp_path,
                 sessions=SESSIONS,
                 say=lambda m: None,
@@ -130,12 +131,18 @@ async def envoy_drill(name: str, tmp_path: Path) -> DrillResult:
 
 
 async def test_the_blackout_drill_passes_through_envoy_and_the_pickers(tmp_path: Path) -> None:
-    result = await envoy_drill("region-blackout", tmp_path)
+    result = await envoy_drill(find_scenario("region-blackout"), tmp_path)
     assert blackout_path(result, TARGET) == ["FAILING_OVER", "RECOVERED", "NORMAL"]
     assert result.figures["prewarm_attained_fraction"] == 1.0  # the pickers' exports
 
 
 async def test_the_flapping_drill_passes_through_envoy_and_the_pickers(tmp_path: Path) -> None:
-    result = await envoy_drill("flapping-region", tmp_path)
+    # A shorter flap than the shipped minute: what goes through Envoy and the pickers
+    # repeats every 2 s period, and the minute is held by test_reliability_faults
+    # (two minutes, through the gateways)
+    base = find_scenario("flapping-region")
+    flap = base.faults[0].model_copy(update={"duration_s": FLAP_S})
+    scenario = base.model_copy(update={"faults": (flap,), "observe_s": FLAP_S + 2})
+    result = await envoy_drill(scenario, tmp_path)
     failovers = next(c for c in result.criteria if c.name == "failovers")
     assert int(failovers.measured) <= 1

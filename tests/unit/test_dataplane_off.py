@@ -46,7 +46,9 @@ def _off_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if ": off: " in r.getMessage()]
 
 
-def test_every_part_off_is_a_stand_in_named_once_in_the_log(
+# async, though nothing is awaited: the core makes asyncio parts, which want the running
+# loop (a sync test finds none once another test has closed the main thread's)
+async def test_every_part_off_is_a_stand_in_named_once_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     options = _options(replica_poll_s=0, prefix_tracking=False)
@@ -71,7 +73,9 @@ def test_every_part_off_is_a_stand_in_named_once_in_the_log(
         assert part in line, line
 
 
-def test_a_core_with_every_part_on_says_nothing_is_off(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_core_with_every_part_on_says_nothing_is_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     options = _options(control_planes=("127.0.0.1:9",), admission=AdmissionOptions(enabled=True))
     with caplog.at_level(logging.INFO, LOG):
         core = DataPlaneCore(options, store=MemoryStore())
@@ -84,7 +88,7 @@ def test_a_core_with_every_part_on_says_nothing_is_off(caplog: pytest.LogCapture
     assert _off_lines(caplog) == []
 
 
-def test_the_operators_bound_turns_the_capacity_watch_off(
+async def test_the_operators_bound_turns_the_capacity_watch_off(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     admission = AdmissionOptions(enabled=True, max_inflight=6)
@@ -96,7 +100,7 @@ def test_the_operators_bound_turns_the_capacity_watch_off(
     assert "the capacity/ watch (--admission-max-inflight bounds each replica at 6)" in line
 
 
-def test_a_callers_observer_leaves_the_export_off() -> None:
+async def test_a_callers_observer_leaves_the_export_off() -> None:
     observer = NoopObserver()
     core = DataPlaneCore(_options(), store=MemoryStore(), observer=observer)
     assert core.observer is observer

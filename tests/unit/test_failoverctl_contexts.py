@@ -15,7 +15,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from controlplane.cli import failoverctl
+from controlplane.cli import common, failoverctl
 from controlplane.cli.client import DEFAULT_SERVER, EXIT_BAD_INPUT, EXIT_UNREACHABLE
 from controlplane.cli.common import Ctx
 from controlplane.cli.contexts import rewrite_current
@@ -54,6 +54,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.config read
     monkeypatch.setenv("COLUMNS", "400")  # rich wraps messages at the terminal width
+    # ...and a console made while another test had set COLUMNS keeps that width
+    for console in (common.out, common.err):
+        monkeypatch.setattr(console, "_width", 400)
     yield
 
 

@@ -89,6 +89,8 @@ async def test_no_token_is_401_with_a_bearer_challenge() -> None:
         f"Basic {TOKENS['viewer']}",  # the right secret, the wrong scheme
         "Bearer ",
     ],
+    # fixed ids: the tokens are random, and pytest-xdist's workers must collect alike
+    ids=["unknown", "wrong-secret", "malformed", "wrong-scheme", "empty"],
 )
 async def test_unknown_or_malformed_token_is_401(header: str) -> None:
     async with client() as c:
