@@ -16,6 +16,7 @@ from typing import Protocol
 from bench import (
     autoscale,
     capacity,
+    cost,
     epp,
     failover,
     gateway,
@@ -25,10 +26,12 @@ from bench import (
     prefixes,
     prewarm,
     recovery,
+    scale,
     sessions,
     soak,
     store,
     surge,
+    zero,
 )
 from controlplane.kernel.version import add_version_flag
 
@@ -90,6 +93,13 @@ BENCHES = (
         "the same two simulators.",
     ),
     BenchInfo(
+        "scale",
+        scale,
+        "The leader's tick at 32, 128 and 512 regions on a real etcd, every region's "
+        "agent report pushed over gRPC each second: tick and decide() p99, and how long a "
+        "dead region takes to be failed over.",
+    ),
+    BenchInfo(
         "sessions",
         sessions,
         "Sticky sessions at scale on a real etcd: the failover switch's p99 with 1,000 vs "
@@ -147,12 +157,27 @@ BENCHES = (
         "against real simulators: first-token p99, SLO attainment, replica-seconds and cost.",
     ),
     BenchInfo(
+        "cost",
+        cost,
+        "The reference ramp with a pool budget that binds at its peak, interactive and "
+        "batch traffic: the real scaler caps at the budget and the real ladder sheds batch: "
+        "spend over the budget (from the replicas' states), interactive SLO attainment, "
+        "the batch share shed, against the same run without a budget.",
+    ),
+    BenchInfo(
         "surge",
         surge,
         "A loaded region fails over into a target that needs twice its ACTIVE replicas, on "
         "simulator warm pools: first-minute first-token p99 over before, with failover-aware "
         "scaling and with scaling off, and how long the extra replicas take to go after "
         "recovery.",
+    ),
+    BenchInfo(
+        "zero",
+        zero,
+        "A pool scaled to zero receives requests, on simulator warm pools: first token "
+        "through the gateway and through the endpoint picker, the wake's duration, and the "
+        "requests refused while it woke.",
     ),
 )
 

@@ -69,6 +69,7 @@ from bench.autoscale_sim import (
     make_arrivals,
 )
 from controlplane.core.scaler import Capacity
+from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import ScalingPolicy
 from regions.pool.states import DwellPolicy
 
@@ -155,7 +156,10 @@ def _at(n: int) -> Callable[[Sim], list[Controller]]:
     return place
 
 
-def tectonic(s: Setup, forecast: bool) -> Callable[[Sim], list[Controller]]:
+def tectonic(
+    s: Setup, forecast: bool, budget: Budget | None = None
+) -> Callable[[Sim], list[Controller]]:
+    """Tectonic's scaler and planner (``budget``: the pool's, ``bench/cost.py``)."""
     o = s.o
     policy = ScalingPolicy(
         forecast=forecast,
@@ -167,7 +171,7 @@ def tectonic(s: Setup, forecast: bool) -> Callable[[Sim], list[Controller]]:
     why = f"engine model: first-token p99 at the SLO / {fos:g}"
     ctl = Tectonic(
         policy, Capacity(lambda h: s.per_replica(h) / fos, why), slo_s=o.slo_s,
-        dwell=DwellPolicy(), slots=2 * o.max_replicas,
+        dwell=DwellPolicy(), slots=2 * o.max_replicas, budget=budget,
     )  # fmt: skip
 
     def seed(sim: Sim) -> list[Controller]:

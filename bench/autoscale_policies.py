@@ -45,6 +45,7 @@ from bench.autoscale_sim import (
 )
 from bench.capacity_truth import SteadyState
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from regions.pool.planner import plan
 from regions.pool.states import Action, DwellPolicy, PoolTarget, ReplicaState
@@ -95,8 +96,10 @@ class Tectonic(Controller):
         slo_s: float,
         dwell: DwellPolicy,
         slots: int,
+        budget: Budget | None = None,
     ) -> None:
         self.policy, self.capacity, self.slo_s, self.dwell = policy, capacity, slo_s, dwell
+        self.budget = budget  # the pool's budget (core/spend.py), None: no ``cost:``
         self.stored: ScaleRecord | None = None
         self.memory: ScaleRecord | None = None
         self.slots: dict[str, Replica | None] = {f"r{i:03d}": None for i in range(slots)}
@@ -127,6 +130,7 @@ class Tectonic(Controller):
             now=now,
             ttft_slo_s=self.slo_s,
             memory=self.memory,
+            budget=self.budget,
         )
         record = self.memory = sized.record
         if sized.due:

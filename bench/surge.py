@@ -66,9 +66,9 @@ from chaos.drills.traffic import system_prompt
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.run import running_lab
 from chaos.lab.spec import LAB_SCALING, SIM_ARGS, DeploymentSpec, WarmPoolSpec
-from controlplane.kernel.capacity.bearing import CapacitySLO
-from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
-from controlplane.kernel.codec import decode, encode
+from chaos.lab.surge import capacity_record
+from chaos.lab.surge import write_capacity as write_records
+from controlplane.kernel.codec import decode
 from controlplane.kernel.model import RegionRecord, RegionState
 from controlplane.kernel.pool.loans import read_members
 from controlplane.kernel.pool.scale import ScaleRecord
@@ -207,29 +207,19 @@ def replica_rps(args: argparse.Namespace) -> float:
 
 async def write_capacity(store: EtcdStore, dep: LocalDeployment, args: argparse.Namespace) -> None:
     """``capacity/<unit>`` as a capacity probe would write it (the lab runs none)."""
-    r = replica_rps(args)
-    probe = HitProbe(hit_rate=0.0, baseline_p99_s=0.1, ultimate_rps=r, ultimate_bounded=True)
-    for unit in dep.spec.units:
-        rec = CapacityRecord(
-            region=unit,
-            measured_at=time.time(),
-            engine_version="",
-            replica="modelled",
-            slo=CapacitySLO(ttft_p99_s=1.5),
+    records = [
+        capacity_record(
+            unit,
+            replica_rps(args),
+            active=args.active,
+            prompt_tokens=QUESTION_WORDS * 2,
+            max_tokens=args.max_tokens,
             factor_of_safety=args.factor_of_safety,
-            probes=(probe,),
-            r_base_rps=r,
-            beta=0.0,
-            active_replicas=args.active,
-            profile=WorkloadProfile(
-                prompt_tokens_p50=QUESTION_WORDS * 2,
-                prompt_tokens_p90=QUESTION_WORDS * 2,
-                output_tokens=args.max_tokens,
-                shared_prefix_share=0.5,
-            ),
             prober="bench surge (modelled)",
         )
-        await store.put(dep.keys.capacity(unit), encode(rec))
+        for unit in dep.spec.units
+    ]
+    await write_records(store, dep.keys, records)
 
 
 class Lab:

@@ -34,6 +34,8 @@ from controlplane.kernel.store.port import (
     WatchEvent,
 )
 from controlplane.orchestrator import Orchestrator
+from controlplane.probe_job import ProbeJob, Prober
+from controlplane.tick_schedule import TickSchedule
 
 log = logging.getLogger("tectonic.loop")
 
@@ -45,13 +47,6 @@ class Leadership(Protocol):
     def fence(self) -> list[Compare]: ...
 
     async def wait_changed(self) -> bool: ...
-
-
-class Prober(Protocol):
-    """The leader's own check of every region's agent (controlplane/probe.py): one
-    health report per region, which the loop stores through the leader's fence."""
-
-    async def probe_once(self) -> Sequence[HealthReport]: ...
 
 
 class TickObserver(Protocol):
@@ -98,7 +93,16 @@ class ReconcileLoop:
         self._monotonic = monotonic
         c = orchestrator.cluster
         self.store, self.keys, self.topology, self.clock = c.store, c.keys, c.topology, c.clock
-        self.leadership, self.orchestrator, self.prober = leadership, orchestrator, prober
+        self.leadership, self.orchestrator = leadership, orchestrator
+        # The agents' check, a job beside the ticks (controlplane/probe_job.py).
+        self.probe: ProbeJob | None = None
+        if prober is not None:
+            self.probe = ProbeJob(
+                prober,
+                orchestrator.write_reports,
+                interval_s=self.topology.timing.probe_interval_s,
+                now=self.clock.now,
+            )
         self.actor = orchestrator.actor
         self.observer: TickObserver = observer or NoTicksTold()
         self._off = [
@@ -117,8 +121,6 @@ class ReconcileLoop:
         self.ticks = 0
         self.writes = StoreWrites()  # whether etcd takes writes, for status and metrics
         self._was_leader = False
-        self._probing: asyncio.Task[None] | None = None  # the agents' check, beside ticks
-        self._probe_refused: StoreError | None = None  # the last check's write refusal
 
     def stalled(self) -> bool:
         """True when no tick has completed for three periods (health goes NOT_SERVING)."""
@@ -139,7 +141,12 @@ class ReconcileLoop:
         if self._off:  # once, when this replica first leads
             log.info("off in this control plane: %s", "; ".join(self._off))
             self._off = []
-        self._start_probe()
+        if self.probe is not None:
+            # Beside the ticks, never inside one: a dead agent's check waits out its
+            # timeout (0.8 x the probe interval), and the tick that fails its region over
+            # must not wait with it. Its reports are the next tick's input (a changed
+            # verdict wakes the loop at once).
+            self.probe.start()
         snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
         self.tick_snapshot = snap
         await self.orchestrator.prepare(snap)
@@ -154,35 +161,10 @@ class ReconcileLoop:
         self.last_result = result
         return result
 
-    def _start_probe(self) -> None:
-        """The leader's check of the agents runs beside the ticks, one at a time, never
-        inside one: a dead agent's check waits out its timeout (0.8 x the probe
-        interval), and the tick that fails its region over must not wait with it. Its
-        reports are the next tick's input (a changed verdict wakes the loop at once)."""
-        if self.prober is None or (self._probing is not None and not self._probing.done()):
-            return
-        self._probing = asyncio.create_task(self._probe(self.prober), name="agent-probe")
-
-    async def _probe(self, prober: Prober) -> None:
-        try:
-            await self.orchestrator.write_reports(await prober.probe_once())
-            self._probe_refused = None
-        except NotLeader:
-            pass  # the next tick sees it and stops the checks
-        except StoreUnavailable as e:
-            log.warning("the agents' check was not stored (store unavailable): %s", e)
-        except StoreError as e:
-            self._probe_refused = e  # the next tick counts it as its own refusal
-        except Exception:
-            log.exception("the agents' check failed; the next tick starts another")
-
     async def stop_probe(self) -> None:
         """Cancel a running check of the agents (leadership lost, or shutdown)."""
-        task, self._probing = self._probing, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        self._probe_refused = None
+        if self.probe is not None:
+            await self.probe.stop()
 
     async def run(self) -> None:
         period = self.topology.timing.loop_period_s
@@ -193,17 +175,17 @@ class ReconcileLoop:
             tg.create_task(
                 self._wake_on(self.keys.reports_prefix(), _HealthChanges()), name="watch-reports"
             )
+            # a request for a pool at zero: the scaler wakes it this tick, not the next
+            tg.create_task(self._wake_on(self.keys.wake_prefix(), _any_change), name="watch-wakes")
             tg.create_task(self._wake_on_leadership(), name="watch-leadership")
             tg.create_task(self._wake_on_jobs(), name="watch-jobs")
-            next_at = time.monotonic()
+            # Fixed rate; an overrun is followed by one tick at once, its missed periods
+            # dropped (controlplane/tick_schedule.py).
+            schedule = TickSchedule(period, time.monotonic())
             while True:
                 await self.tick_once()
-                # Fixed rate: periodic ticks keep their schedule whatever a tick costs;
-                # an early (woken) tick does not push the next periodic one back.
-                if time.monotonic() >= next_at:
-                    next_at = max(next_at + period, time.monotonic())
                 try:
-                    async with asyncio.timeout(next_at - time.monotonic()):
+                    async with asyncio.timeout(schedule.ended(time.monotonic())):
                         await self.wake.wait()
                 except TimeoutError:
                     pass
@@ -230,8 +212,8 @@ class ReconcileLoop:
                 result = await self.tick()
             self.last_progress = time.monotonic()
             self.ticks += 1
-            if self._probe_refused is not None:
-                self._writes_refused(self._probe_refused)  # the leader's reports were refused
+            if self.probe is not None and self.probe.refused is not None:
+                self._writes_refused(self.probe.refused)  # the leader's reports were refused
             else:
                 self._writes_completed()
             self._observe(result)

@@ -29,7 +29,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.core.actions import TickResult
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
+from controlplane.core.cold_start import cold_starts
 from controlplane.core.machine import TRANSITIONS
+from controlplane.core.spend import cost_report
 from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.config import Topology
 from controlplane.kernel.metric_labels import exposition
@@ -255,6 +257,73 @@ class ControlPlaneMetrics:
             ["region", "series"],
             registry=r,
         )
+        self.cost = Gauge(
+            "tectonic_cost_dollars_per_hour",
+            "What the replicas cost now, $ per hour at the topology's prices per state "
+            "(docs/scaling.md, Cost): scope pool (name: the unit), zone or fleet (leader "
+            "only, with cost: set)",
+            ["scope", "name"],
+            registry=r,
+        )
+        self.budget_utilisation = Gauge(
+            "tectonic_budget_utilisation",
+            "Spend now over the budget, per scope with a budget (pool, zone, fleet); the "
+            "scaler aims at cost.target_utilisation (leader only)",
+            ["scope", "name"],
+            registry=r,
+        )
+        self.budget_binding = Gauge(
+            "tectonic_budget_binding",
+            "1 while the budget holds a pool under what its forecast needs (the scaler "
+            "capped it and the ladder sheds instead), else 0 (leader only)",
+            ["pool"],
+            registry=r,
+        )
+        self.pool_efficiency = Gauge(
+            "tectonic_pool_efficiency",
+            "A pool's served load over the capacity it pays for (every paid replica at the "
+            "hit rate now); absent without a load (leader only)",
+            ["pool"],
+            registry=r,
+        )
+        # The cold-start budget (core/cold_start.py, docs/scaling.md "Cold-start budget").
+        self.activation_p95 = Gauge(
+            "tectonic_pool_activation_p95_seconds",
+            "p95 of a pool's last wakes (WARM -> ACTIVE) as its agent measures and "
+            "publishes them (pools/<unit>); absent before the first wake (leader only)",
+            ["pool"],
+            registry=r,
+        )
+        self.cold_start_budget = Gauge(
+            "tectonic_pool_cold_start_budget_seconds",
+            "The most a pool's activation p95 may take: a third of its first-token SLO "
+            "(slo.ttft_p99_s / 3) (leader only)",
+            ["pool"],
+            registry=r,
+        )
+        self.warm_standby = Gauge(
+            "tectonic_pool_warm_standby",
+            "WARM replicas (with IDLE) a pool has standing by now (pools/<unit>) (leader "
+            "only, with scaling: on)",
+            ["pool"],
+            registry=r,
+        )
+        self.warm_needed = Gauge(
+            "tectonic_pool_warm_needed",
+            "WARM replicas the sizing formula needs for the pool's planned burst "
+            "(standby_rps or the forecast's band, beyond ACTIVE now), on the measured "
+            "activation p95 and capacity where measured (leader only, with scaling: on)",
+            ["pool"],
+            registry=r,
+        )
+        self.warm_needed_inputs = Gauge(
+            "tectonic_pool_warm_needed_inputs_measured",
+            "1 where tectonic_pool_warm_needed used a measured input, 0 where a typed one "
+            "stood in: input activation_s (the wake p95), activation_rate (always typed: "
+            "scaling.activation_rate) or replica_rps (the capacity probe) (leader only)",
+            ["pool", "input"],
+            registry=r,
+        )
         self._epochs: dict[str, int] = {}  # per region: newest epoch the gauges show
         self._catalog_keys: dict[str, set[str]] = {}  # per region: keys the gauge shows
         self._targets: dict[str, set[str]] = {}  # per region: targets routing_weight shows
@@ -290,6 +359,8 @@ class ControlPlaneMetrics:
         if snapshot is not None:
             self._from_snapshot(snapshot)
             self._set_scale(result.sizes if result is not None else {})
+            self._set_cost(snapshot, result.sizes if result is not None else {})
+            self._set_cold_start(snapshot, result.sizes if result is not None else {})
             # This tick's fold is newer than the snapshot's stored health.
             for h in result.health if result is not None else ():
                 self._set_health(h.region, h.health.verdict)
@@ -351,6 +422,7 @@ class ControlPlaneMetrics:
             self.capacity_age.clear()
             self.desired_replicas.clear()
             self.forecast_rps.clear()
+            self._clear_cold_start()
             self._epochs.clear()
             self._targets.clear()
             self._drilled.clear()
@@ -405,6 +477,58 @@ class ControlPlaneMetrics:
             ):
                 if value is not None:
                     self.forecast_rps.labels(unit, series).set(value)
+
+    def _set_cost(self, snap: Snapshot, sizes: Mapping[str, ScaleRecord]) -> None:
+        """Spend, utilisation and efficiency of every pool, zone and the fleet, from the
+        replicas running now; binding from the scaler's newest records. Nothing without
+        ``cost:`` (no stale series either)."""
+        for g in (self.cost, self.budget_utilisation, self.budget_binding, self.pool_efficiency):
+            g.clear()
+        report = cost_report(snap, self.topology) if self.topology is not None else None
+        if report is None:
+            return
+        for p in report.pools:
+            self.cost.labels("pool", p.unit).set(p.dollars_per_hour)
+            if p.utilisation is not None:
+                self.budget_utilisation.labels("pool", p.unit).set(p.utilisation)
+            if p.efficiency is not None:
+                self.pool_efficiency.labels(p.unit).set(p.efficiency)
+            note = sizes[p.unit].budget if p.unit in sizes else None
+            self.budget_binding.labels(p.unit).set(1 if note is not None and note.short else 0)
+        for s in report.scopes:
+            self.cost.labels(s.scope, s.name).set(s.dollars_per_hour)
+            if s.utilisation is not None:
+                self.budget_utilisation.labels(s.scope, s.name).set(s.utilisation)
+
+    def _cold_start_gauges(self) -> tuple[Gauge, ...]:
+        return (
+            self.activation_p95,
+            self.cold_start_budget,
+            self.warm_standby,
+            self.warm_needed,
+            self.warm_needed_inputs,
+        )
+
+    def _clear_cold_start(self) -> None:
+        for g in self._cold_start_gauges():
+            g.clear()
+
+    def _set_cold_start(self, snap: Snapshot, sizes: Mapping[str, ScaleRecord]) -> None:
+        """Each pool's activation p95 against its budget, and its WARM standby against
+        the sizing formula (``core/cold_start.py``); no stale series of a pool gone."""
+        self._clear_cold_start()
+        if self.topology is None:
+            return
+        for c in cold_starts(snap, self.topology, sizes):
+            self.cold_start_budget.labels(c.unit).set(c.budget_s)
+            if c.activation_p95_s is not None:
+                self.activation_p95.labels(c.unit).set(c.activation_p95_s)
+            if c.warm_now is None or c.warm_needed is None:
+                continue
+            self.warm_standby.labels(c.unit).set(c.warm_now)
+            self.warm_needed.labels(c.unit).set(c.warm_needed)
+            for name, measured in c.measured.items():
+                self.warm_needed_inputs.labels(c.unit, name).set(1 if measured else 0)
 
     def _set_state(self, region: str, state: RegionState, epoch: int, cause: str) -> None:
         self._epochs[region] = epoch

@@ -223,11 +223,12 @@ class Orchestrator:
     async def release_hold(self, hr: HoldRelease) -> bool:
         """A unit's hold deleted once its time is up (lost to an operator's newer hold
         or release: theirs stands)."""
-        key = self.keys.region_hold(hr.unit)
+        key = (self.keys.budget_lift if hr.lift else self.keys.region_hold)(hr.unit)
         cas = [Compare.mod_revision(key, hr.expected_rev)]
         ok = (await self._txn(cas, [Delete(key), self.audit.op(hr.audit)])).succeeded
         if ok:
-            log.warning("%s: hold released: %s", hr.unit, hr.audit.reason)
+            what = "budget lift ended" if hr.lift else "hold released"
+            log.warning("%s: %s: %s", hr.unit, what, hr.audit.reason)
         return ok
 
     async def _put_audited(self, key: str, rev: int, value: bytes, entry: AuditEntry) -> bool:

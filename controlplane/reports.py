@@ -36,8 +36,12 @@ def validate_report(
     engine_version: str = "",
     serving_config: str = "",
 ) -> HealthReport:
-    if region not in topology.names:
-        raise BadReport(f"unknown region {region!r}; known regions: {list(topology.names)}")
+    try:
+        topology.region(region)  # a dict lookup: every report of every agent passes here
+    except KeyError:
+        raise BadReport(
+            f"unknown region {region!r}; known regions: {list(topology.names)}"
+        ) from None
     if not OBSERVER_NAME.match(observer):
         raise BadReport(
             "observer must be 1-128 characters of letters, digits and ':._@-', "

@@ -12,6 +12,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from chaos.drills.measure_scaling import (
+    RequestLog,
+    ScaleEvent,
+    SurgeWindow,
+    in_surges,
+    surge_criteria,
+    ttft_p99_s,
+)
 from chaos.drills.result import Criterion, LadderEvent, Sample, Transition
 from chaos.drills.scenario import Fault, Measurements, Probe, Scenario, SteadyState
 from controlplane.kernel.model import AuditAction, AuditEntry, LadderChange, PrewarmFigures
@@ -49,6 +57,10 @@ class Observed:
     extra: Mapping[str, float] = field(default_factory=dict)
     units: tuple[str, ...] = ()
     prewarms: Mapping[str, PrewarmFigures | None] = field(default_factory=dict)  # per unit
+    # the scaler's drills: every synthetic request, the surges, the scale audit entries
+    requests: Sequence[RequestLog] = ()
+    surges: Sequence[SurgeWindow] = ()
+    scale_events: Sequence[ScaleEvent] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -192,6 +204,7 @@ def judge(m: Measurements, o: Observed) -> list[Criterion]:
         ),
         *units,
         *_session_criteria(m, o, paths),
+        *surge_criteria(m, o.samples, o.requests, o.surges, o.scale_events),
         Criterion(
             name="steady_state_after",
             passed=o.steady_after[0],
@@ -434,6 +447,13 @@ def figures(
         figures["first_token_p99_max_s"] = round(max(p99), 4)
     if hits:
         figures["prefix_hit_rate_min"] = round(min(hits), 4)
+    if o.surges:  # the requests sent into a surged region while it surged
+        during = in_surges(o.requests, o.surges)
+        figures["surge_requests"] = float(len(during))
+        figures["surge_requests_failed"] = float(sum(r.first_byte_s is None for r in during))
+        if (p99_surge := ttft_p99_s(during)) is not None:
+            figures["surge_ttft_p99_s"] = round(p99_surge, 4)
+        figures["scale_changes"] = float(len(o.scale_events))
     if prewarm is not None:
         for k, v in (
             ("attained_fraction", prewarm.attained_fraction),

@@ -14,6 +14,7 @@ the leader wrote to the audit log: transitions and ladder steps, with their time
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import defaultdict
@@ -28,6 +29,8 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import AuditAction, AuditEntry, FailoverStep, RegionRecord
+from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.port import Store
 from controlplane.kernel.vllm.metrics import parse_metrics
@@ -139,6 +142,7 @@ class Observer:
         try:
             snap = await read_snapshot(self.store, self.keys, self.topology, now)
             page = await self.store.get_prefix(self.keys.degradation_prefix())
+            pools = await self._pools()
         except Exception as e:  # etcd down is something a drill must be able to watch
             log.info("cannot read the control plane's state from etcd: %s", e)
             return "", {}
@@ -155,10 +159,25 @@ class Observer:
                 health=view.health.verdict.value,
                 routing=dict(view.effective_routing().targets),
                 ladder_steps=ladder.get(name, ()),
+                **pools.get(name, {}),
             )
             for name, view in snap.regions.items()
         }
         return snap.leader, regions
+
+    async def _pools(self) -> dict[str, dict[str, int]]:
+        """Per unit with a warm pool: its ACTIVE replicas (``pools/<r>``) and the
+        leader's desired sizes (``scale/<r>``), what the scaler's criteria judge."""
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for kv in (await self.store.get_prefix(self.keys.pools_prefix())).kvs:
+            with contextlib.suppress(CorruptValue):
+                members = decode(PoolMembers, kv.value, kv.key)
+                out[members.region]["active"] = len(members.active)
+        for kv in (await self.store.get_prefix(self.keys.scale_prefix())).kvs:
+            with contextlib.suppress(CorruptValue):
+                rec = decode(ScaleRecord, kv.value, kv.key)
+                out[rec.unit].update(desired_active=rec.active, desired_warm=rec.warm)
+        return out
 
     async def _scrape(self, url: str) -> str | None:
         assert self._http is not None

@@ -32,6 +32,11 @@ class RegionSample(Frozen):
     health: str
     routing: dict[str, float] = Field(default_factory=dict)
     ladder_steps: tuple[str, ...] = ()  # degradation steps applied now, in order
+    # a warm pool's (None: no record): ACTIVE replicas its agent publishes in pools/<r>,
+    # and the leader's desired ACTIVE and WARM in scale/<r>
+    active: int | None = None
+    desired_active: int | None = None
+    desired_warm: int | None = None
 
 
 class Sample(Frozen):

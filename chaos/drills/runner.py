@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Protocol
 
 from chaos.drills.journal import Journal
 from chaos.drills.measure import abort_reason, faults_criterion, probes_hold
+from chaos.drills.measure_scaling import SurgeWindow, still_grown
 from chaos.drills.observe import Observer, step_done
 from chaos.drills.result import Criterion, DrillResult, Sample
 from chaos.drills.scenario import (
@@ -102,6 +103,7 @@ class DrillRunner:
     _abort: str = ""
     _target: str = ""  # the running drill's target: a unit, or a region with pools
     _units: tuple[str, ...] = ()  # the failover units it names
+    _surges: list[SurgeWindow] = field(default_factory=list)  # the surges injected
 
     # ---- the drill ----------------------------------------------------------------------
     async def run(
@@ -121,7 +123,7 @@ class DrillRunner:
         drill_id = f"{datetime.fromtimestamp(started, UTC):%Y%m%dT%H%M%SZ}-{s.name}-{s.region}"
         directory = self.reports_root / drill_id
         journal = Journal(directory / "journal.jsonl", started, mono0)
-        self._samples, self._abort = [], ""
+        self._samples, self._abort, self._surges = [], "", []
         observer = Observer(
             self.store,
             self.target.keys,
@@ -140,6 +142,10 @@ class DrillRunner:
             if not acted.injected
             else await self._steady(s.after, journal, "after", abortable=False)
         )
+        if self._surges and s.measure.scaled_back_within_s is not None and not self._abort:
+            # after the rollbacks: a pool grown for a failover's load gives it back once
+            # the load has gone home
+            await self._until_scaled_back(s.measure.scaled_back_within_s, journal, mono0)
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         await observer.close()
@@ -162,6 +168,7 @@ class DrillRunner:
             samples=self._samples,
             aborted=self._abort,
             units=self._units,
+            surges=tuple(self._surges),
         )
         result = await self._verdict().deliver(run, journal)
         journal.close()
@@ -185,7 +192,7 @@ class DrillRunner:
                 acted.fault_t, problems = await self._faults(s, journal, observer, mono0, flaps)
                 acted.extra.append(faults_criterion(s.faults, problems))
                 journal.phase = "observe"
-                await self._observe(s, journal, observer)
+                await self._observe(s, journal, observer, mono0)
         except DrillAborted as e:
             journal.write("abort", "abort", ok=False, why=str(e))
             self.say(f"ABORT: {e}")
@@ -311,18 +318,39 @@ class DrillRunner:
                 self.say(f"FAULT {describe_fault(f)} failed: {e}")
                 continue
             first = at if first is None else first
+            if f.action is FaultKind.SURGE:
+                self._surges.append(SurgeWindow(f.region, round(at, 3), round(at + f.surge_s, 3)))
             journal.write("fault", f.action.value, ok=True, what=describe_fault(f), **detail)
             self.say(f"FAULT {describe_fault(f)} ({_fmt(detail)})")
         return first, problems
 
-    async def _observe(self, s: Scenario, journal: Journal, observer: Observer) -> None:
+    async def _observe(
+        self, s: Scenario, journal: Journal, observer: Observer, mono0: float
+    ) -> None:
         journal.write("phase", "observe", seconds=s.observe_s)
         await self._sleep(s.observe_s)
+        if self._surges:  # a surge is observed to its end (its task stops with the faults)
+            await self._sleep(max(w.end for w in self._surges) - (time.monotonic() - mono0))
         if s.observe_until is not None:
             ok = await self._until(s.observe_until, observer)
             journal.write(
                 "probe", "observe_until", ok=ok, condition=describe_condition(s.observe_until)
             )
+
+    async def _until_scaled_back(self, within_s: float, journal: Journal, mono0: float) -> None:
+        """Watch until every pool a surge grew is back at its pre-surge ACTIVE count, or
+        ``within_s`` after the last surge's end: the criterion is judged on what the
+        samples saw by then."""
+        end = max(w.end for w in self._surges) + within_s
+        while (left := end - (time.monotonic() - mono0)) > 0:
+            last = self._samples[-1].t if self._samples else 0.0
+            if last > max(w.end for w in self._surges) and not still_grown(
+                self._samples, self._surges
+            ):
+                break
+            await asyncio.sleep(min(0.5, left))
+        grown = still_grown(self._samples, self._surges)
+        journal.write("probe", "scaled_back", ok=not grown, still_grown=", ".join(grown))
 
     async def _until(self, c: Condition, observer: Observer) -> bool:
         deadline = time.monotonic() + c.within_s
@@ -384,6 +412,17 @@ class DrillRunner:
             case FaultKind.FLAP_REGION:
                 flaps.append(asyncio.create_task(self._flap(f)))
                 return {"period_s": f.period_s, "duration_s": f.duration_s}
+            case FaultKind.SURGE:
+                if self.traffic is None:
+                    raise RuntimeError("a surge raises the drill's traffic: the drill has none")
+                assert f.rate is not None
+                base = self.traffic.base_rps(r)
+                if base <= 0:  # said here: the surge's own task has no one to tell
+                    raise RuntimeError(f"no synthetic session is homed in {r}: nothing to surge")
+                surge = self.traffic.surge(r, f.rate, f.ramp_s, f.duration_s)
+                # ended by itself; cancelled with the flaps if the drill stops early
+                flaps.append(asyncio.create_task(_quietly(surge)))
+                return {"base_rps": round(base, 2), "peak_rps": round(base * f.rate, 2)}
         raise ValueError(f"unknown fault {f.action}")  # pragma: no cover - enum is closed
 
     async def _flap(self, f: Fault) -> None:
@@ -397,6 +436,11 @@ class DrillRunner:
 
 
 # ---- helpers ------------------------------------------------------------------------------
+async def _quietly(work: Coroutine[object, object, object]) -> None:
+    """``work`` as a task whose result nobody reads."""
+    await work
+
+
 def _fmt(detail: dict[str, object]) -> str:
     return ", ".join(f"{k} {v}" for k, v in detail.items())
 

@@ -42,6 +42,10 @@ class FaultKind(StrEnum):
     KILL_ETCD_MEMBER = "kill_etcd_member"  # SIGKILL one etcd member (not the leader)
     START_ETCD_MEMBERS = "start_etcd_members"  # restart killed etcd members
     FLAP_REGION = "flap_region"  # stop and start the region's servers every `period_s`
+    # raise the drill's own offered load into the region's data plane: `rate` times the
+    # base over `ramp_s`, held `duration_s`, back down over `ramp_s` (the runner's
+    # traffic generator, not the target: the load is what a surge is)
+    SURGE = "surge"
 
 
 class SimFault(Frozen):
@@ -74,6 +78,10 @@ class Fault(Frozen):
     count: int = Field(1, ge=1, le=64)
     period_s: float = Field(2.0, gt=0, le=60)
     duration_s: float = Field(0.0, ge=0, le=600)
+    rate: float | None = Field(
+        None, gt=1, le=100, allow_inf_nan=False, description="surge: peak ÷ base offered load"
+    )
+    ramp_s: float = Field(0.0, ge=0, le=600, description="surge: seconds up (and down)")
 
     @model_validator(mode="after")
     def _fits(self) -> Fault:
@@ -83,7 +91,21 @@ class Fault(Frozen):
             raise ValueError(f"`fault` is only for inject, not {self.action.value}")
         if self.action is FaultKind.FLAP_REGION and self.duration_s <= 0:
             raise ValueError("flap_region needs duration_s > 0")
+        if self.action is FaultKind.SURGE:
+            if self.rate is None:
+                raise ValueError(
+                    "surge needs `rate`: the peak load as a multiple of the base (> 1)"
+                )
+            if self.duration_s <= 0:
+                raise ValueError("surge needs duration_s > 0: how long the peak is held")
+        elif self.rate is not None or self.ramp_s:
+            raise ValueError(f"`rate` and `ramp_s` are only for surge, not {self.action.value}")
         return self
+
+    @property
+    def surge_s(self) -> float:
+        """A surge's whole length: up, held, down."""
+        return 2 * self.ramp_s + self.duration_s
 
 
 class Probe(Frozen):
@@ -141,6 +163,37 @@ class Measurements(Frozen):
     max_error_rate: float | None = Field(
         None, gt=0, le=1, description="share of client requests failed over the whole drill"
     )
+    # The scaler's criteria (docs/scaling.md), over the surge faults' windows.
+    max_ttft_p99_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="first-token p99 of the requests sent into the surged region during a surge",
+    )
+    ttft_slo_s: float = Field(
+        1.5, gt=0, allow_inf_nan=False, description="the first-token SLO slo_attainment counts"
+    )
+    min_slo_attainment: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="least share of those requests answered within ttft_slo_s"
+    )
+    scale_audited: bool = Field(
+        False, description="every change of a pool's desired size (scale/<unit>) is audited"
+    )
+    scaled_back_within_s: float | None = Field(
+        None,
+        gt=0,
+        le=1800,
+        description="the surged pools' ACTIVE back at their pre-surge count this soon after "
+        "the surge ends (the drill watches until then)",
+    )
+
+    @property
+    def needs_surge(self) -> bool:
+        return (
+            self.max_ttft_p99_s is not None
+            or self.min_slo_attainment is not None
+            or self.scaled_back_within_s is not None
+        )
 
 
 class Abort(Frozen):
@@ -183,6 +236,13 @@ class Scenario(Frozen):
             FaultKind.KILL_ETCD_MEMBER: FaultKind.START_ETCD_MEMBERS,
         }
         have = {r.action for r in self.rollbacks}
+        if any(r.action is FaultKind.SURGE for r in self.rollbacks):
+            raise ValueError("surge is a fault, not a rollback (a surge ends by itself)")
+        if self.measure.needs_surge and not self.surges:
+            raise ValueError(
+                "max_ttft_p99_s, min_slo_attainment and scaled_back_within_s are measured "
+                "over a surge: the scenario needs a surge fault"
+            )
         for f in self.faults:
             need = undo.get(f.action)
             if need is not None and need not in have:
@@ -203,6 +263,11 @@ class Scenario(Frozen):
     def after(self) -> SteadyState:
         return self.steady_state_after or self.steady_state
 
+    @property
+    def surges(self) -> tuple[Fault, ...]:
+        """Its surge faults: a lab runs them on warm pools under the scaler."""
+        return tuple(f for f in self.faults if f.action is FaultKind.SURGE)
+
 
 def describe_fault(f: Fault) -> str:
     what = {
@@ -218,6 +283,8 @@ def describe_fault(f: Fault) -> str:
         FaultKind.START_ETCD_MEMBERS: "restart the killed etcd members",
         FaultKind.FLAP_REGION: f"flap {f.region}: down/up every {f.period_s:g}s for "
         f"{f.duration_s:g}s",
+        FaultKind.SURGE: f"surge {f.region}'s offered load to {f.rate or 0:g}x over "
+        f"{f.ramp_s:g}s, held {f.duration_s:g}s, down over {f.ramp_s:g}s",
     }[f.action]
     when = f" when {describe_condition(f.when)}" if f.when else ""
     return f"{what}{f' at +{f.at_s:g}s' if f.at_s else ''}{when}"

@@ -10,6 +10,14 @@ continuation is for, and a stream that ends with an in-band error or without
 ``[DONE]`` counts as a failed request. Each answer's ``x-tectonic-region`` header
 says which region served it, and each session keeps a log of (time, region) per
 request: the drills judge stickiness from it (chaos/drills/measure.py).
+
+Every request, the sessions' and a surge's, is also kept in ``requests`` with when it
+was sent and how long its first byte took: the scaler's drills judge the first-token
+latency a surge saw from it. A surge (``Traffic.surge``) adds open-loop, seeded Poisson
+arrivals into one region's gateway on top of its sessions: the offered load rises from
+the sessions' base rate to ``rate`` times it, is held, and falls back (the shape of
+``surge_rps``). Open loop, because a closed loop slows down with the system it loads
+and would hide the very queueing a surge is for.
 """
 
 from __future__ import annotations
@@ -84,6 +92,17 @@ class Session:
 
 
 @dataclass(frozen=True)
+class Sent:
+    """One request: when it was sent (monotonic), the region whose gateway it went in
+    by, and the seconds to its answer's first byte (None: it failed). A streamed
+    answer's first byte is its first token; an unstreamed one's, the whole answer."""
+
+    t: float
+    home: str
+    first_byte_s: float | None
+
+
+@dataclass(frozen=True)
 class Failure:
     t: float  # monotonic
     sid: str
@@ -119,6 +138,8 @@ class Traffic:
         self.sessions: list[Session] = []
         self.ok = 0
         self.failures: list[Failure] = []
+        self.requests: list[Sent] = []
+        self.seed = seed
         self._rng = random.Random(seed)
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -199,9 +220,12 @@ class Traffic:
         if stream:
             body["stream"] = True
         url = s.gateway + "/v1/chat/completions"
+        sent = time.monotonic()
         try:
             async with self._http.post(url, json=body, headers={SESSION_HEADER: s.sid}) as r:
-                payload = await r.read()
+                first = await r.content.readany()
+                first_byte_s = time.monotonic() - sent
+                payload = first + await r.read()
                 region = r.headers.get(REGION_HEADER, "")
                 cut = stream_cut(payload) if stream and r.status == 200 else ""
                 if r.status == 200 and region and not cut:
@@ -209,6 +233,7 @@ class Traffic:
                     s.log.append((time.monotonic(), region))
                     s.failing = False
                     self.ok += 1
+                    self.requests.append(Sent(sent, s.home, first_byte_s))
                     return
                 if r.status != 200:
                     reason = f"HTTP {r.status} {_message(payload)}"
@@ -221,6 +246,58 @@ class Traffic:
         s.failing = True
         s.log.append((time.monotonic(), ""))
         self.failures.append(Failure(time.monotonic(), s.sid, s.home, reason))
+        self.requests.append(Sent(sent, s.home, None))
+
+    # ---- a surge -------------------------------------------------------------------------
+    def base_rps(self, home: str) -> float:
+        """The sessions' nominal offered load into ``home``'s gateway, requests/s: one
+        request per session every ``interval_s``."""
+        return sum(1 for s in self.sessions if s.home == home) / self.interval_s
+
+    async def surge(
+        self, home: str, rate: float, ramp_s: float, hold_s: float, *, sessions: int = 24
+    ) -> int:
+        """Offer ``home``'s gateway ``rate`` times its base load at the peak (the shape
+        of ``surge_rps``), the extra as seeded Poisson arrivals, each a request of one of
+        ``sessions`` surge sessions (their own ids: a session's requests may overlap,
+        and none of them is judged for stickiness). Returns the requests sent."""
+        if self._http is None:
+            raise RuntimeError("the traffic is not running: start it before a surge")
+        base = self.base_rps(home)
+        if base <= 0:
+            raise RuntimeError(f"no session is homed in {home}: nothing to surge from")
+        peak = base * (rate - 1)  # the most extra arrivals/s, at the top
+        rng = random.Random(f"{self.seed}-surge-{home}")
+        pool = [
+            Session(
+                sid=f"surge-{i:03d}-{home}",
+                home=home,
+                gateway=self.gateways[home],
+                system=system_prompt(i % len(TOPICS)),
+            )
+            for i in range(sessions)
+        ]
+        start, at, n = time.monotonic(), 0.0, 0
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                at += rng.expovariate(peak)
+                if at >= 2 * ramp_s + hold_s:
+                    break
+                extra = surge_rps(base, rate, ramp_s, hold_s, at) - base
+                if rng.random() * peak >= extra:  # thinning: fewer arrivals off the top
+                    continue
+                session = pool[rng.randrange(sessions)]
+                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+                n += 1
+                task = asyncio.create_task(self.send(session))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return n
 
     # ---- the live view -------------------------------------------------------------------
     def serving(self, sessions: Iterable[Session] | None = None) -> dict[str, int]:
@@ -248,6 +325,21 @@ class Traffic:
         """Every session (of ``sessions``) got at least ``at_least`` answers."""
         group = self.sessions if sessions is None else sessions
         return all(len(s.served) >= at_least for s in group)
+
+
+def surge_rps(base: float, rate: float, ramp_s: float, hold_s: float, t: float) -> float:
+    """The offered load ``t`` seconds into a surge: ``base`` rising linearly to
+    ``rate`` x ``base`` over ``ramp_s``, held ``hold_s``, falling back over ``ramp_s``;
+    ``base`` before and after."""
+    top = base * rate
+    end = 2 * ramp_s + hold_s
+    if t <= 0 or t >= end:
+        return base
+    if t < ramp_s:
+        return base + (top - base) * t / ramp_s
+    if t <= ramp_s + hold_s:
+        return top
+    return base + (top - base) * (end - t) / ramp_s if ramp_s else base
 
 
 def stream_cut(payload: bytes) -> str:

@@ -24,6 +24,7 @@ from chaos.drills.measure import (
     last_prewarm,
     regions_judged,
 )
+from chaos.drills.measure_scaling import RequestLog, ScaleEvent, SurgeWindow
 from chaos.drills.observe import audit_since
 from chaos.drills.result import Criterion, DrillResult, Sample
 from chaos.drills.scenario import Scenario
@@ -61,6 +62,7 @@ class DrillRun:
     # the failover units the target names: the region, or each pool of a region with
     # model pools (docs/models.md)
     units: tuple[str, ...] = ()
+    surges: tuple[SurgeWindow, ...] = ()  # the surge faults' windows
 
 
 def traffic_marks(traffic: Traffic | None) -> dict[str, int]:
@@ -68,6 +70,31 @@ def traffic_marks(traffic: Traffic | None) -> dict[str, int]:
     if traffic is None:
         return {}
     return {x.conversation: len(x.log) for x in traffic.sessions}
+
+
+def request_logs(traffic: Traffic | None, mono0: float) -> list[RequestLog]:
+    """Every synthetic request sent since the drill began, in drill time."""
+    if traffic is None:
+        return []
+    return [
+        RequestLog(round(r.t - mono0, 3), r.home, r.first_byte_s)
+        for r in traffic.requests
+        if r.t >= mono0
+    ]
+
+
+def scale_events(entries: Sequence[AuditEntry], started: float) -> list[ScaleEvent]:
+    """The ``scale`` audit entries: each pool's new desired sizes, in drill time."""
+    out = []
+    for e in entries:
+        if e.action is not AuditAction.SCALE:
+            continue
+        try:
+            active, warm = int(e.details["active"]), int(e.details["warm"])
+        except (KeyError, ValueError):
+            continue  # an entry without its sizes audits no size
+        out.append(ScaleEvent(round(e.at - started, 3), e.region, active, warm))
+    return out
 
 
 def session_logs(traffic: Traffic | None, marks: dict[str, int], mono0: float) -> list[SessionLog]:
@@ -126,6 +153,9 @@ class Verdict:
             aborted=run.aborted,
             units=units if units != (s.region,) else (),
             prewarms=prewarms,
+            requests=request_logs(self.traffic, run.mono0),
+            surges=run.surges,
+            scale_events=scale_events(entries, run.started),
         )
         criteria = (
             judge(s.measure, observed) + run.extra if not run.dry_run else _dry_run_criteria(run)

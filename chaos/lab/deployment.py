@@ -260,9 +260,16 @@ class LocalDeployment:
     def start_region(self, region: str) -> None:
         """Its servers, then (the first time) its agent: with pools, each pool's."""
         self.start_servers(region)
+        self._start_agents(region)
+
+    def _start_agents(self, region: str) -> list[str]:
+        """The agent of each unit of ``region`` that has none running; their units."""
+        started = []
         for unit in self.spec.units_of(region):
-            if unit in self.agents:
+            running = self.agents.get(unit)
+            if running is not None and running.alive():
                 continue
+            started.append(unit)
             self.agents[unit] = start_agent(
                 region=unit,
                 control_planes=self.cp_targets,
@@ -279,6 +286,7 @@ class LocalDeployment:
                 ),
                 **({"ready_timeout": POOL_AGENT_READY_TIMEOUT_S} if self.spec.warm_pool else {}),
             )
+        return started
 
     def _pool_args(self, unit: str) -> list[str]:
         """``--pool-config`` (written to the workdir), ``--etcd`` and ``--cluster`` for a
@@ -385,7 +393,11 @@ class LocalDeployment:
     # ---- faults and their undo ------------------------------------------------------------
     def start_servers(self, region: str) -> list[str]:
         """Start every server of ``region`` (or of a pool) that is not running; returns
-        their URLs. A pool's servers serve its model's name."""
+        their URLs. A pool's servers serve its model's name. With warm pools: the agent
+        of each unit whose agent a blackout killed (it launches its pool anew); returns
+        those units."""
+        if self.spec.warm_pool is not None:
+            return self._start_agents(region) if self.agents else []
         launched: list[tuple[list[Proc | None], int, Proc]] = []
         for unit in self.spec.units_of(region):
             current = self.sims.setdefault(unit, [None] * len(self.sim_ports[unit]))
@@ -413,12 +425,34 @@ class LocalDeployment:
 
     def stop_servers(self, region: str, count: int | None = None) -> list[int]:
         """SIGKILL ``count`` (default all) running servers of ``region``; their PIDs."""
+        if self.spec.warm_pool is not None:
+            return self._stop_pools(region, count)
         pids: list[int] = []
         procs = [p for u in self.spec.units_of(region) for p in self.sims.get(u, [])]
         for proc in procs:
             if proc is not None and proc.alive() and (count is None or len(pids) < count):
                 pids.append(proc.pid)
                 proc.kill()
+        return pids
+
+    def _stop_pools(self, region: str, count: int | None) -> list[int]:
+        """A warm pool's servers are its agent's children. All of them (a blackout): the
+        agent is SIGKILLed with them, or it would launch them again at once; the unit
+        goes dark as a region does (no server, no agent report) until start_servers.
+        ``count``: that many of its servers, which the agent replaces."""
+        pids: list[int] = []
+        for unit in self.spec.units_of(region):
+            agent = self.agents.get(unit)
+            if agent is None or not agent.alive():
+                continue
+            children = _children(agent.pid)
+            if count is None:
+                pids.append(agent.pid)
+                agent.kill()
+            for pid in children[: None if count is None else max(0, count - len(pids))]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    pids.append(pid)
         return pids
 
     def inject(self, region: str, fault: dict[str, object]) -> list[str]:

@@ -35,6 +35,14 @@ from chaos.drills.scenario import Scenario, find_scenario
 from chaos.drills.traffic import MODEL, Traffic
 from chaos.lab.deployment import LocalDeployment
 from chaos.lab.spec import DATA_PLANES, DataPlane, DeploymentSpec
+from chaos.lab.surge import (
+    SURGE_INTERVAL_S,
+    SURGE_MAX_TOKENS,
+    SURGE_SESSIONS,
+    surge_capacity,
+    surge_spec,
+    write_capacity,
+)
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.codec import decode
 from controlplane.kernel.config import REGION_NAME, ConfigError, load_topology
@@ -112,7 +120,10 @@ async def wait_catalog(store: EtcdStore, dep: LocalDeployment, region: str, with
 
 
 def lab_spec(scenario: Scenario, base: DeploymentSpec | None = None) -> DeploymentSpec:
+    """The lab a scenario needs: its etcd members; a surge's warm pools for the scaler."""
     base = base or DeploymentSpec()
+    if scenario.surges:
+        base = surge_spec(base)
     return dataclasses.replace(base, etcd_members=max(base.etcd_members, scenario.etcd_members))
 
 
@@ -122,12 +133,15 @@ async def run_in_lab(
     *,
     dry_run: bool = False,
     reports: Path = REPORTS,
-    sessions: int = 30,
+    sessions: int | None = None,
     spec: DeploymentSpec | None = None,
     say: Callable[[str], None] = print,
     on_sample: Callable[[Sample], None] | None = None,
 ) -> DrillResult:
-    """Start a lab, drive ``sessions`` chat sessions through it, run the drill."""
+    """Start a lab, drive ``sessions`` chat sessions through it (default 30; a surge
+    drill's own few), run the drill."""
+    if sessions is None:
+        sessions = SURGE_SESSIONS if scenario.surges else 30
     workdir = Path(tempfile.mkdtemp(prefix="tectonic-lab-"))
     async with running_lab(lab_spec(scenario, spec), workdir, say) as dep:
         store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
@@ -146,6 +160,17 @@ async def run_in_lab(
             )
         finally:
             await store.close()
+
+
+def surge_traffic(dep: LocalDeployment) -> Traffic:
+    """The surge drills' traffic: a request a second per session, every answer as short
+    as the slowed simulators' modelled capacity assumes (chaos/lab/surge.py)."""
+    return Traffic(
+        dep.gateway_urls,
+        interval_s=SURGE_INTERVAL_S,
+        stream_share=0.5,
+        stream_tokens=SURGE_MAX_TOKENS,
+    )
 
 
 def lab_traffic(dep: LocalDeployment, interval_s: float | None = None) -> Traffic:
@@ -189,7 +214,11 @@ async def drill_on(
     ``traffic``: the caller's ``lab_traffic``, to read its sessions' logs afterwards;
     ``session_prefix`` starts the sessions' ids (a second drill on one lab: new ones)."""
     target = region or scenario.region
-    traffic = traffic or lab_traffic(dep, interval_s)
+    if traffic is None:
+        traffic = surge_traffic(dep) if scenario.surges else lab_traffic(dep, interval_s)
+    if scenario.surges and dep.spec.warm_pool is not None:
+        # the scaler sizes per replica as a capacity probe measured it (none runs here)
+        await write_capacity(store, dep.keys, surge_capacity(dep.spec))
     try:
         models = [model for _, model in dep.spec.pools] or [MODEL]
         pools = {model: pool for pool, model in dep.spec.pools}

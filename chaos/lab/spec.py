@@ -119,6 +119,9 @@ class DeploymentSpec:
     warm_pool: WarmPoolSpec | None = None
     # The topology's scaling: section (LAB_SCALING); False: none, the leader sizes nothing.
     scaling: bool = True
+    # Fields of that section set otherwise (e.g. a shorter stable_window_s for a drill
+    # that must see the extra replicas go within a test's time).
+    scaling_overrides: tuple[tuple[str, float], ...] = ()
 
     def zone_of(self, region: str) -> str:
         """``region``'s residency zone (a unit's, its region's)."""
@@ -184,7 +187,7 @@ def local_topology(
         # The scaler sizes every pool, compressed like the rest (docs/scaling.md); the
         # lab's agents serve static replicas unless the spec gives warm pools: then they
         # carry its records out; else its records are said, not carried out.
-        **({"scaling": dict(LAB_SCALING)} if spec.scaling else {}),
+        **({"scaling": {**LAB_SCALING, **dict(spec.scaling_overrides)}} if spec.scaling else {}),
         # A dozen shared system prompts make a few dozen prefix levels: the top 1 % of
         # so few is one prefix, so a local deployment warms the top quarter.
         "prewarm": {

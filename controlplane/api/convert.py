@@ -95,6 +95,7 @@ def region_status(
     writable: bool = True,
     pool: PoolUnit | None = None,
     hold: RegionHold | None = None,
+    lift: RegionHold | None = None,
 ) -> pb.RegionStatus:
     """``writable``: False while the store refuses writes; the state is then UNKNOWN.
     ``pool``: what a model pool's unit is part of (None: a region without pools)."""
@@ -122,9 +123,16 @@ def region_status(
         pool=pool.pool if pool else "",
         models=list(pool.models) if pool else [],
         scale=scale_to_pb(view.scale) if view.scale is not None else None,
-        hold=pb.UnitHold(reason=hold.reason, actor=hold.actor, at=hold.at, until=hold.until)
-        if hold is not None
-        else None,
+        hold=_unit_hold(hold),
+        budget_lift=_unit_hold(lift),
+        engine_version=view.health.engine_version,
+    )
+
+
+def _unit_hold(h: RegionHold | None) -> pb.UnitHold | None:
+    """A hold, or a budget lift (the same record), as the status shows it."""
+    return (
+        None if h is None else pb.UnitHold(reason=h.reason, actor=h.actor, at=h.at, until=h.until)
     )
 
 

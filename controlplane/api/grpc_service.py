@@ -34,6 +34,7 @@ from controlplane.api.convert import (
     store_writes_to_pb,
 )
 from controlplane.api.grpc_control import ControlMethods
+from controlplane.api.grpc_cost import CostMethods
 from controlplane.api.grpc_drills import DrillMethods
 from controlplane.api.reads import BadRead, Reads, capacity_view
 from controlplane.api.rpc_checks import (
@@ -87,7 +88,7 @@ class Submission:
 Build = Callable[[Snapshot], Awaitable[Submission]]
 
 
-class ControlPlaneService(ControlMethods, DrillMethods, pb_grpc.ControlPlaneServicer):
+class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.ControlPlaneServicer):
     def __init__(
         self,
         store: Store,
@@ -130,6 +131,7 @@ class ControlPlaneService(ControlMethods, DrillMethods, pb_grpc.ControlPlaneServ
                     writable=store.writable,
                     pool=t.pool_of(r.name),
                     hold=snap.regions[r.name].held(snap.now),
+                    lift=snap.regions[r.name].lifted(snap.now),
                 )
                 for r in t.regions
             ],
@@ -225,7 +227,8 @@ class ControlPlaneService(ControlMethods, DrillMethods, pb_grpc.ControlPlaneServ
         # The region's thresholds from this replica's topology, so that its agent judges
         # by what the cluster agreed on (the cluster spec), not by a flag of its own.
         when = self.topology.region(report.region).degraded_when
-        model = self.topology.pool_models().get(report.region, "")
+        pool = self.topology.pool_of(report.region)  # not pool_models(): a dict per report
+        model = pool.models[0] if pool is not None else ""
         return pb.ReportHealthResponse(
             accepted=True, thresholds=thresholds_to_pb(when), model=model
         )

@@ -220,6 +220,11 @@ class RegionStatusView(BaseModel):
         description="an operator's hold on this unit's automation (failoverctl hold), "
         "while in force; null otherwise",
     )
+    budget_lift: RegionHold | None = Field(
+        None,
+        description="an operator's lift of this pool's budget (failoverctl cost lift), "
+        "while in force; null otherwise",
+    )
 
 
 class StatusView(BaseModel):
@@ -279,6 +284,7 @@ def region_view(
     writable: bool = True,
     pool: PoolUnit | None = None,
     hold: RegionHold | None = None,
+    lift: RegionHold | None = None,
 ) -> RegionStatusView:
     rec, fo, rc = view.record, view.record.failover, view.record.recovery
     return RegionStatusView(
@@ -320,6 +326,7 @@ def region_view(
         models=list(pool.models) if pool else [],
         scale=scale_view(view.scale),
         hold=hold,
+        budget_lift=lift,
     )
 
 
@@ -371,6 +378,7 @@ class Reads:
                     writable=store.writable,
                     pool=t.pool_of(r.name),
                     hold=snap.regions[r.name].held(snap.now),
+                    lift=snap.regions[r.name].lifted(snap.now),
                 )
                 for r in t.regions
             ],

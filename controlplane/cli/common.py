@@ -181,3 +181,23 @@ def _units(c: Ctx, region: str, model: str) -> list[str]:
         what += f" (regions: {', '.join(known)}; failoverctl status lists pools)"
         raise _error(what, EXIT_BAD_INPUT, c.json)
     return [r.name for r in units]
+
+
+def _each_unit(
+    c: Ctx,
+    rpc: Callable[[pb_grpc.ControlPlaneStub], Callable[..., Any]],
+    region: str,
+    model: str,
+    reason: str,
+    said: Callable[[str], str],
+    for_s: float | None = None,
+) -> None:
+    """One hold-shaped call (``HoldRequest``: hold, release, a budget's lift and its end)
+    to each unit REGION names, then their answers as JSON, or ``said(their names)``."""
+    timed = {} if for_s is None else {"for_s": for_s}
+    resps = [
+        _call(c, rpc, pb.HoldRequest(region=u, reason=reason, actor=c.actor, **timed))
+        for u in _units(c, region, model)
+    ]
+    names = ", ".join(r.region for r in resps)
+    _show(c, resps[0] if len(resps) == 1 else resps, lambda: err.print(said(names)))

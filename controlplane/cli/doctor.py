@@ -2,9 +2,9 @@
 
 The on-call engineer's self-check (issue 32, item 4): ten questions, each answered
 from what the command already read from the live system (the control plane's
-``GetStatus``, ``GetCapacity``, ``GetScale``, ``GetReadiness`` and ``ListDrills``
-answers, the shipped alert rules, the repository when it is present) and the time
-``now`` it read them at. Each answer is one :class:`Line`: PASS, FAIL or UNKNOWN, the
+``GetStatus``, ``GetCapacity``, ``GetScale``, ``GetReadiness``, ``ListDrills`` and
+``GetCost`` answers, the shipped alert rules, the repository when it is present) and
+the time ``now`` it read them at. Each answer is one :class:`Line`: PASS, FAIL or UNKNOWN, the
 evidence, and what to do.
 
 UNKNOWN is never a PASS in disguise: a question whose data does not exist yet (no RPC
@@ -25,6 +25,7 @@ import yaml
 from pydantic import ValidationError
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from controlplane.core.spend import CostReport, PoolCost
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL, ScaleRecord
@@ -32,6 +33,13 @@ from controlplane.kernel.pool.sizing import BurstProfile, check_pool
 
 DRILL_WINDOW_S = 7 * 86400.0  # a failover drill per region within this
 HORIZON_S, HORIZON_TOLERANCE_S = 30.0, 5.0
+# the forecasts' recent relative miss a horizon later (ScaleRecord.forecast_error, the
+# EWMA of |rate then - forecast| / max(rate then, 10 rps)): a P90 band of about +25% covers
+# a miss up to this, so the scaler's sizing holds
+FORECAST_ERROR_MAX = 0.25
+# forecasts scored before the error is an answer (one per horizon / 6: 5 s at 30 s, so
+# about 55 s of reports after the first)
+FORECAST_ERROR_SAMPLES = 5
 ACTIVATION_SLO_SHARE = 1 / 3  # a wake's p95 within a third of the first-token SLO
 # A hit-rate alert fires this far above the hit rate at which capacity meets load
 # (so that it fires before the region is past what it bears).
@@ -130,6 +138,7 @@ class Facts:
     scale: pb.ScaleResponse | str
     readiness: pb.ReadinessResponse | str
     drills: pb.DrillsResponse | str
+    cost: pb.CostResponse | str = "not read"  # GetCost's answer (question 8)
     rules: str | None = None  # the alert rules file's text; None: not found
     rules_source: str = ""  # where it was read from (or looked for)
     repo: RepoFacts | None = None
@@ -446,6 +455,26 @@ def horizon_of(r: ScaleRecord) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def forecast_error_finding(unit: str, r: ScaleRecord) -> Finding:
+    """The forecasts' recent miss a horizon later against ``FORECAST_ERROR_MAX``; UNKNOWN
+    with fewer than ``FORECAST_ERROR_SAMPLES`` scored."""
+    band = ""
+    if r.forecast_rps and r.upper_rps is not None:
+        band = f" (its P90 band is +{(r.upper_rps - r.forecast_rps) / r.forecast_rps:.0%})"
+    n = r.forecast_error_samples
+    if r.forecast_error is None or n < FORECAST_ERROR_SAMPLES:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{unit}: forecast error: {n} of {FORECAST_ERROR_SAMPLES} forecasts scored yet",
+        )
+    ok = r.forecast_error <= FORECAST_ERROR_MAX
+    return Finding(
+        Verdict.PASS if ok else Verdict.FAIL,
+        f"{unit}: forecast error {r.forecast_error:.0%} {'<=' if ok else '>'} "
+        f"{FORECAST_ERROR_MAX:.0%} (recent mean miss a horizon later, {n} scored){band}",
+    )
+
+
 def check_forecast(f: Facts) -> Line:
     q = (
         f"forecast horizon {HORIZON_S:g} s +- {HORIZON_TOLERANCE_S:g} s, and the "
@@ -455,13 +484,14 @@ def check_forecast(f: Facts) -> Line:
     def todo(v: Verdict) -> str:
         if v is Verdict.FAIL:
             return (
-                f"set scaling.horizon_s to {HORIZON_S:g} (a horizon longer than that is the "
-                "measured wake p95: make wakes faster)"
+                f"a horizon off {HORIZON_S:g} s: set scaling.horizon_s to {HORIZON_S:g} (a "
+                "longer one is the measured wake p95: make wakes faster); an error over "
+                f"{FORECAST_ERROR_MAX:.0%}: the load moves faster than the forecaster follows "
+                "(steps, not ramps): keep standby_rps for them (docs/scaling.md)"
             )
         return (
-            "the forecaster's error against what came is not recorded (scale/<unit> keeps the "
-            "latest forecast only): compare tectonic_pool_forecast_rps series=forecast with "
-            "series=observed one horizon later in Prometheus"
+            "let the scaler run on agent reports for a minute or more: each forecast is scored "
+            "one horizon later (failoverctl scale show, column forecast error)"
         )
 
     if isinstance(f.scale, str):
@@ -494,14 +524,7 @@ def check_forecast(f: Facts) -> Line:
             continue
         ok = abs(h - HORIZON_S) <= HORIZON_TOLERANCE_S
         findings.append(Finding(Verdict.PASS if ok else Verdict.FAIL, f"{p.unit}: horizon {h:g} s"))
-        band = ""
-        if r.forecast_rps and r.upper_rps is not None:
-            band = f"; its own P90 band is +{(r.upper_rps - r.forecast_rps) / r.forecast_rps:.0%}"
-        findings.append(
-            Finding(
-                Verdict.UNKNOWN, f"{p.unit}: forecast error against what came: not recorded{band}"
-            )
-        )
+        findings.append(forecast_error_finding(p.unit, r))
     return _line(4, q, findings, todo, none="no pool has a scale record")
 
 
@@ -678,14 +701,117 @@ def check_capacity(f: Facts) -> Line:
 
 
 # ---- 8. budget utilisation --------------------------------------------------------------
+# the alerts the cost guardrail ships (runbooks/alerts/tectonic-alerts.yaml, docs/scaling.md)
+BUDGET_ALERTS = ("TectonicBudgetBinding", "TectonicPoolEfficiencyLow")
+# GetCost answers the utilisation now; the week's is the leader's gauge, kept by Prometheus
+BUDGET_HISTORY = (
+    "the last week's utilisation is not in any RPC's answer: the evidence is the "
+    "utilisation now; the week's is Prometheus's "
+    "max_over_time(tectonic_budget_utilisation[7d])"
+)
+
+
+def _cost_report(f: Facts) -> CostReport | str | None:
+    """GetCost's report; None: no ``cost:`` section; a str: why it could not be read."""
+    if isinstance(f.cost, str):
+        return f"the cost report (GetCost) could not be read: {f.cost}"
+    if not f.cost.report_json:
+        return None
+    try:
+        return CostReport.model_validate_json(f.cost.report_json)
+    except ValidationError as exc:
+        return f"the cost report is unreadable here ({exc.error_count()} problems)"
+
+
+def _budget_alerts(f: Facts) -> Finding:
+    if f.rules is None:
+        return Finding(Verdict.UNKNOWN, f"no alert rules file found ({f.rules_source})")
+    try:
+        names = {a for a, _ in alert_rules(f.rules)}
+    except yaml.YAMLError as exc:
+        return Finding(Verdict.UNKNOWN, f"{f.rules_source}: not YAML: {exc}")
+    missing = [a for a in BUDGET_ALERTS if a not in names]
+    if missing:
+        return Finding(Verdict.FAIL, f"{f.rules_source} lacks {', '.join(missing)}")
+    return Finding(Verdict.PASS, f"alerts {', '.join(BUDGET_ALERTS)} in {f.rules_source}")
+
+
+def _spend(name: str, dollars: float, budget: float | None, util: float | None) -> str:
+    if budget is None or util is None:
+        return f"{name}: ${dollars:,.2f}/h, no budget"
+    return f"{name}: ${dollars:,.2f}/h of ${budget:,.2f}/h ({util:.0%})"
+
+
+def _allowance(p: PoolCost) -> str:
+    """Why ``p`` may spend past its budgets now ("": it may not): an operator's lift, or
+    a failover target within ``failover_allowance_s`` (the scaler's note says so)."""
+    if p.lift is not None:
+        return p.lift.describe()
+    return p.exempt
+
+
+def budget_findings(report: CostReport, wanted: set[str]) -> list[Finding]:
+    """Each pool in ``wanted``, its zones' and the fleet's utilisation now: over 1 fails
+    unless a lift or a failover's allowance covers it (for a zone or the fleet: one of
+    its pools')."""
+    findings = []
+    pools = [p for p in report.pools if p.unit in wanted]
+    for p in pools:
+        text = _spend(p.unit, p.dollars_per_hour, p.budget, p.utilisation)
+        over = p.utilisation is not None and p.utilisation > 1
+        why = _allowance(p)
+        if over and not why:
+            findings.append(Finding(Verdict.FAIL, f"{text}: over budget"))
+        else:
+            findings.append(Finding(Verdict.PASS, f"{text}{f' ({why})' if over else ''}"))
+    zones = {p.zone for p in pools}
+    for s in report.scopes:
+        if s.budget is None or (s.scope == "zone" and s.name not in zones):
+            continue
+        text = _spend(f"{s.scope} {s.name}", s.dollars_per_hour, s.budget, s.utilisation)
+        over = s.utilisation is not None and s.utilisation > 1
+        covered = [
+            f"{p.unit}: {_allowance(p)}"
+            for p in report.pools
+            if _allowance(p) and (s.scope != "zone" or p.zone == s.name)
+        ]
+        if over and not covered:
+            findings.append(Finding(Verdict.FAIL, f"{text}: over budget"))
+        else:
+            findings.append(
+                Finding(Verdict.PASS, text + (f" ({'; '.join(covered)})" if over else ""))
+            )
+    return findings
+
+
 def check_budget(f: Facts) -> Line:
-    return Line(
-        8,
-        "budget utilisation alerts configured, and the last week's utilisation",
-        Verdict.UNKNOWN,
-        "no budget configured: the cost guardrail is not built",
-        "none yet (issue 32: cost and spend)",
-    )
+    q = "budget utilisation alerts configured, and the last week's utilisation"
+
+    def todo(v: Verdict) -> str:
+        if v is Verdict.FAIL:
+            return (
+                "restore the alerts TectonicBudgetBinding and TectonicPoolEfficiencyLow in the "
+                "rules Prometheus loads; for a scope over budget see runbooks/budget-binding.md "
+                "(raise the budget, or failoverctl cost lift POOL -r WHY)"
+            )
+        return "pass --rules PATH (the rules Prometheus loads), and check GetCost answers"
+
+    report = _cost_report(f)
+    if report is None:
+        return Line(
+            8,
+            q,
+            Verdict.UNKNOWN,
+            "no cost: section in this topology: nothing is priced, so no budget to alert on",
+            "add a cost: section (prices and budgets: docs/scaling.md, Cost) if spend should "
+            "be bounded",
+        )
+    if isinstance(report, str):
+        return Line(8, q, Verdict.UNKNOWN, report, todo(Verdict.UNKNOWN))
+    findings = [_budget_alerts(f)]
+    findings += budget_findings(report, {u.name for u in units(f)})
+    line = _line(8, q, findings, todo)
+    return Line(line.id, q, line.verdict, f"{line.evidence}; {BUDGET_HISTORY}", line.todo)
 
 
 # ---- 9. readiness and overrides ---------------------------------------------------------
@@ -733,23 +859,33 @@ def check_readiness(f: Facts) -> Line:
 _RUNS = re.compile(r"the region runs '([^']*)'")
 
 
+def running_engine(u: pb.RegionStatus) -> str:
+    """What ``u``'s up replicas run: its agent's latest fresh report (GetStatus's
+    ``engine_version``, "a, b" while they differ), else what a stale capacity probe's
+    reason names; "" when neither says."""
+    if u.engine_version:
+        return u.engine_version
+    m = _RUNS.search(u.capacity.reason)
+    return m.group(1) if m else ""
+
+
 def check_engine(f: Facts) -> Line:
     q = "the same engine version across a pool's replicas"
     findings = []
     for u in units(f):
-        m = _RUNS.search(u.capacity.reason)
-        if m is None:
+        running = running_engine(u)
+        if not running:
             findings.append(
                 Finding(
                     Verdict.UNKNOWN,
-                    f"{u.name}: the engine versions its agent reports are in no RPC's answer "
-                    "(GetStatus shows the probed replica's only)",
+                    f"{u.name}: its agent reports no engine version (no up replica answered "
+                    "GET /version, or no fresh agent report)",
                 )
             )
-        elif ", " in m.group(1):
-            findings.append(Finding(Verdict.FAIL, f"{u.name}: its replicas run {m.group(1)}"))
+        elif ", " in running:
+            findings.append(Finding(Verdict.FAIL, f"{u.name}: its replicas run {running}"))
         else:
-            findings.append(Finding(Verdict.PASS, f"{u.name}: every up replica runs {m.group(1)}"))
+            findings.append(Finding(Verdict.PASS, f"{u.name}: every up replica runs {running}"))
     return _line(
         10,
         q,
@@ -757,8 +893,8 @@ def check_engine(f: Facts) -> Line:
         lambda v: (
             "finish (or roll back) the rolling upgrade"
             if v is Verdict.FAIL
-            else "compare the replicas' GET /version by hand (the agent logs each change: "
-            "'engine: A -> B')"
+            else "check the pool's agent reports (tectonic-agent logs 'engine: A -> B'), or "
+            "compare the replicas' GET /version by hand"
         ),
     )
 

@@ -1,8 +1,8 @@
 """``failoverctl doctor``: the on-call engineer's self-check, from the live system.
 
 Reads what the control plane already answers (``GetStatus``, ``GetCapacity``,
-``GetScale``, ``GetReadiness``, ``ListDrills``), the shipped alert rules and, where
-the command runs in a checkout of the repository, its CI and ladder file; the
+``GetScale``, ``GetReadiness``, ``ListDrills``, ``GetCost``), the shipped alert rules
+and, where the command runs in a checkout of the repository, its CI and ladder file; the
 questions are decided in ``controlplane/cli/doctor.py`` (pure). One line per question:
 PASS, FAIL or UNKNOWN, the evidence, what to do.
 
@@ -94,6 +94,7 @@ def gather(
     scale = _try(c, lambda s: s.GetScale(pb.ScaleRequest(), timeout=t))
     readiness = _try(c, lambda s: s.GetReadiness(pb.ReadinessRequest(), timeout=t))
     drills = _try(c, lambda s: s.ListDrills(pb.DrillsRequest(limit=500), timeout=t))
+    cost = _try(c, lambda s: s.GetCost(pb.CostRequest(), timeout=t))
     rules_path = rules if rules is not None else (repo / RULES if repo is not None else None)
     rules_text = _text(rules_path) if rules_path is not None else None
     return Facts(
@@ -103,6 +104,7 @@ def gather(
         scale=scale,
         readiness=readiness,
         drills=drills,
+        cost=cost,
         rules=rules_text,
         rules_source=str(rules_path) if rules_path else "not in a checkout; no --rules",
         repo=read_repo(repo) if repo is not None else None,

@@ -44,6 +44,7 @@ from controlplane.cli.common import (
     parse_duration,
 )
 from controlplane.cli.contexts import Settings, config_app, with_context
+from controlplane.cli.cost_cmds import cost_app
 from controlplane.cli.dashboard_cmd import dashboard
 from controlplane.cli.doctor_cmd import doctor
 from controlplane.cli.drill_cmds import drill_app, prefixes_app, readiness_app
@@ -489,6 +490,7 @@ app.add_typer(prefixes_app, name="prefixes")
 app.add_typer(drill_app, name="drill")
 app.add_typer(capacity_app, name="capacity")
 app.add_typer(scale_app, name="scale")
+app.add_typer(cost_app, name="cost")
 app.add_typer(config_app, name="config")
 
 

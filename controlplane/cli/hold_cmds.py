@@ -15,18 +15,14 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli.common import (
     ForOpt,
     JsonOpt,
     ModelOpt,
     ReasonOpt,
-    _call,
     _ctx,
-    _show,
-    _units,
-    err,
+    _each_unit,
     parse_duration,
 )
 
@@ -54,20 +50,8 @@ def hold(
     """
     c = _ctx(ctx, json_out)
     seconds = parse_duration(for_)
-    resps = [
-        _call(
-            c,
-            lambda s: s.Hold,
-            pb.HoldRequest(region=u, reason=reason, actor=c.actor, for_s=seconds),
-        )
-        for u in _units(c, region, model)
-    ]
-    held = ", ".join(r.region for r in resps)
-    _show(
-        c,
-        resps[0] if len(resps) == 1 else resps,
-        lambda: err.print(f"{held} held for {for_}: released by itself then"),
-    )
+    said = f"{{}} held for {for_}: released by itself then".format
+    _each_unit(c, lambda s: s.Hold, region, model, reason, said, for_s=seconds)
 
 
 def release(
@@ -82,13 +66,5 @@ def release(
     Example: failoverctl release us-east --reason "INC-123 closed"
     """
     c = _ctx(ctx, json_out)
-    resps = [
-        _call(c, lambda s: s.Release, pb.HoldRequest(region=u, reason=reason, actor=c.actor))
-        for u in _units(c, region, model)
-    ]
-    released = ", ".join(r.region for r in resps)
-    _show(
-        c,
-        resps[0] if len(resps) == 1 else resps,
-        lambda: err.print(f"{released} released: automation carries on"),
-    )
+    said = "{} released: automation carries on".format
+    _each_unit(c, lambda s: s.Release, region, model, reason, said)

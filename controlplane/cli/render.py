@@ -88,6 +88,8 @@ def scale_text(r: pb.RegionStatus) -> str:
     if not r.HasField("scale"):
         return "-"
     warm = f" +{r.scale.warm} warm" if r.scale.warm else ""
+    if r.scale.active == 0:  # scale to zero: asleep on purpose, not down
+        return f"[cyan]0 asleep[/]{warm}"
     return f"{r.scale.active}{warm}"
 
 
@@ -136,6 +138,10 @@ def status_table(st: pb.StatusResponse) -> Table:
             progress = (
                 f"{progress}; held: {r.hold.reason}" if progress else f"held: {r.hold.reason}"
             )
+        if r.HasField("budget_lift"):  # absent from older servers, and while not lifted
+            name += f" [bold yellow](budget lifted until {_clock(r.budget_lift.until)})[/]"
+            lifted = f"budget lifted: {r.budget_lift.reason}"
+            progress = f"{progress}; {lifted}" if progress else lifted
         t.add_row(
             name,
             r.zone,

@@ -52,6 +52,14 @@ def _rps(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def forecast_error_text(r: ScaleRecord) -> str:
+    """How far the forecasts missed a horizon later (core/forecast_error.py): the EWMA of
+    the relative miss and how many forecasts it scored; "-" before the first is due."""
+    if r.forecast_error is None:
+        return "-"
+    return f"{r.forecast_error:.0%} (n={r.forecast_error_samples})"
+
+
 def scale_table(pools: list[pb.PoolScale]) -> Table:
     t = Table()
     for col in (
@@ -61,6 +69,7 @@ def scale_table(pools: list[pb.PoolScale]) -> Table:
         "WARM",
         "load rps",
         "forecast (P90)",
+        "forecast error",
         "hit rate",
         "per replica",
         "decided",
@@ -71,7 +80,7 @@ def scale_table(pools: list[pb.PoolScale]) -> Table:
         now = _active_now(p)
         r = _record(p)
         if not isinstance(r, ScaleRecord):
-            t.add_row(p.unit, "-" if now is None else str(now), *["-"] * 7, r or "no record yet")
+            t.add_row(p.unit, "-" if now is None else str(now), *["-"] * 8, r or "no record yet")
             continue
         forecast = f"{_rps(r.forecast_rps)} ({_rps(r.upper_rps)})"
         hit = "-" if r.hit_rate is None else f"{r.hit_rate:.2f}"
@@ -82,6 +91,7 @@ def scale_table(pools: list[pb.PoolScale]) -> Table:
             str(r.warm),
             _rps(r.load_rps),
             forecast,
+            forecast_error_text(r),
             hit,
             _rps(r.per_replica_rps),
             render.ago(r.decided_at),
@@ -99,7 +109,8 @@ def scale_show(
     json_out: JsonOpt = False,
 ) -> None:
     """The scaler's record of each pool: ACTIVE now and wanted, WARM standby, the load,
-    the forecast a horizon ahead with its upper band, the hit rate and per-replica
+    the forecast a horizon ahead with its upper band, how far its forecasts missed a
+    horizon later (forecast error: the recent mean relative miss), the hit rate and per-replica
     capacity it used, and its reasons (the same are in the audit log on each change).
 
     Example: failoverctl scale show us-east --json | jq '.[0].record.active'

@@ -151,12 +151,14 @@ class ControlWrite(Frozen):
 
 
 class HoldRelease(Frozen):
-    """``regions/<unit>/hold`` deleted by the leader once its time is up, CAS on its
-    revision (an operator's newer hold stays), audited as a release."""
+    """``regions/<unit>/hold`` (or, ``lift``, ``regions/<unit>/budget-lift``) deleted by
+    the leader once its time is up, CAS on its revision (an operator's newer one stays),
+    audited as a release (an unlift)."""
 
     unit: str
     expected_rev: int
     audit: AuditEntry
+    lift: bool = False  # a budget lift, not a hold
 
 
 class WriteHealth(Frozen):
@@ -199,7 +201,10 @@ class TickResult(Frozen):
         parts = [f"cluster spec published ({self.spec.audit.reason})"] if self.spec else []
         if self.control is not None:
             parts.append(f"automation resumed ({self.control.audit.reason})")
-        parts += [f"{x.unit}: hold released ({x.audit.reason})" for x in self.releases]
+        parts += [
+            f"{x.unit}: {'budget lift ended' if x.lift else 'hold released'} ({x.audit.reason})"
+            for x in self.releases
+        ]
         for w in self.writes:
             what = [f"{s.value}" for s in w.failover_steps]
             if d := w.decision:

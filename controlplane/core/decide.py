@@ -25,7 +25,7 @@ from controlplane.core.actions import (
 from controlplane.core.bearing import allowed_now
 from controlplane.core.causes import drilled, with_cause
 from controlplane.core.failover import PlanRefused, plan_failover, routing_recovery_step
-from controlplane.core.health import evaluation_due, fold_health
+from controlplane.core.health import by_region, evaluation_due, fold_health
 from controlplane.core.intents import IntentStatus, done, outcome_details, refused
 from controlplane.core.ladder_tick import ladder_moves
 from controlplane.core.machine import fire
@@ -437,9 +437,11 @@ def decide(
     moves, holds = ladder_moves(snap, topology, ladder, actor) if ladder else ([], {})
     health_writes: list[WriteHealth] = []
     regions: dict[str, RegionView] = {}
+    reports = by_region(snap.reports)  # once: each region folds its own, O(reports)
     for name, view in snap.regions.items():
-        if evaluation_due(view.health, snap.reports, now, topology.timing):
-            h = fold_health(view.health, snap.reports, now, topology.timing)
+        mine = reports.get(name, [])
+        if evaluation_due(view.health, mine, now, topology.timing):
+            h = fold_health(view.health, mine, now, topology.timing)
             health_writes.append(WriteHealth(region=name, health=h))
             view = view.model_copy(update={"health": h})
         regions[name] = view

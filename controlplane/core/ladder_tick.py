@@ -20,7 +20,7 @@ from controlplane.kernel.details import json_list
 from controlplane.kernel.ladder.model import Ladder, with_headroom
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import AuditAction, AuditEntry, Cause, RegionState
-from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
 
 def ladder_moves(
@@ -31,6 +31,8 @@ def ladder_moves(
     if snap.paused:
         return [], {"*": f"paused with automation: {snap.control.reason}"}
     short = _short_of_headroom(snap)
+    # the budget stopped a scale-up the forecast needed: shed, as a short target does
+    broke = _short_of_budget(snap, topology)
     writes: list[LadderWrite] = []
     holds: dict[str, str] = {}
     for region in topology.regions:
@@ -45,11 +47,11 @@ def ladder_moves(
                 "degradation record unreadable: the ladder waits until it is rewritten"
             )
             continue
-        mode = mode_for(view.record.state, short_of_headroom=region.name in short)
+        mode = mode_for(view.record.state, short_of_headroom=region.name in short | broke)
         if view.ladder is None and mode is not LadderMode.DEGRADING:
             continue  # nothing applied and nothing to apply: no record needed
         record = view.ladder or DegradationRecord(region=region.name)
-        signals = with_headroom(view.health.signals, allowed_now(view, topology, snap.now))
+        signals = with_headroom(view.health.signals, _bearable(view, topology, snap.now, broke))
         action = next_ladder_action(ladder, record, signals, mode, snap.now)
         change = action.change
         if change is None:
@@ -65,7 +67,7 @@ def ladder_moves(
             details={
                 "step": action.step or "",
                 "applied": json_list(action.record.applied),
-                "cause": _cause(snap, topology, region.name, short).value,
+                "cause": _cause(snap, topology, region.name, short, broke).value,
             },
         )
         writes.append(
@@ -81,12 +83,47 @@ def ladder_moves(
     return writes, holds
 
 
-def _cause(snap: Snapshot, topology: Topology, unit: str, short: set[str]) -> Cause:
+def _cause(
+    snap: Snapshot, topology: Topology, unit: str, short: set[str], broke: set[str]
+) -> Cause:
     """A ladder step's cause: a drill on the region, else capacity when the region took
-    more than it can absorb (its steps shed what it cannot carry), else automatic."""
+    more than it can absorb (its steps shed what it cannot carry), else the budget when
+    it holds the pool under its forecast, else automatic."""
     if drilled(snap, topology, unit):
         return Cause.DRILL
-    return Cause.CAPACITY if unit in short else Cause.AUTOMATIC
+    if unit in short:
+        return Cause.CAPACITY
+    return Cause.BUDGET if unit in broke else Cause.AUTOMATIC
+
+
+def _bearable(view: RegionView, topology: Topology, now: float, broke: set[str]) -> float:
+    """What the region bears now; for a pool the budget holds short, no more than the
+    replicas the budget pays for (so its headroom and CBU triggers see the shortfall)."""
+    allowed = allowed_now(view, topology, now)
+    rec = view.scale
+    if view.name in broke and rec is not None and rec.per_replica_rps is not None:
+        return min(allowed, rec.per_replica_rps * rec.active)
+    return allowed
+
+
+def _short_of_budget(snap: Snapshot, topology: Topology) -> set[str]:
+    """Pools whose last scale record says the budget stopped ACTIVE replicas the
+    forecast needed (``budget.short``), decided within a checkpoint and the dark window (an
+    old record's word is not the budget's now)."""
+    policy = topology.scaling
+    if policy is None or topology.cost is None:
+        return set()
+    out = set()
+    for name, view in snap.regions.items():
+        rec = view.scale
+        if (
+            rec is not None
+            and rec.budget is not None
+            and rec.budget.short
+            and snap.now - rec.decided_at <= policy.checkpoint_s + policy.dark_after_s
+        ):
+            out.add(name)
+    return out
 
 
 def _short_of_headroom(snap: Snapshot) -> set[str]:

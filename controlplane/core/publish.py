@@ -62,17 +62,18 @@ def holds_expired(snap: Snapshot, actor: str) -> tuple[HoldRelease, ...]:
     this write lands."""
     out = []
     for name, view in snap.regions.items():
-        h = view.hold
-        if h is None or h.in_force(snap.now):
-            continue
-        reason = (
-            f"the hold {h.actor or 'an operator'} set for {h.until - h.at:.0f} s expired "
-            f"(it said: {h.reason or 'no reason'})"
-        )
-        entry = AuditEntry(
-            at=snap.now, actor=actor, action=AuditAction.RELEASE, region=name, reason=reason
-        )
-        out.append(HoldRelease(unit=name, expected_rev=view.hold_rev, audit=entry))
+        # a budget lift ends as a hold does (the same record, another key and action)
+        for h, rev, lift in ((view.hold, view.hold_rev, False), (view.lift, view.lift_rev, True)):
+            if h is None or h.in_force(snap.now):
+                continue
+            what = "budget lift" if lift else "hold"
+            reason = (
+                f"the {what} {h.actor or 'an operator'} set for {h.until - h.at:.0f} s "
+                f"expired (it said: {h.reason or 'no reason'})"
+            )
+            action = AuditAction.BUDGET_UNLIFT if lift else AuditAction.RELEASE
+            entry = AuditEntry(at=snap.now, actor=actor, action=action, region=name, reason=reason)
+            out.append(HoldRelease(unit=name, expected_rev=rev, audit=entry, lift=lift))
     return tuple(out)
 
 

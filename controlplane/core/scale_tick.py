@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from controlplane.core.actions import ScaleWrite
 from controlplane.core.bearing import HIT_RATE_SIGNAL, moved_hit_rate, region_bearing
 from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
+from controlplane.core.spend import Budget, budget_for, committed
 from controlplane.kernel.capacity.record import CapacitySource
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import json_list
@@ -48,6 +49,7 @@ def scale_moves(
     moving = _moving(snap)
     writes: list[ScaleWrite] = []
     sizes: dict[str, ScaleRecord] = {}
+    spend = _committed(snap, topology, memory)
     for name, view in snap.regions.items():
         if (view.scale is None and view.scale_rev) or view.held(snap.now):
             continue  # unreadable (rewritten by an operator, never over blindly), or held
@@ -62,9 +64,12 @@ def scale_moves(
             failing_over=view.record.state is RegionState.FAILING_OVER,
             moving=moving.get(name),
             memory=memory.get(name),
+            budget=pool_budget(snap, topology, name, moving.get(name), spend),
         )
         sizes[name] = sized.record
-        if not sized.due:
+        if topology.cost is not None:  # what the next pools of this tick size against
+            spend[name] = max(spend[name], committed_of(topology, name, sized.record))
+        if not sized.due and not _budget_news(view.scale, sized.record):
             continue
         audit = None
         if sized.changed:
@@ -137,6 +142,7 @@ def _signals(view: RegionView, report: HealthReport | None) -> PoolSignals:
         ttft_p99_s=s.get(TTFT_SIGNAL),
         active_now=active,
         activation_p95_s=s.get(ACTIVATION_SIGNAL),
+        wake_at=view.wake_at,
     )
 
 
@@ -154,3 +160,66 @@ def _capacity(view: RegionView, topology: Topology, now: float) -> Capacity:
     if bearing.source is CapacitySource.STALE:
         why += f"; the probe's is stale: {bearing.reason}"
     return Capacity(lambda h: bearing.allowed(h) / n, why)
+
+
+def committed_of(topology: Topology, unit: str, record: ScaleRecord) -> float:
+    """A pool's $/h at the sizes a record asks for (0 without ``cost:``)."""
+    cost = topology.cost
+    return 0.0 if cost is None else committed(cost, unit, record.active, record.warm)
+
+
+def _committed(
+    snap: Snapshot, topology: Topology, memory: Mapping[str, ScaleRecord]
+) -> dict[str, float]:
+    """Each pool's $/h committed: the more of what runs now and what its last decision
+    asks for (a scale-up on its way is spent already, as far as the budget goes)."""
+    cost = topology.cost
+    if cost is None:
+        return {}
+    out = {}
+    for name, view in snap.regions.items():
+        now = committed(
+            cost, name, view.active_replicas or 0, view.warm_replicas, view.lent_replicas
+        )
+        last = memory.get(name) or view.scale
+        out[name] = max(now, committed_of(topology, name, last) if last else 0.0)
+    return out
+
+
+def pool_budget(
+    snap: Snapshot,
+    topology: Topology,
+    unit: str,
+    moving: Moving | None,
+    spend: Mapping[str, float],
+) -> Budget | None:
+    """What ``unit`` may spend: exempt while an operator's lift holds, and while it is
+    the target of a failover younger than the allowance (then the budget binds again,
+    and the ladder sheds what it cannot carry)."""
+    cost = topology.cost
+    if cost is None:
+        return None
+    exempt = lapsed = ""
+    if lift := snap.regions[unit].lifted(snap.now):
+        exempt = f"{lift.describe()} (until {lift.until:.0f}, {lift.until - snap.now:.0f} s left)"
+    elif moving is not None:
+        allowance, spent = cost.failover_allowance_s, snap.now - moving.started_at
+        if spent < allowance:
+            exempt = (
+                f"failover from {moving.source}: {allowance - spent:.0f} s left of its "
+                f"{allowance:g} s budget allowance"
+            )
+        else:
+            lapsed = (
+                f"failover from {moving.source}: its {allowance:g} s budget allowance "
+                f"ended {spent - allowance:.0f} s ago: the budget binds again"
+            )
+    zones = {r.name: r.zone for r in topology.regions}
+    return budget_for(cost, unit, zones, spend, exempt=exempt, lapsed=lapsed)
+
+
+def _budget_news(stored: ScaleRecord | None, record: ScaleRecord) -> bool:
+    """Whether the budget started or stopped holding the pool short: the ladder reads it
+    from the stored record, so it is written at once, not at the next checkpoint."""
+    before = bool(stored and stored.budget and stored.budget.short)
+    return before != bool(record.budget and record.budget.short)

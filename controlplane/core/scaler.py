@@ -18,7 +18,9 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
   a break, and then to the most it asked for in that window;
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
-- a pool being failed over is not scaled down: it must be ready to come back.
+- a pool being failed over is not scaled down: it must be ready to come back;
+- how far the forecasts missed a horizon later is kept in the record
+  (``core/forecast_error.py``: ``forecast_error``, for ``failoverctl doctor``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.core import forecast
+from controlplane.core import forecast, forecast_error, zero
+from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import (
     Direction,
     ForecastState,
@@ -54,6 +57,7 @@ class PoolSignals:
     ttft_p99_s: float | None
     active_now: int
     activation_p95_s: float | None = None  # the pool's last wakes, as its agent measured
+    wake_at: float | None = None  # wake/<unit>: the newest request to wake it from zero
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +99,11 @@ def size_pool(
     failing_over: bool = False,
     moving: Moving | None = None,
     memory: ScaleRecord | None = None,
+    budget: Budget | None = None,
 ) -> Sized:
     """``stored``: ``scale/<unit>`` as etcd holds it; ``memory``: this leader's newer
-    state since (the forecaster moves every tick, the record is written less often)."""
+    state since (the forecaster moves every tick, the record is written less often);
+    ``budget``: what the pool may spend (core/spend.py), None: no ``cost:``."""
     base = restored(memory, stored) or _first(unit, signals.active_now, policy, now)
     seen, load = signals.observed_at, signals.load_rps
     if seen is None or now - seen > policy.dark_after_s or load is None:
@@ -130,19 +136,55 @@ def size_pool(
         # (one more per tick while they wake would ratchet the pool to its maximum)
         need = _within(max(need, signals.active_now + 1), policy)
         reasons.append(f"guard: {guard} -> {need} ACTIVE, no scale-down while it holds")
+    # scale to zero (core/zero.py): demand in the idle window keeps one ACTIVE, none
+    # for the window lets the pool sleep, a wake request wakes it
+    to_zero = zero.decide(base, signals.wake_at, load, now, policy)
+    if to_zero.floor:
+        need = max(need, 1)
+    if base.active == 0 or (to_zero.may_sleep and to_zero.reasons):
+        reasons = [*to_zero.reasons, *reasons]  # what moves the pool says so first
+    else:
+        reasons.extend(to_zero.reasons)
     hold = bool(guard) or failing_over or moving is not None
     active, lower_since, window = _next_active(
         base, need, now, policy, hold_down=hold, reasons=reasons
     )
+    if to_zero.may_sleep and not hold:
+        # no load for the idle window (the band of a series at zero is noise, not load);
+        # the window was the step's stable window
+        active, lower_since, window = 0, None, ()
     if failing_over and need < base.active:
         reasons.append("failed over: the pool keeps its size to come back")
     more = max(0, math.ceil(far.upper / per - _EPS) - active)
     standby = max(0, math.ceil(policy.standby_rps / per - _EPS) - active)
-    warm = min(policy.max_active, policy.burst_warm + max(more, standby))
+    warm = zero.warm_at_zero(
+        active, min(policy.max_active, policy.burst_warm + max(more, standby)), policy
+    )
     if more >= standby and more:
         reasons.append(f"{more} WARM for the band {2 * horizon:g} s ahead")
     elif standby:
         reasons.append(f"{standby} WARM to reach standby_rps {policy.standby_rps:g}")
+    # score the forecasts now due against the rate this report shows (the filtered level:
+    # a forecast is of the rate, not of one round's count) and remember this one
+    missed = forecast_error.track(
+        forecast_error.Tracked(base.forecast_due, base.forecast_error, base.forecast_error_samples),
+        observed=state.level,
+        seen=seen,
+        predicted=near.point,
+        horizon=horizon,
+    )
+    note = None
+    if budget is not None:  # a constraint equal to the SLO's: it caps, the ladder sheds
+        floor = min(policy.max_active, policy.burst_warm + more)
+        active, warm, note = budget.constrain(
+            active=active,
+            warm=warm,
+            floor_warm=floor,
+            base=base,
+            min_active=policy.min_active,
+            now=now,
+            reasons=reasons,
+        )
     return _settle(
         base,
         stored,
@@ -163,6 +205,12 @@ def size_pool(
             "lower_since": lower_since,
             "window": window,
             "incoming": incoming,
+            "demand_at": to_zero.demand_at,
+            "woken_at": to_zero.woken_at,
+            "budget": note,
+            "forecast_due": missed.due,
+            "forecast_error": missed.error,
+            "forecast_error_samples": missed.samples,
         },
     )
 

@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from controlplane.kernel.capacity.record import CapacityPolicy
 from controlplane.kernel.model import Frozen
+from controlplane.kernel.pool.cost import CostPolicy
 from controlplane.kernel.pool.scale import ScalingPolicy
 from controlplane.kernel.prefix.identity import FingerprintParams
 from controlplane.kernel.region_config import REGION_NAME as REGION_NAME
@@ -272,6 +273,14 @@ class Topology(Frozen):
             "(docs/scaling.md); unset: off, a pool keeps the size its agent's pool file gives"
         ),
     ] = None
+    # What pools cost and may spend (docs/scaling.md, "Cost"); None: no budget binds.
+    cost: Annotated[
+        CostPolicy | None,
+        Field(
+            description="prices per replica-hour and budgets per pool, zone and fleet that "
+            'the scaler keeps to (docs/scaling.md, "Cost"); unset: nothing priced'
+        ),
+    ] = None
     # TLS, tokens and limits (controlplane/SECURITY.md); None: security off.
     security: Annotated[
         SecurityConfig | None,
@@ -284,7 +293,8 @@ class Topology(Frozen):
     @model_validator(mode="after")
     def _references(self) -> Self:
         """Region names are unique; failover_to names known regions, never its own.
-        Then a region with pools is replaced by its pools' failover units."""
+        Then a region with pools is replaced by its pools' failover units; cost: names
+        only those units and the regions' zones."""
         names = [r.name for r in self.regions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -302,19 +312,35 @@ class Topology(Frozen):
             units, self._pools = pool_units(self.regions)
             # the model is frozen to its users; this is its own validation finishing
             object.__setattr__(self, "regions", units)
+        if self.cost is not None:
+            self.cost.check_names(
+                tuple(r.name for r in self.regions), tuple({r.zone for r in self.regions})
+            )
         return self
 
     def region(self, name: str) -> RegionConfig:
         """A failover unit by name: a region without pools, or ``<region>.<pool>``."""
-        for r in self.regions:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        try:
+            return self._index()[1][name]
+        except KeyError:
+            raise KeyError(name) from None
 
     @property
     def names(self) -> tuple[str, ...]:
         """The failover units' names: regions without pools and each pool's unit."""
-        return tuple(r.name for r in self.regions)
+        return self._index()[2]
+
+    def _index(self) -> tuple[tuple[RegionConfig, ...], dict[str, RegionConfig], tuple[str, ...]]:
+        """The units by name and their names, built once per ``regions`` tuple: a tick
+        and every ReportHealth look units up, and a scan was O(units) each (issue 35).
+        Kept in ``__dict__`` (not a field: dumps, equality and hashing skip it) and
+        keyed by the tuple's identity, so a ``model_copy`` with other regions rebuilds."""
+        cached = self.__dict__.get("_unit_index")
+        if cached is None or cached[0] is not self.regions:
+            by_name = {r.name: r for r in self.regions}
+            cached = (self.regions, by_name, tuple(by_name))
+            self.__dict__["_unit_index"] = cached
+        return cached
 
     @property
     def pooled(self) -> bool:

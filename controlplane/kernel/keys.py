@@ -41,6 +41,11 @@ class Keys:
         region's other keys, so a hold costs the tick no extra read."""
         return f"{self.root}regions/{unit}/hold"
 
+    def budget_lift(self, unit: str) -> str:
+        """An operator's lift of one pool's budget (``BudgetLift``), a hold's twin: read
+        with the region's other keys, ended by the leader at its ``until``."""
+        return f"{self.root}regions/{unit}/budget-lift"
+
     def readiness(self, region: str) -> str:
         return f"{self.root}regions/{region}/readiness"
 
@@ -110,6 +115,14 @@ class Keys:
         """A pool's desired size (``ScaleRecord``), written by the leader's scaler with an
         audit entry when it changes; the unit's agent follows it level-triggered."""
         return f"{self.root}scale/{unit}"
+
+    def wake_prefix(self) -> str:
+        return self.root + "wake/"
+
+    def wake(self, unit: str) -> str:
+        """A data plane's request to wake a pool at zero (``WakeRequest``): the leader's
+        scaler reads it as demand; a plain put, coalesced by its writers."""
+        return f"{self.root}wake/{unit}"
 
     def pools_prefix(self) -> str:
         return self.root + "pools/"

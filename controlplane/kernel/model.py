@@ -107,6 +107,7 @@ class Cause(StrEnum):
     MANUAL = "manual"  # an operator's intent (failoverctl failover/recover)
     DRILL = "drill"  # the leader, while a drill holds the lock on the region
     CAPACITY = "capacity"  # the ladder's steps, while the region is short of headroom
+    BUDGET = "budget"  # the ladder's steps, while the budget holds a pool under its forecast
 
 
 CauseValue = Annotated[Cause | str, Field(union_mode="left_to_right")]  # as TriggerValue
@@ -372,6 +373,8 @@ class AuditAction(StrEnum):
     RESUME = "resume"
     HOLD = "hold"  # an operator held one unit's automation (regions/<unit>/hold)
     RELEASE = "release"  # a hold ended: released by an operator, or expired
+    BUDGET_LIFT = "budget_lift"  # an operator lifted a pool's budget (regions/<unit>/budget-lift)
+    BUDGET_UNLIFT = "budget_unlift"  # a budget lift ended: by an operator, or expired
     READINESS_OVERRIDE = "readiness_override"
     DRILL_REQUESTED = "drill_requested"
     DRILL_RUN = "drill_run"

@@ -79,6 +79,7 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "ListDrills": Permission.READ,
         _CP + "GetCapacity": Permission.READ,
         _CP + "GetScale": Permission.READ,
+        _CP + "GetCost": Permission.READ,
         _CP + "ReportHealth": Permission.REPORT,
         _CP + "RequestDrill": Permission.DRILL,
         _CP + "RequestFailover": Permission.OPERATE,
@@ -87,6 +88,8 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = MappingProxyType(
         _CP + "Resume": Permission.OPERATE,
         _CP + "Hold": Permission.OPERATE,
         _CP + "Release": Permission.OPERATE,
+        _CP + "LiftBudget": Permission.OPERATE,
+        _CP + "UnliftBudget": Permission.OPERATE,
         _CP + "PinSession": Permission.OPERATE,
         _CP + "OverrideReadiness": Permission.OPERATE,
         # KEDA's external scaler (docs/keda.md): desired replicas, read-only

@@ -22,6 +22,7 @@ from controlplane.kernel.model import (
     Routing,
     default_routing,
 )
+from controlplane.kernel.pool.cost import BudgetLift
 from controlplane.kernel.pool.scale import ScaleRecord
 
 
@@ -45,9 +46,25 @@ class RegionView(Frozen):
     # topology has scaling: on); None with a revision: unreadable.
     scale: ScaleRecord | None = None
     scale_rev: int = 0
+    # wake/<r>: the newest request to wake this pool from zero, its wall-clock time
+    # (None: none; read only with scaling on)
+    wake_at: float | None = None
     # regions/<r>/hold, an operator's hold on this unit, and its mod revision.
     hold: RegionHold | None = None
     hold_rev: int = 0
+    # regions/<r>/budget-lift, an operator's lift of this pool's budget, and its revision;
+    # and the pool's WARM (with IDLE) and LENT replicas now (pools/<r>), for its spend.
+    lift: BudgetLift | None = None
+    lift_rev: int = 0
+    warm_replicas: int = 0
+    lent_replicas: int = 0
+    # the p95 of the pool's last wakes as its agent publishes it (pools/<r>), seconds;
+    # None: none measured (the cold-start budget, docs/scaling.md)
+    activation_p95_s: float | None = None
+
+    def lifted(self, now: float) -> BudgetLift | None:
+        """The budget lift in force at ``now``."""
+        return self.lift if self.lift is not None and self.lift.in_force(now) else None
 
     def held(self, now: float) -> RegionHold | None:
         """The hold in force at ``now`` (one past its ``until`` is not)."""

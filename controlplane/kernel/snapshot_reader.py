@@ -24,8 +24,9 @@ from controlplane.kernel.model import (
     RegionRecord,
     Routing,
 )
+from controlplane.kernel.pool.cost import BudgetLift
 from controlplane.kernel.pool.members import PoolMembers
-from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.pool.scale import ScaleRecord, WakeRequest
 from controlplane.kernel.snapshot import IntentClaim, RegionView, Snapshot
 from controlplane.kernel.store.port import KeyValue, RevisionCompacted, Store
 
@@ -59,6 +60,7 @@ async def _read_at_one_revision(
     capacity_kv = await prefix(keys.capacity_prefix())
     pools_kv = await prefix(keys.pools_prefix())
     scale_kv = await prefix(keys.scale_prefix()) if topology.scaling else {}
+    wake_kv = await prefix(keys.wake_prefix()) if topology.scaling else {}
     reports_page = await store.get_prefix(keys.reports_prefix(), revision=rev)
     intents_page = await store.get_prefix(keys.intents_prefix(), revision=rev)
     # a claim matters only to an intent being resolved: no extra read on a quiet tick
@@ -85,6 +87,7 @@ async def _read_at_one_revision(
         static = len(topology.region(name).replicas)
         scale_at = scale_kv.get(keys.scale(name))
         hold_kv = regions_kv.get(keys.region_hold(name))
+        lift_kv = regions_kv.get(keys.budget_lift(name))
         views[name] = RegionView(
             name=name,
             record=record,
@@ -100,8 +103,14 @@ async def _read_at_one_revision(
             active_replicas=len(pool.active) if pool else (static or None),
             scale=_parse(ScaleRecord, scale_at),
             scale_rev=scale_at.mod_revision if scale_at else 0,
+            wake_at=_wake_at(_parse(WakeRequest, wake_kv.get(keys.wake(name)))),
             hold=_parse(RegionHold, hold_kv),
             hold_rev=hold_kv.mod_revision if hold_kv else 0,
+            lift=_parse(BudgetLift, lift_kv),
+            lift_rev=lift_kv.mod_revision if lift_kv else 0,
+            warm_replicas=pool.warm if pool else 0,
+            lent_replicas=len(pool.lent) if pool else 0,
+            activation_p95_s=pool.activation_p95_s if pool else None,
         )
     reports = tuple(r for kv in reports_page.kvs if (r := _parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_page.kvs if (i := _parse(Intent, kv)))
@@ -141,3 +150,7 @@ def _parse(cls: type[M], kv: KeyValue | None) -> M | None:
     except CorruptValue as e:
         log.error("ignoring corrupt value: %s", e)
         return None
+
+
+def _wake_at(wake: WakeRequest | None) -> float | None:
+    return None if wake is None else wake.at

@@ -127,6 +127,19 @@ class AgentMetrics:
             buckets=ACTIVATION_BUCKETS,
             registry=r,
         )
+        self.zero_wakes = Counter(
+            "tectonic_agent_pool_zero_wakes",
+            "Wakes of the pool from zero (scale to zero): asleep on purpose, then serving",
+            ["region"],
+            registry=r,
+        )
+        self.zero_wake_seconds = Histogram(
+            "tectonic_agent_pool_zero_wake_duration_seconds",
+            "From the last round the pool was asleep to its first ACTIVE replica",
+            ["region"],
+            buckets=ACTIVATION_BUCKETS,
+            registry=r,
+        )
         self.prewarm_runs = Counter(
             "tectonic_agent_prewarm_runs",
             "Pre-warm runs finished, by outcome (complete: every prefix warmed; partial: "
@@ -221,6 +234,10 @@ class AgentMetrics:
         self.activations.labels(self.region, kind, "ok" if ok else "failed").inc()
         if ok:
             self.activation_seconds.labels(self.region, kind).observe(max(0.0, seconds))
+
+    def woke_from_zero(self, seconds: float) -> None:
+        self.zero_wakes.labels(self.region).inc()
+        self.zero_wake_seconds.labels(self.region).observe(max(0.0, seconds))
 
     # ---- from the pre-warm service ------------------------------------------------
     def prewarm_started(self) -> None:

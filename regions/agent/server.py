@@ -82,6 +82,7 @@ from controlplane.kernel.rpc.reflection import enable_reflection
 from controlplane.kernel.rpc.tls import server_credentials
 from controlplane.kernel.security import SecurityConfig
 from controlplane.kernel.store.settings import EtcdConfig
+from regions.agent.asleep import asleep_since, asleep_view
 from regions.agent.engine_version import EngineVersions, refresh_versions
 from regions.agent.kube_wiring import (
     KubeDiscoveryConfig,
@@ -209,6 +210,7 @@ class AgentHandle:
             warn_every_s=config.warn_every,
         )
         self._wake = asyncio.Event()
+        self._asleep_since: float | None = None  # monotonic: the pool last at zero on purpose
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -328,6 +330,7 @@ class AgentHandle:
         )
         if self.pool is not None:
             view = view.model_copy(update={"signals": {**view.signals, **self.pool.signals()}})
+            view = self._sleep(view, len(probes))
         old, self.view = self.view, view
         self.metrics.viewed(view.health)
         if view.health is not old.health:
@@ -347,6 +350,21 @@ class AgentHandle:
             for service in ("", SERVICE):
                 await self._health.set(service, status)
             self._wake.set()  # report a change at once
+
+    def _sleep(self, view: RegionVerdict, active: int) -> RegionVerdict:
+        """Scale to zero (regions/agent/asleep.py): asleep or waking on purpose is not
+        down; a wake from zero is counted and timed when the first replica serves."""
+        now = time.monotonic()
+        last = self._asleep_since
+        self._asleep_since = asleep_since(
+            last, active, view.signals.get("scale_desired_active"), now
+        )
+        if last is not None and self._asleep_since is None:
+            self.metrics.woke_from_zero(now - last)
+            log.info(
+                "woke from zero: %d ACTIVE, %.1f s after it was last asleep", active, now - last
+            )
+        return asleep_view(view, self._asleep_since, now)
 
     def _replicas(self) -> list[str]:
         """What to probe: the pool's ACTIVE replicas (WARM ones sleep), else the awake

@@ -36,6 +36,7 @@ from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.store.settings import EtcdConfig
+from regions.agent.asleep import WAKE_GRACE_S
 from regions.agent.pool_config import AgentPoolConfig
 from regions.agent.pool_lender import PoolLender
 from regions.agent.scale_follower import ScaleFollower
@@ -103,6 +104,7 @@ class AgentPool:
         self._on_activation = on_activation
         # the last wakes' durations: their p95 is the shortest horizon the scaler may use
         self._wakes: deque[float] = deque(maxlen=WAKES_KEPT)
+        self._slept_at: float | None = None  # monotonic: last seen asleep on purpose
         self.outlives_agent = pods is not None  # stop() leaves the replicas running
         self.pool = WarmPool(
             self.launcher,
@@ -238,7 +240,23 @@ class AgentPool:
             agent=self.agent_id,
             lent=self.pool.lent(),
             loan_refusals=self.pool.loan_refusals(),
+            activation_p95_s=p95(self._wakes) if self._wakes else None,
+            asleep=self.asleep(),
         )
+
+    def asleep(self) -> bool:
+        """At zero on purpose (scale to zero): the leader asks 0 ACTIVE, or did and,
+        woken, the pool has no ACTIVE replica yet (within the wake's grace: data planes
+        keep holding requests rather than spill them while it wakes)."""
+        if self.scale.advisory or self.pool.active():
+            self._slept_at = None
+            return False
+        now = time.monotonic()
+        r = self.scale.record
+        if r is not None and r.asleep:
+            self._slept_at = now
+            return True
+        return self._slept_at is not None and now - self._slept_at <= WAKE_GRACE_S
 
     async def _publish(self) -> None:
         members = self.members()  # the pool as it is now, not as it was when flagged
@@ -293,8 +311,13 @@ class AgentPool:
                 await self.pool.reconcile()
             except ReplicaError as e:  # the pool is being stopped under us
                 log.warning("warm pool reconcile of %s failed: %s", self.region, e)
-            if self.published is not None and self.pool.warm_count() != self.published.warm:
-                self._dirty.set()  # launches and stops change WARM without an ACTIVE change
+            if self.published is not None and (
+                self.pool.warm_count() != self.published.warm
+                or self.asleep() != self.published.asleep
+            ):
+                # launches and stops change WARM without an ACTIVE change; the leader's
+                # 0 (or its wake) changes asleep
+                self._dirty.set()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, started + self.interval_s - loop.time())):
                     await self._kick.wait()

@@ -72,6 +72,8 @@ def routing_options(
     for name in ("max_body_bytes", "max_pins", *positive):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
+    if not 0 < args.wake_hold <= args.wake_hold_max:
+        p.error("--wake-hold must be positive and at most --wake-hold-max")
     prefixes, session_key = prefix_options(p, args, topology.prefixes)
     keys = payload_keys(p, args, seal=True)
     if keys is None and prefixes.sealed_payloads and not args.no_prefix_tracking:
@@ -102,6 +104,8 @@ def routing_options(
         prefix_export=ExportOptions.from_topology(prefixes, keys),
         payload_keys=keys,
         replica_slots=replica_slots(p, args.replica_slots),
+        wake_hold_s=args.wake_hold,
+        wake_hold_max_s=args.wake_hold_max,
         **more,
     )
 
@@ -169,7 +173,22 @@ def add_report_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_replica_flags(p: argparse.ArgumentParser) -> None:
-    """What each replica bears, when the operator knows it better than the metrics."""
+    """What each replica bears, when the operator knows it better than the metrics; how
+    long a request for a pool at zero waits for one to wake (scale to zero)."""
+    p.add_argument(
+        "--wake-hold",
+        type=float,
+        default=30.0,
+        help="seconds a request for a pool at zero (scale to zero) is held while it wakes, "
+        "when the pool has measured no wake yet; else its wake p95 + 5 s (default 30)",
+    )
+    p.add_argument(
+        "--wake-hold-max",
+        type=float,
+        default=60.0,
+        help="seconds such a request is held at most, whatever the pool measured; then "
+        "503 with Retry-After (default 60)",
+    )
     p.add_argument(
         "--replica-slots",
         action="append",

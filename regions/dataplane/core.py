@@ -47,6 +47,7 @@ from regions.dataplane.routing_cache import RoutingCache
 from regions.dataplane.session_moves import SessionMovesBoard
 from regions.dataplane.sessions import SessionResolver
 from regions.dataplane.spec_watch import SpecWatch
+from regions.dataplane.wake import Waker
 
 log = logging.getLogger("tectonic.gateway")
 
@@ -104,6 +105,17 @@ class DataPlaneCore:
             for r in topo.regions
         }
         self.pool_cache = PoolCache(self.store, self.keys, self._pool_changed)
+        # scale to zero: a request for a pool at zero wakes it and waits (wake.py)
+        self.waker = Waker(
+            self.store,
+            self.keys,
+            self.balancers,
+            lambda: self.pool_cache.members,
+            self.metrics,
+            default_s=options.wake_hold_s,
+            most_s=options.wake_hold_max_s,
+            writer=lambda: self.moves.gateway_id or self.kind,
+        )
         self.degradation = DegradationCache(self.store, self.keys)
         self.spec_watch = SpecWatch(self.store, self.keys, cluster_spec(topo), SPEC_SECTIONS)
         # the optional parts: each is the real one, or a stand-in that says it is off
@@ -274,6 +286,7 @@ class DataPlaneCore:
         if set(replicas) == set(current.replicas):  # the ring ignores order
             return  # e.g. only the WARM count or the timestamp changed
         self.balancers[region] = current.rebuilt(replicas)
+        self.waker.changed()  # requests held for a pool at zero look again
         source = f"pools/{region} from {members.agent}" if members else "the topology"
         log.info(
             "region %s replicas (%s): %s",

@@ -102,6 +102,23 @@ class DataPlaneMetrics:
             buckets=FIRST_TOKEN_BUCKETS,
             registry=r,
         )
+        # scale to zero (regions/dataplane/wake.py): requests that found their pool at
+        # zero and woke it, and how long each was held (result: served, refused)
+        self.wakes = Counter(
+            p + "pool_wakes",
+            "Requests that found their pool at zero (scale to zero) and asked the leader "
+            "to wake it, by region",
+            ["region"],
+            registry=r,
+        )
+        self.wake_wait = Histogram(
+            p + "pool_wake_wait_seconds",
+            "How long a request for a pool at zero was held for a replica to wake, by "
+            "region and result (served: one woke within the hold; refused: 503 Retry-After)",
+            ["region", "result"],
+            buckets=FIRST_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.session_moves = Counter(
             p + "session_moves",
             "Sessions this gateway re-pinned to another region, or whose pin it changed to "

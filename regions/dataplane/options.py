@@ -62,6 +62,10 @@ class DataPlaneOptions:
     # per-replica in-flight limits steered by first-token time (admission_gate.py); off
     # unless enabled
     admission: AdmissionOptions = field(default_factory=AdmissionOptions)
+    # scale to zero (wake.py): how long a request for a pool at zero is held while it
+    # wakes when the pool has measured no wake yet, and the most whatever it measured
+    wake_hold_s: float = 30.0
+    wake_hold_max_s: float = 60.0
 
     def etcd(self) -> EtcdConfig:
         endpoints = self.etcd_endpoints or self.topology.etcd.endpoints

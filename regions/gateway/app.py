@@ -55,6 +55,7 @@ from regions.dataplane.requests import (
 from regions.dataplane.ring import DEFAULT_PREFIX_CHARS, prefix_key
 from regions.dataplane.routing_cache import RoutingCache
 from regions.dataplane.sessions import SessionResolver
+from regions.dataplane.wake import Held, Waker
 from regions.gateway.continuation import ContinuationConfig, Continuer
 from regions.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from regions.gateway.model_list import union
@@ -125,8 +126,10 @@ class GatewayApp:
         flags: Callable[[str], FeatureFlags] | None = None,
         warm_ups: WarmUps | None = None,
         tokenizer_forwarder: Forwarder | None = None,
+        waker: Waker | None = None,
     ) -> None:
         self.config = config
+        self.waker = waker  # scale to zero (regions/dataplane/wake.py); None: never held
         self._chars = DEFAULT_PREFIX_CHARS if config.prefix_chars is None else config.prefix_chars
         # /tokenize and /detokenize: kept out of the first-token histogram; None: forwarder
         self.tokenizer_forwarder = tokenizer_forwarder or forwarder
@@ -241,6 +244,9 @@ class GatewayApp:
         if isinstance(routed, web.Response):
             return routed
         req, session, region, key, check = routed
+        held = await self.waker.hold(region) if self.waker is not None else None
+        if held is not None and not held.served:
+            return self._waking(region, held)
         body = req.body
         headers = forward_headers(request)  # once: forwarded, and remembered for warm-ups
         try:
@@ -414,6 +420,18 @@ class GatewayApp:
             error_type(refusal.status),
             param=refusal.param,
             headers=headers,
+        )
+
+    def _waking(self, region: str, held: Held) -> web.Response:
+        """503 with Retry-After the pool's measured wake: its pool was at zero and did
+        not wake within the hold. Not an error of the region (asleep is not down):
+        counted as a request, never a health vote, never spilled."""
+        self.metrics.request(region, 503)
+        return json_error(
+            503,
+            f"region {region!r} is waking from zero (held {held.waited_s:.1f} s); retry",
+            "ServiceUnavailableError",
+            headers={"Retry-After": str(held.retry_after_s)},
         )
 
     def _unavailable(self, region: str, kind: ErrorKind, message: str) -> web.Response:

@@ -109,6 +109,7 @@ class GatewayServer:
             flags=self.degradation.flags,
             warm_ups=self.warm_ups,
             tokenizer_forwarder=tokenizer_forwarder,
+            waker=core.waker,
         )
         self.runner: web.ServerRunner | None = None  # built in start: needs the loop
         self.port = 0

@@ -47,6 +47,7 @@ from regions.dataplane.requests import Endpoint, error_body, error_type
 from regions.dataplane.ring import prefix_key
 from regions.dataplane.routing_cache import RoutingCache
 from regions.dataplane.sessions import SessionResolver
+from regions.dataplane.wake import Held, Waker
 from regions.picker.extproc import VIA_HEADER, endpoint_of
 
 log = logging.getLogger("tectonic.picker")
@@ -110,8 +111,10 @@ class Picker:
         vote: Vote | None = None,
         gates: Gates = ADMISSION_OFF,
         monotonic: Callable[[], float] = time.monotonic,
+        waker: Waker | None = None,
     ) -> None:
         self.config = config
+        self.waker = waker  # scale to zero (regions/dataplane/wake.py); None: never held
         self.admission = admission
         self.routing = routing
         self.resolvers = families(resolver)  # per model family (regions/dataplane/models.py)
@@ -171,6 +174,9 @@ class Picker:
             if (refusal := self.admission.shed(region, headers)) is not None:
                 return self._degraded(region, refusal)
             key = prefix_key(session or headers.get("x-request-id", path), self.admission.chars)
+        held = await self.waker.hold(region) if self.waker is not None else None
+        if held is not None and not held.served:
+            return self._waking(region, held)
         pick = self._place(region, session, key, subset, headers, started)
         if isinstance(pick, Answer):
             return pick
@@ -470,6 +476,15 @@ class Picker:
             f"{refusal.priority.value} request); retry after {retry} s"
         )
         return _answer(429, message, None, (("retry-after", retry),))
+
+    def _waking(self, region: str, held: Held) -> Answer:
+        """Its pool was at zero and did not wake within the hold: 503 with Retry-After
+        the measured wake, through Envoy's ImmediateResponse, as the gateway answers.
+        Not an error of the region (asleep is not down): no health vote, no spill."""
+        self.metrics.request(region, 503)
+        retry = str(held.retry_after_s)
+        message = f"region {region!r} is waking from zero (held {held.waited_s:.1f} s); retry"
+        return _answer(503, message, None, (("retry-after", retry),))
 
     def _unavailable(self, region: str, kind: ErrorKind, message: str) -> Answer:
         self.metrics.error(region, kind)

@@ -92,6 +92,7 @@ class PickerServer:
             observer=core.observer,
             vote=core.reporter.record,  # a no-op when health reports are off
             gates=core.admission,
+            waker=core.waker,
         )
         self.service = ExtProcService(
             self.picker, default_body_mode=options.body_mode, max_body_bytes=app.max_body_bytes

@@ -77,6 +77,7 @@ READ_ONLY = frozenset(
         "tectonic.v1.ControlPlane.ListDrills",
         "tectonic.v1.ControlPlane.GetCapacity",
         "tectonic.v1.ControlPlane.GetScale",
+        "tectonic.v1.ControlPlane.GetCost",
         "tectonic.v1.RegionAgent.Describe",
     }
 )
@@ -89,6 +90,8 @@ MUTATING = frozenset(
         "tectonic.v1.ControlPlane.Resume",
         "tectonic.v1.ControlPlane.Hold",
         "tectonic.v1.ControlPlane.Release",
+        "tectonic.v1.ControlPlane.LiftBudget",
+        "tectonic.v1.ControlPlane.UnliftBudget",
         "tectonic.v1.ControlPlane.PinSession",
         "tectonic.v1.ControlPlane.OverrideReadiness",
         "tectonic.v1.ControlPlane.RequestDrill",

@@ -236,8 +236,18 @@ class GrafanaRange:
 
 
 # Panels of what the lab does not run: their queries must still evaluate, and may be
-# empty (the lab's agents keep no warm pool; its gateways run without admission control).
-OFF_IN_THE_LAB = {"Warm pool: shortfall, failed activations", "Admission: 429 share by priority"}
+# empty (the lab's agents keep no warm pool, so no wake is measured; its leader sizes no
+# pool, no scaling:; it prices nothing, no cost:; its gateways run without admission
+# control).
+OFF_IN_THE_LAB = {
+    "Warm pool: shortfall, failed activations",
+    "Admission: 429 share by priority",
+    "Cost: $ per hour by pool, zone and fleet",
+    "Budget utilisation (spend / budget)",
+    "Pool efficiency (served / paid capacity)",
+    "Activation p95 against its budget (first-token SLO / 3)",
+    "WARM standby against the sizing formula",
+}
 
 
 async def dashboard_problems(prom: Prom, window: GrafanaRange) -> list[str]:

@@ -103,13 +103,28 @@ _NO_DRILL_SERVICE = (
     "the lab runs no drill service (a probe takes minutes): failoverctl says so at once, "
     "queues nothing and exits 3, as the README says it does",
 )
+_NO_BUDGETS = (
+    EXIT_REFUSED,
+    "has no cost: section",
+    "the lab's topology prices nothing (no cost: section), so no budget binds and none "
+    "can be lifted: the control plane refuses (FAILED_PRECONDITION) and changes nothing",
+)
+_DOCTOR_ANSWERS = (
+    EXIT_REFUSED,
+    "cold-start (activation) p95",
+    "doctor exits 1 while a line is not PASS, and the lab cannot pass them all (no drill "
+    "in 7 days, no wake measured, no capacity probe): it answers every question and says so",
+)
 EXPECTED: dict[str, tuple[int, str, str]] = {
+    "failoverctl doctor --region R": _DOCTOR_ANSWERS,
     'failoverctl readiness override REGION -r "INC-77: harness bug"': _NO_VERDICT,
     'failoverctl readiness override R --reason "INC-123: drill aborted by a runner crash"': (
         _NO_VERDICT
     ),
     "failoverctl capacity probe REGION -r WHY": _NO_DRILL_SERVICE,
     "failoverctl capacity probe R -r WHY": _NO_DRILL_SERVICE,
+    "failoverctl cost lift R --reason WHY --for 1h": _NO_BUDGETS,
+    "failoverctl cost unlift R --reason WHY": _NO_BUDGETS,
 }
 
 # What each command does, by its path: those that only read, then the changes by phase,
@@ -126,6 +141,7 @@ READ_ONLY = {
     ("drill", "show"),
     ("capacity", "show"),
     ("scale", "show"),
+    ("cost", "show"),
     ("sessions", "get"),
     ("config", "view"),
     ("doctor",),
@@ -137,6 +153,8 @@ CHANGES = {
     ("resume",): "pause",
     ("hold",): "hold",
     ("release",): "hold",
+    ("cost", "lift"): "lift",
+    ("cost", "unlift"): "lift",
     ("readiness", "override"): "override",
     ("capacity", "probe"): "probe",
     ("failover",): "move",
@@ -439,7 +457,7 @@ async def run_all(
                     parse_only(r, env)
             await asyncio.gather(*(gated(r) for r in runs if r.kind == "read"))
             took["read"] = time.monotonic() - t0
-            for phase in ("contexts", "pin", "pause", "hold", "override", "probe"):
+            for phase in ("contexts", "pin", "pause", "hold", "lift", "override", "probe"):
                 t0 = time.monotonic()
                 for r in ordered([r for r in runs if r.kind == phase]):
                     await execute(r)
@@ -457,7 +475,7 @@ def ordered(runs: list[Run]) -> list[Run]:
     followed by a resume (release); where there are more pauses than resumes, the extra
     ones run in a row (pausing again extends the pause, holding again replaces the
     hold) before the last resume."""
-    undo_paths = {("resume",), ("release",)}
+    undo_paths = {("resume",), ("release",), ("cost", "unlift")}
     doing = [r for r in runs if r.path not in undo_paths]
     undoing = [r for r in runs if r.path in undo_paths]
     if not undoing:

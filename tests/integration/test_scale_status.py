@@ -82,6 +82,33 @@ async def test_get_scale_and_failoverctl_scale_show(etcd: object) -> None:
         assert scaled and all(("forecast" in r) or ("signal dark" in r) for r in scaled), scaled
 
 
+async def test_the_forecast_error_is_recorded_and_shown(etcd: object) -> None:
+    # a 1 s horizon, checkpointed often: forecasts come due within the test's seconds
+    policy = ScalingPolicy(horizon_s=1.0, activation_s=0.5, checkpoint_s=0.5)
+    async with running_replica(topology(etcd, policy)) as run, reporting(run.stub, {}):
+
+        async def scored() -> bool:
+            resp = await run.stub.GetScale(pb.ScaleRequest(unit="east"))
+            [p] = resp.pools
+            return bool(p.record_json) and (
+                ScaleRecord.model_validate_json(p.record_json).forecast_error_samples >= 5
+            )
+
+        await poll(scored, within=20, what="east's forecasts scored a horizon later")
+        [p] = (await run.stub.GetScale(pb.ScaleRequest(unit="east"))).pools
+        east = ScaleRecord.model_validate_json(p.record_json)
+        # the agents report a flat 10 rps: the forecasts hit it
+        assert east.forecast_error is not None and east.forecast_error < 0.25
+        assert 0 < len(east.forecast_due) <= 8
+        code, out, _ = await ctl(run.target, "scale", "show", "east")
+        assert code == 0 and "forecast error" in out and "(n=" in out, out
+        code, out, _ = await ctl(run.target, "doctor", "--json", "--region", "east")
+        [q4] = [c for c in json.loads(out)["checks"] if c["id"] == 4]
+        # the error passes; the 1 s horizon is off the 30 s asked, so the line fails
+        assert q4["verdict"] == "FAIL" and "horizon 1 s" in q4["evidence"], q4
+        assert "east: forecast error" in q4["evidence"] and "<= 25%" in q4["evidence"], q4
+
+
 async def test_scale_show_says_when_scaling_is_off(etcd: object) -> None:
     async with running_replica(topology(etcd, None)) as run:
         code, out, err = await ctl(run.target, "scale", "show")

@@ -32,7 +32,8 @@ from controlplane.kernel.model import (
     RegionState,
     Routing,
 )
-from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.pool.cost import BudgetNote, CostPolicy, Prices
+from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.metrics import ControlPlaneMetrics
 from regions.agent.metrics import AgentMetrics
@@ -87,7 +88,13 @@ def capacity_record(region: str, measured_at: float, r_base: float = 10.0) -> Ca
 def _exercised_registries() -> list[CollectorRegistry]:
     """The real registries, with a child of every labelled metric created by the code
     paths that create them (a labelled family without children has no samples)."""
-    cp = ControlPlaneMetrics(["east", "west"], capacity_topology(("east", "west")))
+    priced = capacity_topology(("east", "west")).model_copy(  # the cost series too
+        update={
+            "cost": CostPolicy(prices=Prices(active=4, warm=1), pool_budgets={"east": 9}),
+            "scaling": ScalingPolicy(standby_rps=30.0),  # the cold-start series too
+        }
+    )
+    cp = ControlPlaneMetrics(["east", "west"], priced)
     plan = FailoverPlan(source="east", targets={"west": 1.0}, reason="down", actor="cp")
     progress = FailoverProgress(
         plan=plan, started_at=10.0, prewarm_result={"prefixes_total": 4, "prefixes_warmed": 3}
@@ -112,7 +119,10 @@ def _exercised_registries() -> list[CollectorRegistry]:
         load_rps=10.0,
         forecast_rps=12.0,
         upper_rps=15.0,
+        per_replica_rps=8.0,
+        budget=BudgetNote(spend_per_hour=9.0, short=1),
     )
+    east = east.model_copy(update={"scale": sized, "active_replicas": 2, "activation_p95_s": 0.2})
     cp.tick_done(
         leader=True,
         snapshot=Snapshot(now=20.0, regions={"east": east, "west": west}),

@@ -11,9 +11,11 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import doctor as d
 from controlplane.cli.doctor_cmd import find_repo, read_repo
+from controlplane.core.spend import CostReport, PoolCost, ScopeCost
 from controlplane.kernel.capacity.bearing import CapacitySLO
 from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
 from controlplane.kernel.codec import encode
+from controlplane.kernel.pool.cost import BudgetLift
 from controlplane.kernel.pool.scale import ScaleRecord
 
 NOW = 1_800_000_000.0  # the fake clock
@@ -240,10 +242,20 @@ def test_forecast_horizon_out_of_range_fails() -> None:
     assert line.verdict is V.FAIL and "horizon 60 s" in line.evidence
 
 
-def test_forecast_horizon_in_range_is_unknown_for_want_of_a_measured_error() -> None:
-    line = d.check_forecast(facts(scale=with_scale(scale_record(horizon=33))))
+def test_forecast_horizon_in_range_is_unknown_until_enough_forecasts_are_scored() -> None:
+    few = scale_record(horizon=33, forecast_error=0.05, forecast_error_samples=4)
+    line = d.check_forecast(facts(scale=with_scale(few)))
     assert line.verdict is V.UNKNOWN
-    assert "horizon 33 s" in line.evidence and "not recorded" in line.evidence
+    assert "horizon 33 s" in line.evidence and "4 of 5 forecasts scored" in line.evidence
+    assert "forecast error" in line.todo
+
+
+@pytest.mark.parametrize(("error", "verdict"), [(0.08, V.PASS), (0.25, V.PASS), (0.4, V.FAIL)])
+def test_forecast_error_against_its_threshold(error: float, verdict: d.Verdict) -> None:
+    r = scale_record(horizon=30, forecast_error=error, forecast_error_samples=12)
+    line = d.check_forecast(facts(scale=with_scale(r)))
+    assert line.verdict is verdict, line.evidence
+    assert f"forecast error {error:.0%}" in line.evidence and "12 scored" in line.evidence
     assert "P90 band is +15%" in line.evidence
 
 
@@ -345,10 +357,91 @@ def test_capacity_without_an_engine_version_is_unknown() -> None:
 
 
 # ---- 8. budget -----------------------------------------------------------------------
-def test_budget_is_unknown_until_the_cost_guardrail_exists() -> None:
-    line = d.check_budget(facts())
-    assert line.verdict is V.UNKNOWN
-    assert line.evidence == "no budget configured: the cost guardrail is not built"
+RULES = (REPO / "runbooks/alerts/tectonic-alerts.yaml").read_text(encoding="utf-8")
+
+
+def pool_cost(
+    name: str = "east", dollars: float = 8.0, budget: float | None = 40.0, **kw: object
+) -> PoolCost:
+    fields: dict[str, object] = {
+        "unit": name,
+        "zone": "us",
+        "active": 2,
+        "warm": 0,
+        "lent": 0,
+        "dollars_per_hour": dollars,
+        "budget": budget,
+        "utilisation": None if budget is None else dollars / budget,
+        "efficiency": 0.8,
+    }
+    fields.update(kw)
+    return PoolCost.model_validate(fields)
+
+
+def cost(
+    *pools: PoolCost, zone: float | None = 120.0, fleet: float | None = None
+) -> pb.CostResponse:
+    spent = sum(p.dollars_per_hour for p in pools)
+    scopes = [
+        ScopeCost(
+            scope="zone",
+            name="us",
+            dollars_per_hour=spent,
+            budget=zone,
+            utilisation=None if zone is None else spent / zone,
+        ),
+        ScopeCost(
+            scope="fleet",
+            name="fleet",
+            dollars_per_hour=spent,
+            budget=fleet,
+            utilisation=None if fleet is None else spent / fleet,
+        ),
+    ]
+    report = CostReport(at=NOW, pools=pools, scopes=tuple(scopes))
+    return pb.CostResponse(report_json=encode(report), generated_at=NOW)
+
+
+def test_budget_unknown_only_without_a_cost_section() -> None:
+    line = d.check_budget(facts(cost=pb.CostResponse(), rules=RULES))
+    assert line.verdict is V.UNKNOWN and "no cost: section" in line.evidence
+    assert "cost:" in line.todo
+    assert d.check_budget(facts(cost="UNAVAILABLE")).verdict is V.UNKNOWN
+
+
+def test_budget_passes_with_the_alerts_and_under_budget() -> None:
+    line = d.check_budget(facts(cost=cost(pool_cost()), rules=RULES, rules_source="rules.yaml"))
+    assert line.verdict is V.PASS, line.evidence
+    assert "TectonicBudgetBinding, TectonicPoolEfficiencyLow in rules.yaml" in line.evidence
+    assert "east: $8.00/h of $40.00/h (20%)" in line.evidence
+    assert "zone us: $8.00/h of $120.00/h (7%)" in line.evidence
+    # the week's history is Prometheus's, and the line says so
+    assert "tectonic_budget_utilisation" in line.evidence and not line.todo
+
+
+def test_budget_fails_without_its_alerts() -> None:
+    rules = RULES.replace("alert: TectonicPoolEfficiencyLow", "alert: Renamed")
+    line = d.check_budget(facts(cost=cost(pool_cost()), rules=rules, rules_source="r"))
+    assert line.verdict is V.FAIL and "r lacks TectonicPoolEfficiencyLow" in line.evidence
+    assert d.check_budget(facts(cost=cost(pool_cost()))).verdict is V.UNKNOWN  # no rules
+
+
+def test_budget_over_fails_unless_a_lift_or_a_failover_allows_it() -> None:
+    over = pool_cost(dollars=48.0)
+    line = d.check_budget(facts(cost=cost(over), rules=RULES))
+    assert (
+        line.verdict is V.FAIL and "east: $48.00/h of $40.00/h (120%): over budget" in line.evidence
+    )
+    allowed = pool_cost(dollars=48.0, exempt="failover target from west, 60 s of 1800 s")
+    assert d.check_budget(facts(cost=cost(allowed), rules=RULES)).verdict is V.PASS
+    lift = BudgetLift(unit="east", reason="INC-1: launch", actor="ana", at=NOW - 60, until=NOW + 60)
+    lifted = d.check_budget(facts(cost=cost(pool_cost(dollars=48.0, lift=lift)), rules=RULES))
+    assert lifted.verdict is V.PASS and "budget lifted by ana" in lifted.evidence
+    # a zone over its budget fails too, unless one of its pools is allowed past it
+    zone = d.check_budget(facts(cost=cost(pool_cost(budget=None), zone=4.0), rules=RULES))
+    assert zone.verdict is V.FAIL and "zone us" in zone.evidence
+    ok = cost(pool_cost(budget=None, exempt="lifted"), zone=4.0)
+    assert d.check_budget(facts(cost=ok, rules=RULES)).verdict is V.PASS
 
 
 # ---- 9. readiness --------------------------------------------------------------------
@@ -387,6 +480,16 @@ def test_engine_versions_from_the_capacity_reason() -> None:
     assert line.verdict is V.FAIL and "0.8.5, 0.9.0" in line.evidence
     one = "measured on engine '0.8.5', the region runs '0.9.0'"
     assert d.check_engine(facts([unit(capacity=bearing(reason=one))])).verdict is V.PASS
+
+
+def test_engine_versions_from_the_agents_report() -> None:
+    line = d.check_engine(facts([unit(engine_version="0.11.0")]))
+    assert line.verdict is V.PASS and "every up replica runs 0.11.0" in line.evidence
+    line = d.check_engine(facts([unit(engine_version="0.10.2, 0.11.0")]))
+    assert line.verdict is V.FAIL and "0.10.2, 0.11.0" in line.evidence
+    assert "rolling upgrade" in line.todo
+    unknown = d.check_engine(facts([unit()]))
+    assert unknown.verdict is V.UNKNOWN and "no engine version" in unknown.evidence
 
 
 # ---- the whole -----------------------------------------------------------------------
@@ -436,6 +539,9 @@ class FakeStub:
     def GetScale(self, req: object, timeout: float) -> pb.ScaleResponse:
         return with_scale(scale_record())
 
+    def GetCost(self, req: object, timeout: float) -> pb.CostResponse:
+        return cost(pool_cost())
+
     def GetReadiness(self, req: object, timeout: float) -> pb.ReadinessResponse:
         return readiness(pb.RegionReadiness(region="east", has_verdict=True, passed=True))
 
@@ -474,6 +580,7 @@ def test_the_command_prints_every_line_and_exits_by_them(
     by_id = {c["id"]: c for c in body["checks"]}
     assert by_id[5]["verdict"] == "UNKNOWN" and "permission denied" in by_id[5]["evidence"]
     assert by_id[7]["verdict"] == "PASS" and by_id[9]["verdict"] == "PASS"
+    assert by_id[8]["verdict"] == "PASS", by_id[8]  # the checkout's rules, GetCost's report
     assert "runs in CI" in by_id[6]["evidence"]
     text = runner.invoke(failoverctl.app, ["doctor", "--region", "east"])
     assert text.exit_code == 1

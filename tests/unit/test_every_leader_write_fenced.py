@@ -11,7 +11,7 @@ the leader is written in a transaction that carries the leader's fence; and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controlplane.cluster import Cluster
 from controlplane.core.intents import IntentStatus
@@ -94,18 +94,18 @@ class ReportingProber:
     def __init__(self, regions: Sequence[str], clock: object) -> None:
         self.regions, self.down, self.clock = regions, "", clock
 
-    async def probe_once(self) -> list[HealthReport]:
+    async def sweep(self, report: Callable[[HealthReport], None]) -> None:
         now = self.clock.now()  # type: ignore[attr-defined]
-        return [
-            HealthReport(
-                region=r,
-                observer=PROBE_OBSERVER,
-                kind=ObserverKind.PROBE,
-                health=Health.UNHEALTHY if r == self.down else Health.HEALTHY,
-                received_at=now,
+        for r in self.regions:
+            report(
+                HealthReport(
+                    region=r,
+                    observer=PROBE_OBSERVER,
+                    kind=ObserverKind.PROBE,
+                    health=Health.UNHEALTHY if r == self.down else Health.HEALTHY,
+                    received_at=now,
+                )
             )
-            for r in self.regions
-        ]
 
 
 class NoReadsInApply(Orchestrator):

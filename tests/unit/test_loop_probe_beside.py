@@ -6,6 +6,7 @@ and a prober whose check of the dead agent never answers."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from controlplane.kernel.model import Health, HealthReport
 from controlplane.kernel.store.port import Compare, StoreError
@@ -37,7 +38,7 @@ class DeadAgentProber:
         self.answer = asyncio.Event()
         self.refuse: StoreError | None = None
 
-    async def probe_once(self) -> list[HealthReport]:
+    async def sweep(self, report: Callable[[HealthReport], None]) -> None:
         self.started += 1
         self.running += 1
         self.most_at_once = max(self.most_at_once, self.running)
@@ -45,9 +46,14 @@ class DeadAgentProber:
             await self.answer.wait()
             if self.refuse is not None:
                 raise self.refuse
-            return []
         finally:
             self.running -= 1
+
+
+async def turns(n: int = 10) -> None:
+    """Turns of the event loop, no time: a sweep ends in a few (its writer's with it)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def loop_over(w: World, prober: DeadAgentProber) -> ReconcileLoop:
@@ -77,7 +83,7 @@ def test_a_hanging_check_of_a_dead_agent_delays_no_tick_and_the_region_fails_ove
         assert w.state("us-east") == "FAILING_OVER"
         assert prober.started == 1 and prober.most_at_once == 1  # never two at once
         prober.answer.set()  # the check times out at last
-        await asyncio.sleep(0)
+        await turns()  # the sweep and its writer end
         await ticks(w, loop, 1, down="us-east")
         assert prober.started == 2  # the next tick starts the next check
         await loop.stop_probe()
@@ -93,13 +99,14 @@ def test_a_check_whose_reports_the_store_refused_counts_as_the_ticks_refusal() -
         prober.refuse = StoreError("permission denied")
         prober.answer.set()
         await ticks(w, loop, 1)  # starts the check; it fails right after
-        await asyncio.sleep(0)
+        await turns()
         await loop.tick_once()  # the tick completes, its check's refusal counts
         assert not loop.writes.writable
         assert "permission denied" in loop.writes.view().reason
         prober.refuse = None
+        w.now += 1.0  # a probe interval later
         await loop.tick_once()  # starts a check that stores its reports
-        await asyncio.sleep(0)
+        await turns()
         await loop.tick_once()
         assert loop.writes.writable
         await loop.stop_probe()

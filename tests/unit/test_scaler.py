@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core import forecast
+from controlplane.core import forecast, forecast_error
 from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
 from controlplane.kernel.pool.scale import Direction, ScaleRecord, ScalingPolicy
 
@@ -351,3 +351,60 @@ def test_the_horizon_is_never_shorter_than_the_measured_wake() -> None:
         slow.tick(float(t), load, activation=60.0)
     assert slow.history[-1].active > short.history[-1].active
     assert "in 60 s (the measured wake p95)" in slow.history[-1].reasons[0]
+
+
+# ---- the forecasts' realised error (core/forecast_error.py) ----------------------------
+
+
+def test_a_flat_load_is_forecast_with_a_small_error() -> None:
+    rng = random.Random(7)
+    pool = Pool()
+    pool.run(lambda t: poisson_rate(100.0, rng), 0.0, 400.0)
+    last = pool.history[-1]
+    # one forecast remembered every horizon / 6 = 5 s, each scored 30 s later
+    assert last.forecast_error_samples >= 60
+    # a 1 s count of 100 rps varies by 10%: well under doctor's 0.25 (cli/doctor.py)
+    assert last.forecast_error is not None and last.forecast_error < 0.15
+
+
+def test_a_step_the_forecast_did_not_see_is_a_large_error() -> None:
+    pool = Pool()
+    pool.run(lambda t: 20.0 if t < 200 else 200.0, 0.0, 260.0)
+    before = next(r for r in pool.history if r.decided_at == 199.0)
+    assert before.forecast_error is not None and before.forecast_error < 0.05
+    # the forecasts made before the step came due after it: each missed by ~90%
+    worst = max(r.forecast_error or 0.0 for r in pool.history if r.decided_at >= 200)
+    assert worst > 0.25
+
+
+def test_the_forecast_memory_is_bounded_and_every_forecast_is_scored() -> None:
+    # a horizon long enough that one forecast per horizon / 6 would keep 7 at once
+    pool = Pool(policy=POLICY.model_copy(update={"horizon_s": 120.0}))
+    pool.run(lambda t: 50.0, 0.0, 600.0)
+    assert all(len(r.forecast_due) <= forecast_error.PENDING_MAX for r in pool.history)
+    assert pool.history[-1].forecast_error_samples >= 20
+
+
+def test_the_forecast_error_survives_a_leader_change() -> None:
+    pool = Pool()
+    pool.run(lambda t: 40.0 + 0.1 * t, 0.0, 200.0)
+    assert pool.stored is not None
+    stored = ScaleRecord.model_validate_json(pool.stored.model_dump_json())
+    assert stored.forecast_error_samples > 0 and stored.forecast_due
+    successor = Pool(stored=stored, active_now=pool.active_now)  # etcd's record only
+    successor.run(lambda t: 40.0 + 0.1 * t, 201.0, 260.0)
+    assert successor.history[-1].forecast_error_samples > stored.forecast_error_samples
+
+
+def test_a_report_scores_each_forecast_once_and_a_late_one_not_at_all() -> None:
+    empty = forecast_error.Tracked(due=(), error=None, samples=0)
+    one = forecast_error.track(empty, observed=20.0, seen=0.0, predicted=22.0, horizon=30.0)
+    assert one.due == ((30.0, 22.0),) and one.samples == 0
+    again = forecast_error.track(one, observed=20.0, seen=0.0, predicted=22.0, horizon=30.0)
+    assert again == one  # the same report, ticked twice
+    due = forecast_error.track(one, observed=20.0, seen=31.0, predicted=10.0, horizon=30.0)
+    assert due.samples == 1 and due.error == 0.1  # |20 - 22| / 20
+    late = forecast_error.track(one, observed=10.0, seen=50.0, predicted=10.0, horizon=30.0)
+    assert late.samples == 0 and late.error is None  # a dark gap came between
+    # under the floor a miss is measured against the floor, not the near-zero load
+    assert forecast_error.miss(0.5, 1.5) == 1.0 / forecast_error.RATE_FLOOR

@@ -22,6 +22,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from controlplane.kernel.model import Frozen
 
 _LOAN_FIELDS = ("lent", "loan_refusals")
+_SCALE_FIELDS = ("activation_p95_s", "asleep")  # left out when None / False, as before them
 
 
 class PoolMembers(Frozen):
@@ -32,11 +33,21 @@ class PoolMembers(Frozen):
     agent: str  # who published it, e.g. agent:eu@host:7001
     lent: dict[str, str] = Field(default_factory=dict)  # loan id -> replica URL lent
     loan_refusals: dict[str, str] = Field(default_factory=dict)  # loan id -> reason
+    # the p95 of the pool's last wakes (None: none measured): how long a data plane
+    # holds a request for a pool at zero (scale to zero, docs/scaling.md)
+    activation_p95_s: float | None = None
+    # the leader asks 0 ACTIVE (scale to zero): a pool with no ACTIVE replica sleeps on
+    # purpose, and a data plane holds its requests while it wakes instead of spilling
+    # them; False with no ACTIVE replica: the pool is down
+    asleep: bool = False
 
     @model_serializer(mode="wrap")
     def _without_empty_loans(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         for name in _LOAN_FIELDS:
             if name in data and not data[name]:
+                del data[name]
+        for name in _SCALE_FIELDS:
+            if name in data and (data[name] is None or data[name] is False):
                 del data[name]
         return data

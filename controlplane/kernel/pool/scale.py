@@ -10,15 +10,19 @@ topology's ``scaling:`` section (docs/scaling.md).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
 from controlplane.kernel.model import Frozen
+from controlplane.kernel.pool.cost import BudgetNote
 
 # The agent's report: the p95 of its pool's last wakes (WARM -> ACTIVE), seconds. The
 # scaler's horizon is never shorter (a replica asked for later than that comes late).
 ACTIVATION_SIGNAL = "activation_p95_s"
+# The agent's report: 1 while its pool is at zero on purpose, or waking from it (scale
+# to zero): asleep, not down; the leader's health fold never counts it down.
+ASLEEP_SIGNAL = "asleep"
 
 
 class Direction(StrEnum):
@@ -79,6 +83,38 @@ class ScaleRecord(Frozen):
     # (time, ACTIVE): the first is the most, the size a scale-down goes to
     window: tuple[tuple[float, int], ...] = ()
     incoming: Incoming | None = None  # a failover moving load here (None: none)
+    budget: BudgetNote | None = None  # what the budget made of it (None: no cost:)
+    # Scale to zero (``scaling.idle_to_zero_s``): the last time the pool had demand (load
+    # reported, or a wake request), and the wake request last honoured (None: none).
+    demand_at: float | None = None
+    woken_at: float | None = None
+    # How far the forecasts missed (core/forecast_error.py): forecasts awaiting the report
+    # a horizon later, as (due_at, predicted rps), at most 8; the EWMA of the relative
+    # miss |observed - predicted| / max(observed, 10 rps) (None: none scored yet) and how
+    # many it folded. In the record so that a new leader continues it.
+    forecast_due: tuple[tuple[float, float], ...] = Field((), max_length=8)
+    forecast_error: float | None = Field(None, ge=0)
+    forecast_error_samples: int = Field(0, ge=0)
+
+    @property
+    def asleep(self) -> bool:
+        """Zero ACTIVE on purpose: the scaler put the pool to sleep, it is not down."""
+        return self.active == 0
+
+
+class WakeRequest(Frozen):
+    """``wake/<unit>``: a data plane got a request for a pool with no ACTIVE replica.
+    Written at most once per ``WAKE_REWRITE_S`` by each writer (not once per request);
+    the leader's scaler counts one newer than the pool's sleep as demand."""
+
+    unit: str = Field(min_length=1)
+    at: float  # wall-clock seconds of the request that asked
+    by: str = ""  # the gateway or picker that wrote it
+
+
+# A data plane rewrites its wake request at most this often while it holds requests
+# (the leader needs one fresh request, not one per client request).
+WAKE_REWRITE_S = 2.0
 
 
 class ScalingPolicy(Frozen):
@@ -153,10 +189,29 @@ class ScalingPolicy(Frozen):
         Field(gt=0, description="the forecaster's state is written at least this often"),
     ] = 10.0
 
+    idle_to_zero_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="scale to zero: with min_active 0, a pool that had no load and "
+            "no wake request this long goes to 0 ACTIVE (asleep on purpose, never "
+            "failed over); its next request wakes it. null: off",
+        ),
+    ] = None
+    zero_state: Annotated[
+        Literal["warm", "cold"],
+        Field(
+            description="what a pool at zero keeps: warm (burst_warm replicas asleep, at "
+            "least one: a wake in seconds) or cold (none: a launch, then a wake)"
+        ),
+    ] = "warm"
+
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if self.max_active < self.min_active:
             raise ValueError("scaling.max_active must be >= min_active")
+        if self.idle_to_zero_s is not None and self.min_active > 0:
+            raise ValueError("scaling.idle_to_zero_s needs min_active: 0")
         return self
 
     @property

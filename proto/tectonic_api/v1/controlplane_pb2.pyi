@@ -58,7 +58,7 @@ INTENT_DONE: IntentState
 INTENT_REFUSED: IntentState
 
 class RegionStatus(_message.Message):
-    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models", "scale", "hold")
+    __slots__ = ("name", "zone", "state", "health", "epoch", "reason", "since", "routing", "barred", "signals", "votes", "failover_steps_done", "recovery_step", "recovery_steps", "degradation_steps", "capacity", "stored_state", "pool_of", "pool", "models", "scale", "hold", "budget_lift", "engine_version")
     class RoutingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,8 @@ class RegionStatus(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_LIFT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     zone: str
     state: RegionState
@@ -124,7 +126,9 @@ class RegionStatus(_message.Message):
     models: _containers.RepeatedScalarFieldContainer[str]
     scale: PoolSize
     hold: UnitHold
-    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., scale: _Optional[_Union[PoolSize, _Mapping]] = ..., hold: _Optional[_Union[UnitHold, _Mapping]] = ...) -> None: ...
+    budget_lift: UnitHold
+    engine_version: str
+    def __init__(self, name: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[RegionState, str]] = ..., health: _Optional[_Union[Health, str]] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., routing: _Optional[_Mapping[str, float]] = ..., barred: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., votes: _Optional[_Mapping[str, str]] = ..., failover_steps_done: _Optional[str] = ..., recovery_step: _Optional[int] = ..., recovery_steps: _Optional[int] = ..., degradation_steps: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Union[RegionCapacity, _Mapping]] = ..., stored_state: _Optional[_Union[RegionState, str]] = ..., pool_of: _Optional[str] = ..., pool: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., scale: _Optional[_Union[PoolSize, _Mapping]] = ..., hold: _Optional[_Union[UnitHold, _Mapping]] = ..., budget_lift: _Optional[_Union[UnitHold, _Mapping]] = ..., engine_version: _Optional[str] = ...) -> None: ...
 
 class UnitHold(_message.Message):
     __slots__ = ("reason", "actor", "at", "until")
@@ -769,6 +773,18 @@ class PoolScale(_message.Message):
     active_now: int
     record_json: bytes
     def __init__(self, unit: _Optional[str] = ..., active_now: _Optional[int] = ..., record_json: _Optional[bytes] = ...) -> None: ...
+
+class CostRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CostResponse(_message.Message):
+    __slots__ = ("report_json", "generated_at")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
+    report_json: bytes
+    generated_at: float
+    def __init__(self, report_json: _Optional[bytes] = ..., generated_at: _Optional[float] = ...) -> None: ...
 
 class ScaleResponse(_message.Message):
     __slots__ = ("pools", "generated_at", "scaling")

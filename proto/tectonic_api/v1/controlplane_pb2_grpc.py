@@ -134,6 +134,21 @@ class ControlPlaneStub:
                 request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.FromString,
                 _registered_method=True)
+        self.GetCost = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/GetCost',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.CostRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.CostResponse.FromString,
+                _registered_method=True)
+        self.LiftBudget = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/LiftBudget',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+                _registered_method=True)
+        self.UnliftBudget = channel.unary_unary(
+                '/tectonic.v1.ControlPlane/UnliftBudget',
+                request_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+                response_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+                _registered_method=True)
 
 
 class ControlPlaneServicer:
@@ -259,6 +274,26 @@ class ControlPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCost(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LiftBudget(self, request, context):
+        """An operator lifts one pool's budget for a while (a hold's request: region is the
+        pool's unit, for_s how long), or ends a lift before its time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnliftBudget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -361,6 +396,21 @@ def add_ControlPlaneServicer_to_server(servicer, server):
                     servicer.GetScale,
                     request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.FromString,
                     response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.SerializeToString,
+            ),
+            'GetCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCost,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.CostRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.CostResponse.SerializeToString,
+            ),
+            'LiftBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.LiftBudget,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.SerializeToString,
+            ),
+            'UnliftBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnliftBudget,
+                    request_deserializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.FromString,
+                    response_serializer=tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +953,87 @@ class ControlPlane:
             '/tectonic.v1.ControlPlane/GetScale',
             tectonic__api_dot_v1_dot_controlplane__pb2.ScaleRequest.SerializeToString,
             tectonic__api_dot_v1_dot_controlplane__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/GetCost',
+            tectonic__api_dot_v1_dot_controlplane__pb2.CostRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.CostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LiftBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/LiftBudget',
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnliftBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tectonic.v1.ControlPlane/UnliftBudget',
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldRequest.SerializeToString,
+            tectonic__api_dot_v1_dot_controlplane__pb2.HoldResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,283 @@
+"""``python -m bench zero``: a pool at zero receives requests (scale to zero, issue 32).
+
+One local lab (chaos/lab/deployment.py: one etcd member, two regions, one control-plane
+process, a gateway per region), each region's agent running a simulator **warm pool**
+(1 ACTIVE, 1 WARM) that follows the leader's ``scale/<unit>``; the topology's
+``scaling:`` adds ``min_active: 0`` and ``idle_to_zero_s`` (``--idle-s``), so an idle
+pool drains to zero. Then, for ``us-east``:
+
+1. **gateway**: once the pool is at zero (the leader asks 0 ACTIVE and ``pools/us-east``
+   lists none) and ``--settle-s`` later (its replica asleep), ``--requests`` streaming
+   completions at once into the region's gateway: the first asks the leader to wake the
+   pool and every one is held until a replica serves (or refused 503 with Retry-After
+   after the hold). ``first_token_s_gateway``: the slowest first token of them, from
+   its send.
+2. **picker**: the pool back at zero, the same through a ``tectonic-epp`` (endpoint
+   picker) of the region, spoken to as Envoy does (``ext_proc``, header-only): the held
+   pick, then the completion to the endpoint it names. ``first_token_s_picker``: the
+   slowest first token, from the pick's start. No Envoy is in the loop: the lab's
+   Envoy routes to static clusters whose hosts it knows ahead, and a warm pool's
+   simulators take their ports when launched; the bench speaks Envoy's side of
+   ext_proc to the real picker instead (the ImmediateResponse path is the picker's).
+3. ``wake_s``: each wake's duration, from the wake request (``wake/us-east``, its
+   time) to the pool's publication of its first ACTIVE replica (``pools/us-east``,
+   its time; both wall clocks of this host); the larger of the two wakes.
+4. ``refused``: requests of both rounds answered 503 (Retry-After) while the pool woke:
+   0 when every one was served within the hold.
+
+``never_failed_over``: no region left NORMAL in the whole run (a pool at zero is asleep,
+not down). The timings are the lab's compressed ones (``chaos/lab/spec.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as xpb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as xpb_grpc
+
+from bench._common import BenchError, Reporter, main
+from bench._stream import streamed_completion
+from chaos.lab.deployment import LocalDeployment
+from chaos.lab.procs import Proc, start_picker
+from chaos.lab.run import running_lab
+from chaos.lab.spec import DeploymentSpec, WarmPoolSpec
+from controlplane.kernel.codec import decode
+from controlplane.kernel.model import RegionRecord, RegionState
+from controlplane.kernel.pool.loans import read_members
+from controlplane.kernel.pool.scale import ScaleRecord, WakeRequest
+from controlplane.kernel.store.etcd import EtcdStore
+from controlplane.kernel.store.settings import EtcdConfig
+
+UNIT = "us-east"
+REGIONS = ("us-east", "us-west")
+DESTINATION = "x-gateway-destination-endpoint"
+
+
+def spec_of(idle_s: float) -> DeploymentSpec:
+    """Two regions of 1 ACTIVE + 1 WARM simulators each; an idle pool sleeps after
+    ``idle_s`` (at zero it keeps its WARM replica: a wake, not a launch)."""
+    return DeploymentSpec(
+        regions=REGIONS,
+        controlplanes=1,
+        warm_pool=WarmPoolSpec(active=1, warm=1, size=2, active_min_s=2.0, idle_min_s=1.0),
+        scaling_overrides=(("min_active", 0), ("idle_to_zero_s", idle_s), ("burst_warm", 1)),
+    )
+
+
+@dataclass
+class ZeroLab:
+    """What a bench or a test reads of a scale-to-zero lab, from etcd."""
+
+    dep: LocalDeployment
+    store: EtcdStore
+
+    async def scale(self, unit: str = UNIT) -> ScaleRecord | None:
+        kv = await self.store.get(self.dep.keys.scale(unit))
+        return None if kv is None else decode(ScaleRecord, kv.value, kv.key)
+
+    async def at_zero(self, unit: str = UNIT) -> bool:
+        """The leader asks 0 ACTIVE and the agent publishes none."""
+        rec, members = await self.scale(unit), await read_members(self.store, self.dep.keys, unit)
+        return rec is not None and rec.asleep and members is not None and not members.active
+
+    async def awake(self, unit: str = UNIT) -> bool:
+        members = await read_members(self.store, self.dep.keys, unit)
+        return members is not None and bool(members.active)
+
+    async def wake_s(self, unit: str = UNIT) -> float | None:
+        """From the last wake request to the publication of an ACTIVE replica."""
+        kv = await self.store.get(self.dep.keys.wake(unit))
+        members = await read_members(self.store, self.dep.keys, unit)
+        if kv is None or members is None or not members.active:
+            return None
+        return members.at - decode(WakeRequest, kv.value, kv.key).at
+
+    async def states(self) -> dict[str, RegionState]:
+        out = {}
+        for unit in self.dep.spec.units:
+            kv = await self.store.get(self.dep.keys.region_state(unit))
+            out[unit] = (
+                RegionState.NORMAL if kv is None else decode(RegionRecord, kv.value, kv.key).state
+            )
+        return out
+
+
+def completion(n: int) -> dict[str, object]:
+    return {
+        "model": "tiny",
+        "prompt": f"wake up, request {n}",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+@dataclass(frozen=True)
+class Round:
+    first_tokens: tuple[float, ...]  # of the requests served
+    refused: int  # answered 503 while the pool woke
+
+
+async def through_gateway(http: aiohttp.ClientSession, url: str, n: int) -> Round:
+    """``n`` streaming completions at once into the gateway; their first tokens."""
+
+    async def one(i: int) -> float | None:
+        try:
+            got = await streamed_completion(http, url, completion(i))
+        except BenchError as e:
+            if "HTTP 503" in str(e):
+                return None
+            raise
+        return got.ttft_s  # from the send, the hold included
+
+    return _round(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def through_picker(http: aiohttp.ClientSession, picker: str, n: int) -> Round:
+    """``n`` requests as Envoy makes them: a header-only ext_proc exchange with the
+    picker (held while the pool wakes), then the completion to the endpoint it names."""
+
+    async def one(i: int) -> float | None:
+        t0 = time.perf_counter()
+        destination = await pick(picker, f"zero-{i}")
+        if destination is None:
+            return None
+        picked_s = time.perf_counter() - t0  # the hold
+        got = await streamed_completion(http, f"http://{destination}", completion(i))
+        return picked_s + got.ttft_s
+
+    return _round(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def _round(results: list[float | None]) -> Round:
+    return Round(tuple(r for r in results if r is not None), sum(r is None for r in results))
+
+
+async def pick(address: str, session: str) -> str | None:
+    """The first endpoint the picker names for a request of ``session``; None when it
+    answers 503 (ImmediateResponse) instead."""
+    headers = {":path": "/v1/completions", ":method": "POST", "x-session-id": session}
+    message = xpb.ProcessingRequest(
+        request_headers=xpb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+                ]
+            ),
+            end_of_stream=True,
+        )
+    )
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = xpb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(message)
+        answer = await call.read()
+        await call.done_writing()
+    if answer.HasField("immediate_response"):
+        if answer.immediate_response.status.code == 503:
+            return None
+        raise BenchError(f"the picker answered {answer.immediate_response.status.code}")
+    mutation = answer.request_headers.response.header_mutation
+    for h in mutation.set_headers:
+        if h.header.key == DESTINATION:
+            return str(h.header.raw_value.decode().split(",")[0])
+    raise BenchError("the picker named no destination")
+
+
+async def wait(pred: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: not within {within:g} s")
+        await asyncio.sleep(0.1)
+
+
+async def bench(args: argparse.Namespace, out: Reporter) -> dict[str, object]:
+    workdir = Path(tempfile.mkdtemp(prefix="tectonic-bench-zero-"))
+    async with running_lab(spec_of(args.idle_s), workdir, say=out.progress) as dep:
+        store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
+        await store.connect()
+        lab = ZeroLab(dep, store)
+        picker: Proc | None = None
+        try:
+            picker = await asyncio.to_thread(
+                start_picker, dep.topology_path, UNIT, control_planes=dep.cp_targets, name="zero"
+            )
+            return await drive(lab, picker.url.removeprefix("grpc://"), args, out)
+        finally:
+            if picker is not None:
+                await asyncio.to_thread(picker.terminate)
+            await store.close()
+
+
+async def drive(
+    lab: ZeroLab, picker: str, args: argparse.Namespace, out: Reporter
+) -> dict[str, object]:
+    states: list[dict[str, RegionState]] = []
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+
+        async def asleep() -> bool:
+            states.append(await lab.states())
+            return await lab.at_zero()
+
+        out.progress(f"waiting for {UNIT} to go to zero (idle_to_zero_s {args.idle_s:g}) ...")
+        await wait(asleep, args.idle_s + 60, f"{UNIT} at zero")
+        await asyncio.sleep(args.settle_s)  # IDLE -> WARM (1 s): a wake, not a resume
+        out.progress(f"{UNIT} at zero: {args.requests} requests through its gateway ...")
+        gateway = await through_gateway(http, lab.dep.gateway_urls[UNIT], args.requests)
+        wake_gateway = await lab.wake_s()
+        out.progress(f"waiting for {UNIT} to go back to zero ...")
+        await wait(asleep, args.idle_s + 60, f"{UNIT} back at zero")
+        await asyncio.sleep(args.settle_s)
+        out.progress(f"{UNIT} at zero: {args.requests} requests through its endpoint picker ...")
+        picked = await through_picker(http, picker, args.requests)
+        wake_picker = await lab.wake_s()
+        states.append(await lab.states())
+    wakes = [w for w in (wake_gateway, wake_picker) if w is not None]
+    return {
+        "bench": "zero",
+        "first_token_s_gateway": _most(gateway.first_tokens),
+        "first_token_s_picker": _most(picked.first_tokens),
+        "wake_s": round(max(wakes), 3) if wakes else None,
+        "wake_s_each": [round(w, 3) for w in wakes],
+        "refused": gateway.refused + picked.refused,
+        "requests": 2 * args.requests,
+        "never_failed_over": all(s is RegionState.NORMAL for st in states for s in st.values()),
+        "idle_to_zero_s": args.idle_s,
+        "compressed": "lab timings (chaos/lab/spec.py): probes 0.5 s, pool dwell 2 s ACTIVE",
+    }
+
+
+def _most(values: tuple[float, ...]) -> float | None:
+    return round(max(values), 3) if values else None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--idle-s", type=float, default=6.0, help="idle_to_zero_s (default 6)")
+    p.add_argument(
+        "--requests", type=int, default=5, help="requests sent at once at the pool at zero"
+    )
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=3.0,
+        help="after the pool reaches zero, before the requests: its drained replica goes "
+        "IDLE -> WARM (the lab's IDLE dwell is 1 s), so that the request wakes a sleeping "
+        "replica rather than resuming an idle one (default 3)",
+    )
+    p.add_argument("--quiet", action="store_true", help="only the headline")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Reporter(args.quiet)
+    return main(lambda: asyncio.run(bench(args, out)), (BenchError, OSError))
