@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from regions.pool.processes import free_port
+from chaos.lab.ports import reserved_port
 
 ETCD_BINARY = "etcd"
 # Fast elections so that losing a member costs ~0.1-2 s, not the default 1-10 s.
@@ -143,8 +143,19 @@ class EtcdCluster:
         self._tmp = Path(tempfile.mkdtemp(prefix="tectonic-etcd-"))
         self._token = self._tmp.name
         self._timeout = start_timeout_s
+        # Ports below the kernel's ephemeral range: a member is started a while after its
+        # port is chosen, and again on it after a kill; meanwhile no outgoing connection
+        # of this machine (another test's, on another worker) may take it as its source
+        taken: set[int] = set()
         self.members = [
-            _Member(f"m{i}", free_port(), free_port(), self._tmp / f"m{i}", None, extra_flags)
+            _Member(
+                f"m{i}",
+                reserved_port(taken),
+                reserved_port(taken),
+                self._tmp / f"m{i}",
+                None,
+                extra_flags,
+            )
             for i in range(n)
         ]
         self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)

@@ -32,9 +32,9 @@ import pytest
 import yaml
 
 from chaos.lab.local_etcd import EtcdServer
+from chaos.lab.ports import reserved_port
 from chaos.lab.procs import Proc, start_agent, start_controlplane, start_simulator
 from controlplane.kernel.security import hash_token, new_token
-from regions.pool.processes import free_port
 from tests.integration.helm_chart_helpers import (
     CHART,
     NAMESPACE,
@@ -348,7 +348,8 @@ async def test_the_helm_test_checks_pass_against_a_running_control_plane(
     pods = hook_pods(_rendered("default"))
     scripts = {env_of(p["spec"]["containers"][0])["CHECK"]: p for p in pods.values()}
     assert set(scripts) == {"controlplane", "region"}
-    cp_port, http_port, agent_port = free_port(), free_port(), free_port()
+    taken: set[int] = set()  # below the ephemeral range: no other test's connection takes them
+    cp_port, http_port, agent_port = (reserved_port(taken) for _ in range(3))
     procs: list[Proc] = []
     try:
         sim = await asyncio.to_thread(start_simulator)

@@ -25,6 +25,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from chaos.lab.local_etcd import ETCD_BINARY, FAST_FLAGS
+from chaos.lab.ports import reserved_port
 from controlplane.kernel.config import Topology
 from controlplane.kernel.rpc.auth import RETRY_AFTER_KEY
 from controlplane.kernel.rpc.tls import aio_channel, channel_credentials
@@ -42,7 +43,6 @@ from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import StoreError
 from controlplane.kernel.store.settings import EtcdConfig
 from regions.agent.server import AgentConfig, serve_agent
-from regions.pool.processes import free_port
 from tests.integration.certs import CertAuthority, Leaf, make_ca
 from tests.integration.cp_harness import Running, fast_topology, region, running_replica, until
 
@@ -396,7 +396,8 @@ async def test_agent_reports_over_mtls_and_serves_mtls(pki: Pki, tmp_path: Path)
 def tls_etcd(pki: Pki, tmp: Path) -> Iterator[str]:
     """A single etcd member serving clients over TLS and requiring a client certificate."""
     server = pki.ca.issue("etcd", pki.dir)
-    client_port, peer_port = free_port(), free_port()
+    taken: set[int] = set()  # below the ephemeral range: no other test's connection takes them
+    client_port, peer_port = reserved_port(taken), reserved_port(taken)
     peer = f"http://127.0.0.1:{peer_port}"
     with (tmp / "etcd.log").open("wb") as log:
         proc = subprocess.Popen(
