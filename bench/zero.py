@@ -40,14 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as xpb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as xpb_grpc
 
 from bench._common import BenchError, Reporter, main
 from bench._stream import streamed_completion
 from chaos.lab.deployment import LocalDeployment
+from chaos.lab.epp_ask import ask_picker
 from chaos.lab.procs import Proc, start_picker
 from chaos.lab.run import running_lab
 from chaos.lab.spec import DeploymentSpec, WarmPoolSpec
@@ -166,22 +163,7 @@ def _round(results: list[float | None]) -> Round:
 async def pick(address: str, session: str) -> str | None:
     """The first endpoint the picker names for a request of ``session``; None when it
     answers 503 (ImmediateResponse) instead."""
-    headers = {":path": "/v1/completions", ":method": "POST", "x-session-id": session}
-    message = xpb.ProcessingRequest(
-        request_headers=xpb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-                ]
-            ),
-            end_of_stream=True,
-        )
-    )
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = xpb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(message)
-        answer = await call.read()
-        await call.done_writing()
+    answer = await ask_picker(address, session, "/v1/completions")
     if answer.HasField("immediate_response"):
         if answer.immediate_response.status.code == 503:
             return None

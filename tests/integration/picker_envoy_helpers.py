@@ -13,12 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-
 from chaos.lab.envoy import EnvoyProc, EnvoySpec
+from chaos.lab.epp_ask import ask_picker
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, start_picker
 from controlplane.kernel.codec import encode
@@ -124,22 +120,7 @@ async def ask(url: str, session: str, text: str = "", **extra: object) -> tuple[
 async def picks(address: str, session: str) -> str:
     """Ask one picker directly, over its gRPC ext_proc service, where a header-only
     request of ``session`` goes: the destination it answers."""
-    headers = {":path": "/v1/chat/completions", ":method": "POST", "x-session-id": session}
-    message = pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-                ]
-            ),
-            end_of_stream=True,
-        )
-    )
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = pb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(message)
-        answer = await call.read()
-        await call.done_writing()
+    answer = await ask_picker(address, session, "/v1/chat/completions")
     mutation = answer.request_headers.response.header_mutation
     values: list[bytes] = [
         h.header.raw_value for h in mutation.set_headers if h.header.key == DESTINATION
