@@ -121,10 +121,15 @@ def size_pool(
         f"({capacity.source}) -> {need} ACTIVE"
     ]
     if need > base.active and _just_down(base, now, policy):
-        # back up within a stable window of going down: only for the load now (the
-        # filtered rate, not a trend or a band a noisy load swings); the guard adds at once
-        need = max(base.active, _within(math.ceil(state.level / per - _EPS), policy))
-        reasons.append(f"went down {now - base.changed_at:.0f} s ago: up only for the load now")
+        # back up within a stable window of going down: only for the load the filter is
+        # sure of now (its lower band: not a trend, an upper band or one outlier, which
+        # a noisy flat load swings); the guard adds at once when queues build
+        sure = state.level - policy.band_z * math.sqrt(state.p_ll)
+        need = max(base.active, _within(math.ceil(sure / per - _EPS), policy))
+        reasons.append(
+            f"went down {now - base.changed_at:.0f} s ago: up only for the load surely "
+            f"there now ({max(0.0, sure):.3g} rps)"
+        )
     incoming = None
     if moving is not None:
         incoming, need = _with_incoming(
