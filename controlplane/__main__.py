@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -167,6 +168,10 @@ def main(argv: list[str] | None = None, *, prewarmer: Callable[[], Prewarmer] | 
         )
     pre = prewarmer() if prewarmer is not None else None
     provider = configure_tracing("controlplane", args.otlp_endpoint)
+    # What is loaded by now (modules, schemas, the topology) lives as long as the
+    # process: out of the collector's sight, a full collection is ~15 ms shorter, a
+    # pause that landed inside ticks at 512 pools
+    gc.freeze()
     try:
         asyncio.run(
             _run(

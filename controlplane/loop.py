@@ -25,7 +25,7 @@ from controlplane.kernel.codec import CorruptValue, decode
 from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import HealthReport
 from controlplane.kernel.snapshot import Snapshot
-from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.snapshot_reader import Decoded, read_snapshot
 from controlplane.kernel.store.port import (
     Compare,
     StoreError,
@@ -119,6 +119,7 @@ class ReconcileLoop:
         self.last_progress = time.monotonic()
         self.last_result: TickResult | None = None
         self.ticks = 0
+        self._decoded = Decoded()  # the last tick's values: unchanged keys not parsed again
         self.writes = StoreWrites()  # whether etcd takes writes, for status and metrics
         self._was_leader = False
 
@@ -147,7 +148,8 @@ class ReconcileLoop:
             # must not wait with it. Its reports are the next tick's input (a changed
             # verdict wakes the loop at once).
             self.probe.start()
-        snap = await read_snapshot(self.store, self.keys, self.topology, self.clock.now())
+        now = self.clock.now()
+        snap = await read_snapshot(self.store, self.keys, self.topology, now, self._decoded)
         self.tick_snapshot = snap
         await self.orchestrator.prepare(snap)
         # Job results first: a job that finishes from here on is recorded next tick.

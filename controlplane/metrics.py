@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from controlplane.core.actions import TickResult
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
@@ -92,6 +94,21 @@ def pool_info(registry: CollectorRegistry, topology: Topology | None) -> None:
             info.labels(name, pool.region, pool.pool, ",".join(pool.models)).set(1)
 
 
+class _FlushFirst(Collector):
+    """No metric of its own: it runs ``flush`` when the registry collects, before the
+    collectors registered after it (the registry collects in registration order)."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def collect(self) -> Iterable[Metric]:
+        self._flush()
+        return ()
+
+    def describe(self) -> Iterable[Metric]:
+        return ()  # names nothing: never a duplicate
+
+
 class ControlPlaneMetrics:
     def __init__(self, regions: Iterable[str] = (), topology: Topology | None = None) -> None:
         """``regions``: the topology's, whose transition series start at 0;
@@ -99,6 +116,11 @@ class ControlPlaneMetrics:
         self.topology = topology
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # first in the registry: whatever collects (a scrape, a test's read) sees the
+        # newest tick's gauges, set then rather than on every tick (at 512 pools that
+        # was half of each tick, for a scrape every 15 s)
+        r.register(_FlushFirst(self.flush))
+        self._pending: tuple[Snapshot, TickResult | None] | None = None
         build_info(r, "controlplane")
         pool_info(r, topology)
         self.region_state = Gauge(
@@ -340,6 +362,7 @@ class ControlPlaneMetrics:
         UNKNOWN, not the last one recorded."""
         self.leader.set(1 if leader else 0)
         self.store_writable.set(1 if writable else 0)
+        self.flush()  # before the overrides below, which a later flush would undo
         if not writable:
             for region in self._epochs:
                 for s in RegionState:
@@ -357,16 +380,27 @@ class ControlPlaneMetrics:
         self.loop_last_progress.set(time.time())
         self.leader.set(1 if leader else 0)
         if snapshot is not None:
-            self._from_snapshot(snapshot)
-            self._set_scale(result.sizes if result is not None else {})
-            self._set_cost(snapshot, result.sizes if result is not None else {})
-            self._set_cold_start(snapshot, result.sizes if result is not None else {})
-            # This tick's fold is newer than the snapshot's stored health.
-            for h in result.health if result is not None else ():
-                self._set_health(h.region, h.health.verdict)
+            self._pending = (snapshot, result)  # the gauges follow at the next collect
         elif not leader:
+            self._pending = None
             self._drop_region_gauges()
             self.automation_paused.set(0)
+
+    def flush(self) -> None:
+        """Set the gauges from the newest tick not shown yet (the registry does this
+        before each collect; only the newest tick matters, each is whole)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        snapshot, result = pending
+        sizes = result.sizes if result is not None else {}
+        self._from_snapshot(snapshot)
+        self._set_scale(sizes)
+        self._set_cost(snapshot, sizes)
+        self._set_cold_start(snapshot, sizes)
+        # This tick's fold is newer than the snapshot's stored health.
+        for h in result.health if result is not None else ():
+            self._set_health(h.region, h.health.verdict)
 
     def catalog_written(self, region: str, catalog: PrefixCatalog) -> None:
         """A prefix catalog the leader wrote: its payloads counted by sealing key."""

@@ -11,7 +11,7 @@ from controlplane.kernel.codec import encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import Health, HealthReport, ObserverKind
-from controlplane.kernel.store.port import Store
+from controlplane.kernel.store.group_commit import GroupCommit
 
 OBSERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._@-]{0,127}$")
 MAX_SIGNALS = 64
@@ -81,6 +81,7 @@ def validate_report(
     )
 
 
-async def store_report(store: Store, keys: Keys, report: HealthReport) -> None:
-    """An observation, not a decision: a plain put (latest wins), no fence needed."""
-    await store.put(keys.report(report.region, report.observer), encode(report))
+async def store_report(writes: GroupCommit, keys: Keys, report: HealthReport) -> None:
+    """An observation, not a decision: a plain put (latest wins), no fence needed; it
+    joins the other agents' reports in one commit (kernel/store/group_commit.py)."""
+    await writes.put(keys.report(report.region, report.observer), encode(report))

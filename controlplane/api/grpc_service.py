@@ -64,6 +64,7 @@ from controlplane.kernel.rpc.health_report import health_from_pb, thresholds_to_
 from controlplane.kernel.sessions.resolve import SessionPin
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.store.group_commit import GroupCommit
 from controlplane.kernel.store.port import Compare, Put, Store
 from controlplane.reports import BadReport, store_report, validate_report
 
@@ -107,6 +108,7 @@ class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.Con
         # The read paths (and their validation messages) are shared with the HTTP API.
         self.reads = reads or Reads(store, keys, topology, clock, replica_id, is_leader)
         self.audit = AuditLog(keys, f"api-{replica_id}")
+        self.report_writes = GroupCommit(store)  # every agent's report, each second
         self.sessions = sessions or SessionStore(
             store, keys, regions=topology.names, clock=clock, writer=f"sessions-{replica_id}"
         )
@@ -223,7 +225,7 @@ class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.Con
             )
         except BadReport as e:
             await bad_request(context, str(e))
-        await store_report(self.store, self.keys, report)
+        await store_report(self.report_writes, self.keys, report)
         # The region's thresholds from this replica's topology, so that its agent judges
         # by what the cluster agreed on (the cluster spec), not by a flag of its own.
         when = self.topology.region(report.region).degraded_when

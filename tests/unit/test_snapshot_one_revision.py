@@ -7,7 +7,7 @@ from __future__ import annotations
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionRecord, RegionState, Routing
-from controlplane.kernel.snapshot_reader import read_snapshot
+from controlplane.kernel.snapshot_reader import Decoded, read_snapshot
 from controlplane.kernel.store.memory import MemoryStore
 from controlplane.kernel.store.port import Page, Put
 from tests.unit.world import topology
@@ -64,3 +64,30 @@ async def test_a_write_between_two_reads_is_in_none_of_them() -> None:
     assert later.regions[REGION].record.state is RegionState.FAILING_OVER
     routing = later.regions[REGION].routing
     assert routing is not None and routing.targets == {"us-west": 1.0}
+
+
+async def test_a_reader_parses_again_only_what_changed_since_its_last_read() -> None:
+    store = MemoryStore()
+    decoded = Decoded()
+    normal = RegionRecord(region=REGION, state=RegionState.NORMAL, since=1.0)
+    await store.put(KEYS.region_state(REGION), encode(normal))
+    await store.put(KEYS.routing(REGION), encode(Routing(targets={REGION: 1.0}, epoch=0)))
+    first = await read_snapshot(store, KEYS, topology(), now=2.0, decoded=decoded)
+
+    away = Routing(targets={"us-west": 1.0}, epoch=1)
+    await store.put(KEYS.routing(REGION), encode(away))
+    second = await read_snapshot(store, KEYS, topology(), now=3.0, decoded=decoded)
+
+    # unchanged: the same (frozen) value; changed: the new one, not the remembered one
+    assert second.regions[REGION].record is first.regions[REGION].record
+    assert second.regions[REGION].routing == away
+    # a value rewritten with the same content at a new revision is parsed again
+    await store.put(KEYS.region_state(REGION), encode(normal))
+    third = await read_snapshot(store, KEYS, topology(), now=4.0, decoded=decoded)
+    assert third.regions[REGION].record is not first.regions[REGION].record
+    assert third.regions[REGION].record == normal
+    # a corrupt value is absent as before, however often it is read
+    await store.put(KEYS.routing(REGION), b"{not json")
+    for now in (5.0, 6.0):
+        snap = await read_snapshot(store, KEYS, topology(), now=now, decoded=decoded)
+        assert snap.regions[REGION].routing is None
