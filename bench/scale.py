@@ -13,8 +13,10 @@ agent stops answering and reports UNHEALTHY: ``failover_detect_s_<n>`` runs from
 then to ``regions/<victim>/state`` FAILING_OVER in etcd (3 bad evaluations a second
 apart by default: ~2-3 s is the design).
 
-No gateway runs, so what gateways add at scale (their reports, their watches of
-``routing/``) is in ``not_measured``. Figures from a shared or small machine are
+Then, with the control plane stopped, one real gateway on the same topology and etcd
+(``bench/scale_gateway.py``): ``gateway_load_ms_<n>``, ``gateway_rss_mb_<n>``, its
+``/metrics`` and whether a scrape stalls requests. Many gateways at once (their
+reports and watches together) are in ``not_measured``. Figures from a shared or small machine are
 noisy: the headline names the CPU count.
 """
 
@@ -35,6 +37,8 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
 
 from bench._common import BenchError, Reporter, goals_and_met, main, percentile, write_topology
+from bench.scale_gateway import HEADLINE as GATEWAY_HEADLINE
+from bench.scale_gateway import measure_gateway
 from chaos.lab.local_etcd import EtcdServer
 from chaos.lab.procs import Proc, spawn
 from controlplane.kernel.codec import decode
@@ -170,6 +174,9 @@ async def _size(n: int, etcd: str, args: argparse.Namespace, rep: Reporter) -> d
         f"failover_detect_s_{n}": _round(detect),
         f"ticks_{n}": len(ticks),
     }
+    if not args.no_gateway:  # after the control plane: the gateway has the CPUs alone
+        rep.progress(f"{n} regions: one gateway (bench/scale_gateway.py)")
+        figures.update(await measure_gateway(n, topo, etcd))
     rep.line({"regions": n, **figures})
     return figures
 
@@ -193,7 +200,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, object]:
         **headline,
         "figures": figures,
         "cpus": os.cpu_count(),
-        "not_measured": ["gateways at scale: no gateway runs (their reports and watches)"],
+        "not_measured": [
+            "many gateways at once: one gateway runs, alone, after the control plane "
+            "(their reports and watches of routing/ together are not measured)"
+        ],
         "failover_detect_extra_s_512": extra,
         **goals_and_met(
             Goals(),
@@ -212,6 +222,7 @@ _HEADLINE = (
     "decide_ms_p99_512",
     "failover_detect_s_32",
     "failover_detect_s_512",
+    *GATEWAY_HEADLINE,
 )
 
 
@@ -226,6 +237,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regions", type=_sizes, default=SIZES, help="sizes, e.g. 32,128,512")
     p.add_argument("--warmup", type=float, default=8.0, help="seconds before measuring")
     p.add_argument("--seconds", type=float, default=20.0, help="seconds measured per size")
+    p.add_argument(
+        "--no-gateway", action="store_true", help="the control plane only (no gateway figures)"
+    )
     p.add_argument("--quiet", action="store_true", help="only the headline")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 
@@ -111,3 +112,29 @@ def test_each_outage_is_a_new_generation_even_when_nothing_was_answered_in_betwe
     w.routing_changed(back)  # back, and nothing answered there before it fails again
     w.routing_changed(down)
     assert w.generation("east") == 2 and w.generation("west") == 0
+
+
+def test_only_the_regions_whose_routing_changed_are_looked_at_again() -> None:
+    # The routing cache calls once per changed region with all of them: at 512
+    # regions, looking at every one each time made start-up quadratic.
+    w = RegionWarmth()
+    routings = {f"r{i}": Routing(targets={f"r{i}": 1.0}) for i in range(512)}
+    assert w.routing_changed(routings) == set(routings)
+    assert w.routing_changed(routings) == set()  # nothing new
+    routings = {**routings, "r7": Routing(targets={"r8": 1.0})}
+    assert w.routing_changed(routings) == {"r7"}
+    assert w.generation("r7") == 1
+    routings = {r: routing for r, routing in routings.items() if r != "r7"}  # deleted
+    assert w.routing_changed(routings) == {"r7"}  # it serves itself again
+    routings = {**routings, "r7": Routing(targets={"r8": 1.0})}
+    assert w.routing_changed(routings) == {"r7"}
+    assert w.generation("r7") == 2  # a second outage
+
+
+def test_the_calls_of_one_change_look_once() -> None:
+    # The routing cache's first read: one call per region, each with the same mapping.
+    w = RegionWarmth()
+    routings = MappingProxyType({f"r{i}": Routing(targets={"r0": 1.0}) for i in range(512)})
+    assert len(w.routing_changed(routings)) == 512
+    assert w.routing_changed(routings) == set()
+    assert w.generation("r1") == 1 and w.generation("r0") == 0

@@ -4,8 +4,9 @@ A series that appears at its first event hides that event (and a burst inside on
 scrape) from ``increase()`` and ``rate()``: a dashboard showed no transition in a
 blackout, and 10 spills read 3.1 over a minute. So a fresh registry already exposes,
 at 0, every transition of the state machine per region (read from ``machine.py``),
-and per region every status, error kind, degradation action, spill within its zone,
-notice and warm-up the gateway counts.
+and per region every status, error kind, degradation action, spill within its zone
+(while a zone's pairs stay few: ``SPILL_PAIRS_AT_ZERO``), notice and warm-up the
+gateway counts.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from regions.dataplane.failures import (
     ErrorKind,
     UpstreamFailure,
 )
-from regions.dataplane.metrics import NO_REGION, NO_REGION_CODES, REGION_CODES, DataPlaneMetrics
+from regions.dataplane.metrics import (
+    NO_REGION,
+    NO_REGION_CODES,
+    REGION_CODES,
+    SPILL_PAIRS_AT_ZERO,
+    DataPlaneMetrics,
+    spill_pairs_at_zero,
+)
 from regions.dataplane.replicas import ReplicaBalancer
 from regions.gateway import app, proxy, resume
 from regions.gateway.metrics import CONTINUATION_OUTCOMES, GatewayMetrics
@@ -120,6 +128,28 @@ def test_spills_start_at_zero_between_the_regions_of_a_zone_only() -> None:
     assert label_sets(r, "tectonic_gateway_spills_total", "from_region", "to_region") == {
         (a, b) for a in us for b in us if a != b
     }
+
+
+def test_beyond_the_bound_a_spill_pair_is_born_at_its_first_spill() -> None:
+    # 34 regions in one zone: 1,122 pairs, more than SPILL_PAIRS_AT_ZERO
+    zones = {f"r{i}": "z" for i in range(34)}
+    assert len(zones) * (len(zones) - 1) > SPILL_PAIRS_AT_ZERO
+    m = GatewayMetrics(zones)
+    name = "tectonic_gateway_spills_total"
+    assert label_sets(m.registry, name, "from_region", "to_region") == set()
+    assert label_sets(m.registry, "tectonic_gateway_retries_total", "region") == {
+        (g,) for g in zones
+    }  # the other series of every region still start at 0
+    m.spill("r0", "r1")
+    assert samples(m.registry, name) == {(("from_region", "r0"), ("to_region", "r1")): 1.0}
+
+
+def test_the_bound_counts_pairs_within_each_zone() -> None:
+    # 4 zones of 16: 960 pairs, at zero; 18 in one of them: 3 * 240 + 306 = 1,026
+    zones = {f"r{i}": f"z{i % 4}" for i in range(64)}
+    assert len(spill_pairs_at_zero(zones)) == 4 * 16 * 15
+    zones["r64"] = zones["r65"] = "z0"
+    assert spill_pairs_at_zero(zones) == []
 
 
 def test_the_gateway_adds_its_continuations_to_the_data_planes_series() -> None:
