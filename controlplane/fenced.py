@@ -10,6 +10,7 @@ leader's writes and finds none without the fence.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from controlplane.kernel.store.port import MAX_TXN_OPS, Compare, Op, Put, Store, TxnResult
@@ -28,6 +29,10 @@ class FencedWriter:
 
     async def put_all(self, puts: Sequence[Put]) -> None:
         """Independent puts (latest wins: health, reports), as few fenced transactions
-        as etcd's limit on operations per transaction allows."""
-        for i in range(0, len(puts), MAX_TXN_OPS):
-            await self.txn(puts[i : i + MAX_TXN_OPS])
+        as etcd's limit on operations per transaction allows, all at once (one round
+        trip, not one per 128 puts); the first failure is raised once all have ended."""
+        chunks = [puts[i : i + MAX_TXN_OPS] for i in range(0, len(puts), MAX_TXN_OPS)]
+        done = await asyncio.gather(*(self.txn(c) for c in chunks), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
