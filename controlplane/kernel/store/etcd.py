@@ -8,7 +8,9 @@ except with TLS or an etcd user (``etcd.ca`` / ``etcd.user``): see ``etcd_secure
 * One channel to every endpoint: endpoints are resolved once at connect and passed
   as gRPC's ``ipv4:h1:p1,h2:p2`` (or ``ipv6:``) target with ``round_robin``, so a dead
   member is skipped and a retry lands on a live one (measured: losing a member fails
-  only the calls in flight on it).
+  only the calls in flight on it); with ``etcd.balance: first``, ``pick_first``: the
+  first endpoint that answers takes every call (an etcd across regions: the local
+  member), the next only when it fails.
 * Every RPC has ``request_timeout_s``; temporary failures are retried with backoff
   until ``2 x request_timeout_s`` (``retry.retrying``). Compare-and-set writes
   (``txn``, ``create``, ``cas``) are retried only when the failure proves the request
@@ -180,7 +182,8 @@ class EtcdStore:
         self._deadline = 2 * config.request_timeout_s
         self._options: dict[str, Any] = {
             "grpc.max_receive_message_length": max_message_bytes,
-            "grpc.lb_policy_name": "round_robin",
+            # round_robin: every member in turn; pick_first: the first that answers
+            "grpc.lb_policy_name": "pick_first" if config.balance == "first" else "round_robin",
             # Notice a dead connection (e.g. a partitioned member) on idle watch
             # streams; etcd accepts pings every 5 s or slower.
             "grpc.keepalive_time_ms": 10_000,

@@ -8,7 +8,7 @@ under ``etcd:``.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,16 @@ class EtcdConfig(Frozen):
     request_timeout_s: Annotated[
         float, Field(gt=0, description="timeout of one call; its retries stop after twice this")
     ] = 2.0
+    # Which member a call goes to. Spread, calls to members in other regions pay their
+    # round trip on top of etcd's own (docs/etcd.md, "etcd across regions").
+    balance: Annotated[
+        Literal["round_robin", "first"],
+        Field(
+            description="round_robin: calls spread over every endpoint; first: the first "
+            "endpoint that answers, the next only when it fails (an etcd across regions: "
+            "list this process's own region's member first, e.g. with --etcd)"
+        ),
+    ] = "round_robin"
     # TLS to etcd (its --trusted-ca-file, and with --client-cert-auth our cert and key);
     # server_name: the name etcd's certificates carry, when endpoints are addresses.
     ca: Annotated[
