@@ -8,7 +8,8 @@ the ramp, every size the leader wrote is audited, and the pool is back at its
 pre-surge ACTIVE count after the surge; with the scaler off (no ``scaling:`` section,
 the pools keep their file's sizes) the same drill fails, on the surge's first-token
 p99 and SLO attainment. The ``surge-during-failover`` drill (the region blacks out
-mid-surge) passes with the scaler on."""
+mid-surge) passes with the scaler on, and fails with it off: the targets' replicas
+woken for the failover are never given back."""
 
 from __future__ import annotations
 
@@ -84,3 +85,16 @@ async def test_surge_during_failover_passes_with_the_scaler_on(tmp_path: Path) -
     # a target took the moved surge on more replicas than it had, and gave them back
     assert max(grown(result, "us-west"), grown(result, "us-central")) > 2
     assert "not back" not in criterion(result, "scaled_back")
+
+
+async def test_surge_during_failover_fails_with_the_scaler_off(tmp_path: Path) -> None:
+    """Without the scaler a failover still wakes the targets' WARM replicas (the warm
+    pool's one-way activation, as before the scaler): they carry the moved surge, and
+    keep it all after the region is back. The drill fails on what the scaler adds."""
+    result = await drill("surge-during-failover", tmp_path, scaling=False)
+    assert not result.passed
+    failed = set(result.failed_criteria())
+    assert "scaled_back" in failed, result.criteria
+    assert failed <= {"scaled_back", "surge_ttft_p99", "slo_attainment"}, result.criteria
+    assert "not back" in criterion(result, "scaled_back")
+    assert ", 0 scale entries" in criterion(result, "scale_audited")  # nothing sized them
