@@ -31,13 +31,25 @@ if [ "$#" -gt 0 ]; then
   echo "==> pytest $*"
   exec "${PYTEST[@]}" --durations=40 "$@"
 fi
-# The whole suite in two runs: the quick tests (in-process, or one small server each)
-# on two workers, then the slow ones (labs of many processes, real vLLM) one at a
-# time, as their timing-sensitive checks were written for. Both run even if the first
-# fails; the exit status is the first failure's.
-echo "==> pytest: quick tests, two workers"
+# The whole suite in three runs: the quick tests (in-process, or one small server
+# each) on two workers; the benches' slow smoke tests on two workers too (they check
+# a headline's shape, never a goal or a timing), but for the soak's and the leader
+# kill's, which count what a deadline lost; then the other slow ones (labs of many
+# processes, real vLLM) one at a time, as their timing-sensitive checks were written
+# for. All run even if one fails; the exit status is the first failure's.
+SHAPE_ONLY=() ALONE=()
+for f in tests/test_bench_*.py; do
+  case "$f" in
+    tests/test_bench_soak.py | tests/test_bench_leader.py) ;;
+    *) SHAPE_ONLY+=("$f"); ALONE+=(--deselect "$f") ;;
+  esac
+done
 rc=0
-"${PYTEST[@]}" -n 2 -m "not slow and not realvllm" || rc=$?
-echo "==> pytest: slow tests (labs, real vLLM), one at a time"
-"${PYTEST[@]}" --durations=40 -m "slow or realvllm" || { s=$?; [ "$rc" -ne 0 ] || rc=$s; }
+step() { "${PYTEST[@]}" "$@" || { s=$?; [ "$rc" -ne 0 ] || rc=$s; }; }
+echo "==> pytest: quick tests, two workers"
+step -n 2 -m "not slow and not realvllm"
+echo "==> pytest: the benches' slow smoke tests, two workers"
+step -n 2 --durations=20 -m "slow and not realvllm" "${SHAPE_ONLY[@]}"
+echo "==> pytest: the other slow tests (labs, real vLLM), one at a time"
+step --durations=40 -m "slow or realvllm" "${ALONE[@]}"
 exit "$rc"
