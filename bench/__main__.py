@@ -18,6 +18,7 @@ from bench import (
     capacity,
     cost,
     epp,
+    etcd_rtt,
     failover,
     gateway,
     leader,
@@ -104,6 +105,13 @@ BENCHES = (
         sessions,
         "Sticky sessions at scale on a real etcd: the failover switch's p99 with 1,000 vs "
         "1,000,000 sessions pinned (it must stay O(1)).",
+    ),
+    BenchInfo(
+        "etcd_rtt",
+        etcd_rtt,
+        "One etcd with three members whose peer and client links pay 0, 30, 60 and 100 ms "
+        "of injected round trip (latency proxies): the failover switch's commit, a new "
+        "session's pin (its first-token overhead), the leader lease and detection to switch.",
     ),
     BenchInfo(
         "prefixes",

@@ -69,6 +69,9 @@ class _Member:
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_flags: tuple[str, ...] = ()  # e.g. a small --quota-backend-bytes
+    # the peer port the others are told to dial, e.g. a latency proxy's in front of
+    # peer_port (chaos/lab/latency_proxy.py); 0: peer_port itself
+    advertised_peer_port: int = 0
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +85,10 @@ class _Member:
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
 
+    @property
+    def advertised_peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.advertised_peer_port or self.peer_port}"
+
     def spawn(self, initial_cluster: str, token: str, state: str) -> None:
         client_url = f"http://{self.endpoint}"
         args = [
@@ -91,7 +98,7 @@ class _Member:
             f"--listen-client-urls={client_url}",
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={self.peer_url}",
-            f"--initial-advertise-peer-urls={self.peer_url}",
+            f"--initial-advertise-peer-urls={self.advertised_peer_url}",
             f"--initial-cluster={initial_cluster}",
             f"--initial-cluster-token={token}",
             f"--initial-cluster-state={state}",
@@ -135,9 +142,17 @@ class EtcdCluster:
     ``stop()`` kills them all and removes the data dirs (also on ``__exit__``)."""
 
     def __init__(
-        self, n: int = 3, *, start_timeout_s: float = 20.0, extra_flags: tuple[str, ...] = ()
+        self,
+        n: int = 3,
+        *,
+        start_timeout_s: float = 20.0,
+        extra_flags: tuple[str, ...] = (),
+        proxied_peers: bool = False,
     ) -> None:
-        """``extra_flags`` go to every member after the fast test flags."""
+        """``extra_flags`` go to every member after the fast test flags. With
+        ``proxied_peers`` each member advertises a second port of its own to its peers
+        (``peer_routes``: the caller forwards it to the member's peer port, e.g. through
+        a latency proxy, before ``start``), so that every peer message crosses it."""
         if n < 1:
             raise ValueError("a cluster needs at least one member")
         self._tmp = Path(tempfile.mkdtemp(prefix="tectonic-etcd-"))
@@ -155,16 +170,25 @@ class EtcdCluster:
                 self._tmp / f"m{i}",
                 None,
                 extra_flags,
+                reserved_port(taken) if proxied_peers else 0,
             )
             for i in range(n)
         ]
-        self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        self._initial_cluster = ",".join(f"{m.name}={m.advertised_peer_url}" for m in self.members)
         self._started = False
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         """``host:port`` of every member's client URL, as ``EtcdConfig.endpoints`` wants."""
         return tuple(m.endpoint for m in self.members)
+
+    @property
+    def peer_routes(self) -> tuple[tuple[int, int], ...]:
+        """(advertised port, peer port) of each member built with ``proxied_peers``:
+        what the caller must forward for the members to reach each other."""
+        return tuple(
+            (m.advertised_peer_port, m.peer_port) for m in self.members if m.advertised_peer_port
+        )
 
     def start(self) -> Self:
         try:
