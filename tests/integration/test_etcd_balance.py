@@ -30,8 +30,7 @@ def ranges_served(endpoint: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("grpc_server_handled_total{")
-        and 'grpc_method="Range"' in line
+        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Range"' in line
     )
 
 
