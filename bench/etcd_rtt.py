@@ -77,7 +77,7 @@ from controlplane.core.steps import failover_step_write
 from controlplane.kernel.clock import SystemClock
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.leases import LeaseKeeper, LeaseLost
-from controlplane.kernel.model import FailoverStep, RegionState, Routing
+from controlplane.kernel.model import FailoverStep, Routing
 from controlplane.kernel.sessions.store import SessionStore
 from controlplane.kernel.snapshot_reader import read_snapshot
 from controlplane.kernel.store.etcd import EtcdStore
@@ -360,13 +360,7 @@ async def detect(
                 rep.progress(f"rtt {rtt_ms} ms: {names[0]}'s agent stops answering")
                 down.add(names[0])
                 await victim_agent.stop(None)
-                started = time.monotonic()
-                seconds: float | None = None
-                while time.monotonic() - started < 30:
-                    if await scale._state(store, keys, names[0]) is RegionState.FAILING_OVER:
-                        seconds = time.monotonic() - started
-                        break
-                    await asyncio.sleep(0.05)
+                seconds = await scale.until_failing_over(store, keys, names[0])
             stop.set()
             await pusher
     finally:

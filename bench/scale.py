@@ -123,6 +123,19 @@ async def _state(store: EtcdStore, keys: Keys, region: str) -> RegionState | Non
     return decode(RegionRecord, kv.value).state if kv is not None else None
 
 
+async def until_failing_over(
+    store: EtcdStore, keys: Keys, region: str, within_s: float = 30.0
+) -> float | None:
+    """Seconds from now until ``regions/<region>/state`` is FAILING_OVER in etcd (None:
+    not within ``within_s``), polled every 50 ms."""
+    started = time.monotonic()
+    while time.monotonic() - started < within_s:
+        if await _state(store, keys, region) is RegionState.FAILING_OVER:
+            return time.monotonic() - started
+        await asyncio.sleep(0.05)
+    return None
+
+
 async def _size(n: int, etcd: str, args: argparse.Namespace, rep: Reporter) -> dict[str, object]:
     agents_port, victim_port = free_port(), free_port()
     agents, victim_agent = await _agent_server(agents_port), await _agent_server(victim_port)
@@ -153,13 +166,7 @@ async def _size(n: int, etcd: str, args: argparse.Namespace, rep: Reporter) -> d
                 rep.progress(f"{n} regions: {victim}'s agent stops answering")
                 down.add(victim)
                 await victim_agent.stop(None)
-                started = time.monotonic()
-                detect: float | None = None
-                while time.monotonic() - started < 30:
-                    if await _state(store, keys, victim) is RegionState.FAILING_OVER:
-                        detect = time.monotonic() - started
-                        break
-                    await asyncio.sleep(0.05)
+                detect = await until_failing_over(store, keys, victim)
             stop.set()
             await pusher
     finally:
