@@ -17,6 +17,10 @@ arrivals:
   load against what the budget pays for (``per_replica_rps`` x the record's ACTIVE).
   While its ``shed-batch`` step is applied, batch requests are refused at admission
   (as the gateway's ``shed_low_priority`` does), interactive ones are served;
+  The budget is handed what the pool holds each second before the scaler runs, as the
+  leader reads ``pools/<unit>`` (``core/scale_tick.pool_budget``'s ``held``): the
+  planner's slots, ACTIVE (with WAKING: being made ACTIVE), IDLE, WARM (and of them
+  those in their WARM dwell) and launching (LOADING);
 - **no budget**: the same without ``cost:`` (no budget, no ladder), for comparison.
 
 Truth (not the scaler's record): each second, the spend is the model's replicas in
@@ -33,7 +37,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from collections import Counter
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
@@ -52,7 +57,7 @@ from bench.autoscale_sim import (
     Sim,
 )
 from controlplane.core.ladder_executor import mode_for, next_ladder_action
-from controlplane.core.spend import budget_for
+from controlplane.core.spend import Budget, Held, budget_for
 from controlplane.kernel.ladder.file import load_ladder
 from controlplane.kernel.ladder.model import LOAD_SIGNAL, Ladder, with_headroom
 from controlplane.kernel.ladder.record import DegradationRecord
@@ -142,6 +147,30 @@ class LadderDriver(Controller):
         sim.shedding = SHED_STEP in self.record.applied
 
 
+class PoolPublisher(Controller):
+    """The agent's ``pools/<unit>`` as the leader's tick reads it, once a second before
+    the scaler: the budget the scaler sizes against holds what the pool holds now."""
+
+    interval_s = 1.0
+
+    def __init__(self, scaler: Tectonic, budget: Budget) -> None:
+        self.scaler, self.budget = scaler, budget
+
+    def tick(self, now: float, sim: Sim) -> None:
+        live = [r for r in self.scaler.slots.values() if r is not None]
+        n = Counter(r.state for r in live)
+        # the agent's dwell check (regions/agent/warm_pool.py): WARM it may not stop yet
+        kept = sum(r.state == WARM and now - r.since < self.scaler.dwell.warm_min_s for r in live)
+        held = Held(
+            active=n[ACTIVE] + n[WAKING],
+            idle=n[IDLE],
+            warm=n[WARM],
+            launching=n[LOADING],
+            warm_kept=kept,
+        )
+        self.scaler.budget = replace(self.budget, held=held)
+
+
 # ---- one run ----------------------------------------------------------------------------
 
 
@@ -176,15 +205,14 @@ def one_run(
     if budget is not None:
         cost = CostPolicy(prices=prices, pool_budgets={UNIT: budget})
     sim = _sim(s, batch)
-    controllers = autoscale.tectonic(
-        s, forecast=True, budget=None if cost is None else budget_for(cost, UNIT, {UNIT: "z"}, {})
-    )(sim)
+    pool_budget = None if cost is None else budget_for(cost, UNIT, {UNIT: "z"}, {})
+    controllers = autoscale.tectonic(s, forecast=True, budget=pool_budget)(sim)
     scaler = controllers[0]
     assert isinstance(scaler, Tectonic)
     driver = None
-    if budget is not None:
+    if pool_budget is not None:
         driver = LadderDriver(scaler, load_ladder())
-        controllers = [*controllers, driver]
+        controllers = [PoolPublisher(scaler, pool_budget), *controllers, driver]
     sim.run(controllers)
     return figures(sim, o, prices, budget, scaler, driver)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from controlplane.core.actions import ScaleWrite
 from controlplane.core.bearing import HIT_RATE_SIGNAL, moved_hit_rate, region_bearing
 from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
-from controlplane.core.spend import Budget, budget_for, committed
+from controlplane.core.spend import Budget, Held, budget_for, committed, held_spend
 from controlplane.kernel.capacity.record import CapacitySource
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import json_list
@@ -178,9 +178,7 @@ def _committed(
         return {}
     out = {}
     for name, view in snap.regions.items():
-        now = committed(
-            cost, name, view.active_replicas or 0, view.warm_replicas, view.lent_replicas
-        )
+        now = held_spend(cost, view)  # launches at ACTIVE's price, IDLE at its own
         last = memory.get(name) or view.scale
         out[name] = max(now, committed_of(topology, name, last) if last else 0.0)
     return out
@@ -215,7 +213,8 @@ def pool_budget(
                 f"ended {spent - allowance:.0f} s ago: the budget binds again"
             )
     zones = {r.name: r.zone for r in topology.regions}
-    return budget_for(cost, unit, zones, spend, exempt=exempt, lapsed=lapsed)
+    held = Held.of(snap.regions[unit])  # what it pays for whatever the scaler asks
+    return budget_for(cost, unit, zones, spend, exempt=exempt, lapsed=lapsed, held=held)
 
 
 def _budget_news(stored: ScaleRecord | None, record: ScaleRecord) -> bool:

@@ -6,7 +6,11 @@ PURE.
   utilisation is spend / budget per scope; a pool's efficiency is its served load over
   the capacity it pays for (every paid replica at the hit rate now).
 - The constraint (:meth:`Budget.constrain`): the most ACTIVE, then WARM, a pool may
-  have given what the other pools of each scope are committed to. A scale-up it stops
+  have given what the other pools of each scope are committed to and what the pool
+  holds now (:class:`Held`, ``pools/<unit>``): replicas being launched, IDLE and LENT
+  ones stay paid for whatever the scaler asks (dwell rules, loans), so the spend the
+  planner reaches from there (:meth:`Held.after`) must fit, not the sizes asked for
+  alone; a replica launched is priced as ACTIVE while it loads. A scale-up it stops
   is capped and says ``budget binds: ...``; the replicas the forecast needed beyond it
   are the record's ``short``, which puts the ladder to shedding (``core/ladder_tick``)
   instead of scaling past the budget. An operator's lift, or a failover target within
@@ -25,7 +29,7 @@ from controlplane.kernel.config import Topology
 from controlplane.kernel.model import Frozen
 from controlplane.kernel.pool.cost import BudgetLift, BudgetNote, CostPolicy, Prices
 from controlplane.kernel.pool.scale import ScaleRecord
-from controlplane.kernel.snapshot import Snapshot
+from controlplane.kernel.snapshot import RegionView, Snapshot
 
 _EPS = 1e-9  # so that $40 of room at $10 a replica buys 4, not 3, after float rounding
 FLEET = "fleet"
@@ -45,6 +49,74 @@ class Scope:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """What a pool holds now, as its agent publishes it (``pools/<unit>``): ACTIVE, IDLE
+    (awake, drained), WARM (asleep; ``warm_kept`` of them may not be stopped now: in
+    their WARM dwell, or static), LENT, and slots being launched (COLD -> WARM)."""
+
+    active: int = 0
+    idle: int = 0
+    warm: int = 0
+    lent: int = 0
+    launching: int = 0
+    warm_kept: int = 0
+
+    def __post_init__(self) -> None:
+        counts = (self.active, self.idle, self.warm, self.lent, self.launching, self.warm_kept)
+        if min(counts) < 0:
+            raise ValueError(f"held replica counts must be >= 0, got {self}")
+        if self.warm_kept > self.warm:
+            raise ValueError(f"warm_kept {self.warm_kept} > warm {self.warm}: it is part of it")
+
+    @classmethod
+    def of(cls, view: RegionView) -> Held:
+        """From the snapshot's view of ``pools/<unit>`` (its WARM count includes IDLE)."""
+        idle = min(view.idle_replicas, view.warm_replicas)
+        asleep = view.warm_replicas - idle
+        return cls(
+            active=view.active_replicas or 0,
+            idle=idle,
+            warm=asleep,
+            lent=view.lent_replicas,
+            launching=view.launching_replicas,
+            warm_kept=min(view.warm_kept_replicas, asleep),
+        )
+
+    def per_hour(self, prices: Prices) -> float:
+        return prices.per_hour(self.active, self.warm, self.lent, self.idle, self.launching)
+
+    def asleep_after(self, active: int) -> int:
+        """WARM left asleep once ``active`` is reached (IDLE resumed first, then WARM
+        woken)."""
+        more = max(0, active - self.active)
+        return self.warm - min(max(0, more - self.idle), self.warm)
+
+    def after(self, prices: Prices, active: int, warm: int) -> float:
+        """$/h once the agent's planner (regions/pool/planner.py) acts on ``active`` and
+        ``warm`` from here: scale-up resumes IDLE, then wakes WARM, then launches; ACTIVE
+        beyond the ask drains only after its anti-flap dwell (and IDLE costs as much
+        by default), IDLE sleeps only after its dwell, launches and loans run on: all
+        held. WARM beyond the ask is stopped, but only those past their WARM dwell (the
+        planner wakes the longest WARM first: those). Launches are what the planner
+        starts: the WARM asked and the ACTIVE it could not bring up, less the standby
+        it has (WARM, IDLE, launching)."""
+        more = max(0, active - self.active)
+        resumed = min(more, self.idle)
+        woken = min(more - resumed, self.warm)
+        up = more - resumed - woken  # launched now, woken by a later plan
+        idle, asleep = self.idle - resumed, self.warm - woken
+        free = max(0, asleep - self.warm_kept)  # stoppable now
+        launches = max(0, warm + up - (asleep + idle + self.launching))
+        return prices.per_hour(
+            active=self.active + resumed + woken,
+            warm=asleep - min(max(0, asleep - warm), free),
+            lent=self.lent,
+            idle=idle,
+            launching=self.launching + launches,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Budget:
     """What one pool may spend this tick: its prices, its scopes, the thresholds, and
     why it is exempt ("" when it is not)."""
@@ -54,10 +126,20 @@ class Budget:
     policy: CostPolicy
     exempt: str = ""
     lapsed: str = ""  # an exemption that ended (a failover's allowance): said in reasons
+    # what the pool holds now (pools/<unit>); None: unknown, the sizes asked are priced
+    held: Held | None = None
+
+    def spend_at(self, active: int, warm: int) -> float:
+        """$/h of the pool once it is sized ``active``/``warm`` from what it holds."""
+        if self.held is None:
+            return self.prices.per_hour(active, warm)
+        return self.held.after(self.prices, active, warm)
 
     def tightest(self, active: int, warm: int) -> tuple[float | None, str]:
         """The highest utilisation over the scopes at these sizes, and its scope."""
-        mine = self.prices.per_hour(active, warm)
+        return self._tightest(self.spend_at(active, warm))
+
+    def _tightest(self, mine: float) -> tuple[float | None, str]:
         best = max(self.scopes, key=lambda s: s.utilisation(mine), default=None)
         return (None, "") if best is None else (best.utilisation(mine), best.name)
 
@@ -74,11 +156,15 @@ class Budget:
     ) -> tuple[int, int, BudgetNote]:
         """ACTIVE and WARM within the budget; ``floor_warm``: the WARM the forecast needs
         (with burst_warm), what the utilisation rules shrink or hold WARM to; ``base``:
-        the last decision (its sizes are the spend now, its note the low window)."""
+        the last decision (its note the low window; its sizes the spend now when what
+        the pool holds is unknown)."""
         if self.lapsed:
             reasons.append(self.lapsed)
         last = base.budget
-        now_util, _ = self.tightest(base.active, base.warm)
+        if self.held is None:
+            now_util, _ = self.tightest(base.active, base.warm)
+        else:
+            now_util, _ = self._tightest(self.held.per_hour(self.prices))
         low_since = None
         if now_util is not None and now_util < self.policy.low_utilisation:
             low_since = last.low_since if last and last.low_since is not None else now
@@ -89,13 +175,16 @@ class Budget:
                 )
                 warm = floor_warm
         elif now_util is not None and now_util > self.policy.high_utilisation:
-            held = max(base.warm, floor_warm)
-            if warm > held:
+            # grows: past the WARM the pool has asleep now (known), else the last ask;
+            # asking fewer would stop standby already paid for, to launch it again later
+            has = base.warm if self.held is None else max(base.warm, self.held.warm)
+            kept = max(has, floor_warm)
+            if warm > kept:
                 reasons.append(
                     f"budget utilisation {now_util:.0%} > {self.policy.high_utilisation:.0%}: "
-                    f"WARM grows only as the forecast needs, {warm} -> {held}"
+                    f"WARM grows only as the forecast needs, {warm} -> {kept}"
                 )
-                warm = held
+                warm = kept
         short = 0
         binds = ""
         if self.exempt:
@@ -106,7 +195,7 @@ class Budget:
                 reasons.append(binds)
         util, scope = self.tightest(active, warm)
         note = BudgetNote(
-            spend_per_hour=self.prices.per_hour(active, warm),
+            spend_per_hour=self.spend_at(active, warm),
             utilisation=util,
             scope=scope,
             binds=binds,
@@ -117,30 +206,72 @@ class Budget:
         return active, warm, note
 
     def _cap(self, active: int, warm: int, min_active: int) -> tuple[int, int, int, str]:
-        """The sizes the tightest scope's room buys, ACTIVE first (serving comes before
-        standby); never fewer ACTIVE than ``min_active`` (a floor, as the SLO is)."""
+        """The sizes the tightest scope's room buys from what the pool holds, ACTIVE
+        first (serving comes before standby); never fewer ACTIVE than ``min_active`` (a
+        floor, as the SLO is). When what it holds spends the room already, no scale-up:
+        ACTIVE is asked down to what the room buys once the rest is let go."""
         scope = min(self.scopes, key=lambda s: s.budget - s.others)
         room = max(0.0, scope.budget - scope.others)
-        most_active = _most(room, self.prices.active)
+
+        def fits(a: int, w: int) -> bool:
+            return self.spend_at(a, w) <= room + _EPS * max(1.0, room)
+
         short, why = 0, []
-        if active > most_active:
-            capped = max(min_active, most_active)
-            short = active - capped
-            why.append(f"{active} ACTIVE -> {capped}")
-            active = capped
-        most_warm = _most(room - self.prices.active * active, self.prices.warm)
-        if warm > most_warm:
-            why.append(f"{warm} WARM -> {most_warm}")
-            warm = most_warm
+        if not fits(active, 0):
+            # largest first: a price sheet with IDLE over ACTIVE makes a resume save
+            capped = next((a for a in range(active - 1, -1, -1) if fits(a, 0)), None)
+            if capped is None and self.held is not None:
+                # held over the room at any size: ACTIVE the room buys once the rest is
+                # let go, brought up only from what is paid for already (IDLE resumed,
+                # launches landing): no scale-up adds to the spend
+                paid = self.spend_at(self.held.active, 0) + _EPS
+                free = next(a for a in range(active, -1, -1) if self.spend_at(a, 0) <= paid)
+                capped = min(active, free, _most(room, self.prices.active))
+            capped = max(min_active, capped or 0)
+            if capped < active:
+                short = active - capped
+                why.append(f"{active} ACTIVE -> {capped}")
+                active = capped
+        if not fits(active, warm):
+            most_warm = next((w for w in range(warm - 1, -1, -1) if fits(active, w)), None)
+            if most_warm is None:
+                # held over the room at any WARM: keep the standby the room buys once the
+                # rest is let go, launching none (asking 0 would stop WARM past its dwell
+                # only for the forecast to launch it again, at ACTIVE's price while loading)
+                asleep = warm if self.held is None else self.held.asleep_after(active)
+                steady = _most(room - self.prices.active * active, self.prices.warm)
+                most_warm = min(warm, asleep, steady)
+            if most_warm < warm:
+                why.append(f"{warm} WARM -> {most_warm}")
+                warm = most_warm
         if not why:
             return active, warm, 0, ""
         binds = (
             f"budget binds: {scope.name} ${scope.budget:g}/h, ${scope.others:.4g}/h spent by "
             f"its other pools: {', '.join(why)}"
         )
+        if self.held is not None and (kept := self._kept()):
+            binds += f"; held now: {kept}"
         if short:
             binds += f"; {short} short of the forecast: the ladder sheds instead"
         return active, warm, short, binds
+
+    def _kept(self) -> str:
+        """What the pool pays for that the scaler's ask does not release at once."""
+        h = self.held
+        if h is None:
+            return ""
+        parts = [
+            f"{n} {what}"
+            for n, what in (
+                (h.launching, "launching"),
+                (h.idle, "IDLE"),
+                (h.warm_kept, "WARM in their dwell"),
+                (h.lent, "LENT"),
+            )
+            if n
+        ]
+        return ", ".join(parts)
 
 
 def _most(room: float, price: float) -> int:
@@ -154,6 +285,12 @@ def committed(policy: CostPolicy, unit: str, active: int, warm: int, lent: int =
     return policy.prices_of(unit).per_hour(active, warm, lent)
 
 
+def held_spend(policy: CostPolicy, view: RegionView) -> float:
+    """A pool's $/h for what it holds now (``pools/<unit>``: IDLE at IDLE's price, a
+    launch at ACTIVE's)."""
+    return Held.of(view).per_hour(policy.prices_of(view.name))
+
+
 def budget_for(
     policy: CostPolicy,
     unit: str,
@@ -162,10 +299,11 @@ def budget_for(
     *,
     exempt: str = "",
     lapsed: str = "",
+    held: Held | None = None,
 ) -> Budget:
     """The budget ``unit`` sizes against: its own, its zone's and the fleet's, each with
     what the scope's other pools are committed to (``spend``: $/h by unit; ``zones``:
-    each unit's zone)."""
+    each unit's zone); ``held``: what the pool holds now (None: unknown)."""
     others = {u: s for u, s in spend.items() if u != unit}
     scopes = []
     if (own := policy.pool_budgets.get(unit)) is not None:
@@ -182,6 +320,7 @@ def budget_for(
         policy=policy,
         exempt=exempt,
         lapsed=lapsed,
+        held=held,
     )
 
 
@@ -229,7 +368,7 @@ class PoolCost(Frozen):
     unit: str
     zone: str
     active: int  # replicas by state now (pools/<unit>, else the topology's list)
-    warm: int
+    warm: int  # asleep or IDLE, as pools/<unit> counts them
     lent: int
     dollars_per_hour: float
     budget: float | None
@@ -239,6 +378,8 @@ class PoolCost(Frozen):
     short: int = 0
     exempt: str = ""
     lift: BudgetLift | None = None  # in force now
+    idle: int = 0  # of warm, the IDLE ones (awake, drained: IDLE's price)
+    launching: int = 0  # being launched: priced as ACTIVE
 
 
 class ScopeCost(Frozen):
@@ -266,18 +407,20 @@ def cost_report(snap: Snapshot, topology: Topology) -> CostReport | None:
     spend: dict[str, float] = {}
     pools = []
     for name, view in snap.regions.items():
-        active = view.active_replicas or 0
-        paid = active + view.warm_replicas + view.lent_replicas
-        spend[name] = committed(policy, name, active, view.warm_replicas, view.lent_replicas)
+        held = Held.of(view)
+        paid = held.active + held.idle + held.warm + held.lent + held.launching
+        spend[name] = held.per_hour(policy.prices_of(name))
         note = view.scale.budget if view.scale is not None else None
         line = Line("pool", name, spend[name], policy.pool_budgets.get(name))
         pools.append(
             PoolCost(
                 unit=name,
                 zone=zones[name],
-                active=active,
-                warm=view.warm_replicas,
-                lent=view.lent_replicas,
+                active=held.active,
+                warm=held.warm + held.idle,
+                lent=held.lent,
+                idle=held.idle,
+                launching=held.launching,
                 dollars_per_hour=spend[name],
                 budget=line.budget,
                 utilisation=line.utilisation,

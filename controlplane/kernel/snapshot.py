@@ -58,6 +58,12 @@ class RegionView(Frozen):
     lift_rev: int = 0
     warm_replicas: int = 0
     lent_replicas: int = 0
+    # of warm_replicas, the IDLE ones (awake, priced as IDLE) and the WARM ones the pool
+    # may not stop now (dwell); the replicas being launched (in no other count): what
+    # the pool pays for beside them (pools/<r>), for the cost guardrail
+    idle_replicas: int = 0
+    warm_kept_replicas: int = 0
+    launching_replicas: int = 0
     # the p95 of the pool's last wakes as its agent publishes it (pools/<r>), seconds;
     # None: none measured (the cold-start budget, docs/scaling.md)
     activation_p95_s: float | None = None

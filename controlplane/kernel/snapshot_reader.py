@@ -162,6 +162,9 @@ async def _read_at_one_revision(
             lift_rev=lift_kv.mod_revision if lift_kv else 0,
             warm_replicas=pool.warm if pool else 0,
             lent_replicas=len(pool.lent) if pool else 0,
+            idle_replicas=pool.idle if pool else 0,
+            warm_kept_replicas=pool.warm_kept if pool else 0,
+            launching_replicas=pool.launching if pool else 0,
             activation_p95_s=pool.activation_p95_s if pool else None,
         )
     reports = tuple(r for kv in reports_kv.values() if (r := parse(HealthReport, kv)))

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool.members import PoolMembers
@@ -46,6 +47,7 @@ from regions.pool.hooks import ActivationKind, OnActivation, OnState
 from regions.pool.launchers import Launcher
 from regions.pool.manager import WarmPool
 from regions.pool.snapshot import PoolSnapshot
+from regions.pool.states import ReplicaState, refusal
 
 log = logging.getLogger("tectonic.agent.pool")
 WAKES_KEPT = 32  # recent wakes whose p95 the agent reports
@@ -106,6 +108,8 @@ class AgentPool:
         self._wakes: deque[float] = deque(maxlen=WAKES_KEPT)
         self._slept_at: float | None = None  # monotonic: last seen asleep on purpose
         self.outlives_agent = pods is not None  # stop() leaves the replicas running
+        # the pool's clock, held here too: which WARM replicas are still in their dwell
+        self._pool_clock: Clock = SystemClock()
         self.pool = WarmPool(
             self.launcher,
             config.pool_config(),
@@ -113,6 +117,7 @@ class AgentPool:
             on_change=self._changed,
             on_activation=self._activated,
             on_state=None if pods is None else pods.on_state,
+            clock=self._pool_clock,
             dead_after=config.dead_after,
             probe_timeout_s=config.probe_timeout_s,
             request_timeout_s=config.request_timeout_s,
@@ -231,11 +236,32 @@ class AgentPool:
     def _changed(self, snapshot: PoolSnapshot) -> None:
         self._dirty.set()  # called inside the pool: only flag it, the publisher writes
 
+    def _held(self) -> tuple[int, int, int]:
+        """IDLE replicas (of the WARM count), WARM ones the pool may not stop now (in
+        their WARM dwell, or static) and managed slots being launched: what the
+        leader's cost guardrail prices beside ACTIVE, WARM and LENT, and cannot count
+        on the pool letting go of."""
+        replicas = self.pool.snapshot().replicas
+        now, dwell = self._pool_clock.now(), self.pool.config.dwell
+        idle = sum(r.state is ReplicaState.IDLE and not r.busy for r in replicas)
+        kept = sum(
+            r.state is ReplicaState.WARM
+            and not r.busy
+            and refusal(r, ReplicaState.COLD, now, dwell) is not None
+            for r in replicas
+        )
+        launching = sum(r.busy and r.state is ReplicaState.COLD and r.managed for r in replicas)
+        return idle, kept, launching
+
     def members(self) -> PoolMembers:
+        idle, kept, launching = self._held()
         return PoolMembers(
             region=self.region,
             active=tuple(self.pool.active()),
             warm=self.pool.warm_count(),
+            idle=idle,
+            warm_kept=kept,
+            launching=launching,
             at=self._wall_clock(),
             agent=self.agent_id,
             lent=self.pool.lent(),
@@ -302,22 +328,35 @@ class AgentPool:
                 log.info("publishing %s works again", self.key)
             delay, failing = first, False
 
+    def _publish_if_moved(self) -> None:
+        """Flag a publication when what is published moved without an ACTIVE change:
+        launches and stops change WARM, the leader's 0 (or its wake) changes asleep, a
+        launch started or a drain changes what the pool pays for."""
+        if self.published is not None and (
+            self.pool.warm_count() != self.published.warm
+            or self.asleep() != self.published.asleep
+            or self._held()
+            != (self.published.idle, self.published.warm_kept, self.published.launching)
+        ):
+            self._dirty.set()
+
     async def _reconcile_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             self._kick.clear()  # a kick during this reconcile calls for the next one now
+            reconcile = asyncio.ensure_future(self.pool.reconcile())
             try:
-                await self.pool.reconcile()
+                # a reconcile waits for its launches (minutes): publish that they started
+                # meanwhile, as the leader's cost guardrail prices them (core/spend.py)
+                while not reconcile.done():
+                    await asyncio.wait({reconcile}, timeout=max(self.interval_s, 0.1))
+                    self._publish_if_moved()
+                reconcile.result()
             except ReplicaError as e:  # the pool is being stopped under us
                 log.warning("warm pool reconcile of %s failed: %s", self.region, e)
-            if self.published is not None and (
-                self.pool.warm_count() != self.published.warm
-                or self.asleep() != self.published.asleep
-            ):
-                # launches and stops change WARM without an ACTIVE change; the leader's
-                # 0 (or its wake) changes asleep
-                self._dirty.set()
+            finally:
+                reconcile.cancel()  # only if this loop is cancelled while it runs
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, started + self.interval_s - loop.time())):
                     await self._kick.wait()

@@ -23,7 +23,9 @@ _Budget = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 class Prices(Frozen):
     """Dollars per replica-hour in each state a replica costs something in: awake
-    (ACTIVE, IDLE, LENT: a GPU held) or asleep (WARM: the host kept, the GPU lighter)."""
+    (ACTIVE, IDLE, LENT: a GPU held) or asleep (WARM: the host kept, the GPU lighter).
+    IDLE (awake, drained) has its own price, ACTIVE's unless set; a replica being
+    launched (COLD -> WARM: the machine billed while the model loads) costs ACTIVE's."""
 
     active: Annotated[_Dollars, Field(description="$ per ACTIVE replica-hour")]
     idle: Annotated[
@@ -34,13 +36,29 @@ class Prices(Frozen):
         _Dollars | None, Field(description="$ per LENT replica-hour; unset: active's")
     ] = None
 
-    def per_hour(self, active: int, warm: int, lent: int = 0, idle: int = 0) -> float:
-        """Dollars per hour of replicas in these states (COLD ones cost nothing)."""
+    @property
+    def idle_price(self) -> float:
+        return self.active if self.idle is None else self.idle
+
+    @property
+    def lent_price(self) -> float:
+        return self.active if self.lent is None else self.lent
+
+    def per_hour(
+        self, active: int, warm: int, lent: int = 0, idle: int = 0, launching: int = 0
+    ) -> float:
+        """Dollars per hour of replicas in these states (COLD ones cost nothing; one being
+        launched holds its machine: ACTIVE's price)."""
+        if min(active, warm, lent, idle, launching) < 0:
+            raise ValueError(
+                f"replica counts must be >= 0, got active={active} warm={warm} lent={lent} "
+                f"idle={idle} launching={launching}"
+            )
         return (
-            active * self.active
-            + idle * (self.active if self.idle is None else self.idle)
+            (active + launching) * self.active
+            + idle * self.idle_price
             + warm * self.warm
-            + lent * (self.active if self.lent is None else self.lent)
+            + lent * self.lent_price
         )
 
 

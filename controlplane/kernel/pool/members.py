@@ -15,20 +15,28 @@ that lends nothing writes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from controlplane.kernel.model import Frozen
 
 _LOAN_FIELDS = ("lent", "loan_refusals")
 _SCALE_FIELDS = ("activation_p95_s", "asleep")  # left out when None / False, as before them
+_COST_FIELDS = ("idle", "warm_kept", "launching")  # left out when 0, as before them
 
 
 class PoolMembers(Frozen):
     region: str = Field(min_length=1)
     active: tuple[str, ...]  # base URLs gateways route to; () = nothing to route to
     warm: int = Field(ge=0)  # asleep and ready to wake (WARM + IDLE)
+    # of ``warm``, the IDLE ones (awake, drained: priced as IDLE, not WARM) and the WARM
+    # ones the pool may not stop now (in their WARM dwell, or static); the managed slots
+    # being launched (COLD -> WARM, in no other count): what the cost guardrail prices
+    # and cannot count on the pool letting go of (core/spend.py)
+    idle: int = Field(0, ge=0)
+    warm_kept: int = Field(0, ge=0)
+    launching: int = Field(0, ge=0)
     at: float  # wall-clock seconds of publication, on the agent's clock: for operators
     agent: str  # who published it, e.g. agent:eu@host:7001
     lent: dict[str, str] = Field(default_factory=dict)  # loan id -> replica URL lent
@@ -50,4 +58,16 @@ class PoolMembers(Frozen):
         for name in _SCALE_FIELDS:
             if name in data and (data[name] is None or data[name] is False):
                 del data[name]
+        for name in _COST_FIELDS:
+            if name in data and data[name] == 0:
+                del data[name]
         return data
+
+    @model_validator(mode="after")
+    def _idle_within_warm(self) -> Self:
+        if self.idle + self.warm_kept > self.warm:
+            raise ValueError(
+                f"idle ({self.idle}) and warm_kept ({self.warm_kept}) are parts of warm "
+                f"({self.warm}): together at most it"
+            )
+        return self
