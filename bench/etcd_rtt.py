@@ -54,24 +54,18 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-import grpc
-from tectonic_api.v1 import controlplane_pb2_grpc as pb_grpc
-
 from bench import scale
-from bench._common import BenchError, Reporter, at_least, main, percentile, write_topology
+from bench._common import BenchError, Reporter, at_least, main, percentile
 from bench.sessions import Deployment, Options, _topology
 from bench.sessions import Reporter as QuietPhases
 from chaos.lab.local_etcd import EtcdCluster
 from chaos.lab.ports import reserved_port
-from chaos.lab.procs import Proc, spawn
 from controlplane.core.actions import Write
 from controlplane.core.steps import failover_step_write
 from controlplane.kernel.clock import SystemClock
@@ -87,7 +81,6 @@ from controlplane.kernel.timing import TimingConfig
 from regions.dataplane.metrics import DataPlaneMetrics
 from regions.dataplane.options import DataPlaneOptions
 from regions.dataplane.sessions import SessionResolver
-from regions.pool.processes import free_port, read_ready
 
 RTTS = (0, 30, 60, 100)
 HOME = "us-east"  # the sessions bench's regions; the gateway's home
@@ -328,47 +321,31 @@ async def detect(
     silent (and reporting UNHEALTHY) to FAILING_OVER in etcd (None if not in 30 s),
     and the milliseconds of each of its leading ticks."""
     n = 3
-    agents_port, victim_port = free_port(), free_port()
-    agents = await scale._agent_server(agents_port)
-    victim_agent = await scale._agent_server(victim_port)
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-etcd-rtt{rtt_ms}-"))
-    data = scale._topology(n, endpoints[0], agents_port, victim_port)
-    data["etcd"] = {"endpoints": list(endpoints), "balance": balance}
-    for region in data["regions"]:  # type: ignore[attr-defined]
-        region["zone"] = "z0"  # one residency zone: the victim has somewhere to go
-    topo = write_topology(tmp / "topology.yaml", data)
-    names = [f"r{i:04d}" for i in range(n)]
-    args = ["-m", "bench.scale_cp", str(tmp / "times.txt"), "--topology", str(topo)]
-    proc: Proc = spawn(
-        [*args, "--id", "cp-1", "--listen", "127.0.0.1:0"], f"cp-rtt{rtt_ms}", stdout_pipe=True
-    )
-    stop, down = asyncio.Event(), set[str]()
-    try:
-        url = await asyncio.to_thread(read_ready, proc, time.monotonic() + 60)
-        async with grpc.aio.insecure_channel(url) as channel:
-            stub = pb_grpc.ControlPlaneStub(channel)  # type: ignore[no-untyped-call]
-            pusher = asyncio.create_task(scale._push(stub, names, down, stop))
-            async with EtcdStore(EtcdConfig(endpoints=endpoints, balance=balance)) as store:
-                keys = Keys(f"scale{n}")
-                # a leader holds its key (its ticks start then)
-                deadline = time.monotonic() + 30
-                while await store.get(keys.leader()) is None:
-                    if time.monotonic() > deadline:
-                        raise BenchError(f"rtt {rtt_ms} ms: the control plane never led")
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(2)  # reports from every region count
-                rep.progress(f"rtt {rtt_ms} ms: {names[0]}'s agent stops answering")
-                down.add(names[0])
-                await victim_agent.stop(None)
-                seconds = await scale.until_failing_over(store, keys, names[0])
-            stop.set()
-            await pusher
-    finally:
-        stop.set()
-        proc.kill()
-        await agents.stop(None)
-        await victim_agent.stop(None)
-    ticks, _, _ = scale._times(tmp / "times.txt", 0)
+
+    def data_for(agents_port: int, victim_port: int) -> dict[str, object]:
+        data = scale._topology(n, endpoints[0], agents_port, victim_port)
+        data["etcd"] = {"endpoints": list(endpoints), "balance": balance}
+        for region in data["regions"]:  # type: ignore[attr-defined]
+            region["zone"] = "z0"  # one residency zone: the victim has somewhere to go
+        return data
+
+    config = EtcdConfig(endpoints=endpoints, balance=balance)
+    async with (
+        scale.reported_control_plane(n, data_for, f"etcd-rtt{rtt_ms}") as cp,
+        EtcdStore(config) as store,
+    ):
+        keys = Keys(f"scale{n}")
+        # a leader holds its key (its ticks start then)
+        deadline = time.monotonic() + 30
+        while await store.get(keys.leader()) is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"rtt {rtt_ms} ms: the control plane never led")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2)  # reports from every region count
+        rep.progress(f"rtt {rtt_ms} ms: {cp.names[0]}'s agent stops answering")
+        victim = await cp.silence_victim()
+        seconds = await scale.until_failing_over(store, keys, victim)
+    ticks, _, _ = scale._times(cp.times, 0)
     return seconds, ticks
 
 

@@ -28,6 +28,7 @@ import contextlib
 import os
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,44 +137,76 @@ async def until_failing_over(
     return None
 
 
-async def _size(n: int, etcd: str, args: argparse.Namespace, rep: Reporter) -> dict[str, object]:
+@dataclass
+class ReportedControlPlane:
+    """A control-plane process (``bench/scale_cp.py``) on a written topology, every
+    region's agent report pushed once a second and the leader's probe answered; the
+    first region is the victim."""
+
+    proc: Proc
+    topology: Path
+    times: Path
+    names: list[str]
+    _victim_agent: grpc.aio.Server
+    _down: set[str]
+
+    async def silence_victim(self) -> str:
+        """The victim's agent stops answering and reports UNHEALTHY; returns its name."""
+        self._down.add(self.names[0])
+        await self._victim_agent.stop(None)
+        return self.names[0]
+
+
+@contextlib.asynccontextmanager
+async def reported_control_plane(
+    n: int, data_for: Callable[[int, int], dict[str, object]], tag: str
+) -> AsyncIterator[ReportedControlPlane]:
+    """``data_for(agents_port, victim_port)``: the topology, ``n`` regions named as
+    ``_topology`` names them."""
     agents_port, victim_port = free_port(), free_port()
     agents, victim_agent = await _agent_server(agents_port), await _agent_server(victim_port)
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-    data = _topology(n, etcd, agents_port, victim_port)
-    topo = write_topology(tmp / "topology.yaml", data)
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{tag}-"))
+    topo = write_topology(tmp / "topology.yaml", data_for(agents_port, victim_port))
     times = tmp / "times.txt"
     names = [f"r{i:04d}" for i in range(n)]
-    victim = names[0]
     args_cp = ["-m", "bench.scale_cp", str(times), "--topology", str(topo), "--id", "cp-1"]
-    proc: Proc = spawn([*args_cp, "--listen", "127.0.0.1:0"], f"scale-cp-{n}", stdout_pipe=True)
+    proc: Proc = spawn([*args_cp, "--listen", "127.0.0.1:0"], tag, stdout_pipe=True)
     stop, down = asyncio.Event(), set[str]()
     try:
         url = await asyncio.to_thread(read_ready, proc, time.monotonic() + 60)
         async with grpc.aio.insecure_channel(url) as channel:
             stub = pb_grpc.ControlPlaneStub(channel)  # type: ignore[no-untyped-call]
             pusher = asyncio.create_task(_push(stub, names, down, stop))
-            rep.progress(f"{n} regions: warming up {args.warmup:g}s")
-            await asyncio.sleep(args.warmup)
-            _, _, mark = _times(times, 0)
-            rep.progress(f"{n} regions: measuring {args.seconds:g}s")
-            await asyncio.sleep(args.seconds)
-            ticks, decides, _ = _times(times, mark)
-            if not ticks:
-                raise BenchError(f"{n} regions: no leading tick in {args.seconds:g}s ({proc.name})")
-            async with EtcdStore(EtcdConfig(endpoints=(etcd,))) as store:
-                keys = Keys(f"scale{n}")
-                rep.progress(f"{n} regions: {victim}'s agent stops answering")
-                down.add(victim)
-                await victim_agent.stop(None)
-                detect = await until_failing_over(store, keys, victim)
-            stop.set()
-            await pusher
+            try:
+                yield ReportedControlPlane(proc, topo, times, names, victim_agent, down)
+            finally:
+                stop.set()
+                await pusher
     finally:
         stop.set()
         proc.kill()
         await agents.stop(None)
         await victim_agent.stop(None)
+
+
+async def _size(n: int, etcd: str, args: argparse.Namespace, rep: Reporter) -> dict[str, object]:
+    def data_for(agents_port: int, victim_port: int) -> dict[str, object]:
+        return _topology(n, etcd, agents_port, victim_port)
+
+    async with reported_control_plane(n, data_for, f"scale-cp-{n}") as cp:
+        rep.progress(f"{n} regions: warming up {args.warmup:g}s")
+        await asyncio.sleep(args.warmup)
+        _, _, mark = _times(cp.times, 0)
+        rep.progress(f"{n} regions: measuring {args.seconds:g}s")
+        await asyncio.sleep(args.seconds)
+        ticks, decides, _ = _times(cp.times, mark)
+        if not ticks:
+            raise BenchError(f"{n} regions: no leading tick in {args.seconds:g}s ({cp.proc.name})")
+        async with EtcdStore(EtcdConfig(endpoints=(etcd,))) as store:
+            rep.progress(f"{n} regions: {cp.names[0]}'s agent stops answering")
+            victim = await cp.silence_victim()
+            detect = await until_failing_over(store, Keys(f"scale{n}"), victim)
+    topo = cp.topology
     figures: dict[str, object] = {
         f"tick_ms_p50_{n}": _round(percentile(ticks, 50)),
         f"tick_ms_p99_{n}": _round(percentile(ticks, 99)),
