@@ -8,22 +8,23 @@ streams whole, and every refusal reaches the official ``openai`` client as the
 ``RateLimitError`` it knows, with a Retry-After; and the limit learns from vLLM's real
 first-token times (a target no real first token meets shrinks it).
 
-Costs one vLLM start (~25 s, ~2.3 GB RSS).
+Runs on one of the two vLLM servers the pre-warm test uses too (``vllm_pair``,
+tests/integration/conftest.py: started once for both modules, ~25 s, ~2.3 GB RSS each;
+nothing else runs on it meanwhile, and its prefix cache is emptied for each test).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
 import pytest
 
 from chaos.lab.local_etcd import EtcdServer
-from chaos.lab.vllm_cpu import SETUP_HINT, VllmProc, start_vllm, vllm_available
+from chaos.lab.vllm_cpu import VllmProc
 from regions.dataplane.admission_gate import AdmissionOptions
 from tests.integration.test_gateway_admission import admitting, gate_of, holding, topology
 
@@ -33,17 +34,10 @@ TOKENS = 200  # about a second of decoding on the CPU build: the flood overlaps
 FLOOD = 10
 
 
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[VllmProc]:
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the real-vLLM admission test; {SETUP_HINT}")
-        pytest.skip(f"real vLLM is not installed: {SETUP_HINT}")
-    proc = start_vllm(timeout=300, name="vllm-admission")
-    try:
-        yield proc
-    finally:
-        proc.terminate()
+@pytest.fixture
+def vllm(vllm_pair: tuple[VllmProc, VllmProc]) -> VllmProc:
+    """``b`` of the pair the pre-warm test uses too (``a`` is the one it kills)."""
+    return vllm_pair[1]
 
 
 async def chat(client: openai.AsyncOpenAI, priority: str = "interactive") -> str | None:

@@ -9,19 +9,19 @@ request for the top prefix raises ``vllm:prefix_cache_hits_total`` by at least t
 replayed prefix's length minus one block; the same request after
 ``/reset_prefix_cache`` (no pre-warm) raises it by 0.
 
-Costs two vLLM starts (~20-40 s each, in parallel; ~2.3 GB RSS each).
+Uses the two vLLM servers the admission tests use too (``vllm_pair``,
+tests/integration/conftest.py: started once, ~20-40 s each, in parallel; ~2.3 GB RSS
+each), each with an empty prefix cache; ``a``, killed here, is started again for a test
+that asks for it after this one.
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from chaos.lab.local_etcd import EtcdServer
-from chaos.lab.vllm_cpu import SETUP_HINT, VllmProc, launch_vllm, vllm_available, wait_vllm
+from chaos.lab.vllm_cpu import VllmProc
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.model import RegionState
 from controlplane.kernel.store.etcd import EtcdStore
@@ -46,29 +46,14 @@ SYSTEM = " ".join(
 )
 
 
-@pytest.fixture(scope="module")
-def vllms() -> Iterator[tuple[VllmProc, VllmProc]]:
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the real-vLLM pre-warm test; {SETUP_HINT}")
-        pytest.skip(f"real vLLM is not installed: {SETUP_HINT}")
-    procs = [launch_vllm(name=f"vllm-{r}") for r in ("a", "b")]  # start both, then wait
-    try:
-        a, b = (wait_vllm(p, timeout=300) for p in procs)
-        yield a, b
-    finally:
-        for p in procs:
-            p.terminate()
-
-
 async def test_failover_prewarms_the_target_and_vllm_counts_the_hits(
-    vllms: tuple[VllmProc, VllmProc],
+    vllm_pair: tuple[VllmProc, VllmProc],
     etcd: EtcdServer,
     etcd_store: EtcdStore,
     cluster_name: str,
     keys: Keys,
 ) -> None:
-    vllm_a, vllm_b = vllms
+    vllm_a, vllm_b = vllm_pair
     async with aiohttp.ClientSession() as http:
         cpt = len(SYSTEM) / await tokens(http, vllm_a.url, SYSTEM)  # calibrate the proxy
         system_tokens = await tokens(http, vllm_b.url, SYSTEM)
