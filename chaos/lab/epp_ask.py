@@ -12,7 +12,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as xpb_grpc
 
 async def ask_picker(address: str, session: str, path: str) -> xpb.ProcessingResponse:
     """The picker's answer to the headers of a POST to ``path`` of ``session``: a header
-    mutation naming the destination, or an ImmediateResponse."""
+    mutation naming the destination, or an ImmediateResponse. A message that only asks
+    for more time (``override_message_timeout``: the picker holds the request while its
+    pool wakes from zero) is passed over, as Envoy does."""
     headers = {":path": path, ":method": "POST", "x-session-id": session}
     message = xpb.ProcessingRequest(
         request_headers=xpb.HttpHeaders(
@@ -27,6 +29,12 @@ async def ask_picker(address: str, session: str, path: str) -> xpb.ProcessingRes
     async with grpc.aio.insecure_channel(address) as channel:
         call = xpb_grpc.ExternalProcessorStub(channel).Process()
         await call.write(message)
-        answer: xpb.ProcessingResponse = await call.read()
+        while True:
+            answer = await call.read()
+            if answer is grpc.aio.EOF:
+                raise RuntimeError(f"the picker at {address} ended the stream unanswered")
+            assert isinstance(answer, xpb.ProcessingResponse)
+            if answer.WhichOneof("response") is not None:
+                break
         await call.done_writing()
     return answer

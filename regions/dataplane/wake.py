@@ -14,7 +14,9 @@ agent's follow and the publication), else ``wake_hold_s``, at most
 ``wake_hold_max_s``. Served within the hold, it goes on as any request; not, it is
 refused 503 with ``Retry-After`` the measured wake time (rounded up), never spilled to
 another region: the pool is waking, not down. The gateway and the endpoint picker
-answer the refusal each in its own terms.
+answer the refusal each in its own terms. Whoever waits on the picker's answer (Envoy,
+whose ext_proc ``message_timeout`` is far shorter than a wake) is told the hold's length
+before it starts (``hold``'s ``on_hold``), so that it waits that long.
 """
 
 from __future__ import annotations
@@ -99,14 +101,21 @@ class Waker:
             return None
         return members
 
-    async def hold(self, region: str) -> Held | None:
+    async def hold(
+        self, region: str, *, on_hold: Callable[[float], None] | None = None
+    ) -> Held | None:
+        """``on_hold``: called with the hold's length (seconds, at most ``most_s``) once
+        the request is held, before it waits (the picker asks Envoy for the time)."""
         members = self.at_zero(region)
         if members is None:
             return None
         started = time.monotonic()
         self.metrics.wakes.labels(region).inc()
         self._ask(region)
-        deadline = started + hold_s(members, self.default_s, self.most_s)
+        length = hold_s(members, self.default_s, self.most_s)
+        if on_hold is not None:
+            on_hold(length)
+        deadline = started + length
         while not self._routable(region) and (left := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):

@@ -15,10 +15,13 @@ first byte (the session then moves there for good), and, with ``--admission``, t
 gateway's admission control: per-replica in-flight limits steered by first-token
 time and bounded by the measured capacity; over them a request waits at most
 ``--admission-max-wait`` (keep it under Envoy's ext_proc ``message_timeout``, past
-which Envoy fails open), then gets 429 with Retry-After. Any number of pickers serve
-one Envoy side by side: they share nothing but etcd (each admits on its own: give
-each its share of the bound with ``--admission-max-inflight``). Envoy's configuration:
-``deploy/envoy/envoy.yaml``.
+which Envoy fails open), then gets 429 with Retry-After. A request for a pool at zero
+(scale to zero) is held while the pool wakes, ``--wake-hold-max`` at most; the picker
+first asks Envoy to wait that long (``override_message_timeout``), up to
+``--max-message-timeout``, which Envoy's ``max_message_timeout`` must allow. Any number
+of pickers serve one Envoy side by side: they share nothing but etcd (each admits on its
+own: give each its share of the bound with ``--admission-max-inflight``). Envoy's
+configuration: ``deploy/envoy/envoy.yaml``.
 
 Serves ``grpc.health.v1`` (``liveness``, ``readiness`` and the ext_proc service name:
 readiness is SERVING once this picker's caches are read) and, on ``--http-listen``,
@@ -51,6 +54,7 @@ from regions.dataplane.options import DataPlaneOptions
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import PickerConfig
 from regions.picker.server import PickerOptions, PickerServer
+from regions.picker.service import HOLD_MARGIN_S, MAX_MESSAGE_TIMEOUT_S
 
 BODY_MODES = {"buffered": BODY_BUFFERED, "full-duplex": BODY_FULL_DUPLEX, "none": BODY_NONE}
 
@@ -100,6 +104,15 @@ def _parser() -> argparse.ArgumentParser:
     add_etcd_flags(p)
     p.add_argument("--max-pins", type=int, default=100_000, help="session pins cached locally")
     p.add_argument("--grace", type=float, default=5.0, help="seconds to finish on SIGTERM")
+    p.add_argument(
+        "--max-message-timeout",
+        type=float,
+        default=MAX_MESSAGE_TIMEOUT_S,
+        help="Envoy's ext_proc max_message_timeout, in seconds: the longest the picker asks "
+        "Envoy to wait for an answer while it holds a request for a pool at zero; at "
+        f"least --wake-hold-max + {HOLD_MARGIN_S:g} (default {MAX_MESSAGE_TIMEOUT_S:g}, as "
+        "deploy/envoy/envoy.yaml)",
+    )
     add_report_flags(p)
     add_prefix_flags(p)
     add_replica_flags(p)
@@ -122,6 +135,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, LogSet
         positive=("max_endpoints",),
         admission=admission_options(p, args),
     )
+    if args.wake_hold_max + HOLD_MARGIN_S > args.max_message_timeout:
+        p.error(
+            f"--max-message-timeout ({args.max_message_timeout:g} s) must be at least "
+            f"--wake-hold-max + {HOLD_MARGIN_S:g} s ({args.wake_hold_max + HOLD_MARGIN_S:g} s): "
+            "Envoy fails a longer hold open"
+        )
     topology = routing.topology
     picker = PickerConfig(
         home=args.region,
@@ -137,6 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PickerOptions, LogSet
         body_mode=BODY_MODES[args.body_mode],
         picker=picker,
         grace_s=args.grace,
+        max_message_timeout_s=args.max_message_timeout,
     )
     return options, LogSettings(str(args.log_level).upper(), args.log_format)
 

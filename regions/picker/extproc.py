@@ -11,16 +11,20 @@ picker answers. Pure: messages in, messages out.
   says which endpoint really served.
 - A refusal is an ImmediateResponse: 503 (with ``Retry-After``) when nothing can
   serve, 429 when the request is shed, 400/413 for a bad request.
+- Before holding a request for a pool at zero (scale to zero), the picker asks Envoy to
+  wait for its answer (``override_message_timeout``): Envoy's ``message_timeout`` is
+  far shorter than a wake.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 DESTINATION = "x-gateway-destination-endpoint"
 SUBSET = "x-gateway-destination-endpoint-subset"
@@ -163,6 +167,17 @@ CONTINUE_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersRes
 CONTINUE_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse())
 CONTINUE_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
 CONTINUE_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def extend(seconds: float) -> pb.ProcessingResponse:
+    """Ask Envoy to wait ``seconds`` (whole milliseconds, at least 1) for the answer to
+    the message it sent last: ext_proc's ``override_message_timeout``, which restarts
+    Envoy's message timer with it and answers nothing (the answer still follows). Envoy
+    takes it once per message, and only within its filter's ``max_message_timeout``
+    (ignored when that is unset or shorter: ``override_message_timeout_ignored``)."""
+    timeout = duration_pb2.Duration()
+    timeout.FromMilliseconds(max(1, math.ceil(seconds * 1000)))
+    return pb.ProcessingResponse(override_message_timeout=timeout)
 
 
 def region_header(region: str) -> pb.ProcessingResponse:

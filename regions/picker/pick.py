@@ -129,14 +129,21 @@ class Picker:
     # ---- the request -----------------------------------------------------------------
 
     async def pick(
-        self, headers: Mapping[str, str], body: bytes | None, subset: frozenset[str] | None
+        self,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        subset: frozenset[str] | None,
+        *,
+        on_hold: Callable[[float], None] | None = None,
     ) -> Pick | Answer:
         """Route one request: ``headers`` by lowercase name (pseudo-headers included),
         ``body`` the whole body, or None in header-only mode; ``subset`` the data
-        plane's hint. Never raises for a bad request: that is an Answer."""
+        plane's hint. Never raises for a bad request: that is an Answer. ``on_hold``:
+        told the hold's length (seconds) before a request for a pool at zero is held
+        while it wakes (``Waker.hold``)."""
         started = self._monotonic()
         try:
-            return await self._pick(headers, body, subset, started)
+            return await self._pick(headers, body, subset, started, on_hold)
         except BadRequest as e:
             return self._refuse(e.status, e.message, e.param)
         except InvalidSessionId as e:
@@ -150,6 +157,7 @@ class Picker:
         body: bytes | None,
         subset: frozenset[str] | None,
         started: float,
+        on_hold: Callable[[float], None] | None,
     ) -> Pick | Answer:
         path = headers.get(":path", "/").split("?", 1)[0]
         if path == "/v1/models" and self.resolvers.pooled and not headers.get(MODEL_HEADER):
@@ -174,7 +182,7 @@ class Picker:
             if (refusal := self.admission.shed(region, headers)) is not None:
                 return self._degraded(region, refusal)
             key = prefix_key(session or headers.get("x-request-id", path), self.admission.chars)
-        held = await self.waker.hold(region) if self.waker is not None else None
+        held = await self.waker.hold(region, on_hold=on_hold) if self.waker is not None else None
         if held is not None and not held.served:
             return self._waking(region, held)
         pick = self._place(region, session, key, subset, headers, started)

@@ -36,7 +36,7 @@ from regions.dataplane.options import DataPlaneOptions, completed
 from regions.dataplane.scrape import OffLoopRender
 from regions.picker.extproc import BODY_BUFFERED
 from regions.picker.pick import Picker, PickerConfig
-from regions.picker.service import ExtProcService
+from regions.picker.service import MAX_MESSAGE_TIMEOUT_S, ExtProcService
 
 log = logging.getLogger("tectonic.picker")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -51,6 +51,9 @@ class PickerOptions:
     body_mode: int = BODY_BUFFERED  # when Envoy does not say in protocol_config
     picker: PickerConfig | None = None  # None: from the topology (zones, entry points)
     grace_s: float = 5.0
+    # Envoy's ext_proc max_message_timeout: the longest wait the picker asks of Envoy
+    # while it holds a request for a pool at zero
+    max_message_timeout_s: float = MAX_MESSAGE_TIMEOUT_S
 
 
 class PickerServer:
@@ -97,7 +100,10 @@ class PickerServer:
             waker=core.waker,
         )
         self.service = ExtProcService(
-            self.picker, default_body_mode=options.body_mode, max_body_bytes=app.max_body_bytes
+            self.picker,
+            default_body_mode=options.body_mode,
+            max_body_bytes=app.max_body_bytes,
+            max_message_timeout_s=options.max_message_timeout_s,
         )
         self.health = health.aio.HealthServicer()
         self.grpc: grpc.aio.Server | None = None

@@ -14,6 +14,14 @@ message (``protocol_config``; the configured default for an Envoy that does not 
 The response headers are answered with ``x-tectonic-region`` (the region that served);
 response bodies are not asked for and stream through Envoy untouched.
 
+A request for a pool at zero is held while the pool wakes (scale to zero,
+``regions/dataplane/wake.py``): seconds to a minute, far past Envoy's ext_proc
+``message_timeout`` (1 s shipped), after which Envoy would fail the request open. So
+before holding, the picker asks Envoy to wait the hold plus ``HOLD_MARGIN_S``
+(``override_message_timeout``, at most ``max_message_timeout_s``: Envoy's filter must
+allow as much with its ``max_message_timeout``). The pick runs as a task, so that this
+goes out while the answer is still being worked out.
+
 Admission control (``tectonic-epp --admission``) holds the request's slot from the
 pick until the ext_proc stream ends, which Envoy does when the HTTP request ends (the
 last byte of a streamed answer, or a reset): the one end every configuration shows, as
@@ -25,8 +33,10 @@ server may send before its first token (then the measured bound does more of the
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -38,15 +48,27 @@ from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import Answer, Pick, Picker
 
 log = logging.getLogger("tectonic.picker")
+# Envoy's ext_proc max_message_timeout in deploy/envoy/envoy.yaml: the longest the
+# picker may ask Envoy to wait for one answer (a longer ask is ignored by Envoy)
+MAX_MESSAGE_TIMEOUT_S = 90.0
+# asked beyond the hold itself: placing the request after it (admission's wait
+# included, which stays under Envoy's message_timeout) and the way back to Envoy
+HOLD_MARGIN_S = 5.0
 
 
 class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
-        self, picker: Picker, *, default_body_mode: int = BODY_BUFFERED, max_body_bytes: int
+        self,
+        picker: Picker,
+        *,
+        default_body_mode: int = BODY_BUFFERED,
+        max_body_bytes: int,
+        max_message_timeout_s: float = MAX_MESSAGE_TIMEOUT_S,
     ) -> None:
         self.picker = picker
         self.default_body_mode = default_body_mode
         self.max_body_bytes = max_body_bytes
+        self.max_message_timeout_s = max_message_timeout_s
 
     async def Process(
         self,
@@ -56,11 +78,32 @@ class ExtProcService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         stream = _Stream(self)
         try:
             async for message in request_iterator:
-                for answer in await stream.on(message):
+                if not stream.read(message):  # answered at once: no hold to tell of
+                    for answer in await stream.on(message):
+                        yield answer
+                    continue
+                # the pick's work in a task: what it tells Envoy meanwhile (the hold's
+                # extension) goes out at once, then its answers
+                told: asyncio.Queue[pb.ProcessingResponse | None] = asyncio.Queue()
+                stream.tell = told.put_nowait
+                work = asyncio.ensure_future(stream.on(message))
+                work.add_done_callback(partial(_worked, told))
+                try:
+                    while (early := await told.get()) is not None:
+                        yield early
+                    answers = work.result()
+                finally:  # Envoy gave up on the stream: so does the work (the hold)
+                    stream.tell = None
+                    work.cancel()
+                for answer in answers:
                     yield answer
         finally:  # Envoy ends the stream when the HTTP request ends: the in-flight count
             if stream.pick is not None:
                 self.picker.release(stream.pick)
+
+
+def _worked(told: asyncio.Queue[pb.ProcessingResponse | None], _: object) -> None:
+    told.put_nowait(None)  # the message's work is done: its answers follow
 
 
 class _Stream:
@@ -75,6 +118,7 @@ class _Stream:
         "response_mode",
         "service",
         "subset",
+        "tell",
     )
 
     def __init__(self, service: ExtProcService) -> None:
@@ -86,6 +130,31 @@ class _Stream:
         self.subset: frozenset[str] | None = None
         self.body = bytearray()
         self.pick: Pick | None = None
+        # sends to Envoy before the answer to the message being worked on (Process)
+        self.tell: Callable[[pb.ProcessingResponse], None] | None = None
+
+    def read(self, message: pb.ProcessingRequest) -> bool:
+        """Take in what ``message`` says of the request before it is worked on: its
+        headers, body mode and id (here, in the exchange's own context, so that what
+        its later messages log names the request). Whether the pick answers it (the
+        headers in header-only mode or without a body, else the body's last piece):
+        the one answer a hold for a pool at zero delays."""
+        kind = message.WhichOneof("request")
+        if kind == "request_body":
+            return bool(message.request_body.end_of_stream)
+        if kind != "request_headers":
+            return False
+        if message.HasField("protocol_config"):
+            self.mode = message.protocol_config.request_body_mode
+            self.response_mode = message.protocol_config.response_body_mode
+        self.headers = extproc.headers_of(message.request_headers)
+        # The stream is one HTTP request: what it logs names Envoy's request id.
+        REQUEST_ID.set(self.headers.get(REQUEST_ID_HEADER, ""))
+        self.subset = extproc.subset_of(message.metadata_context)
+        return bool(message.request_headers.end_of_stream) or self.mode not in (
+            BODY_BUFFERED,
+            BODY_FULL_DUPLEX,
+        )
 
     async def on(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -107,13 +176,7 @@ class _Stream:
         return []
 
     async def _request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        if message.HasField("protocol_config"):
-            self.mode = message.protocol_config.request_body_mode
-            self.response_mode = message.protocol_config.response_body_mode
-        self.headers = extproc.headers_of(message.request_headers)
-        # The stream is one HTTP request: what it logs names Envoy's request id.
-        REQUEST_ID.set(self.headers.get(REQUEST_ID_HEADER, ""))
-        self.subset = extproc.subset_of(message.metadata_context)
+        # read() has taken in the headers
         if message.request_headers.end_of_stream or self.mode not in (
             BODY_BUFFERED,
             BODY_FULL_DUPLEX,
@@ -142,7 +205,7 @@ class _Stream:
         return [first, *extproc.body_chunks(sent)]
 
     async def _route(self, body: bytes | None, *, on_body: bool) -> pb.ProcessingResponse:
-        picked = await self.service.picker.pick(self.headers, body, self.subset)
+        picked = await self.service.picker.pick(self.headers, body, self.subset, on_hold=self._held)
         if isinstance(picked, Answer):
             return extproc.immediate(picked.status, picked.body, picked.headers)
         self.pick = picked
@@ -169,6 +232,13 @@ class _Stream:
         elif status == 200:
             self.awaiting_body = True
         return [extproc.region_header(region)]
+
+    def _held(self, hold_s: float) -> None:
+        """The request is about to be held ``hold_s`` while its pool wakes: ask Envoy to
+        wait that long for the answer, and the margin (at most what Envoy allows)."""
+        if self.tell is not None:
+            wait_s = min(hold_s + HOLD_MARGIN_S, self.service.max_message_timeout_s)
+            self.tell(extproc.extend(wait_s))
 
     def _too_large(self) -> pb.ProcessingResponse:
         limit = self.service.max_body_bytes

@@ -30,12 +30,15 @@ from chaos.lab.envoy import (
     validate,
 )
 from chaos.lab.procs import Proc, start_simulators
+from regions.picker.__main__ import parse_args as parse_picker_args
+from regions.picker.service import MAX_MESSAGE_TIMEOUT_S
 from regions.pool.processes import free_port
 from tests.integration.sim_counts import served_count
 
 pytestmark = pytest.mark.slow
 
 DESTINATION = "x-gateway-destination-endpoint"
+EXAMPLE_ARGS = ["--topology", "examples/topology.yaml", "--region", "us-east"]
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
@@ -145,6 +148,22 @@ def test_rendering_the_shipped_values_changes_nothing() -> None:
         servers=["127.0.0.1:8000", "127.0.0.1:8001"],
     )
     assert render(shipped) == load_shipped()
+
+
+def test_envoy_allows_the_pickers_longest_hold() -> None:
+    """The picker asks Envoy to wait for a held answer (a pool at zero waking) up to its
+    --max-message-timeout, by default the shipped max_message_timeout; past that Envoy
+    ignores the ask and fails the request open after message_timeout."""
+    hcm = load_shipped()["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (ext_proc,) = [
+        f["typed_config"]
+        for f in hcm["typed_config"]["http_filters"]
+        if f["name"] == "tectonic_picker"
+    ]
+    seconds = float(ext_proc["max_message_timeout"].removesuffix("s"))
+    assert seconds == MAX_MESSAGE_TIMEOUT_S
+    assert parse_picker_args(EXAMPLE_ARGS)[0].max_message_timeout_s == seconds
+    assert float(ext_proc["message_timeout"].removesuffix("s")) < seconds
 
 
 # ---- (b) no picker: fail open serves, fail closed refuses -----------------------------

@@ -96,6 +96,20 @@ async def test_a_burst_of_requests_writes_one_wake_and_is_served_when_a_replica_
     assert await lab.waker.hold("east") is None  # awake: nothing held
 
 
+async def test_a_held_request_is_told_the_holds_length_before_it_waits() -> None:
+    """The picker asks Envoy for that long before holding (regions/picker/service.py)."""
+    lab = Lab(default_s=30.0)
+    told: list[float] = []
+    held = asyncio.create_task(lab.waker.hold("east", on_hold=told.append))
+    await asyncio.sleep(0.05)
+    assert told == [30.0] and not held.done()
+    lab.wake_up()
+    got = await held
+    assert got is not None and got.served
+    assert await lab.waker.hold("east", on_hold=told.append) is None
+    assert told == [30.0]  # awake: neither held nor told
+
+
 async def test_a_pool_that_does_not_wake_within_the_hold_is_refused_with_retry_after() -> None:
     lab = Lab(default_s=0.2)
     held = await lab.waker.hold("east")

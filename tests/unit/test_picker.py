@@ -5,8 +5,9 @@ Envoy in tests/integration/test_picker_envoy.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import pytest
 from envoy.config.core.v3 import base_pb2
@@ -28,7 +29,7 @@ from regions.dataplane.sessions import SessionResolver
 from regions.picker import extproc
 from regions.picker.extproc import BODY_BUFFERED, BODY_FULL_DUPLEX, BODY_NONE
 from regions.picker.pick import Answer, Pick, Picker, PickerConfig
-from regions.picker.service import ExtProcService
+from regions.picker.service import HOLD_MARGIN_S, ExtProcService
 
 REGIONS = ("east", "west", "eu")
 ZONES = {"east": "us", "west": "us", "eu": "eu"}
@@ -413,7 +414,78 @@ async def test_an_unreported_mode_uses_the_configured_default(world: World) -> N
     destination(out[1], "request_body")
 
 
+class HoldingPicker:
+    """A picker whose every request finds its pool at zero: it says how long it holds
+    (``on_hold``), then waits until ``woken``, then refuses (503)."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.woken = asyncio.Event()
+        self.cancelled = False
+
+    async def pick(
+        self,
+        headers: dict[str, str],
+        body: bytes | None,
+        subset: frozenset[str] | None,
+        *,
+        on_hold: Callable[[float], None] | None = None,
+    ) -> Answer:
+        assert on_hold is not None
+        on_hold(self.hold_s)
+        try:
+            await self.woken.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return Answer(503, b"{}", (("retry-after", "3"),))
+
+
+async def test_before_holding_the_picker_asks_envoy_to_wait_the_hold_and_a_margin() -> None:
+    picker = HoldingPicker(hold_s=20.0)
+    service = ExtProcService(picker, max_body_bytes=1 << 20)  # type: ignore[arg-type]
+
+    async def stream() -> AsyncIterator[pb.ProcessingRequest]:
+        yield _headers_message(headers("s1"), mode=BODY_NONE)
+
+    answers = service.Process(stream(), None)  # type: ignore[arg-type]
+    # out while the answer is still held: the extension, alone
+    first = await asyncio.wait_for(anext(answers), timeout=5)
+    assert first.WhichOneof("response") is None
+    wait_ms = first.override_message_timeout.ToMilliseconds()
+    assert wait_ms == (20.0 + HOLD_MARGIN_S) * 1000
+    picker.woken.set()
+    second = await anext(answers)
+    assert second.immediate_response.status.code == 503
+    assert [r async for r in answers] == []
+
+
+async def test_the_extension_is_at_most_what_envoy_allows() -> None:
+    picker = HoldingPicker(hold_s=200.0)
+    service = ExtProcService(  # type: ignore[arg-type]
+        picker, max_body_bytes=1 << 20, max_message_timeout_s=90.0
+    )
+
+    async def stream() -> AsyncIterator[pb.ProcessingRequest]:
+        yield _headers_message(headers("s1"), mode=BODY_NONE)
+
+    answers = service.Process(stream(), None)  # type: ignore[arg-type]
+    first = await asyncio.wait_for(anext(answers), timeout=5)
+    assert first.override_message_timeout.ToMilliseconds() == 90_000
+    await answers.aclose()  # Envoy gave up on the stream: the hold ends with it
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert picker.cancelled
+
+
 # ---- the protocol's small parts ------------------------------------------------------
+
+
+def test_the_extension_asks_whole_milliseconds_and_answers_nothing() -> None:
+    msg = extproc.extend(35.0004)
+    assert msg.WhichOneof("response") is None
+    assert msg.override_message_timeout.ToMilliseconds() == 35_001
+    assert extproc.extend(0.0).override_message_timeout.ToMilliseconds() == 1  # Envoy's least
 
 
 def test_the_subset_hint_is_read_as_a_list_or_a_comma_string() -> None:

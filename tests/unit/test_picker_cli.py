@@ -34,6 +34,13 @@ def test_the_options_come_from_the_flags_and_the_topology() -> None:
     assert options.routing.app.session_header == "x-conversation"
     assert options.routing.control_planes == ("127.0.0.1:7000",)
     assert options.routing.app.prefix_chars == options.routing.topology.prefixes.routing_chars
+    assert options.max_message_timeout_s == 90.0  # deploy/envoy/envoy.yaml's
+
+
+def test_a_longer_hold_needs_envoy_to_allow_it() -> None:
+    base = ["--topology", TOPOLOGY, "--region", "us-east"]
+    options, _ = parse_args([*base, "--wake-hold-max", "150", "--max-message-timeout", "155"])
+    assert (options.routing.wake_hold_max_s, options.max_message_timeout_s) == (150.0, 155.0)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +51,8 @@ def test_the_options_come_from_the_flags_and_the_topology() -> None:
         (["--region", "us-east", "--max-endpoints", "0"], "--max-endpoints must be positive"),
         (["--region", "us-east", "--body-mode", "streamed"], "invalid choice: 'streamed'"),
         (["--region", "us-east", "--observer-id", "-x"], "--observer-id"),
+        # Envoy would fail a hold of 88 s open: it allows 90 s (deploy/envoy/envoy.yaml)
+        (["--region", "us-east", "--wake-hold-max", "88"], "--max-message-timeout (90 s)"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(
