@@ -246,16 +246,20 @@ def run_scenario(
 
 def causal_floor(s: Setup, oracle_cost: float) -> float:
     """The oracle's cost plus the standby a policy that cannot see the future must keep
-    on top of the oracle's ACTIVE replicas: WARM for ``standby_rps`` beyond them, each
-    second, at the hit rate of that second and the WARM price. The least a causal
+    on top of the oracle's ACTIVE replicas: WARM for ``standby_rps`` beyond what they
+    bear, each second, at the pool's usual hit rate (the scenario's, averaged over
+    ``standby_hit_window_s`` as the scaler does) and the WARM price. The least a causal
     policy planning for that burst pays, over the oracle's."""
     o = s.o
+    keep = math.exp(-1.0 / ScalingPolicy().standby_hit_window_s)
+    usual = s.scenario.hit(s.start)
     warm_s = 0.0
     for i, t in enumerate(range(int(s.start), math.ceil(s.scenario.end_s))):
+        usual = keep * usual + (1 - keep) * s.scenario.hit(t)
         if t < 0:
             continue
-        reach = math.ceil(o.standby_rps / s.per_replica(s.scenario.hit(t)) - 1e-9)
-        warm_s += max(0, reach - s.need[i])
+        beyond = o.standby_rps - s.need[i] * s.per_replica(s.scenario.hit(t))
+        warm_s += max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
     return round((oracle_cost + o.warm_price * warm_s) / oracle_cost, 4)
 
 

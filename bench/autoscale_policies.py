@@ -139,7 +139,7 @@ class Tectonic(Controller):
             self.guarded += 1
         if not self.targets or self.targets[-1][1:] != (record.active, record.warm):
             self.targets.append((now, record.active, record.warm))
-        target = PoolTarget(active=record.active, warm=record.warm)
+        target = PoolTarget(active=record.active, warm=record.warm, scaled=True)
         for action in plan(self._view(now), target, now, self.dwell).actions:
             self._carry_out(action, sim)
 

@@ -13,12 +13,22 @@ pool drains to zero. Then, for ``us-east``:
    after the hold). ``first_token_s_gateway``: the slowest first token of them, from
    its send.
 2. **picker**: the pool back at zero, the same through a ``tectonic-epp`` (endpoint
-   picker) of the region, spoken to as Envoy does (``ext_proc``, header-only): the held
-   pick, then the completion to the endpoint it names. ``first_token_s_picker``: the
-   slowest first token, from the pick's start. No Envoy is in the loop: the lab's
-   Envoy routes to static clusters whose hosts it knows ahead, and a warm pool's
-   simulators take their ports when launched; the bench speaks Envoy's side of
-   ext_proc to the real picker instead (the ImmediateResponse path is the picker's).
+   picker) of the region. With an ``envoy`` binary (``.venv/bin/envoy``, else on
+   ``PATH``; ``--no-envoy`` skips it), through a real Envoy on the shipped config
+   (``deploy/envoy/envoy.yaml``, ``chaos/lab/envoy.py``): request into Envoy, the
+   picker holds its ext_proc exchange while the pool wakes, Envoy forwards to the
+   endpoint it names. Envoy's clusters are STATIC and a warm pool's simulators take
+   their ports when launched, so before the rounds the bench learns the pool's replica
+   URLs from the pool itself: the ACTIVE ones in ``pools/us-east`` and the WARM ones by
+   borrowing them (``controlplane/kernel/pool/loans.py``: lent, named in
+   ``pools/us-east``, returned at once). Without Envoy, the bench speaks Envoy's side
+   of ext_proc (header-only) to the picker and sends the completion to the endpoint it
+   names. ``first_token_s_picker``: the slowest first token, from the request's send
+   (Envoy) or the pick's start (ext_proc); ``picker_path`` says which path was used,
+   and the Envoy path adds Envoy's counters (``envoy_picked``: requests forwarded to
+   the picked endpoint; ``envoy_failed_open``: exchanges Envoy gave up on, past its
+   ext_proc message timeout, and sent round robin instead); ``woken_by``: who
+   wrote each round's wake request (the gateway, then the picker).
 3. ``wake_s``: each wake's duration, from the wake request (``wake/us-east``, its
    time) to the pool's publication of its first ACTIVE replica (``pools/us-east``,
    its time; both wall clocks of this host); the larger of the two wakes.
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -44,20 +55,31 @@ import aiohttp
 from bench._common import BenchError, Reporter, main
 from bench._stream import streamed_completion
 from chaos.lab.deployment import LocalDeployment
+from chaos.lab.envoy import EnvoyProc, EnvoySpec, envoy_binary, start_envoy, stats
 from chaos.lab.epp_ask import ask_picker
 from chaos.lab.procs import Proc, start_picker
 from chaos.lab.run import running_lab
 from chaos.lab.spec import DeploymentSpec, WarmPoolSpec
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import RegionRecord, RegionState
-from controlplane.kernel.pool.loans import read_members
+from controlplane.kernel.pool.loans import (
+    LoanNotReturned,
+    LoanRefused,
+    borrow_together,
+    read_members,
+)
 from controlplane.kernel.pool.scale import ScaleRecord, WakeRequest
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.settings import EtcdConfig
+from regions.pool.processes import free_port
 
 UNIT = "us-east"
 REGIONS = ("us-east", "us-west")
 DESTINATION = "x-gateway-destination-endpoint"
+# Envoy's counters (deploy/envoy/envoy.yaml): forwarded to the picked endpoint, and
+# exchanges given up on (the picker later than message_timeout: sent round robin)
+PICKED = "cluster.tectonic_picked.upstream_rq_total"
+FAILED_OPEN = "http.tectonic_inference.ext_proc.failure_mode_allowed"
 
 
 def spec_of(idle_s: float) -> DeploymentSpec:
@@ -99,6 +121,41 @@ class ZeroLab:
             return None
         return members.at - decode(WakeRequest, kv.value, kv.key).at
 
+    async def woken_by(self, unit: str = UNIT) -> str:
+        """Who wrote the last wake request (a gateway or a picker), "" none."""
+        kv = await self.store.get(self.dep.keys.wake(unit))
+        return "" if kv is None else decode(WakeRequest, kv.value, kv.key).by
+
+    async def replica_urls(self, size: int, within: float = 60.0) -> tuple[str, ...]:
+        """Every replica of the pool (``size`` of them), as ``host:port``: the ACTIVE ones
+        it publishes, and the WARM ones borrowed (lent, named, returned at once). A
+        replica IDLE now is lendable once it sleeps: asked again until all are known."""
+        found: list[str] = []
+        deadline = time.monotonic() + within
+        while True:
+            members = await read_members(self.store, self.dep.keys, UNIT)
+            if members is not None:
+                _add(found, (*members.active, *members.lent.values()))
+            if len(found) >= size:
+                return tuple(found)
+            with contextlib.suppress(LoanRefused, LoanNotReturned):
+                async with borrow_together(
+                    self.store,
+                    self.dep.keys,
+                    UNIT,
+                    borrower="bench-zero",
+                    wanted=(None,) * (size - len(found)),
+                    at_least=1,
+                    purpose="bench zero: the pool's replica URLs, for Envoy's cluster",
+                    timeout_s=10.0,
+                ) as got:
+                    _add(found, got.urls)
+            if len(found) >= size:
+                return tuple(found)
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {len(found)} of {UNIT}'s {size} replicas found")
+            await asyncio.sleep(0.5)
+
     async def states(self) -> dict[str, RegionState]:
         out = {}
         for unit in self.dep.spec.units:
@@ -107,6 +164,13 @@ class ZeroLab:
                 RegionState.NORMAL if kv is None else decode(RegionRecord, kv.value, kv.key).state
             )
         return out
+
+
+def _add(found: list[str], urls: tuple[str, ...]) -> None:
+    for url in urls:
+        hp = url.removeprefix("http://")
+        if hp not in found:
+            found.append(hp)
 
 
 def completion(n: int) -> dict[str, object]:
@@ -138,6 +202,12 @@ async def through_gateway(http: aiohttp.ClientSession, url: str, n: int) -> Roun
         return got.ttft_s  # from the send, the hold included
 
     return _round(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def through_envoy(http: aiohttp.ClientSession, url: str, n: int) -> Round:
+    """``n`` streaming completions at once into Envoy, whose ext_proc picker holds each
+    while the pool wakes; their first tokens, from the send."""
+    return await through_gateway(http, url, n)  # the same client: Envoy is the entry
 
 
 async def through_picker(http: aiohttp.ClientSession, picker: str, n: int) -> Round:
@@ -183,26 +253,68 @@ async def wait(pred: Callable[[], Awaitable[bool]], within: float, what: str) ->
         await asyncio.sleep(0.1)
 
 
+@dataclass(frozen=True)
+class PickerPath:
+    """How the picker round reaches the picker: ``envoy`` (a real Envoy in front of it)
+    or, without one, ``address`` spoken to directly over ext_proc."""
+
+    address: str  # the picker's ext_proc host:port
+    envoy: EnvoyProc | None = None
+    why_not_envoy: str = ""
+
+    def name(self) -> str:
+        if self.envoy is not None:
+            return "envoy"
+        return f"ext_proc direct, no Envoy ({self.why_not_envoy})"
+
+
+def envoy_missing() -> str:
+    """Why no Envoy can run here ("" when one can)."""
+    try:
+        envoy_binary()
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
 async def bench(args: argparse.Namespace, out: Reporter) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="tectonic-bench-zero-"))
-    async with running_lab(spec_of(args.idle_s), workdir, say=out.progress) as dep:
+    spec = spec_of(args.idle_s)
+    async with running_lab(spec, workdir, say=out.progress) as dep:
         store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
         await store.connect()
         lab = ZeroLab(dep, store)
         picker: Proc | None = None
+        envoy: EnvoyProc | None = None
         try:
             picker = await asyncio.to_thread(
                 start_picker, dep.topology_path, UNIT, control_planes=dep.cp_targets, name="zero"
             )
-            return await drive(lab, picker.url.removeprefix("grpc://"), args, out)
+            address = picker.url.removeprefix("grpc://")
+            why = "--no-envoy" if args.no_envoy else envoy_missing()
+            if not why:
+                assert spec.warm_pool is not None
+                servers = await lab.replica_urls(spec.warm_pool.size)
+                out.progress(f"{UNIT}'s replicas {', '.join(servers)}: starting Envoy ...")
+                envoy_spec = EnvoySpec(
+                    listen_port=free_port(),
+                    admin_port=free_port(),
+                    pickers=[address],
+                    servers=servers,
+                )
+                envoy = await asyncio.to_thread(start_envoy, envoy_spec, workdir, name="envoy-zero")
+            path = PickerPath(address, envoy, why)
+            return await drive(lab, path, args, out)
         finally:
+            if envoy is not None:
+                await asyncio.to_thread(envoy.terminate)
             if picker is not None:
                 await asyncio.to_thread(picker.terminate)
             await store.close()
 
 
 async def drive(
-    lab: ZeroLab, picker: str, args: argparse.Namespace, out: Reporter
+    lab: ZeroLab, picker: PickerPath, args: argparse.Namespace, out: Reporter
 ) -> dict[str, object]:
     states: list[dict[str, RegionState]] = []
     timeout = aiohttp.ClientTimeout(total=120)
@@ -218,20 +330,38 @@ async def drive(
         out.progress(f"{UNIT} at zero: {args.requests} requests through its gateway ...")
         gateway = await through_gateway(http, lab.dep.gateway_urls[UNIT], args.requests)
         wake_gateway = await lab.wake_s()
+        by_gateway = await lab.woken_by()
         out.progress(f"waiting for {UNIT} to go back to zero ...")
         await wait(asleep, args.idle_s + 60, f"{UNIT} back at zero")
         await asyncio.sleep(args.settle_s)
-        out.progress(f"{UNIT} at zero: {args.requests} requests through its endpoint picker ...")
-        picked = await through_picker(http, picker, args.requests)
+        out.progress(
+            f"{UNIT} at zero: {args.requests} requests through its endpoint picker "
+            f"({picker.name()}) ..."
+        )
+        if picker.envoy is not None:
+            before = await asyncio.to_thread(stats, picker.envoy.admin_url)
+            picked = await through_envoy(http, picker.envoy.url, args.requests)
+            after = await asyncio.to_thread(stats, picker.envoy.admin_url)
+            counters = {
+                "envoy_picked": after.get(PICKED, 0) - before.get(PICKED, 0),
+                "envoy_failed_open": after.get(FAILED_OPEN, 0) - before.get(FAILED_OPEN, 0),
+            }
+        else:
+            picked = await through_picker(http, picker.address, args.requests)
+            counters = {}
         wake_picker = await lab.wake_s()
+        by_picker = await lab.woken_by()
         states.append(await lab.states())
     wakes = [w for w in (wake_gateway, wake_picker) if w is not None]
     return {
         "bench": "zero",
         "first_token_s_gateway": _most(gateway.first_tokens),
         "first_token_s_picker": _most(picked.first_tokens),
+        "picker_path": picker.name(),
+        **counters,
         "wake_s": round(max(wakes), 3) if wakes else None,
         "wake_s_each": [round(w, 3) for w in wakes],
+        "woken_by": [by_gateway, by_picker],  # who wrote each round's wake request
         "refused": gateway.refused + picked.refused,
         "requests": 2 * args.requests,
         "never_failed_over": all(s is RegionState.NORMAL for st in states for s in st.values()),
@@ -256,6 +386,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="after the pool reaches zero, before the requests: its drained replica goes "
         "IDLE -> WARM (the lab's IDLE dwell is 1 s), so that the request wakes a sleeping "
         "replica rather than resuming an idle one (default 3)",
+    )
+    p.add_argument(
+        "--no-envoy",
+        action="store_true",
+        help="the picker round without Envoy, ext_proc spoken to the picker directly "
+        "(the default with no envoy binary)",
     )
     p.add_argument("--quiet", action="store_true", help="only the headline")
 

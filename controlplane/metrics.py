@@ -334,15 +334,17 @@ class ControlPlaneMetrics:
             "tectonic_pool_warm_needed",
             "WARM replicas the sizing formula needs for the pool's planned burst "
             "(standby_rps or the forecast's band, beyond ACTIVE now), on the measured "
-            "activation p95 and capacity where measured (leader only, with scaling: on)",
+            "activation p95, activation rate and capacity where measured (leader only, "
+            "with scaling: on)",
             ["pool"],
             registry=r,
         )
         self.warm_needed_inputs = Gauge(
             "tectonic_pool_warm_needed_inputs_measured",
             "1 where tectonic_pool_warm_needed used a measured input, 0 where a typed one "
-            "stood in: input activation_s (the wake p95), activation_rate (always typed: "
-            "scaling.activation_rate) or replica_rps (the capacity probe) (leader only)",
+            "stood in: input activation_s (the wake p95), activation_rate (the rate the "
+            "pool's batches of wakes achieved; else the typed scaling.activation_rate) or "
+            "replica_rps (the capacity probe) (leader only)",
             ["pool", "input"],
             registry=r,
         )

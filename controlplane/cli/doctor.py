@@ -28,7 +28,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 from controlplane.core.spend import CostReport, PoolCost
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.drills import CAPACITY_PROBE
-from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL, ScaleRecord
+from controlplane.kernel.pool.scale import ACTIVATION_RATE_SIGNAL, ACTIVATION_SIGNAL, ScaleRecord
 from controlplane.kernel.pool.sizing import BurstProfile, check_pool
 
 DRILL_WINDOW_S = 7 * 86400.0  # a failover drill per region within this
@@ -93,7 +93,7 @@ class SizingInputs:
 
     warm_now: int | None = None  # WARM replicas standing by (the agent's replicas_warm)
     activation_s: float | None = None  # Ta: the agent's wake p95
-    activation_rate: float | None = None  # a: wakes per second, measured
+    activation_rate: float | None = None  # a: wakes per second its batches achieved
     replica_rps: float | None = None  # c: one replica's measured capacity
     burst_rps: float | None = None  # R: the burst the pool plans for
     cold_start_s: float | None = None  # Tc: COLD -> WARM
@@ -104,8 +104,8 @@ class SizingInputs:
 SIZING_MISSING = {
     "warm_now": "WARM now (no replicas_warm from the pool's agent)",
     "activation_s": "activation time (no wake measured by the pool's agent yet)",
-    "activation_rate": "activation rate (nothing measures it: scaling.activation_rate is "
-    "typed, and no RPC returns it)",
+    "activation_rate": "activation rate (no batch of 2 or more wakes measured by the pool's "
+    "agent yet: the typed scaling.activation_rate does not count)",
     "replica_rps": "per-replica capacity (no fresh capacity probe: the scaler sizes on "
     "the typed capacity_rps)",
     "burst_rps": "burst load (scaling.standby_rps is typed, and no RPC returns it)",
@@ -222,10 +222,11 @@ def _record_for(records: dict[str, CapacityRecord], u: pb.RegionStatus) -> Capac
 
 # ---- 1. WARM standby >= the sizing formula ----------------------------------------------
 def sizing_inputs(u: pb.RegionStatus, scale: ScaleRecord | None) -> SizingInputs:
-    """What the live system measures of ``u``'s sizing inputs today: WARM now and the
-    wake p95 (the agent's signals), one replica's capacity when the scaler sized on a
-    measured probe. The activation rate, the burst, the cold start and the budget are
-    measured nowhere (or typed and in no RPC's answer): None."""
+    """What the live system measures of ``u``'s sizing inputs today: WARM now, the
+    wake p95 and the activation rate its batches of wakes achieved (the agent's
+    signals), one replica's capacity when the scaler sized on a measured probe. The
+    burst, the cold start and the budget are measured nowhere (or typed and in no RPC's
+    answer): None."""
     warm = u.signals.get("replicas_warm")
     per = None
     if scale is not None and scale.capacity == "measured" and scale.per_replica_rps:
@@ -233,6 +234,7 @@ def sizing_inputs(u: pb.RegionStatus, scale: ScaleRecord | None) -> SizingInputs
     return SizingInputs(
         warm_now=None if warm is None else int(warm),
         activation_s=u.signals.get(ACTIVATION_SIGNAL),
+        activation_rate=u.signals.get(ACTIVATION_RATE_SIGNAL),
         replica_rps=per,
     )
 
@@ -253,6 +255,8 @@ def _sizing_finding(unit: str, s: SizingInputs) -> Finding:
             have.append(f"{s.warm_now} WARM now")
         if s.activation_s is not None:
             have.append(f"wake p95 {s.activation_s:.1f} s")
+        if s.activation_rate is not None:
+            have.append(f"activation rate {s.activation_rate:.2f} replicas/s (measured)")
         if s.replica_rps is not None:
             have.append(f"{s.replica_rps:.1f} rps per replica (measured)")
         has = f" (has {', '.join(have)})" if have else ""
@@ -269,7 +273,10 @@ def _sizing_finding(unit: str, s: SizingInputs) -> Finding:
         s.warm_now,
     )
     ok = not report.too_small and report.feasible
-    return Finding(Verdict.PASS if ok else Verdict.FAIL, f"{unit}: {report.reason}")
+    return Finding(
+        Verdict.PASS if ok else Verdict.FAIL,
+        f"{unit}: {report.reason} (activation rate {s.activation_rate:.2f} replicas/s, measured)",
+    )
 
 
 def check_warm_standby(f: Facts) -> Line:
@@ -282,8 +289,9 @@ def check_warm_standby(f: Facts) -> Line:
             )
         return (
             "measure the missing inputs (a wake p95 comes with the first wakes; a capacity "
-            "probe: failoverctl capacity probe REGION -r WHY); the activation rate, burst and "
-            "cold start are not measured by Tectonic yet"
+            "probe: failoverctl capacity probe REGION -r WHY; an activation rate with the "
+            "first batch of 2 or more wakes, e.g. a scale-up); the burst and cold start are "
+            "not measured by Tectonic yet"
         )
 
     if isinstance(f.scale, str):

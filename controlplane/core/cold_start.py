@@ -12,10 +12,12 @@ Two comparisons, exported by the leader (``controlplane/metrics.py``) and alerte
   burst the pool plans for, beyond what its ACTIVE replicas serve now: the larger of
   ``scaling.standby_rps`` and the forecast's upper band (``scale/<unit>``). Its inputs
   are the measured ones where Tectonic measures them: the activation time (the agent's
-  wake p95), one replica's capacity (the capacity probe's record, when the scaler sized
-  on it). The activation rate is typed (``scaling.activation_rate``): nothing measures
-  how many wakes a host carries out at once. Each input says whether it was measured
-  (``ColdStart.measured``); a typed one stands in for one not measured. The budget the
+  wake p95), the activation rate (what the pool's batches of two or more wakes achieved,
+  ``activation_rate`` in ``pools/<unit>``: ``regions/pool/wake_rate.py``), one
+  replica's capacity (the capacity probe's record, when the scaler sized on it). Each
+  input says whether it was measured (``ColdStart.measured``); a typed one
+  (``scaling.activation_s``, ``scaling.activation_rate``, ``capacity_rps``) stands in
+  for one not measured. The budget the
   burst is absorbed within is the scaler's horizon; cold starts (COLD -> WARM) are not
   counted on (nothing measures them), so every replica the burst needs must be WARM.
 
@@ -50,6 +52,7 @@ class ColdStart:
     burst_rps: float | None = None  # the burst beyond ACTIVE now it was sized for
     feasible: bool | None = None  # False: the wakes cannot all finish within the horizon
     measured: dict[str, bool] = field(default_factory=dict)  # SIZING_INPUTS -> measured
+    activation_rate: float | None = None  # replicas/s the formula took (measured or typed)
 
     @property
     def over_budget(self) -> bool:
@@ -92,10 +95,11 @@ def pool_cold_start(
         return base
     measured = {
         "activation_s": view.activation_p95_s is not None,
-        "activation_rate": False,  # typed: scaling.activation_rate
+        "activation_rate": view.activation_rate is not None,
         "replica_rps": rec.capacity == "measured",
     }
     activation = view.activation_p95_s if view.activation_p95_s is not None else policy.activation_s
+    rate = view.activation_rate if view.activation_rate is not None else policy.activation_rate
     burst = burst_beyond_active(policy, rec, view.active_replicas or 0)
     report = check_pool(
         BurstProfile(
@@ -104,7 +108,7 @@ def pool_cold_start(
             cold_start_s=math.inf,  # not counted on: nothing measures COLD -> WARM
             activation_s=activation,
             budget_s=policy.horizon,
-            activation_rate=policy.activation_rate,
+            activation_rate=rate,
         ),
         view.warm_replicas,
         cold_slots=0,
@@ -118,6 +122,7 @@ def pool_cold_start(
         burst_rps=burst,
         feasible=report.feasible,
         measured=measured,
+        activation_rate=rate,
     )
 
 

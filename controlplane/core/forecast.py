@@ -12,9 +12,13 @@ that noise: the scaler sizes for the *rate* then, not for one round's count.
 A prediction damps the trend (``DAMPING`` per second): the further ahead, the less of
 it counts, as in damped Holt.
 
-A surprise (the innovation's square over its expected variance above ``SURPRISE``)
-widens the covariance by that factor before the update: a ramp that starts is believed
-within a few reports, while a flat noisy load keeps a tight band.
+A surprise widens the covariance before the update, so that the report moves the
+level and trend at once: one report past ``JUMP`` (a step), or a drift, where the
+normalised innovations of consecutive reports lean the same way (a two-sided CUSUM,
+``DRIFT_K`` per report, past ``DRIFT_H``; in the state, so a new leader continues it).
+A ramp is believed within about 5-10 reports, while a flat noisy load keeps its band:
+an earlier rule widened on any report past 2 normalised squares, one in six on a flat
+load, and the band's top swung 20 % above the rate it hid.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from controlplane.kernel.pool.scale import ForecastState
 
 ACCEL = 0.0005  # the random acceleration's scale, per second, relative to the rate
 RATE_FLOOR = 5.0  # requests/s: the acceleration of a near-idle pool is at least this one's
-SURPRISE = 2.0  # normalised innovation squared past which the model was too sure
+SURPRISE = 2.0  # a surprise's evidence (a square) widens the covariance by it / this
+JUMP = 16.0  # one report this many normalised squares off (4 sigma): a step
+DRIFT_K = 0.5  # the CUSUM's allowance per report, in sigmas (a shift of 1 sigma is seen)
+DRIFT_H = 4.0  # its threshold: a flat load trips a widening once per ~200-400 reports
 # the trend's share kept per second of a prediction (damped Holt): a ramp is believed,
 # not extrapolated for ever; 30 s ahead counts 22.3 s of trend, 60 s ahead 34.4 s (at
 # a ramp's knee an undamped trend asked for twice the replicas the top needs)
@@ -76,9 +83,14 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
     noise = max(float(x[0]), 1.0) / interval
     innovation = max(0.0, y) - float(x[0])
     expected = float(p[0, 0]) + noise
-    if (nis := innovation * innovation / expected) > SURPRISE:
-        p = p * (nis / SURPRISE)
+    z = innovation / math.sqrt(expected)
+    up = max(0.0, state.drift_up + z - DRIFT_K)
+    down = max(0.0, state.drift_down - z - DRIFT_K)
+    evidence = z * z if z * z > JUMP else max(up, down) ** 2 if max(up, down) > DRIFT_H else 0.0
+    if evidence:
+        p = p * (evidence / SURPRISE)
         expected = float(p[0, 0]) + noise
+        up = down = 0.0
     gain = p[:, 0] / expected
     x = x + gain * innovation
     p = p - np.outer(gain, p[0, :])
@@ -91,6 +103,8 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
         interval_s=interval,
         observed_at=at,
         observations=state.observations + 1,
+        drift_up=up,
+        drift_down=down,
     )
 
 

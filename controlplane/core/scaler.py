@@ -11,7 +11,7 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 - WARM = ``burst_warm`` + the larger of what the band asks beyond ACTIVE one horizon
   further (those must be asleep and ready by then, so their launch starts now) and
   what ``standby_rps`` asks beyond ACTIVE (the burst planned for, which no forecast
-  sees coming);
+  sees coming), at the pool's usual hit rate (an hour's mean: a burst is new traffic);
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
   over the SLO) asks for one replica more than serve now when the forecast missed, and
   forbids a scale-down;
@@ -110,6 +110,7 @@ def size_pool(
         return _dark(base, stored, seen, now, policy)
     state = forecast.update(base.forecast, load, seen)
     hit = _smoothed_hit(base.hit_rate, signals.hit_rate, policy.max_hit_rate)
+    usual = _usual_hit(base, hit, seen, policy)
     horizon = max(policy.horizon, signals.activation_p95_s or 0.0)
     near, far = _ahead(state, load, policy, horizon)
     per = max(capacity.per_replica(hit), _EPS)
@@ -160,15 +161,25 @@ def size_pool(
         active, lower_since, window = 0, None, ()
     if failing_over and need < base.active:
         reasons.append("failed over: the pool keeps its size to come back")
-    more = max(0, math.ceil(far.upper / per - _EPS) - active)
-    standby = max(0, math.ceil(policy.standby_rps / per - _EPS) - active)
+    # WARM for the load expected two horizons ahead (its point: the band is ACTIVE's
+    # margin; at a ramp's knee the band's top would launch replicas that arrive after
+    # it, to sit WARM on the plateau)
+    more = max(0, math.ceil(far.point / per - _EPS) - active)
+    # the planned burst beyond what ACTIVE bears now, as new traffic: at the usual hit
+    # rate (a collapse of this minute's raises ACTIVE, not the standby with it)
+    per_usual = max(capacity.per_replica(usual), _EPS)
+    beyond = max(0.0, policy.standby_rps - active * per)
+    standby = math.ceil(beyond / per_usual - _EPS)
     warm = zero.warm_at_zero(
         active, min(policy.max_active, policy.burst_warm + max(more, standby)), policy
     )
     if more >= standby and more:
-        reasons.append(f"{more} WARM for the band {2 * horizon:g} s ahead")
+        reasons.append(f"{more} WARM for the forecast {2 * horizon:g} s ahead")
     elif standby:
-        reasons.append(f"{standby} WARM to reach standby_rps {policy.standby_rps:g}")
+        reasons.append(
+            f"{standby} WARM to reach standby_rps {policy.standby_rps:g} at the usual hit "
+            f"rate {usual:.2f} ({per_usual:.3g} rps per replica)"
+        )
     # score the forecasts now due against the rate this report shows (the filtered level:
     # a forecast is of the rate, not of one round's count) and remember this one
     missed = forecast_error.track(
@@ -201,6 +212,7 @@ def size_pool(
         update={
             "forecast": state,
             "hit_rate": hit,
+            "standby_hit_rate": usual,
             "load_rps": signals.load_rps,
             "forecast_rps": near.point,
             "upper_rps": near.upper,
@@ -325,10 +337,26 @@ def _within(n: int, policy: ScalingPolicy) -> int:
 
 
 def _smoothed_hit(last: float | None, seen: float | None, cap: float) -> float:
+    """The hit rate sized on: a rise is smoothed (one high report is no capacity yet), a
+    fall is believed at once (the capacity it takes is gone now: a prompt template that
+    changed collapses it within seconds)."""
     if seen is None:
         return min(cap, last or 0.0)
     seen = min(cap, max(0.0, seen))
-    return seen if last is None else (1 - HIT_WEIGHT) * last + HIT_WEIGHT * seen
+    if last is None or seen < last:
+        return seen
+    return (1 - HIT_WEIGHT) * last + HIT_WEIGHT * seen
+
+
+def _usual_hit(base: ScaleRecord, hit: float, seen: float, policy: ScalingPolicy) -> float:
+    """The hit rate over about ``standby_hit_window_s``: an exponential mean of the
+    smoothed one, weighted by the time since the last report folded in."""
+    last = base.standby_hit_rate
+    if last is None or base.forecast is None:
+        return hit
+    dt = max(0.0, seen - base.forecast.observed_at)
+    keep = math.exp(-dt / policy.standby_hit_window_s)
+    return keep * last + (1 - keep) * hit
 
 
 def _guard(signals: PoolSignals, ttft_slo_s: float | None, policy: ScalingPolicy) -> str:

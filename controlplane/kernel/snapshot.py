@@ -67,6 +67,9 @@ class RegionView(Frozen):
     # the p95 of the pool's last wakes as its agent publishes it (pools/<r>), seconds;
     # None: none measured (the cold-start budget, docs/scaling.md)
     activation_p95_s: float | None = None
+    # the replicas per second its batches of wakes achieved, as its agent publishes it
+    # (pools/<r>); None: none measured (the typed scaling.activation_rate stands in)
+    activation_rate: float | None = None
 
     def lifted(self, now: float) -> BudgetLift | None:
         """The budget lift in force at ``now``."""

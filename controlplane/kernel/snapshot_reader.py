@@ -166,6 +166,7 @@ async def _read_at_one_revision(
             warm_kept_replicas=pool.warm_kept if pool else 0,
             launching_replicas=pool.launching if pool else 0,
             activation_p95_s=pool.activation_p95_s if pool else None,
+            activation_rate=pool.activation_rate if pool else None,
         )
     reports = tuple(r for kv in reports_kv.values() if (r := parse(HealthReport, kv)))
     intents = tuple(i for kv in intents_kv.values() if (i := parse(Intent, kv)))

@@ -33,7 +33,7 @@ from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
 from controlplane.kernel.pool.members import PoolMembers
-from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL
+from controlplane.kernel.pool.scale import ACTIVATION_RATE_SIGNAL, ACTIVATION_SIGNAL
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
 from controlplane.kernel.store.settings import EtcdConfig
@@ -194,13 +194,18 @@ class AgentPool:
 
     def signals(self) -> dict[str, float]:
         """``replicas_warm``: activatable without a launch; ``pool_shortfall``: ACTIVE
-        replicas the pool wants and cannot reach yet."""
+        replicas the pool wants and cannot reach yet; ``activation_p95_s`` and
+        ``activation_rate``: its wakes' p95 and the rate its batches of wakes achieved,
+        once measured."""
         signals = {
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
         if self._wakes:
             signals[ACTIVATION_SIGNAL] = p95(self._wakes)
+        rate = self.pool.activation_rate()
+        if rate is not None:
+            signals[ACTIVATION_RATE_SIGNAL] = rate
         return signals | self.spec_decode.signals() | self.scale.signals()
 
     def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
@@ -267,6 +272,7 @@ class AgentPool:
             lent=self.pool.lent(),
             loan_refusals=self.pool.loan_refusals(),
             activation_p95_s=p95(self._wakes) if self._wakes else None,
+            activation_rate=self.pool.activation_rate(),
             asleep=self.asleep(),
         )
 

@@ -19,16 +19,18 @@ API (what the region agent uses)::
     pool.loan_refusals() -> dict[str, str]  # loan id -> why it was refused
     pool.active() -> list[str]            # ACTIVE base URLs (what gateways route to)
     pool.warm_count() -> int              # WARM + IDLE: activatable without a launch
+    pool.activation_rate() -> float | None  # replicas/s its batches of wakes achieved
     pool.snapshot() -> PoolSnapshot       # per replica url/state/since/managed, notes
     await pool.reconcile(now=None)        # probe (dead -> COLD), dwell moves, relaunch
     await pool.stop()                     # stop managed replicas; static ones untouched
 
 ``on_change(snapshot)`` is called (synchronously, keep it short) whenever the set of
-ACTIVE URLs, what is lent or the loan refusals change; ``on_activation(kind, ok,
-seconds)`` after each wake (``"wake"``, ok or failed) and resume (``"resume"``) of a
-replica, for metrics; ``on_state(before, after)`` (synchronous too) whenever a replica
-changes state (the pod labels on Kubernetes, regions/kube/pod_labels.py). Each is
-optional: the ones absent are said once at start (:mod:`regions.pool.hooks`).
+ACTIVE URLs, what is lent, the loan refusals or the measured activation rate change;
+``on_activation(kind, ok, seconds)`` after each wake (``"wake"``, ok or failed) and
+resume (``"resume"``) of a replica, for metrics; ``on_state(before, after)``
+(synchronous too) whenever a replica changes state (the pod labels on Kubernetes,
+regions/kube/pod_labels.py). Each is optional: the ones absent are said once at start
+(:mod:`regions.pool.hooks`).
 ``activate``/``set_active`` never launch (that takes minutes): a shortfall is in the
 snapshot's notes and the next ``reconcile`` launches COLD slots to WARM and wakes them.
 A replica is COLD after ``dead_after`` failed probes in a row.
@@ -38,6 +40,10 @@ Variants: a launcher that knows several (``Launcher.variants``, e.g. with and wi
 ``--speculative-config``) launches the target's; ``set_variant`` changes it and each
 ``reconcile`` then rolls the pool over, one replica at a time, never with fewer ACTIVE
 than the target (:func:`regions.pool.planner.plan`).
+
+Activation rate: a plan that wakes two or more WARM replicas at once is a batch; the
+replicas that reached ACTIVE over the time from its start until the last of them did is
+the rate the pool achieved (:mod:`regions.pool.wake_rate`, its last batches pooled).
 
 Loans: ``set_loans`` gives the loans wanted now (level-triggered; loan id -> the URL it
 names, or None for any WARM replica). The planner picks WARM standby for each; lending
@@ -70,12 +76,16 @@ from regions.pool.states import (
     Replica,
     ReplicaState,
     died,
+    dwell_for,
     transition,
 )
+from regions.pool.wake_rate import MIN_BATCH, BatchTimer, WakeRates
 
 log = logging.getLogger("tectonic.pool")
 ACTIVE, WARM, IDLE = ReplicaState.ACTIVE, ReplicaState.WARM, ReplicaState.IDLE
 COLD, LENT = ReplicaState.COLD, ReplicaState.LENT
+# what on_change tells: ACTIVE URLs, loan id -> URL lent, loan refusals, activation rate
+_View = tuple[list[str], dict[str, str], dict[str, str], float | None]
 
 
 class WarmPool:
@@ -130,6 +140,7 @@ class WarmPool:
         # None until set_loans first runs: LENT replicas are then neither lent nor returned
         self._loans: dict[str, str | None] | None = None
         self._refused: dict[str, str] = {}  # loans that will not be served, and why
+        self._rates = WakeRates()  # the batches of wakes: the activation rate achieved
 
     # -- the API ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,7 +179,9 @@ class WarmPool:
         slots = len(self._replicas)
         active = min(active, slots)
         warm = min(warm, slots - active)
-        self._target = self._target.model_copy(update={"active": active, "warm": warm})
+        self._target = self._target.model_copy(
+            update={"active": active, "warm": warm, "scaled": True}
+        )
         async with self._lock:
             await self._apply(self._plan(self._clock.now()), None, launch=False)
         return active, warm
@@ -220,6 +233,11 @@ class WarmPool:
         """Replicas :meth:`activate` brings in without a launch: WARM and IDLE."""
         return sum(r.state in (WARM, IDLE) and not r.busy for r in self._replicas.values())
 
+    def activation_rate(self) -> float | None:
+        """Replicas per second the pool's last batches of wakes achieved (None: no
+        batch of two or more measured yet)."""
+        return self._rates.rate()
+
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(
             replicas=tuple(self._replicas.values()),
@@ -228,6 +246,7 @@ class WarmPool:
             notes=(*self._last.deferred, *self._last.notes),
             size=self._size,
             loan_refusals=dict(self._refused),
+            activation_rate=self._rates.rate(),
         )
 
     async def reconcile(self, now: float | None = None) -> PoolSnapshot:
@@ -290,10 +309,15 @@ class WarmPool:
         mark launches busy and return their names for the caller to run."""
         for loan, why in p.loan_refusals.items():
             self._refuse(loan, why)
+        wakes = p.of("wake")
+        # real elapsed time, whatever the pool's clock (as each wake's duration)
+        batch = BatchTimer(time.monotonic) if len(wakes) >= MIN_BATCH else None
         await asyncio.gather(
-            *(self._wake_one(a, now) for a in p.of("wake")),
+            *(self._wake_one(a, now, batch) for a in wakes),
             *(self._lend_one(a, now) for a in p.of("lend")),
         )
+        if batch is not None:
+            self._batch_done(batch)
         for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
             self._move(a, self._at(now))
             if a.kind == "resume":
@@ -325,20 +349,40 @@ class WarmPool:
             self._replicas[a.replica],
             a.to,
             t,
-            self.config.dwell,
+            dwell_for(self.config.dwell, self._target),
             url,
             retiring=a.retire,
             loan=a.loan,
         )
         self._put(r, a.reason)
 
-    def _view(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """What ``on_change`` tells: the ACTIVE URLs, what is lent, the loan refusals."""
-        return self.active(), self.lent(), dict(self._refused)
+    def _view(self) -> _View:
+        """What ``on_change`` tells: the ACTIVE URLs, what is lent, the loan refusals,
+        the activation rate measured."""
+        return self.active(), self.lent(), dict(self._refused), self._rates.rate()
 
-    def _notify(self, was: tuple[list[str], dict[str, str], dict[str, str]]) -> None:
+    def _notify(self, was: _View) -> None:
         if self._view() != was:
             self.hooks.changed(self.snapshot())
+
+    def _batch_done(self, timer: BatchTimer) -> None:
+        """A batch of wakes ended: keep its rate when it measures one (two or more
+        reached ACTIVE) and tell the owner the pool's rate moved."""
+        batch = timer.done()
+        if batch is None:
+            return
+        was = self._view()
+        self._rates.record(batch)
+        log.info(
+            "woke %d replicas in %.2f s (%.2f replicas/s); activation rate over the last "
+            "%d batch(es): %.2f replicas/s",
+            batch.woken,
+            batch.seconds,
+            batch.rate,
+            len(self._rates),
+            self._rates.rate() or 0.0,
+        )
+        self._notify(was)
 
     def _refuse(self, loan: str | None, why: str) -> None:
         """Loan ``loan`` will not be served (or no longer is): say why until it is gone."""
@@ -370,7 +414,7 @@ class WarmPool:
             self._refuse(before.loan, f"{before.url} ({r.name}) went COLD while lent: {why}")
         self._notify(was)
 
-    async def _wake_one(self, a: Action, now: float | None) -> None:
+    async def _wake_one(self, a: Action, now: float | None, batch: BatchTimer | None) -> None:
         r = self._replicas[a.replica]
         started = time.monotonic()  # real elapsed time, whatever the pool's clock
         try:
@@ -382,6 +426,8 @@ class WarmPool:
                 await self._http.sleep(self._url(r))  # back to the state we record
             return
         self._move(a, self._at(now))
+        if batch is not None:
+            batch.woke()
         self.hooks.activated("wake", True, time.monotonic() - started)
 
     async def _lend_one(self, a: Action, now: float | None) -> None:

@@ -56,6 +56,7 @@ from regions.pool.states import (
     PoolTarget,
     Replica,
     ReplicaState,
+    dwell_for,
     is_stale,
 )
 
@@ -123,6 +124,7 @@ def _read(
 ) -> PoolView:
     free = sorted((r for r in replicas if not r.busy), key=lambda r: (r.since, r.name))
     stale = [r for r in free if is_stale(r, target)]
+    dwell = dwell_for(dwell, target)
     return PoolView(
         target=target,
         now=now,

@@ -19,6 +19,8 @@ class PoolSnapshot(Frozen):
     notes: tuple[str, ...] = ()  # the last plan's deferred moves and shortages
     size: PoolSizeReport | None = None  # configured warm count vs the configured burst
     loan_refusals: dict[str, str] = Field(default_factory=dict)  # loan id -> why not
+    # replicas/s the pool's last batches of wakes achieved (None: none measured yet)
+    activation_rate: float | None = None
 
     def urls(self, state: ReplicaState) -> list[str]:
         return [r.url for r in self.replicas if r.state is state and r.url is not None]

@@ -63,6 +63,10 @@ class DwellPolicy(Frozen):
 
     warm_min_s: float = Field(300.0, ge=0)  # WARM before stop: launches are expensive
     idle_min_s: float = Field(1800.0, ge=0)  # IDLE before sleep: instant return to ACTIVE
+    # IDLE before sleep while the leader's scaler sizes the pool (``scale/<unit>``): its
+    # stable window is the hysteresis already, and an awake IDLE replica costs what an
+    # ACTIVE one does; never below ``drain_s`` (sleep aborts what a replica still runs)
+    scaled_idle_min_s: float = Field(10.0, ge=0)
     active_min_s: float = Field(120.0, ge=0)  # ACTIVE before drain: the anti-flap rule
     # IDLE before a stale replica (another variant) is retired: requests routed to it
     # before gateways saw it drained finish first (sleep aborts running requests).
@@ -71,11 +75,23 @@ class DwellPolicy(Frozen):
 
 class PoolTarget(Frozen):
     """How many replicas should be ACTIVE, and how many kept in standby (WARM);
-    ``variant``: the one replicas should run (None: any, the launcher has one kind)."""
+    ``variant``: the one replicas should run (None: any, the launcher has one kind);
+    ``scaled``: the sizes are the leader's scaler's (IDLE sleeps after
+    ``DwellPolicy.scaled_idle_min_s``), not the pool file's."""
 
     active: int = Field(ge=0)
     warm: int = Field(ge=0)
     variant: str | None = None
+    scaled: bool = False
+
+
+def dwell_for(dwell: DwellPolicy, target: PoolTarget) -> DwellPolicy:
+    """The dwell times that hold for ``target``: a scaled pool's IDLE sleeps after
+    ``scaled_idle_min_s`` (never under ``drain_s``). The planner plans with them and the
+    pool checks its moves with them: one rule for both."""
+    if not target.scaled:
+        return dwell
+    return dwell.model_copy(update={"idle_min_s": max(dwell.scaled_idle_min_s, dwell.drain_s)})
 
 
 class PoolConfig(Frozen):

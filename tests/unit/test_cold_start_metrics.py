@@ -96,6 +96,33 @@ def test_the_forecast_band_when_larger_and_typed_inputs_say_so() -> None:
     assert (calm.burst_rps, calm.warm_needed) == (0.0, 0)
 
 
+def test_the_measured_activation_rate_stands_in_for_the_typed_one() -> None:
+    # Typed: 0.05 wakes/s; within the 30 s horizon after a 2 s wake only
+    # floor(28 x 0.05) + 1 = 2 wakes finish, and the burst (30 rps beyond 2 ACTIVE x 10)
+    # needs 3: infeasible. The pool measured 1 replica/s (its batches of wakes): 29
+    # finish, feasible, and the input says it was measured.
+    t = topo({"standby_rps": 50.0, "horizon_s": 30, "activation_rate": 0.05})
+    typed = view("east", activation_p95_s=2.0, active_replicas=2, warm_replicas=3)
+    c = pool_cold_start(typed, t, record("east"))
+    assert (c.warm_needed, c.feasible, c.activation_rate) == (3, False, 0.05)
+    assert c.measured["activation_rate"] is False
+    measured = typed.model_copy(update={"activation_rate": 1.0})
+    c = pool_cold_start(measured, t, record("east"))
+    assert (c.warm_needed, c.feasible, c.activation_rate) == (3, True, 1.0)
+    assert c.measured == {"activation_s": True, "activation_rate": True, "replica_rps": True}
+
+    m = ControlPlaneMetrics(t.names, t)
+    m.tick_done(
+        leader=True,
+        snapshot=Snapshot(now=NOW, regions={"east": measured, "west": view("west")}),
+        result=TickResult(now=NOW, sizes={"east": record("east")}),
+    )
+    got = m.registry.get_sample_value(
+        "tectonic_pool_warm_needed_inputs_measured", {"pool": "east", "input": "activation_rate"}
+    )
+    assert got == 1
+
+
 def test_a_wake_slower_than_the_horizon_is_infeasible() -> None:
     # The measured wake (40 s) is longer than the horizon (30 s): no WARM pool absorbs
     # the burst in time; still 3 needed, and feasible False says why more will not do.

@@ -129,6 +129,18 @@ def test_warm_standby_is_unknown_while_an_input_is_not_measured() -> None:
     assert "has 1 WARM now, wake p95 4.0 s, 30.0 rps per replica (measured)" in line.evidence
 
 
+def test_a_measured_activation_rate_is_evidence_and_a_missing_one_is_typed() -> None:
+    u = unit(signals={"replicas_warm": 1, "activation_p95_s": 4.0, "activation_rate": 1.5})
+    line = d.check_warm_standby(facts([u], scale=with_scale(scale_record())))
+    assert line.verdict is V.UNKNOWN  # the burst, cold start and budget are still unmeasured
+    assert "activation rate 1.50 replicas/s (measured)" in line.evidence
+    assert "activation rate (no batch" not in line.evidence
+    assert d.sizing_inputs(u, None).activation_rate == 1.5
+    missing = d.check_warm_standby(facts([unit(signals={"replicas_warm": 1})]))
+    assert "activation rate (no batch of 2 or more wakes" in missing.evidence
+    assert "typed scaling.activation_rate does not count" in missing.evidence
+
+
 def test_a_typed_capacity_is_not_a_measured_per_replica_capacity() -> None:
     rec = scale_record(capacity="typed capacity_rps 100 over 2 ACTIVE")
     inputs = d.sizing_inputs(unit(signals={"replicas_warm": 1}), rec)
@@ -153,6 +165,7 @@ def test_warm_standby_against_the_sizing_formula(warm: int, verdict: d.Verdict) 
     line = d.check_warm_standby(facts(sizing={"east": measured(warm)}))
     assert line.verdict is verdict
     assert f"{warm} WARM configured, 4 needed" in line.evidence
+    assert "activation rate 0.50 replicas/s, measured" in line.evidence
     assert bool(line.todo) is (verdict is not V.PASS)
 
 

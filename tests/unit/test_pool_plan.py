@@ -22,6 +22,8 @@ from regions.pool.states import (
     PoolTarget,
     Replica,
     ReplicaState,
+    TransitionRefused,
+    dwell_for,
     is_stale,
     transition,
 )
@@ -322,3 +324,31 @@ def test_a_held_move_names_a_replica_the_plan_leaves_alone(
         m = re.match(r"(drain|retire|stop): (\S+) is ", held)
         assert m is not None, held
         assert m.group(2) not in moved, held
+
+
+def test_a_scaled_pool_puts_idle_replicas_to_sleep_after_its_own_dwell() -> None:
+    """The leader's scaler sizes the pool: its stable window was the hysteresis, so IDLE
+    (awake, paid like ACTIVE) sleeps after ``scaled_idle_min_s``, not ``idle_min_s``;
+    never before ``drain_s`` (a sleep aborts what the replica still runs)."""
+    pool = [rep("a", ACTIVE, 900), rep("i", IDLE, 45)]
+    static = plan(pool, PoolTarget(active=1, warm=0), T0, D)
+    assert [a.kind for a in static.actions] == []  # 45 s of 1,800
+    scaled = plan(pool, PoolTarget(active=1, warm=0, scaled=True), T0, D)
+    assert [(a.kind, a.replica) for a in scaled.actions] == [("sleep", "i")]
+    assert "IDLE dwell 10 s over" in scaled.actions[0].reason
+    quick = DwellPolicy(scaled_idle_min_s=0.0)  # drain_s (10 s) still holds
+    young = [rep("a", ACTIVE, 900), rep("i", IDLE, 5)]
+    assert plan(young, PoolTarget(active=1, warm=0, scaled=True), T0, quick).actions == ()
+    slow = DwellPolicy(scaled_idle_min_s=60.0)
+    assert plan(pool, PoolTarget(active=1, warm=0, scaled=True), T0, slow).actions == ()
+
+
+def test_the_pool_checks_a_scaled_sleep_with_the_dwell_it_was_planned_with() -> None:
+    """The pool re-checks every planned move (``transition``) with the dwell the planner
+    used: a scaled pool's IDLE replica of 45 s may sleep; by the pool file's 1,800 s it
+    may not (an agent once crashed on that refusal)."""
+    idle = rep("i", IDLE, 45)
+    scaled = PoolTarget(active=1, warm=0, scaled=True)
+    assert transition(idle, WARM, T0, dwell_for(D, scaled)).state is WARM
+    with pytest.raises(TransitionRefused, match="IDLE dwell"):
+        transition(idle, WARM, T0, dwell_for(D, PoolTarget(active=1, warm=0)))

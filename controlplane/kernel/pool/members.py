@@ -22,7 +22,8 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from controlplane.kernel.model import Frozen
 
 _LOAN_FIELDS = ("lent", "loan_refusals")
-_SCALE_FIELDS = ("activation_p95_s", "asleep")  # left out when None / False, as before them
+# left out when None / False, as before them (a leader older than a field drops it)
+_SCALE_FIELDS = ("activation_p95_s", "activation_rate", "asleep")
 _COST_FIELDS = ("idle", "warm_kept", "launching")  # left out when 0, as before them
 
 
@@ -44,6 +45,10 @@ class PoolMembers(Frozen):
     # the p95 of the pool's last wakes (None: none measured): how long a data plane
     # holds a request for a pool at zero (scale to zero, docs/scaling.md)
     activation_p95_s: float | None = None
+    # the replicas per second the pool's last batches of two or more wakes achieved
+    # (regions/pool/wake_rate.py; None: none measured): the sizing formula's measured
+    # activation rate (core/cold_start.py)
+    activation_rate: float | None = Field(None, gt=0)
     # the leader asks 0 ACTIVE (scale to zero): a pool with no ACTIVE replica sleeps on
     # purpose, and a data plane holds its requests while it wakes instead of spilling
     # them; False with no ACTIVE replica: the pool is down

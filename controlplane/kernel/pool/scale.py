@@ -20,6 +20,9 @@ from controlplane.kernel.pool.cost import BudgetNote
 # The agent's report: the p95 of its pool's last wakes (WARM -> ACTIVE), seconds. The
 # scaler's horizon is never shorter (a replica asked for later than that comes late).
 ACTIVATION_SIGNAL = "activation_p95_s"
+# The agent's report: the replicas per second its pool's last batches of wakes achieved
+# (regions/pool/wake_rate.py); the sizing formula's measured activation rate.
+ACTIVATION_RATE_SIGNAL = "activation_rate"
 # The agent's report: 1 while its pool is at zero on purpose, or waking from it (scale
 # to zero): asleep, not down; the leader's health fold never counts it down.
 ASLEEP_SIGNAL = "asleep"
@@ -34,8 +37,8 @@ class Direction(StrEnum):
 class ForecastState(Frozen):
     """A local-linear-trend Kalman filter of one series (controlplane/core/forecast.py):
     the rate and its trend per second, their covariance (``p_ll``, ``p_lt``, ``p_tt``),
-    the mean interval between observations, and the time of the last one folded in
-    (an observation no newer is not folded again)."""
+    the mean interval between observations, the time of the last one folded in (an
+    observation no newer is not folded again) and its change detector's sums."""
 
     level: float
     trend: float = 0.0
@@ -45,6 +48,10 @@ class ForecastState(Frozen):
     interval_s: float = Field(1.0, gt=0)
     observed_at: float
     observations: int = Field(1, ge=1)
+    # the change detector's sums (a two-sided CUSUM of normalised innovations): a ramp
+    # half seen when the leader changed is seen by the next one as soon
+    drift_up: float = Field(0.0, ge=0)
+    drift_down: float = Field(0.0, ge=0)
 
 
 class Incoming(Frozen):
@@ -76,6 +83,9 @@ class ScaleRecord(Frozen):
     guard: str = ""  # why the reactive guard added a replica ("" it did not)
     forecast: ForecastState | None = None  # of the served requests/s
     hit_rate: float | None = None  # smoothed prefix-cache hit rate, as used
+    # the hit rate over about ``scaling.standby_hit_window_s`` (an EWMA): what the
+    # standby counts on for a burst (None: no report yet)
+    standby_hit_rate: float | None = None
     # since when the forecast has asked for fewer ACTIVE replicas than the record has,
     # without a break: a scale-down waits a stable window from here (None: not asking)
     lower_since: float | None = None
@@ -141,7 +151,11 @@ class ScalingPolicy(Frozen):
     ] = 5.0
     activation_rate: Annotated[
         float,
-        Field(gt=0, description="wakes a pool carries out per second (they share a host)"),
+        Field(
+            gt=0,
+            description="wakes a pool carries out per second (they share a host); stands "
+            "in until the pool's agent measures it (its batches of wakes)",
+        ),
     ] = 0.5
     min_active: Annotated[int, Field(ge=0, description="never fewer ACTIVE replicas")] = 1
     max_active: Annotated[int, Field(ge=1, description="never more ACTIVE replicas")] = 64
@@ -155,9 +169,20 @@ class ScalingPolicy(Frozen):
             ge=0,
             description="a load the pool must be able to carry within one horizon at "
             "any time (the burst it plans for, requests/s): WARM replicas cover what "
-            "ACTIVE does not, at the forecast hit rate; 0: none beyond burst_warm",
+            "ACTIVE does not, at the pool's hit rate over standby_hit_window_s; 0: none "
+            "beyond burst_warm",
         ),
     ] = 0.0
+    standby_hit_window_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="the hit rate a planned burst (standby_rps) is counted at is "
+            "averaged over about this long (an exponential mean): a burst is new "
+            "traffic, which arrives at the pool's usual hit rate, not at this minute's "
+            "(a hit-rate collapse raises ACTIVE at once, and the standby only slowly)",
+        ),
+    ] = 3600.0
     stable_window_s: Annotated[
         float,
         Field(
@@ -165,7 +190,7 @@ class ScalingPolicy(Frozen):
             description="the forecast asks for fewer replicas this long before "
             "any goes (through IDLE)",
         ),
-    ] = 300.0
+    ] = 120.0
     band_z: Annotated[
         float, Field(gt=0, description="the upper band, in residual deviations (P90: 1.28)")
     ] = 1.2816
