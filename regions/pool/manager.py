@@ -77,6 +77,7 @@ from regions.pool.states import (
     ReplicaState,
     died,
     dwell_for,
+    refusal,
     transition,
 )
 from regions.pool.wake_rate import MIN_BATCH, BatchTimer, WakeRates
@@ -319,11 +320,15 @@ class WarmPool:
         if batch is not None:
             self._batch_done(batch)
         for a in p.of("resume", "drain"):  # routing only: nothing to tell the replica
+            if not self._allowed(a, now):
+                continue
             self._move(a, self._at(now))
             if a.kind == "resume":
                 self.hooks.activated("resume", True, 0.0)
         for a in p.of("sleep", "stop", "return"):
             r = self._replicas[a.replica]
+            if not self._allowed(a, now):  # before the replica is told anything
+                continue
             try:
                 if a.kind == "sleep":
                     await self._http.sleep(self._url(r))
@@ -343,6 +348,17 @@ class WarmPool:
             variant = self._target.variant if r.managed else r.variant
             self._replicas[name] = r.model_copy(update={"busy": True, "variant": variant})
         return names
+
+    def _allowed(self, a: Action, now: float | None) -> bool:
+        """Whether the pool's own rules allow the planned move now. The planner plans with
+        the same rules, so a refusal is a defect: said and skipped (the next reconcile
+        plans again), never an exception that would stop the agent with its pool."""
+        r = self._replicas[a.replica]
+        dwell = dwell_for(self.config.dwell, self._target)
+        why = refusal(r, a.to, self._at(now), dwell, retiring=a.retire)
+        if why is not None:
+            log.error("planned %s of %s refused, skipped: %s", a.kind, r.name, why)
+        return why is None
 
     def _move(self, a: Action, t: float, url: str | None = None) -> None:
         r = transition(

@@ -20,8 +20,9 @@ from controlplane.kernel.vllm.metrics import parse_gauges
 from regions.agent.service import ReplicaSet
 from regions.pool.launchers import SimulatorLauncher, StaticEndpoints, VllmLauncher, VllmSpec
 from regions.pool.manager import WarmPool
+from regions.pool.planner import Plan
 from regions.pool.snapshot import PoolSnapshot
-from regions.pool.states import PoolConfig, ReplicaState
+from regions.pool.states import Action, PoolConfig, ReplicaState
 
 pytestmark = pytest.mark.slow
 COLD, WARM, ACTIVE, IDLE = (
@@ -168,6 +169,33 @@ async def test_scaling_down_waits_for_the_dwells_on_a_fake_clock(
         assert (await pool.reconcile()).urls(IDLE) == [idle]
         clock.advance(1)
         assert (await pool.reconcile()).urls(WARM) == [idle]  # IDLE dwell over: asleep
+        assert await is_sleeping(http, idle)
+    finally:
+        await pool.stop()
+
+
+async def test_a_scaled_pool_sleeps_what_it_let_go_and_skips_a_refused_move(
+    http: aiohttp.ClientSession,
+) -> None:
+    """Sized by the leader (``set_sizes``), the pool puts a drained replica to sleep
+    after ``scaled_idle_min_s`` (10 s), not ``idle_min_s`` (1,800 s). A planned move its
+    own rules refuse (a planner defect, made by hand here) is skipped and said: the
+    replica is told nothing and the pool carries on (an agent once stopped on it)."""
+    clock = FakeClock()
+    pool = WarmPool(SimulatorLauncher(), PoolConfig(active=1, warm=1), clock=clock)
+    await pool.start()
+    try:
+        await pool.set_sizes(2, 0)
+        clock.advance(121)  # past the ACTIVE dwell
+        await pool.set_sizes(1, 1)
+        [idle] = pool.snapshot().urls(IDLE)
+        name = next(r.name for r in pool.snapshot().replicas if r.url == idle)
+        clock.advance(5)
+        early = Plan(actions=(Action(kind="sleep", replica=name, to=WARM, reason="a defect"),))
+        await pool._apply(early, None, launch=False)  # 5 s < 10 s: refused, skipped
+        assert pool.snapshot().urls(IDLE) == [idle] and not await is_sleeping(http, idle)
+        clock.advance(6)
+        assert (await pool.reconcile()).urls(WARM) == [idle]  # 11 s: asleep
         assert await is_sleeping(http, idle)
     finally:
         await pool.stop()
