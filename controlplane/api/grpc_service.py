@@ -14,6 +14,8 @@ what the leader did with an accepted one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import re
 import uuid
@@ -173,6 +175,11 @@ class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.Con
                     unit=p.unit,
                     active_now=p.active_now,
                     record_json=encode(p.record) if p.record is not None else b"",
+                    cold_start_json=(
+                        json.dumps(dataclasses.asdict(p.cold_start)).encode()
+                        if p.cold_start is not None
+                        else b""
+                    ),
                 )
                 for p in pools
             ],

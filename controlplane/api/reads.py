@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from controlplane.api.scale_views import PoolScaleView, ScaleView, scale_view
 from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
+from controlplane.core.cold_start import pool_cold_start
 from controlplane.core.store_writes import StoreWritesView
 from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.capacity.record import CapacityRecord, CapacitySource, HitProbe
@@ -416,7 +417,13 @@ class Reads:
         names = [self.known_region(unit)] if unit else list(self.topology.names)
         snap = await self.snapshot()
         views = [
-            PoolScaleView(n, snap.regions[n].active_replicas, snap.regions[n].scale) for n in names
+            PoolScaleView(
+                n,
+                snap.regions[n].active_replicas,
+                snap.regions[n].scale,
+                pool_cold_start(snap.regions[n], self.topology, snap.regions[n].scale),
+            )
+            for n in names
         ]
         return views, snap.now
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from controlplane.core.cold_start import ColdStart
 from controlplane.kernel.pool.scale import ScaleRecord
 
 
@@ -34,3 +35,4 @@ class PoolScaleView:
     unit: str
     active_now: int | None
     record: ScaleRecord | None
+    cold_start: ColdStart | None = None  # the cold-start check (core/cold_start.py)

@@ -16,6 +16,7 @@ The I/O is ``controlplane/cli/doctor_cmd.py``'s.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import yaml
 from pydantic import ValidationError
 from tectonic_api.v1 import controlplane_pb2 as pb
 
+from controlplane.core.cold_start import ColdStart
 from controlplane.core.spend import CostReport, PoolCost
 from controlplane.kernel.capacity.record import CapacityRecord
 from controlplane.kernel.drills import CAPACITY_PROBE
@@ -296,16 +298,68 @@ def check_warm_standby(f: Facts) -> Line:
 
     if isinstance(f.scale, str):
         scale_by_unit: dict[str, ScaleRecord | str] = {}
+        checked: dict[str, ColdStart] = {}
     else:
         scale_by_unit = {p.unit: _scale_record(p) for p in f.scale.pools}
+        checked = {p.unit: c for p in f.scale.pools if (c := _cold_start(p)) is not None}
     findings = []
     for u in units(f):
+        if u.name not in f.sizing and (c := checked.get(u.name)) is not None:
+            findings.append(_checked_finding(u.name, c))
+            continue
         rec = scale_by_unit.get(u.name)
         inputs = f.sizing.get(u.name) or sizing_inputs(
             u, rec if isinstance(rec, ScaleRecord) else None
         )
         findings.append(_sizing_finding(u.name, inputs))
     return _line(1, q, findings, todo)
+
+
+# the leader's cold-start check's inputs, as doctor names them
+_CHECKED_INPUTS = {
+    "activation_s": "activation time",
+    "activation_rate": "activation rate",
+    "replica_rps": "per-replica capacity",
+}
+
+
+def _cold_start(p: pb.PoolScale) -> ColdStart | None:
+    """The leader's cold-start check of the pool (GetScale), when it sized it: None
+    without one (no scaler record with a capacity yet, or an older control plane)."""
+    if not p.cold_start_json:
+        return None
+    try:
+        c = ColdStart(**json.loads(p.cold_start_json))
+    except (ValueError, TypeError):
+        return None
+    return c if c.warm_needed is not None else None
+
+
+def _checked_finding(unit: str, c: ColdStart) -> Finding:
+    """Q1 from the leader's own check (core/cold_start.py): the burst planned for
+    (``standby_rps`` or the forecast's band) beyond what ACTIVE bears, within the
+    scaler's horizon, every replica from WARM; PASS or FAIL only with all three inputs
+    measured."""
+    typed = [name for k, name in _CHECKED_INPUTS.items() if not c.measured.get(k)]
+    figures = (
+        f"{c.warm_now} WARM now, {c.warm_needed} needed for a burst of "
+        f"{c.burst_rps or 0.0:.3g} rps beyond ACTIVE"
+        + (f", activation rate {c.activation_rate:.3g} replicas/s" if c.activation_rate else "")
+    )
+    if typed:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{unit}: not measured: {', '.join(typed)} (the leader's check stands in a "
+            f"typed value: {figures})",
+        )
+    if c.feasible is False:
+        return Finding(
+            Verdict.FAIL,
+            f"{unit}: the wakes cannot finish within the horizon at the measured rate "
+            f"({figures}, all measured)",
+        )
+    verdict = Verdict.FAIL if c.short or c.warm_now is None else Verdict.PASS
+    return Finding(verdict, f"{unit}: {figures} (all three inputs measured)")
 
 
 # ---- 2. activation p95 <= first-token SLO / 3 -------------------------------------------

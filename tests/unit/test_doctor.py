@@ -4,6 +4,8 @@ command's reading of the repository."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import doctor as d
 from controlplane.cli.doctor_cmd import find_repo, read_repo
+from controlplane.core.cold_start import ColdStart
 from controlplane.core.spend import CostReport, PoolCost, ScopeCost
 from controlplane.kernel.capacity.bearing import CapacitySLO
 from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
@@ -145,6 +148,42 @@ def test_a_typed_capacity_is_not_a_measured_per_replica_capacity() -> None:
     rec = scale_record(capacity="typed capacity_rps 100 over 2 ACTIVE")
     inputs = d.sizing_inputs(unit(signals={"replicas_warm": 1}), rec)
     assert inputs.replica_rps is None and inputs.warm_now == 1
+
+
+def checked(warm_now: int, *, measured: bool = True, feasible: bool = True) -> pb.ScaleResponse:
+    """GetScale with the leader's cold-start check of east (core/cold_start.py)."""
+    cold = ColdStart(
+        unit="east",
+        activation_p95_s=2.0,
+        budget_s=0.5,
+        warm_now=warm_now,
+        warm_needed=3,
+        burst_rps=90.0,
+        feasible=feasible,
+        measured={"activation_s": True, "activation_rate": measured, "replica_rps": True},
+        activation_rate=1.5,
+    )
+    resp = with_scale(scale_record())
+    resp.pools[0].cold_start_json = json.dumps(dataclasses.asdict(cold)).encode()
+    return resp
+
+
+@pytest.mark.parametrize(
+    ("warm_now", "kw", "verdict", "said"),
+    [
+        (3, {}, V.PASS, "3 WARM now, 3 needed for a burst of 90 rps beyond ACTIVE"),
+        (2, {}, V.FAIL, "2 WARM now, 3 needed"),
+        (5, {"feasible": False}, V.FAIL, "cannot finish within the horizon"),
+        (5, {"measured": False}, V.UNKNOWN, "not measured: activation rate"),
+    ],
+)
+def test_warm_standby_from_the_leaders_cold_start_check(
+    warm_now: int, kw: dict[str, bool], verdict: d.Verdict, said: str
+) -> None:
+    """With the leader's check in GetScale, Q1 is its answer: PASS or FAIL only when the
+    activation time, the activation rate and one replica's capacity were all measured."""
+    line = d.check_warm_standby(facts([unit()], scale=checked(warm_now, **kw)))
+    assert line.verdict is verdict and said in line.evidence, line.evidence
 
 
 def measured(warm: int) -> d.SizingInputs:

@@ -765,14 +765,16 @@ class ScaleRequest(_message.Message):
     def __init__(self, unit: _Optional[str] = ...) -> None: ...
 
 class PoolScale(_message.Message):
-    __slots__ = ("unit", "active_now", "record_json")
+    __slots__ = ("unit", "active_now", "record_json", "cold_start_json")
     UNIT_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_NOW_FIELD_NUMBER: _ClassVar[int]
     RECORD_JSON_FIELD_NUMBER: _ClassVar[int]
+    COLD_START_JSON_FIELD_NUMBER: _ClassVar[int]
     unit: str
     active_now: int
     record_json: bytes
-    def __init__(self, unit: _Optional[str] = ..., active_now: _Optional[int] = ..., record_json: _Optional[bytes] = ...) -> None: ...
+    cold_start_json: bytes
+    def __init__(self, unit: _Optional[str] = ..., active_now: _Optional[int] = ..., record_json: _Optional[bytes] = ..., cold_start_json: _Optional[bytes] = ...) -> None: ...
 
 class CostRequest(_message.Message):
     __slots__ = ()
