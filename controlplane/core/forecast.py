@@ -16,9 +16,9 @@ A surprise widens the covariance before the update, so that the report moves the
 level and trend at once: one report past ``JUMP`` (a step), or a drift, where the
 normalised innovations of consecutive reports lean the same way (a two-sided CUSUM,
 ``DRIFT_K`` per report, past ``DRIFT_H``; in the state, so a new leader continues it).
-A ramp is believed within about 5-10 reports, while a flat noisy load keeps its band:
-an earlier rule widened on any report past 2 normalised squares, one in six on a flat
-load, and the band's top swung 20 % above the rate it hid.
+A ramp from 12 requests/s is believed within 5-15 reports, while a flat noisy load
+keeps its band: an earlier rule widened on any report past 2 normalised squares, one
+in six on a flat load, and the band's top swung 20-40 % above the rate.
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 
 - ACTIVE = ceil(upper band of the load ``horizon`` ahead / what one replica bears at
   the forecast hit rate), within ``min_active``..``max_active``;
-- WARM = ``burst_warm`` + the larger of what the band asks beyond ACTIVE one horizon
-  further (those must be asleep and ready by then, so their launch starts now) and
-  what ``standby_rps`` asks beyond ACTIVE (the burst planned for, which no forecast
-  sees coming), at the pool's usual hit rate (an hour's mean: a burst is new traffic);
+- WARM = ``burst_warm`` + the larger of what the forecast's point asks beyond ACTIVE
+  one horizon further (those must be asleep and ready by then, so their launch starts
+  now) and what ``standby_rps`` asks beyond what ACTIVE bears (the burst planned for,
+  which no forecast sees coming), at the pool's usual hit rate (an hour's mean: a
+  burst is new traffic);
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
   over the SLO) asks for one replica more than serve now when the forecast missed, and
   forbids a scale-down;
