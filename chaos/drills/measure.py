@@ -97,6 +97,10 @@ def _probe_holds(p: Probe, s: Sample) -> tuple[bool, str]:
         got = s.regions.get(p.region)
         if got is None or got.state != p.state:
             return False, f"{p.region} is {got.state if got else 'unknown'}, not {p.state}"
+    if p.probe == "regions_state":
+        bad = [f"{r} {v.state}" for r, v in s.regions.items() if v.state != p.state]
+        if bad or not s.regions:
+            return False, f"not every region {p.state}: " + (", ".join(bad) or "no state")
     if p.probe == "ladder_clear":
         got = s.regions.get(p.region)
         if got is None or got.ladder_steps:

@@ -86,6 +86,9 @@ class _Acted:
     injected: bool = False  # a fault may have been attempted: the rollbacks ran
     fault_t: float | None = None  # drill time of the first fault injected
     extra: list[Criterion] = field(default_factory=list)  # the faults' own criterion
+    # each session's request count once the steady state held: what went before (a
+    # region still settling when the drill began) is not the drill's to judge
+    marks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,7 +137,6 @@ class DrillRunner:
         journal.write("phase", "start", scenario=s.name, region=s.region, dry_run=dry_run)
         self.say(f"DRILL {s.name} on {s.region}{' (dry run)' if dry_run else ''}: {s.title}")
         sampler = asyncio.create_task(self._sample(observer, s, journal, mono0))
-        sessions0 = traffic_marks(self.traffic)
         acted = await self._act_and_roll_back(s, journal, observer, mono0, dry_run=dry_run)
         journal.phase = "steady_after"
         after = (
@@ -161,7 +163,7 @@ class DrillRunner:
             before=acted.before,
             after=after,
             extra=acted.extra,
-            marks=sessions0,
+            marks=acted.marks,
             dry_run=dry_run,
             gateway_violations=observer.gateway_violations,
             streams_continued=observer.streams_continued,
@@ -185,6 +187,7 @@ class DrillRunner:
         try:
             journal.phase = "steady_before"
             acted.before = await self._steady(s.steady_state, journal, "before")
+            acted.marks = traffic_marks(self.traffic)
             if dry_run:
                 await self._dry_run(s, journal)
             elif acted.before[0]:

@@ -115,6 +115,7 @@ class Probe(Frozen):
         "leader",
         "regions_healthy",
         "region_state",
+        "regions_state",
         "ladder_clear",
         "error_rate",
         "first_token_p99_s",

@@ -53,7 +53,7 @@ class DrillRun:
     before: tuple[bool, str]  # the steady state before: held, or why not
     after: tuple[bool, str]
     extra: list[Criterion]  # judged by the run itself (the faults went in)
-    marks: dict[str, int]  # see traffic_marks
+    marks: dict[str, int]  # each session's requests before the steady state held
     dry_run: bool
     gateway_violations: float
     streams_continued: float  # by the gateways, after a replica failed mid-stream
@@ -66,7 +66,7 @@ class DrillRun:
 
 
 def traffic_marks(traffic: Traffic | None) -> dict[str, int]:
-    """How many requests each synthetic session had made when the drill began."""
+    """How many requests each synthetic session has made so far."""
     if traffic is None:
         return {}
     return {x.conversation: len(x.log) for x in traffic.sessions}
