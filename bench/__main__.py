@@ -170,7 +170,8 @@ BENCHES = (
         "The reference ramp with a pool budget that binds at its peak, interactive and "
         "batch traffic: the real scaler caps at the budget and the real ladder sheds batch: "
         "spend over the budget (from the replicas' states), interactive SLO attainment, "
-        "the batch share shed, against the same run without a budget.",
+        "the batch share shed, against the same run without a budget; and a failover onto "
+        "the pool, which may spend past its budget for its allowance only.",
     ),
     BenchInfo(
         "surge",
