@@ -166,6 +166,14 @@ def size_pool(
     # margin; at a ramp's knee the band's top would launch replicas that arrive after
     # it, to sit WARM on the plateau)
     more = max(0, math.ceil(far.point / per - _EPS) - active)
+    if more and moving is not None and not _settled(moving, now, policy):
+        # a failover's arrival is a step, not a trend: ACTIVE is sized for it already,
+        # and the forecast two horizons ahead would launch the step extrapolated
+        reasons.append(
+            f"no WARM for the forecast {2 * horizon:g} s ahead ({far.point:.3g} rps): "
+            f"the failover from {moving.source} is still arriving"
+        )
+        more = 0
     # the planned burst beyond what ACTIVE bears now, as new traffic: at the usual hit
     # rate (a collapse of this minute's raises ACTIVE, not the standby with it)
     per_usual = max(capacity.per_replica(usual), _EPS)
@@ -303,10 +311,15 @@ def _with_incoming(
     arrives with. The arrival is a step, not a trend: the forecast, which would
     extrapolate it, counts only once it has settled (two horizons)."""
     incoming, planned, why = _incoming(base.incoming, moving, upper, per, capacity)
-    settled = now - moving.started_at >= 2 * policy.horizon
-    need = _within(max(planned, need) if settled else planned, policy)
+    need = _within(max(planned, need) if _settled(moving, now, policy) else planned, policy)
     reasons.append(f"{why} -> {need} ACTIVE, no scale-down while it moves")
     return incoming, need
+
+
+def _settled(moving: Moving, now: float, policy: ScalingPolicy) -> bool:
+    """Whether a failover's moved load has had two horizons to arrive: from then the
+    forecast, which would extrapolate its step, counts again."""
+    return now - moving.started_at >= 2 * policy.horizon
 
 
 def _incoming(

@@ -372,6 +372,23 @@ def test_a_failover_target_is_sized_for_what_moves_before_it_arrives() -> None:
     assert pool.history[-1].incoming is None
 
 
+def test_a_failover_step_launches_no_warm_for_its_extrapolation() -> None:
+    """The moved load arrives in a few seconds: the forecast two horizons ahead sees a
+    steep trend and, counted, would launch WARM for a load that never comes (bench
+    cost: 14-17 WARM for a 160 rps step onto 80). Until the move has settled, WARM is
+    the standby alone; after, the forecast counts again."""
+    pool = Pool(policy=POLICY.model_copy(update={"standby_rps": 0.0}))
+    pool.run(lambda t: 60.0, 0, 120)
+    moving = Moving(source="us-east", started_at=120.0, rps=120.0, hit_rate=0.0)
+    for t in range(120, 180):  # 120 rps more arrives over 10 s, then stays
+        pool.tick(float(t), 60.0 + min(120.0, 12.0 * (t - 120)), moving=moving)
+    arriving = pool.history[120:180]
+    assert {r.warm for r in arriving} == {POLICY.burst_warm}
+    assert any("is still arriving" in " ".join(r.reasons) for r in arriving)
+    settled = pool.tick(180.0, 180.0, moving=moving)
+    assert "is still arriving" not in " ".join(settled.reasons)
+
+
 def test_a_warmed_failover_arrives_at_a_hit_rate_and_needs_fewer() -> None:
     cold, warm = Pool(), Pool()
     for pool, h in ((cold, 0.0), (warm, 0.6)):
