@@ -30,11 +30,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controlplane.core.actions import TickResult
-from controlplane.core.bearing import hit_rate_of, load_of, region_bearing
+from controlplane.core.bearing import HIT_RATE_SIGNAL, hit_rate_of, load_of, region_bearing
 from controlplane.core.cold_start import cold_starts
 from controlplane.core.machine import TRANSITIONS
 from controlplane.core.spend import cost_report
 from controlplane.kernel.capacity.bearing import utilization
+from controlplane.kernel.capacity.record import Bearing, critical_hit_rate
 from controlplane.kernel.config import Topology
 from controlplane.kernel.metric_labels import exposition
 from controlplane.kernel.model import (
@@ -264,6 +265,22 @@ class ControlPlaneMetrics:
             ["region"],
             registry=r,
         )
+        self.hit_rate = Gauge(
+            "tectonic_region_hit_rate",
+            "Prefix-cache hit rate of what the region serves, as its agent reports it; "
+            "absent while none reports one (leader only)",
+            ["region"],
+            registry=r,
+        )
+        self.critical_hit_rate = Gauge(
+            "tectonic_region_critical_hit_rate",
+            "The hit rate under which the region bears less than the load it serves now, "
+            "by its last capacity probe's measured beta (fresh or stale); at or under 0 it "
+            "bears its load even fully cold (-Inf: at any hit rate); absent without a probe "
+            "(leader only)",
+            ["region"],
+            registry=r,
+        )
         self.desired_replicas = Gauge(
             "tectonic_pool_desired_replicas",
             "Replicas the leader's scaler wants of a pool (scale/<unit>), by state: active "
@@ -456,6 +473,8 @@ class ControlPlaneMetrics:
             self.allowed_rps.clear()
             self.capacity_stale.clear()
             self.capacity_age.clear()
+            self.hit_rate.clear()
+            self.critical_hit_rate.clear()
             self.desired_replicas.clear()
             self.forecast_rps.clear()
             self._clear_cold_start()
@@ -497,6 +516,24 @@ class ControlPlaneMetrics:
         elif region in self._probed:
             self.capacity_age.remove(region)
             self._probed.discard(region)
+        self._set_hit_rates(region, view, bearing)
+
+    def _set_hit_rates(self, region: str, view: RegionView, bearing: Bearing) -> None:
+        """The hit rate served and the one under which the region bears less than its
+        load (TectonicHitRateNearCritical compares them). The critical one is of the last
+        probe's record, fresh or stale: beta is a measurement either way, and a stale
+        probe has its own alert (TectonicCapacityStale)."""
+        served = view.health.signals.get(HIT_RATE_SIGNAL)
+        if served is None:
+            self.hit_rate.remove(region)
+        else:
+            self.hit_rate.labels(region).set(hit_rate_of(view))
+        rec = bearing.record
+        if rec is None:
+            self.critical_hit_rate.remove(region)
+            return
+        n = view.active_replicas if view.active_replicas is not None else rec.active_replicas
+        self.critical_hit_rate.labels(region).set(critical_hit_rate(rec, n, load_of(view)))
 
     def _set_scale(self, sizes: Mapping[str, ScaleRecord]) -> None:
         """The scaler's newest record of each pool (written or not this tick); a pool it

@@ -262,6 +262,7 @@ class ControlPlaneReplica:
                 lambda: self.election.is_leader,
                 sessions=self.sessions,
                 reads=self.reads,
+                ladder=self.ladder,
             ),
             server,
         )

@@ -137,7 +137,9 @@ class CapacityProber:
             result=self._result(
                 run_id, region, started, [*_criteria(record), scaled], "", record, page
             ),
-            writes=self._writes(record, run_id, urls),
+            writes=capacity_writes(
+                self._keys, self._holder, record, run_id, urls, at=self._clock.now()
+            ),
         )
 
     async def _config(self, region: str, pool: PoolMembers | None) -> ProbeConfig:
@@ -166,34 +168,6 @@ class CapacityProber:
             log.warning("ignoring %s: %s", key, e)
             return None
 
-    def _writes(self, record: CapacityRecord, run_id: str, urls: Sequence[str]) -> tuple[Put, ...]:
-        cold = min(record.probes, key=lambda p: p.hit_rate)
-        entry = AuditEntry(
-            at=self._clock.now(),
-            actor=self._holder,
-            action=AuditAction.CAPACITY_MEASURED,
-            region=record.region,
-            reason=f"capacity probe {run_id} of {' and '.join(urls)}",
-            result="ok",
-            details={
-                "run": run_id,
-                "replica": record.replica,
-                "engine_version": record.engine_version,
-                "ultimate_rps": f"{cold.ultimate_rps:.4g}",
-                "allowed_rps": f"{cold.ultimate_rps / record.factor_of_safety:.4g}",
-                "knee_rps": "" if cold.knee_rps is None else f"{cold.knee_rps:.4g}",
-                "r_base_rps": f"{record.r_base_rps:.4g}",
-                "beta": f"{record.beta:.3f}",
-                "scaling_efficiency": f"{record.scaling_efficiency:.3f}",
-                "scaling_measured": str(record.scaling_measured).lower(),
-                "pair_replica": urls[1] if len(urls) > 1 else "",
-            },
-        )
-        return (
-            Put(self._keys.capacity(record.region), encode(record)),
-            AuditLog(self._keys, self._holder).op(entry),
-        )
-
     def _result(
         self,
         run_id: str,
@@ -217,6 +191,40 @@ class CapacityProber:
             figures=_figures(record) if record else {},
             report_path=str(page) if page else "",
         )
+
+
+def capacity_writes(
+    keys: Keys, holder: str, record: CapacityRecord, run_id: str, urls: Sequence[str], at: float
+) -> tuple[Put, ...]:
+    """What a probe commits with its history row: ``capacity/<region>`` and its audit
+    entry (``capacity_measured``, at ``at``), the probed replicas (``urls``: the one the
+    record is of, then its pair) named."""
+    cold = min(record.probes, key=lambda p: p.hit_rate)
+    entry = AuditEntry(
+        at=at,
+        actor=holder,
+        action=AuditAction.CAPACITY_MEASURED,
+        region=record.region,
+        reason=f"capacity probe {run_id} of {' and '.join(urls)}",
+        result="ok",
+        details={
+            "run": run_id,
+            "replica": record.replica,
+            "engine_version": record.engine_version,
+            "ultimate_rps": f"{cold.ultimate_rps:.4g}",
+            "allowed_rps": f"{cold.ultimate_rps / record.factor_of_safety:.4g}",
+            "knee_rps": "" if cold.knee_rps is None else f"{cold.knee_rps:.4g}",
+            "r_base_rps": f"{record.r_base_rps:.4g}",
+            "beta": f"{record.beta:.3f}",
+            "scaling_efficiency": f"{record.scaling_efficiency:.3f}",
+            "scaling_measured": str(record.scaling_measured).lower(),
+            "pair_replica": urls[1] if len(urls) > 1 else "",
+        },
+    )
+    return (
+        Put(keys.capacity(record.region), encode(record)),
+        AuditLog(keys, holder).op(entry),
+    )
 
 
 def _figures(record: CapacityRecord) -> dict[str, float]:

@@ -121,6 +121,7 @@ def summarize(result: DrillResult, trigger: str = "manual", request_id: str = ""
         dry_run=result.dry_run,
         aborted=result.aborted,
         failed=tuple(result.failed_criteria()),
+        criteria=tuple(c.name for c in result.criteria),
         trigger=trigger,
         report_path=result.report_path,
         request_id=request_id,

@@ -185,7 +185,7 @@ class Verdict:
             report_path=str(run.directory / "report.html"),
         )
         if self.write_readiness and regions:
-            await self._record_readiness(result, regions)
+            await record_readiness(self.store, self.keys, result, regions)
             journal.write("verdict", "readiness", passed=passed, regions=",".join(regions))
         journal.write(
             "verdict",
@@ -200,33 +200,6 @@ class Verdict:
         self._write_report(result, run.directory)
         return result
 
-    async def _record_readiness(self, result: DrillResult, regions: Sequence[str]) -> None:
-        keys = self.keys
-        readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
-        ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
-        entry_base = {
-            "drill": result.id,
-            "scenario": result.scenario,
-            "failed": json_list(result.failed_criteria()),
-        }
-        log = AuditLog(keys, ACTOR)
-        audit = [
-            log.op(
-                AuditEntry(
-                    at=result.ended_at,
-                    actor=ACTOR,
-                    action=AuditAction.DRILL_VERDICT,
-                    region=r,
-                    reason="passed"
-                    if result.passed
-                    else "failed: barred until a passing drill or an operator override",
-                    details=entry_base,
-                )
-            )
-            for r in regions
-        ]
-        await self.store.txn([], [*ops, *audit])
-
     def _write_report(self, result: DrillResult, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         try:
@@ -236,6 +209,38 @@ class Verdict:
             return
         write_report(result, directory)
         write_history(self.reports_root)
+
+
+async def record_readiness(
+    store: Store, keys: Keys, result: DrillResult, regions: Sequence[str]
+) -> None:
+    """A verdict's readiness: ``regions/<r>/readiness`` of each region judged, with its
+    audit entry, in one transaction (a failed drill bars them until a passing drill or an
+    operator's override)."""
+    readiness = Readiness(passed=result.passed, drill=result.id, at=result.ended_at)
+    ops = [Put(keys.readiness(r), encode(readiness)) for r in regions]
+    entry_base = {
+        "drill": result.id,
+        "scenario": result.scenario,
+        "failed": json_list(result.failed_criteria()),
+    }
+    log = AuditLog(keys, ACTOR)
+    audit = [
+        log.op(
+            AuditEntry(
+                at=result.ended_at,
+                actor=ACTOR,
+                action=AuditAction.DRILL_VERDICT,
+                region=r,
+                reason="passed"
+                if result.passed
+                else "failed: barred until a passing drill or an operator override",
+                details=entry_base,
+            )
+        )
+        for r in regions
+    ]
+    await store.txn([], [*ops, *audit])
 
 
 def _dry_run_criteria(run: DrillRun) -> list[Criterion]:

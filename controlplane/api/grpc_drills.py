@@ -90,6 +90,7 @@ def summary_pb(s: DrillSummary) -> pb.DrillRun:
         trigger=s.trigger,
         report_path=s.report_path,
         request_id=s.request_id,
+        criteria=list(s.criteria),
     )
 
 

@@ -55,6 +55,7 @@ from controlplane.kernel.codec import CorruptValue, decode, encode
 from controlplane.kernel.config import Topology
 from controlplane.kernel.details import flag, json_list
 from controlplane.kernel.keys import Keys
+from controlplane.kernel.ladder.model import Ladder
 from controlplane.kernel.model import (
     AuditAction,
     AuditEntry,
@@ -102,10 +103,13 @@ class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.Con
         is_leader: Callable[[], bool],
         sessions: SessionStore | None = None,
         reads: Reads | None = None,
+        ladder: Ladder | None = None,
     ) -> None:
         """``reads``: the replica's, shared with its HTTP API (it knows the store's write
-        refusals); None: reads of this service's own, for tests."""
+        refusals); None: reads of this service's own, for tests. ``ladder``: the
+        degradation ladder the replica runs, reported in GetStatus (None: none)."""
         self.store, self.keys, self.topology, self.clock = store, keys, topology, clock
+        self.ladder = ladder
         self.replica_id = replica_id
         # The read paths (and their validation messages) are shared with the HTTP API.
         self.reads = reads or Reads(store, keys, topology, clock, replica_id, is_leader)
@@ -147,6 +151,9 @@ class ControlPlaneService(ControlMethods, CostMethods, DrillMethods, pb_grpc.Con
             responder_is_leader=self.reads.is_leader(),
             generated_at=snap.now,
             store=store_writes_to_pb(store),
+            # what doctor compares with the checkout's ladder file (question 6)
+            ladder_steps=list(self.ladder.names) if self.ladder is not None else [],
+            ladder_sha256=self.ladder.digest if self.ladder is not None else "",
         )
 
     @store_errors

@@ -28,8 +28,9 @@ from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.core.cold_start import ColdStart
 from controlplane.core.spend import CostReport, PoolCost
-from controlplane.kernel.capacity.record import CapacityRecord
+from controlplane.kernel.capacity.record import CapacityRecord, critical_hit_rate
 from controlplane.kernel.drills import CAPACITY_PROBE
+from controlplane.kernel.pool.members import ACTIVATION_SPAN_SIGNAL, ACTIVATION_WAKES_SIGNAL
 from controlplane.kernel.pool.scale import ACTIVATION_RATE_SIGNAL, ACTIVATION_SIGNAL, ScaleRecord
 from controlplane.kernel.pool.sizing import BurstProfile, check_pool
 
@@ -127,6 +128,7 @@ class RepoFacts:
     testpaths: tuple[str, ...]  # pyproject's [tool.pytest.ini_options] testpaths
     ladder_steps: tuple[str, ...] | None  # runbooks/degradation.yaml's, in order
     ladder_error: str = ""  # why the ladder file did not load
+    ladder_sha256: str = ""  # its digest as loaded (Ladder.digest); "" when it did not load
 
 
 @dataclass(frozen=True)
@@ -363,37 +365,73 @@ def _checked_finding(unit: str, c: ColdStart) -> Finding:
 
 
 # ---- 2. activation p95 <= first-token SLO / 3 -------------------------------------------
+# The agent keeps its last wakes only; 90 days of them are Prometheus's.
+WAKES_HISTORY = (
+    f"the agent keeps its last {WAKES_KEPT} wakes since it started; 90 days are "
+    "Prometheus's: histogram_quantile(0.95, sum by (le, region) "
+    "(increase(tectonic_agent_pool_activation_duration_seconds_bucket[90d])))"
+)
+
+
+def _leader_budgets(f: Facts) -> dict[str, float]:
+    """Each pool's cold-start budget as the leader computes it (GetScale's cold-start
+    check: a third of the topology's first-token SLO), by unit."""
+    if isinstance(f.scale, str):
+        return {}
+    out = {}
+    for p in f.scale.pools:
+        if not p.cold_start_json:
+            continue
+        try:
+            out[p.unit] = float(json.loads(p.cold_start_json)["budget_s"])
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _seen(u: pb.RegionStatus, now: float) -> str:
+    """How far back the agent's p95 sees: its wakes' count and the oldest one's age."""
+    n, span = u.signals.get(ACTIVATION_WAKES_SIGNAL), u.signals.get(ACTIVATION_SPAN_SIGNAL)
+    if n is None or span is None:
+        return "over its last wakes (how many and since when not reported)"
+    return f"over its last {n:.0f} wake(s), the oldest {age_text(now, now - span)}"
+
+
 def check_activation(f: Facts) -> Line:
     q = "cold-start (activation) p95 <= first-token SLO / 3"
     records = _capacity_records(f)
+    budgets = _leader_budgets(f)
     findings = []
-    window = (
-        f"each p95 is of the agent's last wakes, at most {WAKES_KEPT}; how far back in time "
-        "is not reported"
-    )
     for u in units(f):
         p95 = u.signals.get(ACTIVATION_SIGNAL)
         rec = _record_for(records, u)
         if p95 is None:
             findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: no wake measured yet"))
-        elif rec is None:
+            continue
+        # the leader's budget (the topology's SLO, as its alert judges), else the SLO
+        # the unit's capacity probe was run under
+        if u.name in budgets:
+            bound, slo = budgets[u.name], budgets[u.name] / ACTIVATION_SLO_SHARE
+        elif rec is not None:
+            slo = rec.slo.ttft_p99_s
+            bound = slo * ACTIVATION_SLO_SHARE
+        else:
             findings.append(
                 Finding(
                     Verdict.UNKNOWN,
-                    f"{u.name}: wake p95 {p95:.2f} s, but no first-token SLO known "
-                    "(no capacity probe record holds one)",
+                    f"{u.name}: wake p95 {p95:.2f} s, but no first-token SLO known (no "
+                    "cold-start check in GetScale, no capacity probe record)",
                 )
             )
-        else:
-            bound = rec.slo.ttft_p99_s * ACTIVATION_SLO_SHARE
-            ok = p95 <= bound
-            findings.append(
-                Finding(
-                    Verdict.PASS if ok else Verdict.FAIL,
-                    f"{u.name}: wake p95 {p95:.2f} s {'<=' if ok else '>'} {bound:.2f} s "
-                    f"(SLO {rec.slo.ttft_p99_s:g} s / 3)",
-                )
+            continue
+        ok = p95 <= bound
+        findings.append(
+            Finding(
+                Verdict.PASS if ok else Verdict.FAIL,
+                f"{u.name}: wake p95 {p95:.2f} s {'<=' if ok else '>'} {bound:.2f} s "
+                f"(SLO {slo:g} s / 3) {_seen(u, f.now)}",
             )
+        )
     line = _line(
         2,
         q,
@@ -402,11 +440,13 @@ def check_activation(f: Facts) -> Line:
             "find why wakes are slow (runbooks/data-plane.md): vLLM sleep level, host memory "
             "bandwidth, wakes sharing a host"
             if v is Verdict.FAIL
-            else "wake a WARM replica (a failover drill or a capacity probe does) and run a "
-            "capacity probe so the SLO is on record"
+            else "wake a WARM replica (a failover drill or a capacity probe does); with "
+            "scaling off, run a capacity probe so that an SLO is on record"
         ),
     )
-    return Line(line.id, line.question, line.verdict, f"{line.evidence}; {window}", line.todo)
+    return Line(
+        line.id, line.question, line.verdict, f"{line.evidence}; {WAKES_HISTORY}", line.todo
+    )
 
 
 # ---- 3. the hit-rate alert --------------------------------------------------------------
@@ -421,16 +461,72 @@ def alert_rules(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def critical_hit_rate(b: pb.RegionCapacity) -> float | None:
-    """The hit rate under which what the unit bears falls below its load now, with the
-    measured beta (R(h) = R0 / (1 - beta h)); None without a measured beta or load."""
-    if b.source != "measured" or not b.HasField("beta") or b.beta <= 0 or b.load_rps <= 0:
-        return None
-    cold = b.allowed_rps * (1 - b.beta * b.hit_rate)
-    return (1 - cold / b.load_rps) / b.beta
+def unit_critical_hit_rate(
+    u: pb.RegionStatus, record: CapacityRecord | None
+) -> tuple[float | None, str]:
+    """The hit rate under which ``u`` bears less than its load now (kernel/capacity:
+    ``critical_hit_rate``, as the leader exports it), by its last probe's measured beta,
+    fresh or stale (whether the probe is current is question 7's), and what it stands
+    on; None, with why, without a probe record."""
+    b = u.capacity
+    if record is None:
+        return None, f"no capacity probe record, so no measured beta ({b.source})"
+    n = b.active_replicas if b.HasField("active_replicas") else record.active_replicas
+    h = critical_hit_rate(record, n, b.load_rps)
+    stale = " (a stale probe's: see question 7)" if b.source == "stale" else ""
+    return h, f"beta {record.beta:.2f}{stale}, {n} ACTIVE"
 
 
 _THRESHOLD = re.compile(r"<=?\s*([0-9]*\.?[0-9]+)")
+# A rule that follows the leader's critical hit rate: "hit_rate < critical + margin"
+CRITICAL_SERIES = "tectonic_region_critical_hit_rate"
+_TRACKS = re.compile(CRITICAL_SERIES + r"\b[^+<>]*\+\s*([0-9]*\.?[0-9]+)")
+
+
+def hit_rate_rules(text: str) -> tuple[list[str], list[float], list[tuple[str, float]]]:
+    """The alerting rules on the hit rate in a rules file: their names, the fixed
+    thresholds they fire under, and those that follow the leader's critical hit rate
+    with their margin above it."""
+    hit = [(a, e) for a, e in alert_rules(text) if re.search(r"hit", e, re.IGNORECASE)]
+    tracking = [(a, float(m.group(1))) for a, e in hit if (m := _TRACKS.search(e))]
+    fixed = [float(m) for a, e in hit if CRITICAL_SERIES not in e for m in _THRESHOLD.findall(e)]
+    return [a for a, _ in hit], fixed, tracking
+
+
+def _hit_rate_finding(
+    u: pb.RegionStatus,
+    h: float,
+    basis: str,
+    rules: tuple[list[str], list[float], list[tuple[str, float]]],
+    source: str,
+) -> Finding:
+    b = u.capacity
+    if h <= 0:
+        return Finding(
+            Verdict.PASS,
+            f"{u.name}: bears its {b.load_rps:.1f} rps even fully cold ({basis}): no "
+            "hit-rate drop takes it below load",
+        )
+    want = h + HIT_RATE_MARGIN
+    where = (
+        f"{u.name}: below hit rate {h:.2f} (now {b.hit_rate:.2f}; {basis}) it bears less "
+        f"than its {b.load_rps:.1f} rps"
+    )
+    names, fixed, tracking = rules
+    followed = [(a, m) for a, m in tracking if m >= HIT_RATE_MARGIN]
+    if followed:
+        a, m = followed[0]
+        return Finding(Verdict.PASS, f"{where}; {a} fires below it + {m:g} ({want:.2f})")
+    if fixed and max(fixed) >= want:
+        return Finding(Verdict.PASS, f"{where}; an alert fires below {max(fixed):g}")
+    if tracking or fixed:
+        said = [f"{a}: critical + {m:g}" for a, m in tracking] + [f"below {x:g}" for x in fixed]
+        return Finding(
+            Verdict.FAIL, f"{where}; the hit-rate alert fires {', '.join(said)}, under {want:.2f}"
+        )
+    if names:
+        return Finding(Verdict.UNKNOWN, f"{where}; rule(s) {', '.join(names)}: threshold not read")
+    return Finding(Verdict.FAIL, f"{where}; no rule in {source} watches the hit rate")
 
 
 def check_hit_rate_alert(f: Facts) -> Line:
@@ -439,9 +535,8 @@ def check_hit_rate_alert(f: Facts) -> Line:
     def todo(v: Verdict) -> str:
         if v is Verdict.FAIL:
             return (
-                f"add an alert on the served prefix-cache hit rate firing {HIT_RATE_MARGIN} "
-                "above each critical hit rate named (runbooks/alerts/tectonic-alerts.yaml); "
-                "Tectonic exports no hit-rate series to alert on yet"
+                f"load the alert TectonicHitRateNearCritical (hit rate < critical + "
+                f"{HIT_RATE_MARGIN:g}, runbooks/alerts/tectonic-alerts.yaml) in Prometheus"
             )
         return "run a capacity probe for a measured beta (failoverctl capacity probe REGION -r WHY)"
 
@@ -454,55 +549,19 @@ def check_hit_rate_alert(f: Facts) -> Line:
             "pass --rules PATH (the rules Prometheus loads)",
         )
     try:
-        rules = alert_rules(f.rules)
+        rules = hit_rate_rules(f.rules)
     except yaml.YAMLError as exc:
         return Line(
             3, q, Verdict.UNKNOWN, f"{f.rules_source}: not YAML: {exc}", todo(Verdict.UNKNOWN)
         )
-    hit = [(a, e) for a, e in rules if re.search(r"hit", e, re.IGNORECASE)]
-    thresholds = [float(m) for _, e in hit for m in _THRESHOLD.findall(e)]
+    records = _capacity_records(f)
     findings = []
     for u in units(f):
-        b = u.capacity
-        h = critical_hit_rate(b)
+        h, basis = unit_critical_hit_rate(u, _record_for(records, u))
         if h is None:
-            findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: no measured beta ({b.source})"))
-            continue
-        if h <= 0:
-            findings.append(
-                Finding(
-                    Verdict.PASS,
-                    f"{u.name}: bears its {b.load_rps:.1f} rps even fully cold (beta "
-                    f"{b.beta:.2f}): no hit-rate drop takes it below load",
-                )
-            )
-            continue
-        want = h + HIT_RATE_MARGIN
-        where = (
-            f"{u.name}: below hit rate {h:.2f} (now {b.hit_rate:.2f}, beta {b.beta:.2f}) "
-            f"it bears less than its {b.load_rps:.1f} rps"
-        )
-        if not hit:
-            findings.append(
-                Finding(Verdict.FAIL, f"{where}; no rule in {f.rules_source} watches the hit rate")
-            )
-        elif not thresholds:
-            names = ", ".join(a for a, _ in hit)
-            findings.append(
-                Finding(Verdict.UNKNOWN, f"{where}; rule(s) {names}: threshold not read")
-            )
-        elif max(thresholds) >= want:
-            findings.append(
-                Finding(Verdict.PASS, f"{where}; an alert fires below {max(thresholds):g}")
-            )
+            findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: {basis}"))
         else:
-            findings.append(
-                Finding(
-                    Verdict.FAIL,
-                    f"{where}; the hit-rate alert fires below {max(thresholds):g}, "
-                    f"under {want:.2f}",
-                )
-            )
+            findings.append(_hit_rate_finding(u, h, basis, rules, f.rules_source))
     return _line(3, q, findings, todo)
 
 
@@ -591,6 +650,57 @@ def check_forecast(f: Facts) -> Line:
 
 
 # ---- 5. a failover drill per region in the last 7 days ----------------------------------
+def _drill_runs(f: Facts, drills: pb.DrillsResponse, region: str) -> list[pb.DrillRun]:
+    """``region``'s failover drills (its pools' too) that ended in the window: real
+    runs, not dry, not aborted, not capacity probes; newest first."""
+    since = f.now - DRILL_WINDOW_S
+    runs = [
+        r
+        for r in drills.runs
+        if r.region
+        and _in_region(r.region, region)
+        and not r.dry_run
+        and not r.aborted
+        and r.scenario != CAPACITY_PROBE
+        and (r.ended_at or r.started_at) >= since
+    ]
+    return sorted(runs, key=lambda r: r.ended_at or r.started_at, reverse=True)
+
+
+def _drill_finding(f: Facts, region: str, runs: Sequence[pb.DrillRun]) -> Finding:
+    """The newest drill of the window, and each criterion question 5 asks for from the
+    newest drill that recorded it (ListDrills: ``criteria`` judged, ``failed``)."""
+    last = runs[0]
+
+    def said(r: pb.DrillRun) -> str:
+        return f"drill {r.id} ({r.scenario}, {age_text(f.now, r.ended_at or r.started_at)})"
+
+    outcome = "passed" if last.passed else f"failed ({', '.join(last.failed) or '?'})"
+    head = f"{region}: {said(last)} {outcome}"
+    missing, failed, passed = [], [], []
+    for c in DRILL_CRITERIA:
+        # a failed criterion was judged, also in a row recorded before ``criteria`` was
+        src = next((r for r in runs if c in r.criteria or c in r.failed), None)
+        where = "" if src is last or src is None else f" (in {said(src)})"
+        if src is None:
+            missing.append(c)
+        elif c in src.failed:
+            failed.append(c + where)
+        else:
+            passed.append(c + where)
+    if failed:
+        return Finding(Verdict.FAIL, f"{head}; failed {', '.join(failed)}")
+    if missing and not any(r.criteria for r in runs):
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{head}; no drill of the week says which criteria it judged (recorded by a "
+            "drill service older than the criteria list)",
+        )
+    if missing:
+        return Finding(Verdict.FAIL, f"{head}; no drill of the week measured {', '.join(missing)}")
+    return Finding(Verdict.PASS, f"{head}; recorded and passed: {', '.join(passed)}")
+
+
 def check_drills(f: Facts) -> Line:
     q = (
         "a failover drill per region in the last 7 days, its pre-warm, ladder order and "
@@ -600,53 +710,27 @@ def check_drills(f: Facts) -> Line:
     def todo(v: Verdict) -> str:
         if v is Verdict.FAIL:
             return (
-                "run one: failoverctl drill run SCENARIO --region REGION -r WHY "
+                "run drills that measure them (no shipped scenario measures all three: "
+                "region-blackout the pre-warm and consistency, latency-injection the ladder's "
+                "order): failoverctl drill run SCENARIO --region REGION -r WHY "
                 "(runbooks/region-barred.md)"
             )
         return (
-            "read the drill's report (failoverctl drill show ID): ListDrills names only the "
-            "criteria that failed, not which were measured"
+            "read the drill's report (failoverctl drill show ID), or upgrade the drill "
+            "service so that its history says which criteria it judged"
         )
 
     if isinstance(f.drills, str):
         return _unreadable(5, q, "the drill history (ListDrills)", f.drills, todo(Verdict.UNKNOWN))
-    since = f.now - DRILL_WINDOW_S
     findings = []
     for region in regions(f):
-        runs = [
-            r
-            for r in f.drills.runs
-            if r.region
-            and _in_region(r.region, region)
-            and not r.dry_run
-            and not r.aborted
-            and r.scenario != CAPACITY_PROBE
-            and (r.ended_at or r.started_at) >= since
-        ]
+        runs = _drill_runs(f, f.drills, region)
         if not runs:
             findings.append(
                 Finding(Verdict.FAIL, f"{region}: no failover drill in the last 7 days")
             )
-            continue
-        last = max(runs, key=lambda r: r.ended_at or r.started_at)
-        when = age_text(f.now, last.ended_at or last.started_at)
-        bad = [c for c in last.failed if c in DRILL_CRITERIA]
-        outcome = "passed" if last.passed else f"failed ({', '.join(last.failed) or '?'})"
-        if bad:
-            findings.append(
-                Finding(
-                    Verdict.FAIL,
-                    f"{region}: drill {last.id} ({last.scenario}, {when}) failed {', '.join(bad)}",
-                )
-            )
         else:
-            findings.append(
-                Finding(
-                    Verdict.UNKNOWN,
-                    f"{region}: drill {last.id} ({last.scenario}, {when}) {outcome}; whether "
-                    f"it recorded {', '.join(DRILL_CRITERIA)} is not in ListDrills",
-                )
-            )
+            findings.append(_drill_finding(f, region, runs))
     return _line(5, q, findings, todo)
 
 
@@ -690,30 +774,7 @@ def check_ladder_ci(f: Facts) -> Line:
                 "pytest tests/)",
             )
         )
-    if repo.ladder_steps is None:
-        findings.append(
-            Finding(Verdict.FAIL, f"runbooks/degradation.yaml does not load: {repo.ladder_error}")
-        )
-    else:
-        applied = {s for u in units(f) for s in u.degradation_steps}
-        foreign = sorted(applied - set(repo.ladder_steps))
-        if foreign:
-            findings.append(
-                Finding(
-                    Verdict.FAIL,
-                    f"the leader applies step(s) {', '.join(foreign)} that the repository's "
-                    "ladder lacks: the deployed ladder differs",
-                )
-            )
-        else:
-            findings.append(
-                Finding(
-                    Verdict.UNKNOWN,
-                    f"the repository's ladder is {' > '.join(repo.ladder_steps)}; the deployed "
-                    "one is not in any RPC's answer (only the steps applied now are), so not "
-                    "compared",
-                )
-            )
+    findings.append(_deployed_ladder(f, repo))
     return _line(
         6,
         q,
@@ -727,37 +788,78 @@ def check_ladder_ci(f: Facts) -> Line:
     )
 
 
+def _deployed_ladder(f: Facts, repo: RepoFacts) -> Finding:
+    """The checkout's ladder file against the one the answering control-plane replica
+    runs (GetStatus: its steps and digest), and the steps the leader applies now."""
+    if repo.ladder_steps is None:
+        why = repo.ladder_error
+        return Finding(Verdict.FAIL, f"runbooks/degradation.yaml does not load: {why}")
+    mine = " > ".join(repo.ladder_steps)
+    applied = {s for u in units(f) for s in u.degradation_steps}
+    foreign = sorted(applied - set(repo.ladder_steps))
+    if foreign:
+        return Finding(
+            Verdict.FAIL,
+            f"the leader applies step(s) {', '.join(foreign)} that the repository's ladder "
+            "lacks: the deployed ladder differs",
+        )
+    deployed, who = f.status.ladder_sha256, f.status.responder or "the control plane"
+    if not deployed:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"the repository's ladder is {mine}; {who} reports no ladder (it runs none, or "
+            "is older than the ladder in GetStatus), so not compared",
+        )
+    if deployed != repo.ladder_sha256:
+        theirs = " > ".join(f.status.ladder_steps)
+        return Finding(
+            Verdict.FAIL,
+            f"{who} runs another ladder than runbooks/degradation.yaml (sha256 {deployed[:12]} "
+            f"vs {repo.ladder_sha256[:12]}; steps {theirs} vs {mine})",
+        )
+    return Finding(
+        Verdict.PASS,
+        f"{who} runs the checkout's runbooks/degradation.yaml ({mine}; sha256 {deployed[:12]})",
+    )
+
+
 # ---- 7. capacity measured and fresh, of the engine running ------------------------------
+def _capacity_finding(f: Facts, u: pb.RegionStatus) -> Finding:
+    """Measured (fresh, of the engine and serving configuration the region runs: the
+    leader's bearing) and the probe's engine the one its replicas run now."""
+    b = u.capacity
+    if b.source != "measured":
+        return Finding(Verdict.FAIL, f"{u.name}: {b.source or 'no source'}: {b.reason}")
+    when = age_text(f.now, b.measured_at) if b.HasField("measured_at") else "?"
+    running = running_engine(u)
+    if not b.engine_version:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{u.name}: measured {when}, but the probe recorded no engine version: not "
+            "compared with the one running",
+        )
+    if not running:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{u.name}: measured {when} on engine {b.engine_version}, but its agent reports "
+            "no engine version running: not compared",
+        )
+    if running != b.engine_version:  # the leader would call it stale; "a, b": mid-upgrade
+        return Finding(
+            Verdict.FAIL,
+            f"{u.name}: measured {when} on engine {b.engine_version}, it runs {running}",
+        )
+    return Finding(
+        Verdict.PASS, f"{u.name}: measured {when} on engine {b.engine_version}, the one it runs"
+    )
+
+
 def check_capacity(f: Facts) -> Line:
     q = "capacity measured and fresh for every region, of the engine running"
-    findings = []
-    for u in units(f):
-        b = u.capacity
-        if b.source == "measured":
-            when = age_text(f.now, b.measured_at) if b.HasField("measured_at") else "?"
-            if b.engine_version:
-                findings.append(
-                    Finding(
-                        Verdict.PASS,
-                        f"{u.name}: measured {when} on engine {b.engine_version} ({b.reason})",
-                    )
-                )
-            else:
-                findings.append(
-                    Finding(
-                        Verdict.UNKNOWN,
-                        f"{u.name}: measured {when}, but the probe recorded no engine version: "
-                        "not compared with the one running",
-                    )
-                )
-        else:
-            findings.append(
-                Finding(Verdict.FAIL, f"{u.name}: {b.source or 'no source'}: {b.reason}")
-            )
     return _line(
         7,
         q,
-        findings,
+        [_capacity_finding(f, u) for u in units(f)],
         lambda v: "probe it: failoverctl capacity probe REGION -r WHY (runbooks/capacity-stale.md)",
     )
 
@@ -830,7 +932,8 @@ def budget_findings(report: CostReport, wanted: set[str]) -> list[Finding]:
     for s in report.scopes:
         if s.budget is None or (s.scope == "zone" and s.name not in zones):
             continue
-        text = _spend(f"{s.scope} {s.name}", s.dollars_per_hour, s.budget, s.utilisation)
+        name = s.name if s.scope == s.name else f"{s.scope} {s.name}"  # "fleet", "zone us"
+        text = _spend(name, s.dollars_per_hour, s.budget, s.utilisation)
         over = s.utilisation is not None and s.utilisation > 1
         covered = [
             f"{p.unit}: {_allowance(p)}"

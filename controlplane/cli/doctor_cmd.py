@@ -62,9 +62,10 @@ def read_repo(root: Path) -> RepoFacts:
     except (OSError, tomllib.TOMLDecodeError):
         testpaths = ()
     steps: tuple[str, ...] | None = None
-    why = ""
+    why = digest = ""
     try:
-        steps = tuple(s.name for s in load_ladder(root / LADDER).steps)
+        ladder = load_ladder(root / LADDER)
+        steps, digest = ladder.names, ladder.digest  # compared with the deployed one's
     except (ConfigError, OSError) as exc:
         why = str(exc).splitlines()[0]
     return RepoFacts(
@@ -75,6 +76,7 @@ def read_repo(root: Path) -> RepoFacts:
         testpaths=testpaths,
         ladder_steps=steps,
         ladder_error=why,
+        ladder_sha256=digest,
     )
 
 

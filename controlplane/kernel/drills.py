@@ -42,6 +42,10 @@ class DrillSummary(Frozen):
     trigger: str = "manual"  # manual | schedule | request
     report_path: str = ""
     request_id: str = ""  # the operator's request it answered, if any
+    # every criterion it judged, passed or failed (``failed`` names those that failed):
+    # what the drill measured, which ``failoverctl doctor`` asks of the last week's drills.
+    # Empty: recorded before these were kept (or a run that judged nothing).
+    criteria: tuple[str, ...] = Field((), exclude_if=lambda v: not v)
 
 
 # Not a scenario file: the drill service's capacity probe (docs/capacity.md), requested,

@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from controlplane.kernel.clock import Clock, SystemClock
 from controlplane.kernel.codec import encode
 from controlplane.kernel.keys import Keys
-from controlplane.kernel.pool.members import PoolMembers
+from controlplane.kernel.pool.members import (
+    ACTIVATION_SPAN_SIGNAL,
+    ACTIVATION_WAKES_SIGNAL,
+    PoolMembers,
+)
 from controlplane.kernel.pool.scale import ACTIVATION_RATE_SIGNAL, ACTIVATION_SIGNAL
 from controlplane.kernel.store.etcd import EtcdStore
 from controlplane.kernel.store.port import Store, StoreError
@@ -47,7 +51,7 @@ from regions.pool.hooks import ActivationKind, OnActivation, OnState
 from regions.pool.launchers import Launcher
 from regions.pool.manager import WarmPool
 from regions.pool.snapshot import PoolSnapshot
-from regions.pool.states import ReplicaState, refusal
+from regions.pool.states import ReplicaState, dwell_for, refusal
 
 log = logging.getLogger("tectonic.agent.pool")
 WAKES_KEPT = 32  # recent wakes whose p95 the agent reports
@@ -106,6 +110,7 @@ class AgentPool:
         self._on_activation = on_activation
         # the last wakes' durations: their p95 is the shortest horizon the scaler may use
         self._wakes: deque[float] = deque(maxlen=WAKES_KEPT)
+        self._woken_at: deque[float] = deque(maxlen=WAKES_KEPT)  # monotonic, as _wakes
         self._slept_at: float | None = None  # monotonic: last seen asleep on purpose
         self.outlives_agent = pods is not None  # stop() leaves the replicas running
         # the pool's clock, held here too: which WARM replicas are still in their dwell
@@ -196,13 +201,16 @@ class AgentPool:
         """``replicas_warm``: activatable without a launch; ``pool_shortfall``: ACTIVE
         replicas the pool wants and cannot reach yet; ``activation_p95_s`` and
         ``activation_rate``: its wakes' p95 and the rate its batches of wakes achieved,
-        once measured."""
+        once measured, with how many wakes the p95 is of and how long ago the oldest
+        of them was (``activation_wakes``, ``activation_span_s``: how far back it sees)."""
         signals = {
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
         if self._wakes:
             signals[ACTIVATION_SIGNAL] = p95(self._wakes)
+            signals[ACTIVATION_WAKES_SIGNAL] = float(len(self._wakes))
+            signals[ACTIVATION_SPAN_SIGNAL] = time.monotonic() - self._woken_at[0]
         rate = self.pool.activation_rate()
         if rate is not None:
             signals[ACTIVATION_RATE_SIGNAL] = rate
@@ -211,6 +219,7 @@ class AgentPool:
     def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
         if kind == "wake" and ok:
             self._wakes.append(max(0.0, seconds))
+            self._woken_at.append(time.monotonic())
         if self._on_activation is not None:
             self._on_activation(kind, ok, seconds)
 
@@ -246,8 +255,11 @@ class AgentPool:
         their WARM dwell, or static) and managed slots being launched: what the
         leader's cost guardrail prices beside ACTIVE, WARM and LENT, and cannot count
         on the pool letting go of."""
-        replicas = self.pool.snapshot().replicas
-        now, dwell = self._pool_clock.now(), self.pool.config.dwell
+        snapshot = self.pool.snapshot()
+        replicas = snapshot.replicas
+        # the dwell the pool plans with for its target (a pool over its budget stops
+        # WARM without the WARM dwell): what it will let go of, not the file's
+        now, dwell = self._pool_clock.now(), dwell_for(self.pool.config.dwell, snapshot.target)
         idle = sum(r.state is ReplicaState.IDLE and not r.busy for r in replicas)
         kept = sum(
             r.state is ReplicaState.WARM

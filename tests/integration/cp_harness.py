@@ -71,11 +71,14 @@ async def running_replica(
     http_listen: str | None = None,
     ladder: Ladder | None = None,
     store: Store | None = None,
+    listen: str = "127.0.0.1:0",
 ) -> AsyncIterator[Running]:
     """``http_listen`` (e.g. ``127.0.0.1:0``) also serves the HTTP API, on
     ``replica.http_port``. ``store``: use this one (closed by the caller) instead of a
-    new EtcdStore on the topology's etcd. ``stub`` is plaintext and tokenless: with the
-    topology's ``security`` on, make your own channel (``controlplane.kernel.rpc.tls``)."""
+    new EtcdStore on the topology's etcd. ``listen``: the gRPC address (a port chosen
+    beforehand: agents started first report to it once it is up). ``stub`` is plaintext
+    and tokenless: with the topology's ``security`` on, make your own channel
+    (``controlplane.kernel.rpc.tls``)."""
     own_store = store is None
     if store is None:
         store = EtcdStore(topology.etcd)
@@ -87,6 +90,7 @@ async def running_replica(
         probe_agents=False,
         http_listen=http_listen,
         ladder=ladder,
+        listen=listen,
     )
     task = asyncio.create_task(replica.run())
     await asyncio.wait_for(replica.started.wait(), 10)

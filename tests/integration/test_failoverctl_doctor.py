@@ -2,7 +2,9 @@
 answered once, each with its evidence, a non-PASS with what to do; the exit code by the
 lines (1: the lab has never drilled), 3 when the control plane is unreachable. The
 topology has a ``cost:`` section, so the budget question answers from GetCost and the
-checkout's alert rules."""
+checkout's alert rules; the replica runs no degradation ladder, so GetStatus reports
+none and question 6 cannot compare it. A lab where every line passes, and one that fails
+exactly the three stale lines, is ``test_doctor_lab.py``."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ async def test_doctor_answers_every_question_with_evidence(topology: Topology) -
         assert "TectonicBudgetBinding" in by_id[8]["evidence"]
         assert "east: $" in by_id[8]["evidence"] and "of $40.00/h" in by_id[8]["evidence"]
         assert by_id[9]["verdict"] == "FAIL" and "never drilled" in by_id[9]["evidence"]
+        assert by_id[6]["verdict"] == "UNKNOWN" and "reports no ladder" in by_id[6]["evidence"]
         assert "east: every up replica runs 0.11.0" in by_id[10]["evidence"], by_id[10]
         assert "west: its agent reports no engine version" in by_id[10]["evidence"]
 

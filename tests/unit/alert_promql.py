@@ -102,7 +102,12 @@ def _exercised_registries() -> list[CollectorRegistry]:
     east = RegionView(
         name="east",
         record=RegionRecord(region="east", state=RegionState.FAILING_OVER, epoch=1),
-        health=RegionHealth(region="east", verdict=Health.UNHEALTHY),
+        # a load and a hit rate: the hit-rate series (served, critical) too
+        health=RegionHealth(
+            region="east",
+            verdict=Health.UNHEALTHY,
+            signals={"load_rps": 5.0, "prefix_hit_rate": 0.5},
+        ),
         readiness=Readiness(passed=False, drill="blackout", at=5.0),
         routing=Routing(targets={"west": 1.0}, epoch=1),
         capacity=capacity_record("east", measured_at=10.0),

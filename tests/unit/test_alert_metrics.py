@@ -167,6 +167,19 @@ def test_leader_exports_capacity_utilisation_against_the_planners_bearing() -> N
     assert get("tectonic_region_capacity_utilization", {"region": "north"}) == 0
     assert get("tectonic_region_capacity_stale", {"region": "north"}) == 0
     assert get("tectonic_region_capacity_age_seconds", {"region": "north"}) is None
+    # The hit rate under which each bears less than its load, by its probe's beta even
+    # when stale: east bears 2 x 10 / 2 = 10 rps cold, over its 9 (under 0: no drop takes
+    # it below); west, 1 replica as probed, 5 rps cold for 60: (1 - 5/60) / 0.5. North
+    # has no probe: no critical hit rate; the hit rate served is exported as reported.
+    assert get("tectonic_region_critical_hit_rate", {"region": "east"}) == pytest.approx(
+        (1 - 10 / 9) / 0.5
+    )
+    assert get("tectonic_region_critical_hit_rate", {"region": "west"}) == pytest.approx(
+        (1 - 5 / 60) / 0.5
+    )
+    assert get("tectonic_region_critical_hit_rate", {"region": "north"}) is None
+    assert get("tectonic_region_hit_rate", {"region": "east"}) == 0.5
+    assert get("tectonic_region_hit_rate", {"region": "north"}) == 0.0
 
     # No ACTIVE replica left in east while it still serves: it bears nothing (+Inf, which
     # the page alert's "> 1.0" catches); west's record deleted: its age goes.
@@ -177,6 +190,7 @@ def test_leader_exports_capacity_utilisation_against_the_planners_bearing() -> N
     assert get("tectonic_region_allowed_rps", {"region": "east"}) == 0
     assert get("tectonic_region_capacity_stale", {"region": "west"}) == 0
     assert get("tectonic_region_capacity_age_seconds", {"region": "west"}) is None
+    assert get("tectonic_region_critical_hit_rate", {"region": "west"}) is None
 
     m.tick_done(leader=False, snapshot=None)  # a follower exports none of them
     for name in ("utilization", "stale"):

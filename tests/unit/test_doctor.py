@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.cli import doctor as d
@@ -16,8 +18,14 @@ from controlplane.cli.doctor_cmd import find_repo, read_repo
 from controlplane.core.cold_start import ColdStart
 from controlplane.core.spend import CostReport, PoolCost, ScopeCost
 from controlplane.kernel.capacity.bearing import CapacitySLO
-from controlplane.kernel.capacity.record import CapacityRecord, HitProbe, WorkloadProfile
+from controlplane.kernel.capacity.record import (
+    CapacityRecord,
+    HitProbe,
+    WorkloadProfile,
+    critical_hit_rate,
+)
 from controlplane.kernel.codec import encode
+from controlplane.kernel.ladder.file import load_ladder, parse_ladder
 from controlplane.kernel.pool.cost import BudgetLift
 from controlplane.kernel.pool.scale import ScaleRecord
 
@@ -214,7 +222,21 @@ def test_wake_p95_against_a_third_of_the_slo(p95: float, verdict: d.Verdict) -> 
     u = unit(signals={"activation_p95_s": p95})
     line = d.check_activation(facts([u], capacity=with_capacity(capacity_record(ttft=1.5))))
     assert line.verdict is verdict
-    assert "(SLO 1.5 s / 3)" in line.evidence and "last wakes, at most 32" in line.evidence
+    assert "(SLO 1.5 s / 3)" in line.evidence and "last 32 wakes since it started" in line.evidence
+    assert "how many and since when not reported" in line.evidence  # an older agent
+
+
+def test_wake_p95_says_how_far_back_it_sees_and_takes_the_leaders_budget() -> None:
+    """The agent's wake count and the oldest wake's age are the p95's window; the
+    leader's cold-start budget (the topology's SLO / 3) is the bound, with or without a
+    capacity probe."""
+    signals = {"activation_p95_s": 0.9, "activation_wakes": 7, "activation_span_s": 3 * 3600}
+    resp = checked(1)  # its cold-start check: budget 0.5 s
+    line = d.check_activation(facts([unit(signals=signals)], scale=resp))
+    assert line.verdict is V.FAIL, line.evidence
+    assert "wake p95 0.90 s > 0.50 s (SLO 1.5 s / 3)" in line.evidence
+    assert "over its last 7 wake(s), the oldest 3.0h ago" in line.evidence
+    assert "90 days are Prometheus's" in line.evidence
 
 
 def test_wake_p95_unknown_without_a_wake_or_an_slo() -> None:
@@ -237,47 +259,68 @@ RULES_WITH = (
 )
 
 
-def test_critical_hit_rate_from_the_measured_beta() -> None:
-    # 100 rps allowed at h 0.5, beta 0.5: 75 cold; load 90: below h 0.33 it bears less
-    b = bearing(allowed_rps=100.0, hit_rate=0.5, beta=0.5, load_rps=90.0)
-    assert d.critical_hit_rate(b) == pytest.approx((1 - 75 / 90) / 0.5)
-    assert d.critical_hit_rate(bearing(source="typed")) is None
-
-
 def risky() -> pb.RegionStatus:
-    return unit(capacity=bearing(allowed_rps=100.0, hit_rate=0.5, beta=0.5, load_rps=90.0))
+    """East by capacity_record's probe: 2 ACTIVE of R_base 10, FOS 2: 10 rps fully cold,
+    beta 0.5; it serves 15 rps, at hit rate 0.5."""
+    return unit(capacity=bearing(hit_rate=0.5, load_rps=15.0, active_replicas=2))
+
+
+def test_critical_hit_rate_from_the_probes_beta() -> None:
+    # allowed(h) = 10 / (1 - 0.5 h) = 15 at h = (1 - 10/15) / 0.5
+    rec = capacity_record()
+    h, basis = d.unit_critical_hit_rate(risky(), rec)
+    assert h == pytest.approx((1 - 10 / 15) / 0.5) and "beta 0.50, 2 ACTIVE" in basis
+    assert critical_hit_rate(rec, 2, 0.0) == -math.inf  # no load: borne at any hit rate
+    assert critical_hit_rate(rec.model_copy(update={"beta": 0.0}), 2, 15.0) == math.inf
+    assert d.unit_critical_hit_rate(risky(), None)[0] is None
+    stale = unit(capacity=bearing(source="stale", load_rps=15.0, active_replicas=2))
+    assert "a stale probe's: see question 7" in d.unit_critical_hit_rate(stale, rec)[1]
+
+
+def probed(*us: pb.RegionStatus, **kw: object) -> d.Facts:
+    return facts(list(us), capacity=with_capacity(capacity_record()), **kw)
 
 
 def test_hit_rate_alert_missing_fails_where_a_drop_goes_below_load() -> None:
-    line = d.check_hit_rate_alert(facts([risky()], rules=RULES_WITHOUT, rules_source="r.yaml"))
+    line = d.check_hit_rate_alert(probed(risky(), rules=RULES_WITHOUT, rules_source="r.yaml"))
     assert line.verdict is V.FAIL
-    assert "below hit rate 0.33" in line.evidence and "no rule in r.yaml" in line.evidence
+    assert "below hit rate 0.67" in line.evidence and "no rule in r.yaml" in line.evidence
+    assert "TectonicHitRateNearCritical" in line.todo
 
 
-def test_hit_rate_alert_present_and_high_enough_passes() -> None:
-    line = d.check_hit_rate_alert(facts([risky()], rules=RULES_WITH))
-    assert line.verdict is V.PASS and "fires below 0.45" in line.evidence
-    low = RULES_WITH.replace("0.45", "0.35")  # under 0.33 + 0.1
-    assert d.check_hit_rate_alert(facts([risky()], rules=low)).verdict is V.FAIL
+def test_a_fixed_hit_rate_alert_passes_only_high_enough() -> None:
+    high = RULES_WITH.replace("0.45", "0.8")
+    line = d.check_hit_rate_alert(probed(risky(), rules=high))
+    assert line.verdict is V.PASS and "fires below 0.8" in line.evidence
+    line = d.check_hit_rate_alert(probed(risky(), rules=RULES_WITH))  # under 0.67 + 0.1
+    assert line.verdict is V.FAIL and "fires below 0.45, under 0.77" in line.evidence
+
+
+def test_the_shipped_alert_follows_the_critical_hit_rate() -> None:
+    """TectonicHitRateNearCritical compares the hit rate with the leader's critical hit
+    rate + 0.1: it passes wherever a probe measured beta, whatever the load; a margin
+    under 0.1 fails."""
+    text = (REPO / "runbooks/alerts/tectonic-alerts.yaml").read_text()
+    line = d.check_hit_rate_alert(probed(risky(), rules=text))
+    assert line.verdict is V.PASS, line.evidence
+    assert "TectonicHitRateNearCritical fires below it + 0.1 (0.77)" in line.evidence
+    thin = text.replace(
+        "tectonic_region_critical_hit_rate) + 0.1", "tectonic_region_critical_hit_rate) + 0.05"
+    )
+    line = d.check_hit_rate_alert(probed(risky(), rules=thin))
+    assert line.verdict is V.FAIL and "critical + 0.05" in line.evidence
 
 
 def test_hit_rate_alert_passes_where_even_cold_bears_the_load() -> None:
-    line = d.check_hit_rate_alert(facts(rules=RULES_WITHOUT))  # 75 cold > 50 load
+    calm = unit(capacity=bearing(load_rps=8.0, active_replicas=2))  # 10 cold > 8
+    line = d.check_hit_rate_alert(probed(calm, rules=RULES_WITHOUT))
     assert line.verdict is V.PASS and "even fully cold" in line.evidence
 
 
-def test_hit_rate_alert_unknown_without_rules_or_measured_beta() -> None:
-    assert d.check_hit_rate_alert(facts()).verdict is V.UNKNOWN  # no rules file
-    typed = unit(capacity=bearing(source="typed"))
-    line = d.check_hit_rate_alert(facts([typed], rules=RULES_WITHOUT))
-    assert line.verdict is V.UNKNOWN and "no measured beta" in line.evidence
-
-
-def test_the_shipped_rules_have_no_hit_rate_alert() -> None:
-    text = (REPO / "runbooks/alerts/tectonic-alerts.yaml").read_text()
-    assert d.alert_rules(text)
-    line = d.check_hit_rate_alert(facts([risky()], rules=text))
-    assert line.verdict is V.FAIL
+def test_hit_rate_alert_unknown_without_rules_or_a_probe() -> None:
+    assert d.check_hit_rate_alert(probed(risky())).verdict is V.UNKNOWN  # no rules file
+    line = d.check_hit_rate_alert(facts([risky()], rules=RULES_WITHOUT))
+    assert line.verdict is V.UNKNOWN and "no capacity probe record" in line.evidence
 
 
 # ---- 4. the forecast horizon ---------------------------------------------------------
@@ -348,12 +391,44 @@ def test_a_capacity_probe_is_not_a_failover_drill() -> None:
     assert d.check_drills(facts(drills=probe)).verdict is V.FAIL
 
 
-def test_a_recent_drill_is_unknown_for_its_criteria_and_fails_on_a_failed_one() -> None:
-    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[run()])))
-    assert line.verdict is V.UNKNOWN and "24.0h ago" in line.evidence
-    bad = run(passed=False, failed=["prewarm_attainment"])
+BLACKOUT = ["steady_state_before", "prewarm_attainment", "session_consistency", "rto"]
+LATENCY = ["steady_state_before", "degradation_order", "session_consistency"]
+
+
+def test_a_week_of_drills_that_recorded_the_three_criteria_passes() -> None:
+    """No shipped scenario measures all three: the week's newest drill that recorded
+    each criterion answers for it (a blackout's pre-warm, a latency drill's ladder)."""
+    week = [run(criteria=BLACKOUT), run(id="d2", ago_s=2 * DAY, criteria=LATENCY)]
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=week)))
+    assert line.verdict is V.PASS, line.evidence
+    assert "east: drill d1 (region-blackout, 24.0h ago) passed" in line.evidence
+    assert "degradation_order (in drill d2 (region-blackout, 2.0d ago))" in line.evidence
+    assert not line.todo
+
+
+def test_a_drill_that_did_not_measure_or_failed_a_criterion_fails() -> None:
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[run(criteria=BLACKOUT)])))
+    assert line.verdict is V.FAIL
+    assert "no drill of the week measured degradation_order" in line.evidence
+    assert "latency-injection" in line.todo
+    bad = run(passed=False, failed=["prewarm_attainment"], criteria=BLACKOUT + LATENCY)
     line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[bad])))
     assert line.verdict is V.FAIL and "failed prewarm_attainment" in line.evidence
+    # an older failure is not the answer once a newer drill measured it again
+    older = run(
+        id="d0", ago_s=3 * DAY, passed=False, failed=["prewarm_attainment"], criteria=BLACKOUT
+    )
+    fixed = [run(criteria=BLACKOUT + LATENCY), older]
+    assert d.check_drills(facts(drills=pb.DrillsResponse(runs=fixed))).verdict is V.PASS
+
+
+def test_drills_without_their_criteria_list_are_unknown_unless_one_failed() -> None:
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[run()])))
+    assert line.verdict is V.UNKNOWN and "24.0h ago" in line.evidence
+    assert "which criteria it judged" in line.evidence
+    old = run(passed=False, failed=["degradation_order"])  # no criteria: an older service
+    line = d.check_drills(facts(drills=pb.DrillsResponse(runs=[old])))
+    assert line.verdict is V.FAIL and "failed degradation_order" in line.evidence
     assert d.check_drills(facts(drills="UNAVAILABLE")).verdict is V.UNKNOWN
 
 
@@ -366,15 +441,32 @@ def repo(**kw: object) -> d.RepoFacts:
         "ci_entry": "exec scripts/test.sh",
         "testpaths": ("tests",),
         "ladder_steps": ("spec_off", "context_cap"),
+        "ladder_sha256": "ab" * 32,
     }
     fields.update(kw)
     return d.RepoFacts(**fields)  # type: ignore[arg-type]
 
 
+def deployed(sha: str = "ab" * 32, steps: tuple[str, ...] = ("spec_off", "context_cap")) -> d.Facts:
+    status = pb.StatusResponse(
+        regions=[unit()], responder="cp-a", ladder_sha256=sha, ladder_steps=list(steps)
+    )
+    return dataclasses.replace(facts(repo=repo()), status=status)
+
+
 def test_ladder_ci_unknown_without_a_repository_or_the_deployed_ladder() -> None:
     assert d.check_ladder_ci(facts()).verdict is V.UNKNOWN
-    line = d.check_ladder_ci(facts(repo=repo()))
+    line = d.check_ladder_ci(facts(repo=repo()))  # an older control plane: no digest
     assert line.verdict is V.UNKNOWN and "spec_off > context_cap" in line.evidence
+    assert "reports no ladder" in line.evidence
+
+
+def test_ladder_ci_passes_with_the_deployed_ladder_the_checkouts() -> None:
+    line = d.check_ladder_ci(deployed())
+    assert line.verdict is V.PASS, line.evidence
+    assert "cp-a runs the checkout's runbooks/degradation.yaml" in line.evidence
+    other = d.check_ladder_ci(deployed(sha="cd" * 32, steps=("spec_off",)))
+    assert other.verdict is V.FAIL and "steps spec_off vs spec_off > context_cap" in other.evidence
 
 
 def test_ladder_ci_fails_without_the_test_or_with_a_foreign_step() -> None:
@@ -390,22 +482,38 @@ def test_this_checkout_runs_the_order_test_in_ci() -> None:
     assert root == REPO
     facts_ = read_repo(REPO)
     assert facts_.ladder_steps, facts_.ladder_error
+    assert facts_.ladder_sha256 == load_ladder(REPO / "runbooks/degradation.yaml").digest
     line = d.check_ladder_ci(facts(repo=facts_))
     assert "runs in CI" in line.evidence and line.verdict is V.UNKNOWN
 
 
+def test_the_ladder_digest_is_of_the_ladder_not_of_its_text() -> None:
+    path = REPO / "runbooks/degradation.yaml"
+    text = path.read_text()
+    ladder = parse_ladder(yaml.safe_load(text))
+    assert parse_ladder(yaml.safe_load("# a comment\n" + text)).digest == ladder.digest
+    data = yaml.safe_load(text)
+    data["steps"] = data["steps"][:-1]
+    assert parse_ladder(data).digest != ladder.digest
+
+
 # ---- 7. capacity ---------------------------------------------------------------------
-def test_capacity_measured_passes_stale_or_typed_fails() -> None:
-    line = d.check_capacity(facts())
-    assert line.verdict is V.PASS and "2.0h ago on engine 0.11.0" in line.evidence
+def test_capacity_measured_of_the_engine_running_passes_stale_or_typed_fails() -> None:
+    line = d.check_capacity(facts([unit(engine_version="0.11.0")]))
+    assert line.verdict is V.PASS
+    assert "measured 2.0h ago on engine 0.11.0, the one it runs" in line.evidence
     stale = unit(capacity=bearing(source="stale", reason="measured 20.0 days ago (max 14)"))
-    line = d.check_capacity(facts([stale, unit("west")]))
+    line = d.check_capacity(facts([stale, unit("west", engine_version="0.11.0")]))
     assert line.verdict is V.FAIL and "east: stale: measured 20.0 days ago" in line.evidence
+    upgraded = d.check_capacity(facts([unit(engine_version="0.11.0, 0.12.0")]))
+    assert upgraded.verdict is V.FAIL and "it runs 0.11.0, 0.12.0" in upgraded.evidence
 
 
-def test_capacity_without_an_engine_version_is_unknown() -> None:
+def test_capacity_not_compared_with_the_engine_running_is_unknown() -> None:
     line = d.check_capacity(facts([unit(capacity=bearing(engine_version=""))]))
-    assert line.verdict is V.UNKNOWN
+    assert line.verdict is V.UNKNOWN and "recorded no engine version" in line.evidence
+    line = d.check_capacity(facts([unit()]))  # no agent report of what runs
+    assert line.verdict is V.UNKNOWN and "reports no engine version running" in line.evidence
 
 
 # ---- 8. budget -----------------------------------------------------------------------
@@ -583,7 +691,7 @@ class FakeStub:
     """Answers doctor's reads; ListDrills fails, as an RPC a role may not read."""
 
     def GetStatus(self, req: object, timeout: float) -> pb.StatusResponse:
-        return pb.StatusResponse(regions=[unit()], generated_at=NOW)
+        return pb.StatusResponse(regions=[unit(engine_version="0.11.0")], generated_at=NOW)
 
     def GetCapacity(self, req: object, timeout: float) -> pb.CapacityResponse:
         return with_capacity(capacity_record())

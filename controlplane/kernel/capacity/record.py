@@ -204,6 +204,22 @@ class CapacityRecord(Frozen):
         return self.region_effect(active_replicas).capacity(hit_rate) / self.factor_of_safety
 
 
+def critical_hit_rate(record: CapacityRecord, active_replicas: int, load_rps: float) -> float:
+    """The prefix-cache hit rate under which what ``record`` says the region bears (its
+    ``active_replicas``, after the factor of safety) falls below ``load_rps``: ``h`` in
+    ``allowed(h) = load``, ``(1 - allowed(0) / load) / beta``. At or under 0 the region
+    bears its load even fully cold (-inf without a load: it bears none at any hit rate);
+    over 1, at no hit rate. With beta 0 the hit rate changes nothing: -inf when it bears
+    the load, +inf when not. The hit-rate alert (TectonicHitRateNearCritical) fires near
+    it."""
+    cold = record.allowed_rps(0.0, active_replicas)
+    if load_rps <= 0:
+        return -math.inf
+    if record.beta <= 0:
+        return -math.inf if cold >= load_rps else math.inf
+    return (1.0 - cold / load_rps) / record.beta
+
+
 class CapacityPolicy(Frozen):
     """The topology's ``capacity`` section: when a measurement may be used, and the CBU
     thresholds of the status, alerts and the ladder trigger."""

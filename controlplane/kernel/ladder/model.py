@@ -9,6 +9,7 @@ the gateways and agents do not implement; every message names the field and the 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Annotated, ClassVar, Literal, Self
 
@@ -306,6 +307,14 @@ class Ladder(Frozen):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.steps)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the ladder as loaded (its canonical JSON, defaults filled in): two
+        files that load to the same ladder have one digest, whatever their comments,
+        order of keys or spelling of numbers. The control plane reports its own
+        (GetStatus), ``failoverctl doctor`` compares it with the checkout's file."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
 
     def step(self, name: str) -> Step:
         for s in self.steps:

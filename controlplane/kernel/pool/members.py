@@ -21,6 +21,12 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from controlplane.kernel.model import Frozen
 
+# The agent's report beside its wake p95 (``activation_p95_s``): how many wakes the p95
+# is of, and how long ago the oldest of them was, seconds. The agent keeps its last wakes
+# only (since it started): this is how far back the p95 sees, which ``failoverctl
+# doctor`` says (question 2 asks for 90 days; the rest is Prometheus's histogram).
+ACTIVATION_WAKES_SIGNAL = "activation_wakes"
+ACTIVATION_SPAN_SIGNAL = "activation_span_s"
 _LOAN_FIELDS = ("lent", "loan_refusals")
 # left out when None / False, as before them (a leader older than a field drops it)
 _SCALE_FIELDS = ("activation_p95_s", "activation_rate", "asleep")

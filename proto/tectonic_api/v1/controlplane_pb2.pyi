@@ -199,7 +199,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at", "store", "paused_until")
+    __slots__ = ("regions", "paused", "pause_reason", "leader", "responder", "responder_is_leader", "generated_at", "store", "paused_until", "ladder_steps", "ladder_sha256")
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,8 @@ class StatusResponse(_message.Message):
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     PAUSED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    LADDER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LADDER_SHA256_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[RegionStatus]
     paused: bool
     pause_reason: str
@@ -218,7 +220,9 @@ class StatusResponse(_message.Message):
     generated_at: float
     store: StoreWrites
     paused_until: float
-    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ..., store: _Optional[_Union[StoreWrites, _Mapping]] = ..., paused_until: _Optional[float] = ...) -> None: ...
+    ladder_steps: _containers.RepeatedScalarFieldContainer[str]
+    ladder_sha256: str
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionStatus, _Mapping]]] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., leader: _Optional[str] = ..., responder: _Optional[str] = ..., responder_is_leader: _Optional[bool] = ..., generated_at: _Optional[float] = ..., store: _Optional[_Union[StoreWrites, _Mapping]] = ..., paused_until: _Optional[float] = ..., ladder_steps: _Optional[_Iterable[str]] = ..., ladder_sha256: _Optional[str] = ...) -> None: ...
 
 class StoreWrites(_message.Message):
     __slots__ = ("writable", "reason", "since", "alarms")
@@ -633,7 +637,7 @@ class DrillsRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
 
 class DrillRun(_message.Message):
-    __slots__ = ("id", "scenario", "region", "started_at", "ended_at", "passed", "dry_run", "aborted", "failed", "trigger", "report_path", "request_id")
+    __slots__ = ("id", "scenario", "region", "started_at", "ended_at", "passed", "dry_run", "aborted", "failed", "trigger", "report_path", "request_id", "criteria")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCENARIO_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -646,6 +650,7 @@ class DrillRun(_message.Message):
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CRITERIA_FIELD_NUMBER: _ClassVar[int]
     id: str
     scenario: str
     region: str
@@ -658,7 +663,8 @@ class DrillRun(_message.Message):
     trigger: str
     report_path: str
     request_id: str
-    def __init__(self, id: _Optional[str] = ..., scenario: _Optional[str] = ..., region: _Optional[str] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., passed: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., aborted: _Optional[str] = ..., failed: _Optional[_Iterable[str]] = ..., trigger: _Optional[str] = ..., report_path: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    criteria: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., scenario: _Optional[str] = ..., region: _Optional[str] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., passed: _Optional[bool] = ..., dry_run: _Optional[bool] = ..., aborted: _Optional[str] = ..., failed: _Optional[_Iterable[str]] = ..., trigger: _Optional[str] = ..., report_path: _Optional[str] = ..., request_id: _Optional[str] = ..., criteria: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScheduledDrill(_message.Message):
     __slots__ = ("scenario", "region", "at")
