@@ -55,6 +55,14 @@ HIT_GRID = (0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.9)
 _EPS = 1e-9
 
 
+def target_of(record: ScaleRecord) -> PoolTarget:
+    """What the agent's scale follower hands its pool from ``scale/<unit>``
+    (``regions/agent/scale_follower.py``): the sizes, scaled, and over its budget when
+    the record's budget note says so."""
+    over = record.budget is not None and record.budget.over
+    return PoolTarget(active=record.active, warm=record.warm, scaled=True, over_budget=over)
+
+
 def capacity_curve(
     engine: EngineSpec, slo_s: float, *, requests: int, seed: int, grid: Sequence[float] = HIT_GRID
 ) -> tuple[Callable[[float], float], dict[float, float]]:
@@ -139,8 +147,7 @@ class Tectonic(Controller):
             self.guarded += 1
         if not self.targets or self.targets[-1][1:] != (record.active, record.warm):
             self.targets.append((now, record.active, record.warm))
-        target = PoolTarget(active=record.active, warm=record.warm, scaled=True)
-        for action in plan(self._view(now), target, now, self.dwell).actions:
+        for action in plan(self._view(now), target_of(record), now, self.dwell).actions:
             self._carry_out(action, sim)
 
     def _view(self, now: float) -> list[Slot]:

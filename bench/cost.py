@@ -29,9 +29,13 @@ budget (``core/spend.budget_for`` with ``held``), exempt within the allowance, l
 after it; and the real degradation ladder
 (:func:`controlplane.core.ladder_executor.next_ladder_action` on
 ``runbooks/degradation.yaml``, once a second after the scaler) fed as
-``core/ladder_tick`` feeds it: DEGRADING while the record's ``budget.short`` > 0, the
-load against what the budget pays for. While its ``shed-batch`` step is applied,
-batch requests are refused at admission (as the gateway's ``shed_low_priority`` does).
+``core/ladder_tick`` feeds it: DEGRADING while the budget holds the record short now
+(``budget.short`` > 0) or will when the exemption ends within the ladder's lead
+(``ladder_tick.budget_paid``), the load against what the budget pays for. While its
+``shed-batch`` step is applied, batch requests are refused at admission (as the
+gateway's ``shed_low_priority`` does). The planner is handed the record's
+``budget.over`` as the agent hands it (``PoolTarget.over_budget``: WARM beyond the sizes
+stops without its WARM dwell while the pool spends past its budget).
 
 Truth (not the scaler's record): each second, the spend is the model's replicas in
 each state times the price sheet: ACTIVE, IDLE, WAKING, LOADING and STOPPING hold a GPU
@@ -40,8 +44,9 @@ each state times the price sheet: ACTIVE, IDLE, WAKING, LOADING and STOPPING hol
 scenarios outside the failover's allowance window (the ramp has none);
 ``max_spend_over_budget_in_allowance`` how far the allowance let it go;
 ``back_within_budget_s`` the seconds from the allowance's end until the spend is within
-the budget for good. ``interactive_attainment`` and ``batch_shed_share`` are the ramp's;
-``failover_interactive_attainment`` and ``failover_batch_shed_share`` those of the
+the budget for good (``failover.back_within_budget_after_cut_s``: from the exemption's
+end, ``--wind-down-s`` before it). ``interactive_attainment`` and ``batch_shed_share``
+are the ramp's; ``failover_interactive_attainment`` and ``failover_batch_shed_share`` those of the
 requests arriving from the failover's start, ``after_allowance_interactive_attainment``
 (goal >= 0.99) and ``after_allowance_batch_shed_share`` those arriving once the budget
 binds again. The model's clock is not compressed: the
@@ -117,6 +122,7 @@ class Options:
     failover_own_rps: float = 80.0
     failover_moved_rps: float = 160.0
     allowance_s: float = 1800.0
+    wind_down_s: float = 30.0
     failover_after_s: float = 600.0
     quiet: bool = False
 
@@ -137,6 +143,7 @@ class Bench:
             prices=self.prices,
             pool_budgets={UNIT: self.budget},
             failover_allowance_s=self.o.allowance_s,
+            failover_wind_down_s=self.o.wind_down_s,
         )
 
 
@@ -280,8 +287,10 @@ def settings(b: Bench, s: autoscale.Setup, shape: Shape) -> dict[str, object]:
         "ladder": "the real executor (controlplane.core.ladder_executor.next_ladder_action) on "
         "runbooks/degradation.yaml, once a second after the scaler, on the model's clock; "
         "mode and signals as core/ladder_tick builds them: DEGRADING while the scaler's "
-        "record has budget.short > 0, else RECOVERING (a NORMAL region; the failover's plan "
-        "is not headroom_short); signals: load_rps against per_replica_rps x the record's "
+        "record has budget.short > 0, or budget.short_at_end > 0 with the exemption ending "
+        "within ladder_tick.ladder_lead_s (40 s), else RECOVERING (a NORMAL region; the "
+        "failover's plan is not headroom_short); signals: load_rps against per_replica_rps "
+        "x the ACTIVE the budget pays for (ladder_tick.budget_paid), else the record's "
         "ACTIVE (headroom, capacity utilisation); TTFT and error rates are not fed (the "
         "ladder file's 0.5 s TTFT baseline is a real deployment's, not this model's), so "
         "only the budget moves it",
@@ -322,6 +331,7 @@ def headline(
         "batch_shed_share": with_b["batch_shed_share"],
         "max_spend_over_budget_in_allowance": fo["max_spend_over_budget_in_allowance"],
         "allowance_s": fo["allowance_s"],
+        "wind_down_s": fo["wind_down_s"],
         "back_within_budget_s": fo["back_within_budget_s"],
         "failover_interactive_attainment": fo["interactive_attainment"],
         "failover_batch_shed_share": fo["batch_shed_share"],
@@ -410,6 +420,9 @@ HELPS = {
     "requests/s",
     "allowance_s": "the topology's cost.failover_allowance_s: how long after the failover's "
     "start the pool may spend past its budget (the model's seconds)",
+    "wind_down_s": "the topology's cost.failover_wind_down_s: the allowance's last seconds, "
+    "in which the budget binds again already so that the replicas it cuts are stopped by "
+    "the allowance's end (0: the budget binds at the end)",
     "failover_after_s": "failover scenario: seconds measured after the allowance ends",
     "quiet": "print only the final JSON line (no progress, no per-run lines)",
 }
@@ -419,7 +432,7 @@ EPILOG = (
     "Prints one JSON line per run (budget, no_budget, failover) and the headline last: "
     "max_spend_over_budget (goal <= 1.0; outside the failover's allowance), "
     "interactive_attainment (the ramp's; goal >= 0.99), batch_shed_share, "
-    "max_spend_over_budget_in_allowance, allowance_s, back_within_budget_s, "
+    "max_spend_over_budget_in_allowance, allowance_s, wind_down_s, back_within_budget_s, "
     "failover_interactive_attainment, failover_batch_shed_share, "
     "after_allowance_interactive_attainment (goal >= 0.99), after_allowance_batch_shed_share, "
     "goals, met, settings. Progress on stderr. Exit codes: 0 done, 1 failed, 2 bad options, 130 "
@@ -454,8 +467,8 @@ def _quick(o: Options) -> Options:
 def _bad(o: Options) -> str:
     if not 0.0 <= o.batch_share <= 1.0 or o.budget_share <= 0 or o.active_price <= 0:
         return "--batch-share in [0, 1], --budget-share and --active-price > 0"
-    if min(o.failover_own_rps, o.failover_moved_rps, o.allowance_s) < 0:
-        return "--failover-own-rps, --failover-moved-rps and --allowance-s >= 0"
+    if min(o.failover_own_rps, o.failover_moved_rps, o.allowance_s, o.wind_down_s) < 0:
+        return "--failover-own-rps, --failover-moved-rps, --allowance-s and --wind-down-s >= 0"
     if o.failover_after_s <= 0:
         return "--failover-after-s > 0"
     return ""

@@ -8,10 +8,12 @@ here: extra arrivals on the same model (Poisson, so the sum is one Poisson strea
 prefix: ``moved_hit_rate(source, 1.0)``). The failover runs to the end of the run (the
 source does not recover). What decides is the real code: the leader's view
 (``bench/cost_model.Leader``) hands the scaler ``scale_tick._moving``'s load and
-``scale_tick.pool_budget``'s budget, exempt until ``cost.failover_allowance_s`` after
-the failover's start, binding again after it; the ladder sheds batch once the record
-is short. Figures come from the truth (replicas x prices each second), split at the
-allowance's window as the topology sets it (not as the scaler's record says).
+``scale_tick.pool_budget``'s budget, exempt until ``cost.failover_allowance_s`` less
+``cost.failover_wind_down_s`` after the failover's start, binding again from then (the
+replicas it cuts stop without their WARM dwell while the pool is over its budget); the
+ladder degrades from its lead before that and sheds batch by the cut. Figures come from
+the truth (replicas x prices each second), split at the allowance's window as the
+topology sets it (not as the scaler's record says).
 """
 
 from __future__ import annotations
@@ -159,6 +161,10 @@ def figures(
     since = requests_in(run.sim, f, shape.end_s, slo_s)  # the failover part: from its start
     leader = run.leader
     shed_on = run.driver.shed_on()
+    cut = leader.lapsed_at  # the exemption's end: the budget binds again from here
+    ahead = run.driver.ahead
+    # from the ladder's first step ahead of the cut (else the cut) to the allowance's end
+    ending = (ahead[0] if ahead else lapse if cut is None else min(cut, lapse), lapse)
     return {
         "max_spend_over_budget": r4(over[~inside].max()),
         "max_spend_over_budget_at_s": float(t[worst]),
@@ -167,16 +173,20 @@ def figures(
         "allowance_s": shape.allowance_s,
         "allowance_window_s": [f, lapse],
         "back_within_budget_s": back_within(t, over, lapse),
+        "wind_down_s": cost.failover_wind_down_s,
+        "back_within_budget_after_cut_s": None if cut is None else back_within(t, over, cut),
         "seconds_over_budget_after_allowance": int(((t > lapse) & (over > _OVER)).sum()),
         "interactive_attainment": since["interactive_attainment"],
         "interactive_p99_s": since["interactive_p99_s"],
         "batch_shed_share": since["batch_shed_share"],
         "requests": since["requests"],
         "phases": phases,
+        "allowance_end": phase(run, t, over, by[ACTIVE], ending, slo_s),
         "exempt_from_s": leader.exempt[0] if leader.exempt else None,
         "exempt_until_s": leader.exempt[-1] if leader.exempt else None,
         "lapsed_at_s": leader.lapsed_at,
         "shed_batch_applied_at_s": next((x for x in shed_on if x >= f), None),
+        "degrading_ahead_from_s": ahead[0] if ahead else None,
         "ladder_changes": [[c[0], c[1], c[2]] for c in run.driver.changes if c[0] >= 0],
         "scaler_targets": [list(x) for x in run.scaler.targets if x[0] >= f - 1],
         "dollars": r4(spend.sum() / 3600.0, 2),
@@ -190,6 +200,7 @@ def settings(shape: Shape, cost: CostPolicy) -> dict[str, object]:
         "hit_rate": shape.hit_rate,
         "failover_at_s": shape.lead_s,
         "allowance_s": shape.allowance_s,
+        "wind_down_s": cost.failover_wind_down_s,
         "after_s": shape.after_s,
         "end_s": shape.end_s,
         "failover_allowance_s": cost.failover_allowance_s,
@@ -203,8 +214,11 @@ def settings(shape: Shape, cost: CostPolicy) -> dict[str, object]:
         "controlplane.core.scale_tick._moving and pool_budget on it hand size_pool its "
         "moving and budget, as scale_moves does",
         "allowance_window": "the seconds (failover_at_s, failover_at_s + allowance_s] of "
-        "the truth: their states follow decisions the budget exempted; every other second "
+        "the truth: their states follow decisions the budget exempted, and its last "
+        "wind_down_s the budget's cut winding the pool down to it; every other second "
         "counts for max_spend_over_budget",
+        "allowance_end": "the requests arriving, and the seconds, from the ladder's first "
+        "step ahead of the cut (degrading_ahead_from_s) to the allowance's end",
         "time": "the model's own seconds, no compression: the allowance lasts "
         "cost.failover_allowance_s of the model (--allowance-s, the topology's default "
         "1800 s; --quick sets a shorter allowance, not a faster clock)",

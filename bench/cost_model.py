@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench import autoscale
-from bench.autoscale_policies import Tectonic
+from bench.autoscale_policies import Tectonic, target_of
 from bench.autoscale_sim import (
     ACTIVE,
     IDLE,
@@ -39,6 +39,7 @@ from bench.autoscale_sim import (
     Sim,
 )
 from controlplane.core.ladder_executor import mode_for, next_ladder_action
+from controlplane.core.ladder_tick import budget_paid, ladder_lead_s
 from controlplane.core.scale_tick import _moving as leader_moving  # what scale_moves passes
 from controlplane.core.scale_tick import pool_budget
 from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
@@ -58,7 +59,7 @@ from controlplane.kernel.pool.cost import CostPolicy
 from controlplane.kernel.pool.scale import ScalingPolicy
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from regions.pool.planner import plan
-from regions.pool.states import DwellPolicy, PoolTarget
+from regions.pool.states import DwellPolicy
 
 UNIT = "bench"  # the pool's failover unit, as the autoscale bench's scaler names it
 SOURCE = "source"  # the failed region whose load a failover moves onto the pool
@@ -137,8 +138,7 @@ class FailoverTarget(Tectonic):
             self.guarded += 1
         if not self.targets or self.targets[-1][1:] != (record.active, record.warm):
             self.targets.append((now, record.active, record.warm))
-        target = PoolTarget(active=record.active, warm=record.warm, scaled=True)
-        for action in plan(self._view(now), target, now, self.dwell).actions:
+        for action in plan(self._view(now), target_of(record), now, self.dwell).actions:
             self._carry_out(action, sim)
 
 
@@ -275,28 +275,35 @@ class Leader(Controller):
 
 class LadderDriver(Controller):
     """The leader's ladder tick for the pool (``core/ladder_tick``'s inputs, in process):
-    the budget holds it short (the scaler's record's ``budget.short`` > 0): DEGRADING;
-    else RECOVERING (a NORMAL region; a failover target whose plan is not
-    ``headroom_short``). Signals: the load, against what the budget pays for while short
-    (``_bearable``), else the record's ACTIVE capacity."""
+    the budget holds it short now or within the ladder's lead (``ladder_tick.budget_paid``
+    on the scaler's record, with ``ladder_lead_s``): DEGRADING; else RECOVERING (a NORMAL
+    region; a failover target whose plan is not ``headroom_short``). Signals: the load,
+    against what the budget pays for while short (``_bearable``), else the record's
+    ACTIVE capacity."""
 
     interval_s = 1.0
 
     def __init__(self, scaler: Tectonic, ladder: Ladder) -> None:
         self.scaler, self.ladder = scaler, ladder
+        self.lead_s = ladder_lead_s(ladder)
         self.record = DegradationRecord(region=UNIT)
         self.changes: list[tuple[float, str, str]] = []  # (t, APPLY/RESTORE, step)
-        self.short: list[float] = []  # seconds the record was short
+        self.short: list[float] = []  # seconds the record was short (budget.short)
+        # seconds the budget would hold it short once an exemption ending within the
+        # lead ends (budget.short_at_end): the ladder degrades ahead of the cut
+        self.ahead: list[float] = []
 
     def tick(self, now: float, sim: Sim) -> None:
         rec = self.scaler.memory
         if rec is None or rec.per_replica_rps is None:
             return
-        broke = rec.budget is not None and rec.budget.short > 0
-        if broke:
+        paid = budget_paid(rec, now, self.lead_s)
+        if rec.budget is not None and rec.budget.short:
             self.short.append(now)
-        mode = mode_for(RegionState.NORMAL, short_of_headroom=broke)
-        bears = rec.per_replica_rps * rec.active
+        elif paid is not None:
+            self.ahead.append(now)
+        mode = mode_for(RegionState.NORMAL, short_of_headroom=paid is not None)
+        bears = rec.per_replica_rps * (rec.active if paid is None else paid)
         signals = with_headroom({LOAD_SIGNAL: sim.load_rps(now)}, bears)
         action = next_ladder_action(self.ladder, self.record, signals, mode, now)
         if action.change is not None:

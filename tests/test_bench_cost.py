@@ -86,6 +86,7 @@ def _failover_keys(head: dict[str, Any]) -> None:
     assert set(fo["phases"]) == set(PHASES)
     total = sum(fo["phases"][p]["requests"] for p in PHASES)
     assert total == fo["requests"] + fo["phases"]["before"]["requests"] > 0
-    # the leader's budget was exempt within the window and said when it lapsed
-    assert fo["exempt_from_s"] == lead and fo["lapsed_at_s"] == lapse
+    # the leader's budget was exempt within the window, less its wind-down, and said
+    # when it lapsed
+    assert fo["exempt_from_s"] == lead and fo["lapsed_at_s"] == lapse - fo["wind_down_s"]
     assert head["max_spend_over_budget_by_scenario"]["failover"] == fo["max_spend_over_budget"]

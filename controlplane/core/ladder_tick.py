@@ -1,8 +1,9 @@
 """Every region's degradation ladder, one step per tick. Pure (docs/architecture.md §5).
 
-For each region: the mode from its state (DEGRADED, or a failover target short of
-headroom: degrading; FAILING_OVER: frozen; otherwise recovering), its signals (the
-folded health's, plus ``headroom_fraction``), its ``degradation/<region>`` record and
+For each region: the mode from its state (DEGRADED, a failover target short of
+headroom, or a pool the budget holds short now or within the ladder's lead: degrading;
+FAILING_OVER: frozen; otherwise recovering), its signals (the folded health's, plus
+``headroom_fraction``), its ``degradation/<region>`` record and
 :func:`controlplane.core.ladder_executor.next_ladder_action`. A change is a
 ``LadderWrite`` the orchestrator writes in one fenced transaction, compare-and-set on
 the record's revision, with its audit entry. The gateways and agents watch
@@ -10,6 +11,8 @@ the record's revision, with its audit entry. The gateways and agents watch
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from controlplane.core.actions import LadderWrite
 from controlplane.core.bearing import allowed_now
@@ -20,6 +23,7 @@ from controlplane.kernel.details import json_list
 from controlplane.kernel.ladder.model import Ladder, with_headroom
 from controlplane.kernel.ladder.record import DegradationRecord
 from controlplane.kernel.model import AuditAction, AuditEntry, Cause, RegionState
+from controlplane.kernel.pool.scale import ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 
 
@@ -31,8 +35,9 @@ def ladder_moves(
     if snap.paused:
         return [], {"*": f"paused with automation: {snap.control.reason}"}
     short = _short_of_headroom(snap)
-    # the budget stopped a scale-up the forecast needed: shed, as a short target does
-    broke = _short_of_budget(snap, topology)
+    # the budget stopped a scale-up the forecast needed, or will when an exemption
+    # ends within the ladder's lead: shed, as a short target does
+    broke = _short_of_budget(snap, topology, ladder_lead_s(ladder))
     writes: list[LadderWrite] = []
     holds: dict[str, str] = {}
     for region in topology.regions:
@@ -47,11 +52,14 @@ def ladder_moves(
                 "degradation record unreadable: the ladder waits until it is rewritten"
             )
             continue
-        mode = mode_for(view.record.state, short_of_headroom=region.name in short | broke)
+        mode = mode_for(
+            view.record.state, short_of_headroom=region.name in short or region.name in broke
+        )
         if view.ladder is None and mode is not LadderMode.DEGRADING:
             continue  # nothing applied and nothing to apply: no record needed
         record = view.ladder or DegradationRecord(region=region.name)
-        signals = with_headroom(view.health.signals, _bearable(view, topology, snap.now, broke))
+        bears = _bearable(view, topology, snap.now, broke.get(region.name))
+        signals = with_headroom(view.health.signals, bears)
         action = next_ladder_action(ladder, record, signals, mode, snap.now)
         change = action.change
         if change is None:
@@ -84,7 +92,7 @@ def ladder_moves(
 
 
 def _cause(
-    snap: Snapshot, topology: Topology, unit: str, short: set[str], broke: set[str]
+    snap: Snapshot, topology: Topology, unit: str, short: set[str], broke: Mapping[str, int]
 ) -> Cause:
     """A ladder step's cause: a drill on the region, else capacity when the region took
     more than it can absorb (its steps shed what it cannot carry), else the budget when
@@ -96,33 +104,56 @@ def _cause(
     return Cause.BUDGET if unit in broke else Cause.AUTOMATIC
 
 
-def _bearable(view: RegionView, topology: Topology, now: float, broke: set[str]) -> float:
-    """What the region bears now; for a pool the budget holds short, no more than the
-    replicas the budget pays for (so its headroom and CBU triggers see the shortfall)."""
+def _bearable(view: RegionView, topology: Topology, now: float, paid: int | None) -> float:
+    """What the region bears now; for a pool the budget holds short (``paid``: the
+    ACTIVE replicas it pays for, now or once its exemption ends), no more than those (so
+    its headroom and CBU triggers see the shortfall)."""
     allowed = allowed_now(view, topology, now)
     rec = view.scale
-    if view.name in broke and rec is not None and rec.per_replica_rps is not None:
-        return min(allowed, rec.per_replica_rps * rec.active)
+    if paid is not None and rec is not None and rec.per_replica_rps is not None:
+        return min(allowed, rec.per_replica_rps * paid)
     return allowed
 
 
-def _short_of_budget(snap: Snapshot, topology: Topology) -> set[str]:
-    """Pools whose last scale record says the budget stopped ACTIVE replicas the
-    forecast needed (``budget.short``), decided within a checkpoint and the dark window (an
-    old record's word is not the budget's now)."""
+def ladder_lead_s(ladder: Ladder) -> float:
+    """How long before a pool's budget exemption ends the ladder starts degrading it:
+    a step interval per step. Walking from none applied to the last step (shed-batch)
+    takes one interval fewer; the spare one is for the gateways to see the flag. So
+    the pool sheds by the time the budget cuts its capacity, rather than three steps
+    after (the alternative, the cut waiting for the ladder, would spend past the
+    allowance: the budget's terms are the bound)."""
+    return ladder.degrade.step_interval_s * len(ladder.steps)
+
+
+def budget_paid(rec: ScaleRecord, now: float, lead_s: float) -> int | None:
+    """The ACTIVE replicas the budget pays for, when it holds the pool short: now (the
+    record's ``budget.short``: its ACTIVE are capped already), or once an exemption
+    ending within ``lead_s`` ends (its ``short_at_end``: the ACTIVE it would cut); None
+    when it holds nothing short now or that soon."""
+    note = rec.budget
+    if note is None:
+        return None
+    if note.short:
+        return rec.active
+    if note.short_at_end and note.ends_at is not None and note.ends_at - now <= lead_s:
+        return max(0, rec.active - note.short_at_end)
+    return None
+
+
+def _short_of_budget(snap: Snapshot, topology: Topology, lead_s: float) -> dict[str, int]:
+    """Pools whose last scale record says the budget holds ACTIVE replicas the forecast
+    needed short (:func:`budget_paid`), with what it pays for, decided within a
+    checkpoint and the dark window (an old record's word is not the budget's now)."""
     policy = topology.scaling
     if policy is None or topology.cost is None:
-        return set()
-    out = set()
+        return {}
+    out = {}
     for name, view in snap.regions.items():
         rec = view.scale
-        if (
-            rec is not None
-            and rec.budget is not None
-            and rec.budget.short
-            and snap.now - rec.decided_at <= policy.checkpoint_s + policy.dark_after_s
-        ):
-            out.add(name)
+        if rec is None or snap.now - rec.decided_at > policy.checkpoint_s + policy.dark_after_s:
+            continue
+        if (paid := budget_paid(rec, snap.now, lead_s)) is not None:
+            out[name] = paid
     return out
 
 

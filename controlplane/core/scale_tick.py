@@ -29,6 +29,7 @@ from controlplane.kernel.model import (
     ObserverKind,
     RegionState,
 )
+from controlplane.kernel.pool.cost import CostPolicy
 from controlplane.kernel.pool.scale import ACTIVATION_SIGNAL, ScaleRecord
 from controlplane.kernel.snapshot import RegionView, Snapshot
 from controlplane.kernel.vllm.signals import LOAD_RAW_SIGNAL  # the last round, unsmoothed
@@ -95,10 +96,11 @@ def scale_moves(
 
 
 def _moving(snap: Snapshot) -> dict[str, Moving]:
-    """Each failover target's share of a running failover's load, and the hit rate it
+    """Each failover target's share of the running failovers' load, and the hit rate it
     arrives with there: cold, or the source's times the pre-warm's verified attainment
-    on that target (docs/capacity.md)."""
-    out: dict[str, Moving] = {}
+    on that target (docs/capacity.md). Two failovers onto one target add up
+    (:func:`_together`)."""
+    parts: dict[str, list[Moving]] = {}
     for view in snap.regions.values():
         fo = view.record.failover
         if view.record.state is not RegionState.FAILING_OVER or fo is None:
@@ -109,13 +111,33 @@ def _moving(snap: Snapshot) -> dict[str, Moving]:
             attained = (
                 figures.target_attained.get(target, figures.attained_fraction) if warmed else None
             )
-            out[target] = Moving(
+            moving = Moving(
                 source=fo.plan.source,
                 started_at=fo.started_at,
                 rps=fo.plan.moved_rps * weight,
                 hit_rate=moved_hit_rate(fo.plan.source_hit_rate, attained),
             )
-    return out
+            parts.setdefault(target, []).append(moving)
+    return {target: _together(moves) for target, moves in parts.items()}
+
+
+def _together(moves: list[Moving]) -> Moving:
+    """Several failovers moving load onto one target, as one: their loads summed, at the
+    hit rate of them all (weighted by load: the hits over the requests, as the pool will
+    see them and as its own load is sized), named by the earliest still running, from
+    its start. The earliest, because the allowance bounds how long the pool may spend
+    past its budget, which a later failover must not restart (a chain of them would
+    keep it exempt for good); and because the scaler keys the failover's ``Incoming``
+    on (source, started_at), so the pool's own baseline, taken before any load moved,
+    is kept when a second failover joins (a new key would take it again, the first's
+    moved load inside it, and count that load twice)."""
+    first = min(moves, key=lambda m: (m.started_at, m.source))
+    rps = sum(m.rps for m in moves)
+    if rps > 0:
+        hit = sum(m.rps * m.hit_rate for m in moves) / rps
+    else:  # nothing measured moving: the coldest, the capacity it takes is the most
+        hit = min(m.hit_rate for m in moves)
+    return Moving(source=first.source, started_at=first.started_at, rps=rps, hit_rate=hit)
 
 
 def _newest_agent_reports(reports: tuple[HealthReport, ...]) -> dict[str, HealthReport]:
@@ -192,33 +214,67 @@ def pool_budget(
     spend: Mapping[str, float],
 ) -> Budget | None:
     """What ``unit`` may spend: exempt while an operator's lift holds, and while it is
-    the target of a failover younger than the allowance (then the budget binds again,
-    and the ladder sheds what it cannot carry)."""
+    the target of a failover within its allowance less the wind-down (then the budget
+    binds again, the ladder sheds what it cannot carry, and the replicas it cuts are
+    stopped by the allowance's end). An exemption says when it ends, so that the
+    ladder is shedding by then (``core/ladder_tick``)."""
     cost = topology.cost
     if cost is None:
         return None
     exempt = lapsed = ""
+    ends_at = None
     if lift := snap.regions[unit].lifted(snap.now):
         exempt = f"{lift.describe()} (until {lift.until:.0f}, {lift.until - snap.now:.0f} s left)"
+        ends_at = lift.until
     elif moving is not None:
-        allowance, spent = cost.failover_allowance_s, snap.now - moving.started_at
-        if spent < allowance:
-            exempt = (
-                f"failover from {moving.source}: {allowance - spent:.0f} s left of its "
-                f"{allowance:g} s budget allowance"
-            )
-        else:
-            lapsed = (
-                f"failover from {moving.source}: its {allowance:g} s budget allowance "
-                f"ended {spent - allowance:.0f} s ago: the budget binds again"
-            )
+        exempt, lapsed, ends_at = _allowance(cost, moving, snap.now)
     zones = {r.name: r.zone for r in topology.regions}
     held = Held.of(snap.regions[unit])  # what it pays for whatever the scaler asks
-    return budget_for(cost, unit, zones, spend, exempt=exempt, lapsed=lapsed, held=held)
+    return budget_for(
+        cost, unit, zones, spend, exempt=exempt, lapsed=lapsed, held=held, ends_at=ends_at
+    )
+
+
+def _allowance(cost: CostPolicy, moving: Moving, now: float) -> tuple[str, str, float | None]:
+    """A failover target's exemption (why, or why it lapsed, and when it ends). It ends
+    ``failover_wind_down_s`` before the allowance does: the allowance bounds what the
+    pool spends, not the leader's word, and the replicas the budget cuts drain, sleep
+    after the IDLE dwell and stop (an over-budget pool's WARM dwell waived) within it.
+    Ending it by the dwells the pool keeps otherwise (300 s of WARM) would take a sixth
+    of the default allowance to pay for standby the budget let go."""
+    allowance, wind = cost.failover_allowance_s, cost.failover_wind_down_s
+    spent = now - moving.started_at
+    ends_at = moving.started_at + max(0.0, allowance - wind)
+    if now < ends_at:
+        exempt = (
+            f"failover from {moving.source}: {ends_at - now:.0f} s left of its "
+            f"{allowance:g} s budget allowance (its last {wind:g} s wind it down)"
+        )
+        return exempt, "", ends_at
+    if spent < allowance:
+        lapsed = (
+            f"failover from {moving.source}: its {allowance:g} s budget allowance ends in "
+            f"{allowance - spent:.0f} s: the budget binds again {wind:g} s before, so that "
+            "the replicas it cuts are stopped by then"
+        )
+    else:
+        lapsed = (
+            f"failover from {moving.source}: its {allowance:g} s budget allowance "
+            f"ended {spent - allowance:.0f} s ago: the budget binds again"
+        )
+    return "", lapsed, None
 
 
 def _budget_news(stored: ScaleRecord | None, record: ScaleRecord) -> bool:
-    """Whether the budget started or stopped holding the pool short: the ladder reads it
-    from the stored record, so it is written at once, not at the next checkpoint."""
-    before = bool(stored and stored.budget and stored.budget.short)
-    return before != bool(record.budget and record.budget.short)
+    """Whether the budget started or stopped holding the pool short (now, or at the end
+    of its exemption), or the pool went over it or back: the ladder and the pool's agent
+    read them from the stored record, so it is written at once, not at the next
+    checkpoint."""
+    return _budget_word(stored) != _budget_word(record)
+
+
+def _budget_word(record: ScaleRecord | None) -> tuple[bool, bool, bool]:
+    note = record.budget if record is not None else None
+    if note is None:
+        return False, False, False
+    return note.short > 0, note.short_at_end > 0, note.over

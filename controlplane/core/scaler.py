@@ -325,17 +325,20 @@ def _settled(moving: Moving, now: float, policy: ScalingPolicy) -> bool:
 def _incoming(
     last: Incoming | None, moving: Moving, upper: float, per: float, capacity: Capacity
 ) -> tuple[Incoming, int, str]:
-    """The failover's record (the pool's own band when first seen), the replicas that
-    and the moved load need, and why."""
+    """The failover's record (the pool's own band when the first move began), the
+    replicas that and the moved load need, and why. Moves that overlap are one episode
+    (core/scale_tick sums them, named by the earliest still running): when that one
+    ends and a later one goes on, the baseline stays the pool's own load from before
+    any moved, not a band with the later move's load already in it."""
     same = last is not None and (last.source, last.started_at) == (
         moving.source,
         moving.started_at,
     )
-    record = (
-        last
-        if same and last is not None
-        else Incoming(source=moving.source, started_at=moving.started_at, baseline_rps=upper)
-    )
+    if same and last is not None:
+        record = last
+    else:
+        own = last.baseline_rps if last is not None else upper
+        record = Incoming(source=moving.source, started_at=moving.started_at, baseline_rps=own)
     moved_per = max(capacity.per_replica(moving.hit_rate), _EPS)
     planned = math.ceil(record.baseline_rps / per + moving.rps / moved_per - _EPS)
     why = (

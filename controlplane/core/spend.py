@@ -14,7 +14,16 @@ PURE.
   is capped and says ``budget binds: ...``; the replicas the forecast needed beyond it
   are the record's ``short``, which puts the ladder to shedding (``core/ladder_tick``)
   instead of scaling past the budget. An operator's lift, or a failover target within
-  ``failover_allowance_s`` of the failover's start, is exempt.
+  ``failover_allowance_s`` of the failover's start (less ``failover_wind_down_s``), is
+  exempt. An exemption with an end says in the note when the budget binds again and
+  how many ACTIVE it would cut then (``ends_at``, ``short_at_end``): the ladder sheds
+  before the cut, not after it.
+- Over the budget (not exempt, and what the pool holds spends more than the room: the
+  end of an exemption, a budget lowered): the note's ``over``, on which the agent's
+  planner stops WARM beyond the sizes without their WARM dwell (``PoolTarget.over_budget``):
+  the dwell guards against launch churn, and a pool paying past its budget for
+  standby it was told to let go is not churn. Within the budget the dwell holds as
+  always (a budget that merely caps a scale-up stops nothing early).
 - Under ``low_utilisation`` for ``low_window_s`` WARM shrinks to its floor (burst_warm
   plus what the forecast needs); over ``high_utilisation`` WARM grows only to that floor.
 """
@@ -97,7 +106,9 @@ class Held:
         beyond the ask drains only after its anti-flap dwell (and IDLE costs as much
         by default), IDLE sleeps only after its dwell, launches and loans run on: all
         held. WARM beyond the ask is stopped, but only those past their WARM dwell (the
-        planner wakes the longest WARM first: those). Launches are what the planner
+        planner wakes the longest WARM first: those); an over-budget pool's agent stops
+        the rest too, and its next report shows them gone (priced as kept until then:
+        the cap errs on the budget's side for a tick). Launches are what the planner
         starts: the WARM asked and the ACTIVE it could not bring up, less the standby
         it has (WARM, IDLE, launching)."""
         more = max(0, active - self.active)
@@ -128,6 +139,7 @@ class Budget:
     lapsed: str = ""  # an exemption that ended (a failover's allowance): said in reasons
     # what the pool holds now (pools/<unit>); None: unknown, the sizes asked are priced
     held: Held | None = None
+    ends_at: float | None = None  # when an exemption ends (None: none, or no end known)
 
     def spend_at(self, active: int, warm: int) -> float:
         """$/h of the pool once it is sized ``active``/``warm`` from what it holds."""
@@ -185,11 +197,14 @@ class Budget:
                     f"WARM grows only as the forecast needs, {warm} -> {kept}"
                 )
                 warm = kept
-        short = 0
+        short = at_end = 0
         binds = ""
+        over = False
         if self.exempt:
             reasons.append(f"budget exempt: {self.exempt}")
+            at_end = self._short_at_end(active, warm, min_active, now, reasons)
         elif self.scopes:
+            over = self._over(now_util, reasons)
             active, warm, short, binds = self._cap(active, warm, min_active)
             if binds:
                 reasons.append(binds)
@@ -202,8 +217,39 @@ class Budget:
             short=short,
             exempt=self.exempt,
             low_since=low_since,
+            ends_at=self.ends_at if self.exempt else None,
+            short_at_end=at_end,
+            over=over,
         )
         return active, warm, note
+
+    def _short_at_end(
+        self, active: int, warm: int, min_active: int, now: float, reasons: list[str]
+    ) -> int:
+        """While exempt, with an end: the ACTIVE replicas the budget would cut were it
+        binding now (0 without an end or a budget). The ladder reads it to be shedding
+        by the time they go, rather than starting its steps at the cut."""
+        if self.ends_at is None or not self.scopes:
+            return 0
+        bound, _, short, _ = self._cap(active, warm, min_active)
+        if short:
+            reasons.append(
+                f"the budget binds again in {max(0.0, self.ends_at - now):.0f} s: it buys "
+                f"{bound} of these {active} ACTIVE ({short} short: the ladder sheds by then)"
+            )
+        return short
+
+    def _over(self, now_util: float | None, reasons: list[str]) -> bool:
+        """Whether what the pool holds now spends past the tightest scope's budget (known
+        only with ``held``): its agent then stops WARM beyond the sizes without their
+        WARM dwell, instead of paying for them until it ends."""
+        if self.held is None or now_util is None or now_util <= 1.0 + _EPS:
+            return False
+        reasons.append(
+            f"over its budget now ({now_util:.0%}): WARM beyond the sizes stops without "
+            "its WARM dwell"
+        )
+        return True
 
     def _cap(self, active: int, warm: int, min_active: int) -> tuple[int, int, int, str]:
         """The sizes the tightest scope's room buys from what the pool holds, ACTIVE
@@ -300,10 +346,12 @@ def budget_for(
     exempt: str = "",
     lapsed: str = "",
     held: Held | None = None,
+    ends_at: float | None = None,
 ) -> Budget:
     """The budget ``unit`` sizes against: its own, its zone's and the fleet's, each with
     what the scope's other pools are committed to (``spend``: $/h by unit; ``zones``:
-    each unit's zone); ``held``: what the pool holds now (None: unknown)."""
+    each unit's zone); ``held``: what the pool holds now (None: unknown); ``ends_at``:
+    when ``exempt`` ends (None: no end known)."""
     others = {u: s for u, s in spend.items() if u != unit}
     scopes = []
     if (own := policy.pool_budgets.get(unit)) is not None:
@@ -321,6 +369,7 @@ def budget_for(
         exempt=exempt,
         lapsed=lapsed,
         held=held,
+        ends_at=ends_at,
     )
 
 

@@ -6,7 +6,9 @@ in ``scale/<unit>``. The agent keeps a local copy of that one key
 one watch) and hands the counts to the pool (:meth:`regions.pool.manager.WarmPool.set_sizes`)
 on every change and every ``interval_s``: level-triggered, so a pool restarted, or a
 replica that died and came back, converges on what the leader wants. The pool's own
-rules still hold: an ACTIVE replica drains only after its dwell, through IDLE.
+rules still hold: an ACTIVE replica drains only after its dwell, through IDLE; while
+the record's budget note says the pool is over its budget (``budget.over``), WARM
+beyond the sizes stops without its WARM dwell.
 
 No record (scaling is off, or the leader has not sized this pool yet): the pool file's
 sizes stand. Fail-static: while etcd is away the copy keeps its last record.
@@ -84,7 +86,9 @@ class ScaleFollower:
         r = self.record
         if r is None or self.advisory:
             return
-        taken = await self.pool.set_sizes(r.active, r.warm)
+        # over its budget (the leader's note): WARM beyond the sizes stops without its dwell
+        over = r.budget is not None and r.budget.over
+        taken = await self.pool.set_sizes(r.active, r.warm, over_budget=over)
         if taken != self.applied:
             clipped = taken != (r.active, r.warm)
             log.info(

@@ -170,18 +170,22 @@ class WarmPool:
             await self._apply(self._plan(self._clock.now()), None, launch=False)
         return self.active()
 
-    async def set_sizes(self, active: int, warm: int) -> tuple[int, int]:
+    async def set_sizes(
+        self, active: int, warm: int, *, over_budget: bool = False
+    ) -> tuple[int, int]:
         """The desired ACTIVE and WARM counts (the leader's ``scale/<unit>``), held to
         the pool's slots (ACTIVE first); level-triggered like :meth:`set_active`, and
-        like it never launches (``reconcile`` launches COLD slots to WARM). Returns the
-        counts taken."""
+        like it never launches (``reconcile`` launches COLD slots to WARM).
+        ``over_budget``: the leader says the pool spends past its budget, so WARM beyond
+        the sizes stops without its WARM dwell (``PoolTarget.over_budget``). Returns
+        the counts taken."""
         if active < 0 or warm < 0:
             raise ValueError(f"sizes must be >= 0, got active {active}, warm {warm}")
         slots = len(self._replicas)
         active = min(active, slots)
         warm = min(warm, slots - active)
         self._target = self._target.model_copy(
-            update={"active": active, "warm": warm, "scaled": True}
+            update={"active": active, "warm": warm, "scaled": True, "over_budget": over_budget}
         )
         async with self._lock:
             await self._apply(self._plan(self._clock.now()), None, launch=False)

@@ -169,13 +169,16 @@ def _slot_notes(p: PoolView, wanted: int, standby: int, n_cold: int) -> tuple[st
 
 
 def stop(p: PoolView, lift: Lift) -> Step:
-    """Stop the WARM replicas beyond the standby target once their dwell is over."""
+    """Stop the WARM replicas beyond the standby target once their dwell is over (at
+    once while the pool is over its budget: ``dwell_for``)."""
     warm = lift.still_warm
     excess = len(warm) - p.target.warm
     if excess <= 0:
         return Step()
     stoppable = [r for r in warm if refusal(r, COLD, p.now, p.dwell) is None]
     why = f"{len(warm)} WARM > target {p.target.warm}"
+    if p.target.over_budget:
+        why += ", over the budget: no WARM dwell"
     actions = tuple(move(r, COLD, why) for r in stoppable[:excess])
     if len(stoppable) >= excess:
         return Step(actions)

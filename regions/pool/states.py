@@ -15,7 +15,8 @@ Edges (anything else is refused, with a reason)::
 
 - never COLD -> ACTIVE: a launched replica is put to sleep first and woken like any
   other, so every activation goes through ``/wake_up`` + ``/reset_prefix_cache``;
-- IDLE -> WARM only after the IDLE dwell, WARM -> COLD only after the WARM dwell;
+- IDLE -> WARM only after the IDLE dwell, WARM -> COLD only after the WARM dwell
+  (waived while the leader says the pool is over its budget: ``PoolTarget.over_budget``);
 - anti-flap: ACTIVE -> IDLE only after the minimum ACTIVE dwell. Waking and resuming are
   never held back (capacity comes first; scaling down is what waits), so a replica
   changes routing at most once per ``active_min_s`` in the down direction.
@@ -77,21 +78,32 @@ class PoolTarget(Frozen):
     """How many replicas should be ACTIVE, and how many kept in standby (WARM);
     ``variant``: the one replicas should run (None: any, the launcher has one kind);
     ``scaled``: the sizes are the leader's scaler's (IDLE sleeps after
-    ``DwellPolicy.scaled_idle_min_s``), not the pool file's."""
+    ``DwellPolicy.scaled_idle_min_s``), not the pool file's; ``over_budget``: the
+    leader's budget says the pool spends past it now (``scale/<unit>``'s
+    ``budget.over``): WARM beyond the sizes stops without the WARM dwell."""
 
     active: int = Field(ge=0)
     warm: int = Field(ge=0)
     variant: str | None = None
     scaled: bool = False
+    over_budget: bool = False
 
 
 def dwell_for(dwell: DwellPolicy, target: PoolTarget) -> DwellPolicy:
     """The dwell times that hold for ``target``: a scaled pool's IDLE sleeps after
-    ``scaled_idle_min_s`` (never under ``drain_s``). The planner plans with them and the
+    ``scaled_idle_min_s`` (never under ``drain_s``); an over-budget pool's WARM stops
+    at once. The WARM dwell guards against launch churn (a replica stopped and launched
+    again minutes later, paid at ACTIVE's price while it loads); standby the budget cut
+    from a pool paying past it is not churn, and kept for the dwell (300 s) it would be
+    paid past the budget all that time. The IDLE dwell stays: it lets what a drained
+    replica still runs finish before it sleeps. The planner plans with these and the
     pool checks its moves with them: one rule for both."""
-    if not target.scaled:
-        return dwell
-    return dwell.model_copy(update={"idle_min_s": max(dwell.scaled_idle_min_s, dwell.drain_s)})
+    update: dict[str, float] = {}
+    if target.scaled:
+        update["idle_min_s"] = max(dwell.scaled_idle_min_s, dwell.drain_s)
+    if target.over_budget:
+        update["warm_min_s"] = 0.0
+    return dwell.model_copy(update=update) if update else dwell
 
 
 class PoolConfig(Frozen):

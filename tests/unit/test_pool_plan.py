@@ -352,3 +352,36 @@ def test_the_pool_checks_a_scaled_sleep_with_the_dwell_it_was_planned_with() -> 
     assert transition(idle, WARM, T0, dwell_for(D, scaled)).state is WARM
     with pytest.raises(TransitionRefused, match="IDLE dwell"):
         transition(idle, WARM, T0, dwell_for(D, PoolTarget(active=1, warm=0)))
+
+
+def test_an_over_budget_pool_stops_warm_without_the_warm_dwell() -> None:
+    """The leader says the pool spends past its budget (``over_budget``: the end of a
+    failover's allowance cut 3 ACTIVE, now asleep): WARM beyond the target stops at
+    once, the longest WARM first; within the budget the same replicas wait out their
+    300 s dwell (it guards against launch churn). IDLE still waits its drain."""
+    pool = [
+        rep("a", ACTIVE, 900),
+        rep("w1", WARM, 400),
+        rep("w2", WARM, 11),
+        rep("w3", WARM, 1),
+        rep("i", IDLE, 5),
+    ]
+    over = plan(pool, PoolTarget(active=1, warm=0, scaled=True, over_budget=True), T0, D)
+    assert [(a.kind, a.replica) for a in over.actions] == [
+        ("stop", "w1"),
+        ("stop", "w2"),
+        ("stop", "w3"),
+    ]
+    assert all("over the budget: no WARM dwell" in a.reason for a in over.actions)
+    within = plan(pool, PoolTarget(active=1, warm=0, scaled=True), T0, D)
+    assert [(a.kind, a.replica) for a in within.actions] == [("stop", "w1")]
+    assert any("w2 is WARM for 11 s < WARM dwell 300 s" in d for d in within.deferred)
+    # the pool re-checks the stop with the same rule
+    young = rep("w3", WARM, 1)
+    overrun = PoolTarget(active=1, warm=0, scaled=True, over_budget=True)
+    assert transition(young, COLD, T0, dwell_for(D, overrun)).state is COLD
+    with pytest.raises(TransitionRefused, match="WARM dwell"):
+        transition(young, COLD, T0, dwell_for(D, PoolTarget(active=1, warm=0, scaled=True)))
+    # and only WARM: the IDLE dwell and the ACTIVE anti-flap dwell hold
+    assert dwell_for(D, overrun).idle_min_s == D.scaled_idle_min_s
+    assert dwell_for(D, overrun).active_min_s == D.active_min_s

@@ -8,14 +8,24 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
+
+from controlplane.core.scale_tick import _moving
+from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import (
     AuditAction,
     ControlFlags,
+    FailoverPlan,
+    FailoverProgress,
+    FailoverStep,
     Health,
     HealthReport,
     ObserverKind,
+    PrewarmFigures,
     RegionHold,
+    RegionRecord,
+    RegionState,
 )
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from controlplane.metrics import ControlPlaneMetrics
@@ -174,3 +184,68 @@ def test_the_leader_exports_each_pools_desired_replicas_and_forecast() -> None:
     assert get("tectonic_pool_desired_replicas", {"region": "eu-west", "state": "active"}) == 1
     metrics.tick_done(leader=False, snapshot=None)  # a follower exports none
     assert get("tectonic_pool_desired_replicas", {**labels, "state": "active"}) is None
+
+
+def _failing(source: str, started_at: float, targets: dict[str, float], rps: float) -> RegionRecord:
+    """``source`` FAILING_OVER since ``started_at``, moving ``rps`` (at hit rate 0.5, the
+    pre-warm verified) onto ``targets``."""
+    plan = FailoverPlan(
+        source=source,
+        targets=targets,
+        reason="test",
+        actor="test",
+        moved_rps=rps,
+        source_hit_rate=0.5 if source == "us-west" else 0.0,
+    )
+    progress = FailoverProgress(
+        plan=plan,
+        started_at=started_at,
+        done=(FailoverStep.PREWARM, FailoverStep.SWITCH),
+        prewarm_result=PrewarmFigures(attained_fraction=1.0),
+    )
+    return RegionRecord(
+        region=source, state=RegionState.FAILING_OVER, since=started_at, failover=progress
+    )
+
+
+def test_two_failovers_onto_one_target_add_up_from_the_earliest() -> None:
+    """us-west (60 rps at hit rate 0.5, from t=100) and eu-west (80 rps cold, from t=200,
+    half to us-east, half to us-central): us-east gets both, 100 rps at their hit rate
+    (0.3: the hits over the requests), named and timed by the earliest (its allowance
+    is not restarted, and the scaler's baseline for it is kept); a later failover used
+    to replace the earlier one's load."""
+    snap = scaled_world().snapshot()
+    regions = dict(snap.regions)
+    regions["us-west"] = regions["us-west"].model_copy(
+        update={"record": _failing("us-west", 100.0, {"us-east": 1.0}, 60.0)}
+    )
+    regions["eu-west"] = regions["eu-west"].model_copy(
+        update={"record": _failing("eu-west", 200.0, {"us-east": 0.5, "us-central": 0.5}, 80.0)}
+    )
+    moving = _moving(snap.model_copy(update={"regions": regions}))
+    east, central = moving["us-east"], moving["us-central"]
+    assert (east.source, east.started_at, east.rps) == ("us-west", 100.0, 100.0)
+    assert east.hit_rate == pytest.approx(0.3)
+    assert (central.source, central.started_at, central.rps, central.hit_rate) == (
+        "eu-west",
+        200.0,
+        40.0,
+        0.0,
+    )
+    # the scaler sized us-east for the first alone; the second joins: its baseline (its
+    # own 20 rps, taken before any load moved) stays, and both loads are added to it
+    first = Moving(source="us-west", started_at=100.0, rps=60.0, hit_rate=0.5)
+    ten = Capacity(lambda h: 10.0, "measured")
+    policy = POLICY.model_copy(update={"forecast": False})
+
+    def size(load: float, move: Moving, memory: ScaleRecord | None, now: float) -> ScaleRecord:
+        signals = PoolSignals(now, load, 0.5, 0.0, None, active_now=1)
+        return size_pool(
+            "us-east", None, signals, ten, policy, now=now, ttft_slo_s=None, moving=move,
+            memory=memory,
+        ).record  # fmt: skip
+
+    before = size(20.0, first, None, 150.0)
+    assert before.incoming is not None and before.active == 8  # 20 + 60 rps
+    after = size(80.0, east, before, 250.0)  # it serves 80 now: its own and the first's
+    assert after.incoming == before.incoming and after.active == 12  # 20 + 100 rps

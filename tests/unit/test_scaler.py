@@ -389,6 +389,23 @@ def test_a_failover_step_launches_no_warm_for_its_extrapolation() -> None:
     assert "is still arriving" not in " ".join(settled.reasons)
 
 
+def test_a_later_failover_going_on_keeps_the_pools_own_baseline() -> None:
+    """Two moves overlap (the tick sums them, named by the earliest running); when the
+    earliest ends and the later goes on, the later's load, arrived by then, is not
+    taken into the pool's own baseline and counted twice."""
+    pool = Pool()
+    pool.run(lambda t: 60.0, 0, 120)
+    both = Moving(source="us-east", started_at=120.0, rps=120.0, hit_rate=0.0)
+    for t in range(120, 200):  # us-east's 60 and us-central's 60 arrive over 20 s
+        pool.tick(float(t), 60.0 + min(120.0, 6.0 * (t - 120)), moving=both)
+    baseline = pool.history[-1].incoming
+    assert baseline is not None and baseline.baseline_rps < 90
+    later = Moving(source="us-central", started_at=150.0, rps=60.0, hit_rate=0.0)
+    rec = pool.tick(200.0, 120.0, moving=later)  # us-east came home
+    assert rec.incoming is not None and rec.incoming.source == "us-central"
+    assert rec.incoming.baseline_rps == baseline.baseline_rps
+
+
 def test_a_warmed_failover_arrives_at_a_hit_rate_and_needs_fewer() -> None:
     cold, warm = Pool(), Pool()
     for pool, h in ((cold, 0.0), (warm, 0.6)):

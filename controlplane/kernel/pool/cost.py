@@ -5,7 +5,9 @@ records of the budget in ``scale/<unit>`` (docs/scaling.md, "Cost"). PURE.
 Prices are dollars per replica-hour per replica state (a COLD replica costs nothing);
 budgets are dollars per hour, per pool (a failover unit), per residency zone and for the
 fleet. The scaler keeps every scope within its budget; an operator may lift one pool's
-for a while, and a failover target may exceed it for ``failover_allowance_s``.
+for a while, and a failover target may exceed it for ``failover_allowance_s`` (the
+budget binds again ``failover_wind_down_s`` before its end, so that the pool is back
+within it when the allowance ends).
 """
 
 from __future__ import annotations
@@ -115,6 +117,16 @@ class CostPolicy(Frozen):
             "budget binds again and the degradation ladder sheds",
         ),
     ] = 1800.0
+    failover_wind_down_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="of failover_allowance_s, the last seconds in which the budget binds "
+            "again already, so that the replicas it cuts are stopped by the allowance's "
+            "end: the pool's scaled IDLE dwell (10 s), a sleep and a stop (an over-budget "
+            "pool stops WARM without its WARM dwell)",
+        ),
+    ] = 30.0
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -163,3 +175,12 @@ class BudgetNote(Frozen):
     short: int = Field(0, ge=0)  # ACTIVE replicas the forecast needed beyond the budget
     exempt: str = ""  # why the budget did not apply (a lift, a failover's allowance)
     low_since: float | None = None  # since when utilisation has been under low, unbroken
+    # An exemption with an end (a failover's allowance less its wind-down, a lift's
+    # until): when the budget binds again, and the ACTIVE replicas it would cut then, as
+    # it stands now: the ladder degrades the pool before that (core/ladder_tick), so
+    # that it sheds by the time the capacity goes
+    ends_at: float | None = None
+    short_at_end: int = Field(0, ge=0)
+    # not exempt, and what the pool holds now spends more than the budget: its agent
+    # stops WARM beyond the sizes without their WARM dwell (PoolTarget.over_budget)
+    over: bool = False
