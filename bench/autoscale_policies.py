@@ -44,7 +44,7 @@ from bench.autoscale_sim import (
     Sim,
 )
 from bench.capacity_truth import SteadyState
-from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
 from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from regions.pool.planner import plan
@@ -113,6 +113,9 @@ class Tectonic(Controller):
         self.slots: dict[str, Replica | None] = {f"r{i:03d}": None for i in range(slots)}
         self.targets: list[tuple[float, int, int]] = []  # (t, active, warm) when changed
         self.guarded = 0  # ticks where the guard added a replica
+        # a failover moving load onto the pool, as the leader's scale_moves passes it
+        # (bench/cost_failover.py sets it each second); None: none
+        self.moving: Moving | None = None
 
     def seed(self, sim: Sim, active: int, warm: int) -> None:
         names = iter(self.slots)
@@ -137,6 +140,7 @@ class Tectonic(Controller):
             self.policy,
             now=now,
             ttft_slo_s=self.slo_s,
+            moving=self.moving,
             memory=self.memory,
             budget=self.budget,
         )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench import autoscale
-from bench.autoscale_policies import Tectonic, target_of
+from bench.autoscale_policies import Tectonic
 from bench.autoscale_sim import (
     ACTIVE,
     IDLE,
@@ -42,7 +42,7 @@ from controlplane.core.ladder_executor import mode_for, next_ladder_action
 from controlplane.core.ladder_tick import budget_paid, ladder_lead_s
 from controlplane.core.scale_tick import _moving as leader_moving  # what scale_moves passes
 from controlplane.core.scale_tick import pool_budget
-from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
+from controlplane.core.scaler import Capacity
 from controlplane.kernel.config import Topology, parse_topology
 from controlplane.kernel.ladder.model import LOAD_SIGNAL, Ladder, with_headroom
 from controlplane.kernel.ladder.record import DegradationRecord
@@ -58,7 +58,6 @@ from controlplane.kernel.model import (
 from controlplane.kernel.pool.cost import CostPolicy
 from controlplane.kernel.pool.scale import ScalingPolicy
 from controlplane.kernel.snapshot import RegionView, Snapshot
-from regions.pool.planner import plan
 from regions.pool.states import DwellPolicy
 
 UNIT = "bench"  # the pool's failover unit, as the autoscale bench's scaler names it
@@ -102,44 +101,9 @@ def shedding_sim(s: autoscale.Setup, batch: np.ndarray) -> SheddingSim:
 # ---- the scaler: Tectonic with a failover's moving load -----------------------------------
 
 
-class FailoverTarget(Tectonic):
-    """The autoscale bench's Tectonic, with ``moving`` (set by :class:`Leader` each
-    second) passed to ``size_pool`` as the leader's ``scale_moves`` passes it; None: no
-    failover moves load here, and the tick is Tectonic's own."""
-
-    moving: Moving | None = None
-
-    def tick(self, now: float, sim: Sim) -> None:
-        # Tectonic.tick's body with ``moving=``: bench/autoscale_policies.py has no hook
-        signals = PoolSignals(
-            observed_at=now,
-            load_rps=sim.load_rps(now),
-            hit_rate=sim.hit_rate(now),
-            queue_depth=float(sim.waiting()),
-            ttft_p99_s=sim.ttft_p99(now),
-            active_now=sim.count(ACTIVE),
-        )
-        sized = size_pool(
-            UNIT,
-            self.stored,
-            signals,
-            self.capacity,
-            self.policy,
-            now=now,
-            ttft_slo_s=self.slo_s,
-            moving=self.moving,
-            memory=self.memory,
-            budget=self.budget,
-        )
-        record = self.memory = sized.record
-        if sized.due:
-            self.stored = record
-        if any(r.startswith("guard:") for r in record.reasons):
-            self.guarded += 1
-        if not self.targets or self.targets[-1][1:] != (record.active, record.warm):
-            self.targets.append((now, record.active, record.warm))
-        for action in plan(self._view(now), target_of(record), now, self.dwell).actions:
-            self._carry_out(action, sim)
+# The autoscale bench's Tectonic: its ``moving`` (set by :class:`Leader` each second)
+# goes to ``size_pool`` as the leader's ``scale_moves`` passes it.
+FailoverTarget = Tectonic
 
 
 def failover_target(s: autoscale.Setup) -> FailoverTarget:
