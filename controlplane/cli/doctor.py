@@ -132,6 +132,36 @@ class RepoFacts:
 
 
 @dataclass(frozen=True)
+class PromActivation:
+    """One unit's wakes as Prometheus holds them (``doctor --prometheus``): the p95 over
+    up to 90 days (None: no wake in what it holds), how many wakes, and how far back its
+    samples go (seconds; None: not known)."""
+
+    p95_s: float | None
+    wakes: float
+    seen_s: float | None
+
+
+@dataclass(frozen=True)
+class PromBudget:
+    """One scope's highest budget utilisation in the last 7 days as Prometheus holds it,
+    and how far back its samples go (seconds; None: not known)."""
+
+    max_utilisation: float
+    seen_s: float | None
+
+
+@dataclass(frozen=True)
+class PromFacts:
+    """What ``doctor --prometheus URL`` read (``controlplane/cli/doctor_prom.py``); a
+    ``str`` in place of a part says why Prometheus did not answer it."""
+
+    url: str
+    activation: dict[str, PromActivation] | str  # by unit (the agent's region label)
+    budget: dict[tuple[str, str], PromBudget] | str  # by (scope, name)
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything doctor read; a ``str`` in place of an answer says why it could not be
     read (that RPC failed, or is not there)."""
@@ -148,6 +178,7 @@ class Facts:
     repo: RepoFacts | None = None
     region: str = ""  # only this region (its pools too); "" every one
     sizing: dict[str, SizingInputs] = field(default_factory=dict)  # by unit
+    prom: PromFacts | None = None  # --prometheus's history; None: not asked
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -162,6 +193,20 @@ def age_text(now: float, ts: float) -> str:
     if s < 2 * 86400:
         return f"{s / 3600:.1f}h ago"
     return f"{s / 86400:.1f}d ago"
+
+
+def span_text(s: float | None) -> str:
+    """A duration, as how far back a history goes."""
+    if s is None:
+        return "an unknown span"
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
 
 
 def _in_region(name: str, region: str) -> bool:
@@ -369,7 +414,14 @@ def _checked_finding(unit: str, c: ColdStart) -> Finding:
 WAKES_HISTORY = (
     f"the agent keeps its last {WAKES_KEPT} wakes since it started; 90 days are "
     "Prometheus's: histogram_quantile(0.95, sum by (le, region) "
-    "(increase(tectonic_agent_pool_activation_duration_seconds_bucket[90d])))"
+    '(increase(tectonic_agent_pool_activation_duration_seconds_bucket{kind="wake"}[90d]))), '
+    "or "
+    "failoverctl doctor --prometheus URL"
+)
+# what --prometheus's answer is (doctor_prom.ACTIVATION_P95, in short)
+PROM_ACTIVATION_QUERY = (
+    "histogram_quantile(0.95) of increase(tectonic_agent_pool_activation_duration_seconds"
+    '_bucket{kind="wake"}[90d]) by region'
 )
 
 
@@ -397,41 +449,86 @@ def _seen(u: pb.RegionStatus, now: float) -> str:
     return f"over its last {n:.0f} wake(s), the oldest {age_text(now, now - span)}"
 
 
+def _activation_bound(
+    u: pb.RegionStatus, budgets: dict[str, float], records: dict[str, CapacityRecord]
+) -> tuple[float, float] | None:
+    """(bound, SLO) of ``u``'s wakes: the leader's budget (the topology's SLO, as its
+    alert judges), else a third of the SLO the unit's capacity probe was run under;
+    None: no SLO known."""
+    if u.name in budgets:
+        return budgets[u.name], budgets[u.name] / ACTIVATION_SLO_SHARE
+    rec = _record_for(records, u)
+    if rec is None:
+        return None
+    return rec.slo.ttft_p99_s * ACTIVATION_SLO_SHARE, rec.slo.ttft_p99_s
+
+
+_NO_SLO = "no first-token SLO known (no cold-start check in GetScale, no capacity probe record)"
+
+
+def _agent_activation(u: pb.RegionStatus, bound: tuple[float, float] | None, now: float) -> Finding:
+    """``u``'s wake p95 as its agent reports it: of its last wakes only."""
+    p95 = u.signals.get(ACTIVATION_SIGNAL)
+    if p95 is None:
+        return Finding(Verdict.UNKNOWN, f"{u.name}: no wake measured yet")
+    if bound is None:
+        return Finding(Verdict.UNKNOWN, f"{u.name}: wake p95 {p95:.2f} s, but {_NO_SLO}")
+    limit, slo = bound
+    ok = p95 <= limit
+    return Finding(
+        Verdict.PASS if ok else Verdict.FAIL,
+        f"{u.name}: wake p95 {p95:.2f} s {'<=' if ok else '>'} {limit:.2f} s "
+        f"(SLO {slo:g} s / 3) {_seen(u, now)}",
+    )
+
+
+PROM_ACTIVATION_DAYS = 90  # the window question 2 asks about
+
+
+def _prom_activation(
+    u: pb.RegionStatus, bound: tuple[float, float] | None, a: PromActivation | None
+) -> Finding:
+    """``u``'s wake p95 over up to 90 days from Prometheus's histogram, with how far back
+    its samples go; UNKNOWN where it holds no wake of the unit (never a pass)."""
+    if a is None:
+        return Finding(
+            Verdict.UNKNOWN,
+            f"{u.name}: Prometheus holds no tectonic_agent_pool_activation_duration_seconds "
+            "of it (is its agent scraped? a unit without a warm pool has none)",
+        )
+    seen = f"the {span_text(a.seen_s)} Prometheus holds (of {PROM_ACTIVATION_DAYS}d asked)"
+    if a.p95_s is None or a.wakes <= 0:
+        return Finding(Verdict.UNKNOWN, f"{u.name}: no wake in {seen}")
+    if bound is None:
+        return Finding(Verdict.UNKNOWN, f"{u.name}: wake p95 {a.p95_s:.2f} s, but {_NO_SLO}")
+    limit, slo = bound
+    ok = a.p95_s <= limit
+    return Finding(
+        Verdict.PASS if ok else Verdict.FAIL,
+        f"{u.name}: wake p95 {a.p95_s:.2f} s {'<=' if ok else '>'} {limit:.2f} s "
+        f"(SLO {slo:g} s / 3) over {a.wakes:.0f} wake(s) in {seen}",
+    )
+
+
 def check_activation(f: Facts) -> Line:
+    """Question 2. Without Prometheus: the agents' last wakes, and the query for 90 days.
+    With it: its histogram over up to 90 days, saying how far back it could see. A
+    Prometheus that did not answer leaves a pass on the agents' last wakes UNKNOWN (not
+    the 90 days asked) and a fail a fail (the wakes measured are over the budget)."""
     q = "cold-start (activation) p95 <= first-token SLO / 3"
     records = _capacity_records(f)
     budgets = _leader_budgets(f)
+    prom = f.prom
     findings = []
     for u in units(f):
-        p95 = u.signals.get(ACTIVATION_SIGNAL)
-        rec = _record_for(records, u)
-        if p95 is None:
-            findings.append(Finding(Verdict.UNKNOWN, f"{u.name}: no wake measured yet"))
+        bound = _activation_bound(u, budgets, records)
+        if prom is not None and not isinstance(prom.activation, str):
+            findings.append(_prom_activation(u, bound, prom.activation.get(u.name)))
             continue
-        # the leader's budget (the topology's SLO, as its alert judges), else the SLO
-        # the unit's capacity probe was run under
-        if u.name in budgets:
-            bound, slo = budgets[u.name], budgets[u.name] / ACTIVATION_SLO_SHARE
-        elif rec is not None:
-            slo = rec.slo.ttft_p99_s
-            bound = slo * ACTIVATION_SLO_SHARE
-        else:
-            findings.append(
-                Finding(
-                    Verdict.UNKNOWN,
-                    f"{u.name}: wake p95 {p95:.2f} s, but no first-token SLO known (no "
-                    "cold-start check in GetScale, no capacity probe record)",
-                )
-            )
-            continue
-        ok = p95 <= bound
-        findings.append(
-            Finding(
-                Verdict.PASS if ok else Verdict.FAIL,
-                f"{u.name}: wake p95 {p95:.2f} s {'<=' if ok else '>'} {bound:.2f} s "
-                f"(SLO {slo:g} s / 3) {_seen(u, f.now)}",
-            )
-        )
+        found = _agent_activation(u, bound, f.now)
+        if prom is not None and found.verdict is Verdict.PASS:
+            found = Finding(Verdict.UNKNOWN, f"{found.text}, not {PROM_ACTIVATION_DAYS} days")
+        findings.append(found)
     line = _line(
         2,
         q,
@@ -442,11 +539,16 @@ def check_activation(f: Facts) -> Line:
             if v is Verdict.FAIL
             else "wake a WARM replica (a failover drill or a capacity probe does); with "
             "scaling off, run a capacity probe so that an SLO is on record"
+            + ("; make --prometheus answer (and scrape the agents)" if prom is not None else "")
         ),
     )
-    return Line(
-        line.id, line.question, line.verdict, f"{line.evidence}; {WAKES_HISTORY}", line.todo
-    )
+    if prom is None:
+        history = WAKES_HISTORY
+    elif isinstance(prom.activation, str):
+        history = f"Prometheus at {prom.url} could not answer: {prom.activation}"
+    else:
+        history = f"from Prometheus at {prom.url}: {PROM_ACTIVATION_QUERY}"
+    return Line(line.id, line.question, line.verdict, f"{line.evidence}; {history}", line.todo)
 
 
 # ---- 3. the hit-rate alert --------------------------------------------------------------
@@ -949,6 +1051,56 @@ def budget_findings(report: CostReport, wanted: set[str]) -> list[Finding]:
     return findings
 
 
+PROM_BUDGET_DAYS = 7  # the window question 8 asks about
+PROM_BUDGET_QUERY = "max_over_time(tectonic_budget_utilisation[7d]) by scope and name"
+
+
+def week_findings(
+    report: CostReport, wanted: set[str], week: dict[tuple[str, str], PromBudget]
+) -> list[Finding]:
+    """The highest utilisation in the last 7 days of each budgeted scope question 8
+    judges now (``wanted``'s pools, their zones, the fleet), as Prometheus holds it,
+    with how far back it could see. Over 1 (spend over the budget) fails, as it does
+    now; a lift or a failover's allowance then is not in what doctor reads, so the
+    evidence says the peak and the todo where to look. A scope with a budget that
+    Prometheus holds nothing of is UNKNOWN (the leader is not scraped, or is older)."""
+    pools = [p for p in report.pools if p.unit in wanted]
+    scopes = [("pool", p.unit) for p in pools if p.budget is not None]
+    zones = {p.zone for p in pools}
+    scopes += [
+        (s.scope, s.name)
+        for s in report.scopes
+        if s.budget is not None and (s.scope != "zone" or s.name in zones)
+    ]
+    findings = []
+    for scope, name in scopes:
+        label = name if scope in ("pool", name) else f"{scope} {name}"
+        b = week.get((scope, name))
+        if b is None:
+            findings.append(
+                Finding(
+                    Verdict.UNKNOWN,
+                    f"{label}: Prometheus holds no tectonic_budget_utilisation"
+                    f'{{scope="{scope}",name="{name}"}} (is the leader scraped?)',
+                )
+            )
+            continue
+        seen = f"the {span_text(b.seen_s)} Prometheus holds (of {PROM_BUDGET_DAYS}d asked)"
+        over = b.max_utilisation > 1
+        findings.append(
+            Finding(
+                Verdict.FAIL if over else Verdict.PASS,
+                f"{label}: at most {b.max_utilisation:.0%} of its budget in {seen}"
+                + (
+                    ": over budget (a lift or a failover's allowance then is not known here)"
+                    if over
+                    else ""
+                ),
+            )
+        )
+    return findings
+
+
 def check_budget(f: Facts) -> Line:
     q = "budget utilisation alerts configured, and the last week's utilisation"
 
@@ -957,9 +1109,12 @@ def check_budget(f: Facts) -> Line:
             return (
                 "restore the alerts TectonicBudgetBinding and TectonicPoolEfficiencyLow in the "
                 "rules Prometheus loads; for a scope over budget see runbooks/budget-binding.md "
-                "(raise the budget, or failoverctl cost lift POOL -r WHY)"
+                "(raise the budget, or failoverctl cost lift POOL -r WHY); a peak over the "
+                "budget in the last week that a lift or a failover allowed: see the audit log"
             )
-        return "pass --rules PATH (the rules Prometheus loads), and check GetCost answers"
+        return "pass --rules PATH (the rules Prometheus loads), and check GetCost answers" + (
+            "; make --prometheus answer (and scrape the leader)" if f.prom is not None else ""
+        )
 
     report = _cost_report(f)
     if report is None:
@@ -973,10 +1128,27 @@ def check_budget(f: Facts) -> Line:
         )
     if isinstance(report, str):
         return Line(8, q, Verdict.UNKNOWN, report, todo(Verdict.UNKNOWN))
+    wanted = {u.name for u in units(f)}
     findings = [_budget_alerts(f)]
-    findings += budget_findings(report, {u.name for u in units(f)})
+    findings += budget_findings(report, wanted)
+    prom = f.prom
+    if prom is None:
+        history = BUDGET_HISTORY
+    elif isinstance(prom.budget, str):
+        findings.append(
+            Finding(
+                Verdict.UNKNOWN,
+                f"the last week's utilisation: Prometheus at {prom.url} could not answer: "
+                f"{prom.budget}",
+            )
+        )
+        history = ""
+    else:
+        findings += week_findings(report, wanted, prom.budget)
+        history = f"the week's from Prometheus at {prom.url}: {PROM_BUDGET_QUERY}"
     line = _line(8, q, findings, todo)
-    return Line(line.id, q, line.verdict, f"{line.evidence}; {BUDGET_HISTORY}", line.todo)
+    evidence = f"{line.evidence}; {history}" if history else line.evidence
+    return Line(line.id, q, line.verdict, evidence, line.todo)
 
 
 # ---- 9. readiness and overrides ---------------------------------------------------------

@@ -1,8 +1,9 @@
 """``failoverctl doctor``: the on-call engineer's self-check, from the live system.
 
 Reads what the control plane already answers (``GetStatus``, ``GetCapacity``,
-``GetScale``, ``GetReadiness``, ``ListDrills``, ``GetCost``), the shipped alert rules
-and, where the command runs in a checkout of the repository, its CI and ladder file; the
+``GetScale``, ``GetReadiness``, ``ListDrills``, ``GetCost``), the shipped alert rules,
+with ``--prometheus URL`` the history Prometheus holds (``doctor_prom.py``) and, where
+the command runs in a checkout of the repository, its CI and ladder file; the
 questions are decided in ``controlplane/cli/doctor.py`` (pure). One line per question:
 PASS, FAIL or UNKNOWN, the evidence, what to do.
 
@@ -27,6 +28,7 @@ from controlplane.cli import render
 from controlplane.cli.client import EXIT_BAD_INPUT, CliError
 from controlplane.cli.common import Ctx, JsonOpt, _ctx, _error, _status, out
 from controlplane.cli.doctor import Facts, Line, RepoFacts, Verdict, diagnose, exit_code
+from controlplane.cli.doctor_prom import read_prometheus
 from controlplane.kernel.config import ConfigError
 from controlplane.kernel.ladder.file import load_ladder
 
@@ -89,7 +91,12 @@ def _try(c: Ctx, rpc: Any) -> Any:
 
 
 def gather(
-    c: Ctx, region: str, rules: Path | None, repo: Path | None, status: pb.StatusResponse
+    c: Ctx,
+    region: str,
+    rules: Path | None,
+    repo: Path | None,
+    status: pb.StatusResponse,
+    prometheus: str = "",
 ) -> Facts:
     t = c.client.timeout_s
     capacity = _try(c, lambda s: s.GetCapacity(pb.CapacityRequest(), timeout=t))
@@ -111,6 +118,7 @@ def gather(
         rules_source=str(rules_path) if rules_path else "not in a checkout; no --rules",
         repo=read_repo(repo) if repo is not None else None,
         region=region,
+        prom=read_prometheus(prometheus, t) if prometheus else None,
     )
 
 
@@ -149,13 +157,26 @@ def doctor(
             "the current directory is in, if any)."
         ),
     ] = None,
+    prometheus: Annotated[
+        str,
+        typer.Option(
+            "--prometheus",
+            envvar="TECTONIC_PROMETHEUS_URL",
+            help="A Prometheus that scrapes the agents and the leader (its base URL, e.g. "
+            "http://127.0.0.1:9090): question 2 then judges each pool's wake p95 over up to "
+            "90 days and question 8 the last week's peak budget utilisation, each saying "
+            "how far back its data goes. Unreachable or erroring: those lines are UNKNOWN.",
+        ),
+    ] = "",
     json_out: JsonOpt = False,
 ) -> None:
     """Self-check: one PASS / FAIL / UNKNOWN line per on-call question, with the
     evidence and what to do (issue 32): WARM standby vs the sizing formula, wake p95 vs
     the first-token SLO, the hit-rate alert, the forecast horizon, drills in 7 days,
     the degradation-order test in CI, fresh capacity, budget, readiness, one engine
-    version per pool. UNKNOWN says what is missing; it is not a pass.
+    version per pool. UNKNOWN says what is missing; it is not a pass. Without
+    --prometheus, question 2 judges the agents' last wakes and question 8 the
+    utilisation now (each names the Prometheus query for the history).
 
     Exit codes: 0 every line passes; 1 a line fails or is UNKNOWN (with
     --allow-unknown: only when one fails); 3 the control plane is unreachable.
@@ -168,7 +189,7 @@ def doctor(
         known = ", ".join(sorted({r.pool_of or r.name for r in status.regions}))
         raise _error(f"unknown region {region} (regions: {known})", EXIT_BAD_INPUT, c.json)
     root = repo if repo is not None else find_repo(Path.cwd())
-    lines = diagnose(gather(c, region, rules, root, status))
+    lines = diagnose(gather(c, region, rules, root, status, prometheus))
     code = exit_code(lines, allow_unknown)
     if c.json:
         render.print_json(out, {"checks": [x.as_dict() for x in lines], "exit_code": code})

@@ -747,3 +747,104 @@ def test_the_command_prints_every_line_and_exits_by_them(
     assert len([x for x in text.stdout.splitlines() if x[:7].strip() in set(V)]) == 10
     bad = runner.invoke(failoverctl.app, ["doctor", "--region", "nowhere"])
     assert bad.exit_code == 2
+
+
+# ---- --prometheus: questions 2 and 8 over the history Prometheus holds ----------------
+PROM = "http://prom:9090"
+
+
+def prom(
+    activation: dict[str, d.PromActivation] | str | None = None,
+    budget: dict[tuple[str, str], d.PromBudget] | str | None = None,
+) -> d.PromFacts:
+    return d.PromFacts(
+        url=PROM,
+        activation={} if activation is None else activation,
+        budget={} if budget is None else budget,
+    )
+
+
+@pytest.mark.parametrize(("p95", "verdict"), [(0.4, V.PASS), (0.6, V.FAIL)])
+def test_wake_p95_over_the_days_prometheus_holds(p95: float, verdict: d.Verdict) -> None:
+    """Prometheus's p95 decides, not the agent's last wakes (here the other way)."""
+    u = unit(signals={"activation_p95_s": 1.0 - p95})
+    seen = {"east": d.PromActivation(p95_s=p95, wakes=12, seen_s=3 * DAY)}
+    line = d.check_activation(
+        facts([u], capacity=with_capacity(capacity_record(ttft=1.5)), prom=prom(seen))
+    )
+    assert line.verdict is verdict, line.evidence
+    assert f"east: wake p95 {p95:.2f} s" in line.evidence
+    assert "over 12 wake(s) in the 3.0d Prometheus holds (of 90d asked)" in line.evidence
+    assert f"from Prometheus at {PROM}" in line.evidence
+    assert "last 32 wakes" not in line.evidence
+
+
+def test_wake_p95_unknown_where_prometheus_holds_no_wake() -> None:
+    cap = with_capacity(capacity_record(ttft=1.5))
+    u = unit(signals={"activation_p95_s": 0.1})
+    none = d.check_activation(facts([u], capacity=cap, prom=prom({})))
+    assert none.verdict is V.UNKNOWN and "Prometheus holds no" in none.evidence
+    assert "--prometheus" in none.todo
+    idle = {"east": d.PromActivation(p95_s=None, wakes=0, seen_s=600)}
+    line = d.check_activation(facts([u], capacity=cap, prom=prom(idle)))
+    assert line.verdict is V.UNKNOWN
+    assert "east: no wake in the 10m Prometheus holds (of 90d asked)" in line.evidence
+
+
+def test_wake_p95_with_prometheus_unreachable_is_no_pass_and_keeps_a_fail() -> None:
+    cap = with_capacity(capacity_record(ttft=1.5))
+    down = prom("unreachable: connection refused", "unreachable: connection refused")
+    ok = d.check_activation(
+        facts([unit(signals={"activation_p95_s": 0.1})], capacity=cap, prom=down)
+    )
+    assert ok.verdict is V.UNKNOWN and "not 90 days" in ok.evidence
+    assert f"Prometheus at {PROM} could not answer: unreachable" in ok.evidence
+    slow = d.check_activation(
+        facts([unit(signals={"activation_p95_s": 0.9})], capacity=cap, prom=down)
+    )
+    assert slow.verdict is V.FAIL  # the wakes measured are over the budget already
+
+
+def test_budget_week_from_prometheus_fails_over_one() -> None:
+    report = cost(pool_cost(), fleet=200.0)
+    under = {
+        ("pool", "east"): d.PromBudget(max_utilisation=0.8, seen_s=7 * DAY),
+        ("zone", "us"): d.PromBudget(max_utilisation=0.3, seen_s=7 * DAY),
+        ("fleet", "fleet"): d.PromBudget(max_utilisation=0.1, seen_s=45),
+    }
+    line = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=under)))
+    assert line.verdict is V.PASS, line.evidence
+    assert "east: at most 80% of its budget in the 7.0d Prometheus holds (of 7d asked)" in (
+        line.evidence
+    )
+    assert "fleet: at most 10% of its budget in the 45s Prometheus holds" in line.evidence
+    assert "zone us: at most 30%" in line.evidence
+    assert f"the week's from Prometheus at {PROM}" in line.evidence
+    over = dict(under) | {("pool", "east"): d.PromBudget(max_utilisation=1.3, seen_s=DAY)}
+    bad = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=over)))
+    assert bad.verdict is V.FAIL and "east: at most 130% of its budget" in bad.evidence
+    assert "over budget" in bad.evidence and "audit" in bad.todo
+    # a budgeted scope Prometheus holds nothing of: not a pass
+    missing = {k: v for k, v in under.items() if k != ("fleet", "fleet")}
+    gap = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=missing)))
+    assert gap.verdict is V.UNKNOWN and "fleet: Prometheus holds no" in gap.evidence
+
+
+def test_budget_week_unknown_when_prometheus_errs_and_now_still_judged() -> None:
+    err = prom(budget="bad_data: parse error")
+    line = d.check_budget(facts(cost=cost(pool_cost()), rules=RULES, prom=err))
+    assert line.verdict is V.UNKNOWN
+    assert f"Prometheus at {PROM} could not answer: bad_data: parse error" in line.evidence
+    assert "east: $8.00/h of $40.00/h (20%)" in line.evidence and "--prometheus" in line.todo
+    over = d.check_budget(facts(cost=cost(pool_cost(dollars=48.0)), rules=RULES, prom=err))
+    assert over.verdict is V.FAIL  # over budget now fails, whatever the history
+
+
+def test_span_text() -> None:
+    assert [d.span_text(x) for x in (None, 5, 600, 3 * 3600, 90 * DAY)] == [
+        "an unknown span",
+        "5s",
+        "10m",
+        "3.0h",
+        "90.0d",
+    ]

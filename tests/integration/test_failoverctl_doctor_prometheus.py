@@ -1,0 +1,146 @@
+"""``failoverctl doctor --prometheus URL`` against a real Prometheus (Debian's binary,
+scraping every second) and a real control-plane replica on a real etcd.
+
+Prometheus scrapes the replica's own ``/metrics`` (the leader's
+``tectonic_budget_utilisation``, from a topology with a ``cost:`` section) and a region
+agent's metrics (the agent's own :class:`AgentMetrics` behind its :class:`MetricsHttp`,
+with a pool: the activation histogram starts at zero, as the agent's does) for a few
+seconds, in which east's agent records four wakes of 0.2 s and one 50 s resume (IDLE ->
+ACTIVE: not a cold start, so not in the p95); the bound is the leader's cold-start
+budget (a third of the topology's first-token SLO). Doctor's question 2 then passes on
+Prometheus's wake p95 and says it could see only seconds of the 90 days back, question 8
+gives each budget's peak of the week with the same; with Prometheus unreachable (the URL from
+``TECTONIC_PROMETHEUS_URL``) both lines are UNKNOWN and say why, and the rest answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from chaos.lab.procs import until
+from controlplane.cli.doctor_prom import ACTIVATION_WAKES, BUDGET_MAX
+from controlplane.kernel.config import Topology
+from controlplane.kernel.pool.cost import CostPolicy, Prices
+from regions.agent.metrics import AgentMetrics, MetricsHttp
+from tests.integration.cp_harness import fast_topology, reporting, running_replica
+from tests.integration.test_failoverctl import ctl, healthy
+from tests.integration.test_prometheus_lab import (
+    Prom,
+    prometheus_binary,
+    prometheus_config,
+    prometheus_process,
+)
+
+pytestmark = [pytest.mark.etcd, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def topology(etcd: object) -> Topology:
+    topo = fast_topology(etcd.endpoints, f"c{uuid.uuid4().hex[:8]}")  # type: ignore[attr-defined]
+    policy = CostPolicy(
+        prices=Prices(active=4.0, warm=1.0), pool_budgets={"east": 40.0}, fleet_budget=200.0
+    )
+    return topo.model_copy(update={"cost": policy})
+
+
+def seen_s(evidence: str, unit: str) -> float:
+    """How far back a finding of ``unit`` says Prometheus could see, in seconds."""
+    m = re.search(
+        rf"{re.escape(unit)}: [^;]*? in the (\d+)s Prometheus holds \(of \d+d asked\)", evidence
+    )
+    assert m, evidence
+    return float(m.group(1))
+
+
+async def test_doctor_reads_the_history_prometheus_holds(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = prometheus_binary()
+    started = time.monotonic()
+    agent = AgentMetrics("east", pool=True)
+    exporter = MetricsHttp(agent)
+    agent_port = await exporter.start("127.0.0.1:0")
+    try:
+        await asked(topology, agent, agent_port, monkeypatch, binary)
+    finally:
+        await exporter.stop()
+    assert time.monotonic() - started < 45
+
+
+async def asked(
+    topology: Topology,
+    agent: AgentMetrics,
+    agent_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    binary: str,
+) -> None:
+    async with (
+        running_replica(topology, http_listen="127.0.0.1:0") as run,
+        reporting(run.stub, {}),
+    ):
+        await healthy(run)
+        targets = {
+            "agent": [f"127.0.0.1:{agent_port}"],
+            "controlplane": [f"127.0.0.1:{run.replica.http_port}"],
+        }
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            prometheus_process(binary, Path(tmp), prometheus_config(targets)) as url,
+        ):
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+                prom = Prom(http, url)
+                await until(prom.ready, within=20, every=0.2, what="prometheus ready")
+
+                async def scraped(expr: str, least: float) -> bool:
+                    return any(float(s["value"][1]) >= least for s in await prom.query(expr))
+
+                # the zero histogram and the leader's budget gauge scraped, then wakes
+                await until(lambda: scraped(ACTIVATION_WAKES, 0), within=20, what="histogram")
+                await until(lambda: scraped(BUDGET_MAX, 0), within=20, what="budget gauge")
+                for _ in range(4):
+                    agent.activated("wake", True, 0.2)
+                agent.activated("resume", True, 50.0)
+                await until(lambda: scraped(ACTIVATION_WAKES, 3.5), within=20, what="4 wakes")
+
+            code, out, err = await ctl(run.target, "doctor", "--json", "--prometheus", url)
+            body = json.loads(out)
+            by_id = {c["id"]: c for c in body["checks"]}
+            assert [c["id"] for c in body["checks"]] == list(range(1, 11)), err
+            q2, q8 = by_id[2], by_id[8]
+            # east: the four 0.2 s wakes (the 50 s resume left out), under 1 s / 3
+            assert re.search(
+                r"east: wake p95 0\.\d\d s <= \d+\.\d\d s \(SLO [\d.]+ s / 3\) over [45] wake\(s\)",
+                q2["evidence"],
+            ), q2
+            assert 0 < seen_s(q2["evidence"], "east") < 60, q2
+            assert f"from Prometheus at {url}" in q2["evidence"]
+            # west has no agent scraped: not a pass
+            assert "west: Prometheus holds no tectonic_agent_pool_activation" in q2["evidence"]
+            assert q2["verdict"] == "UNKNOWN" and q2["todo"], q2
+            # the week's peak of every budget, with how far back it could see
+            assert q8["verdict"] == "PASS", q8
+            for scope in ("east", "fleet"):
+                assert 0 < seen_s(q8["evidence"], scope) < 60, q8
+            assert re.search(
+                r"east: at most \d+% of its budget in the \d+s Prometheus holds", q8["evidence"]
+            )
+
+            # Prometheus gone (its URL from the environment): those lines UNKNOWN, why
+            monkeypatch.setenv("TECTONIC_PROMETHEUS_URL", url)
+        code, out, err = await ctl(run.target, "doctor", "--json")
+        body = json.loads(out)
+        by_id = {c["id"]: c for c in body["checks"]}
+        assert [c["id"] for c in body["checks"]] == list(range(1, 11)), err
+        for q in (by_id[2], by_id[8]):
+            assert q["verdict"] == "UNKNOWN", q
+            assert f"Prometheus at {url} could not answer: unreachable" in q["evidence"], q
+        assert "east: $" in by_id[8]["evidence"]  # the utilisation now still answers
+        assert by_id[9]["verdict"] == "FAIL" and code == 1
