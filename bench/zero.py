@@ -7,7 +7,8 @@ process, a gateway per region), each region's agent running a simulator **warm p
 pool drains to zero. Then, for ``us-east``:
 
 1. **gateway**: once the pool is at zero (the leader asks 0 ACTIVE and ``pools/us-east``
-   lists none) and ``--settle-s`` later (its replica asleep), ``--requests`` streaming
+   lists none), ``--settle-s`` later and every replica asleep (``/is_sleeping``: a
+   wake, not the resume of a drained IDLE replica), ``--requests`` streaming
    completions at once into the region's gateway: the first asks the leader to wake the
    pool and every one is held until a replica serves (or refused 503 with Retry-After
    after the hold). ``first_token_s_gateway``: the slowest first token of them, from
@@ -37,6 +38,18 @@ pool drains to zero. Then, for ``us-east``:
 
 ``never_failed_over``: no region left NORMAL in the whole run (a pool at zero is asleep,
 not down). The timings are the lab's compressed ones (``chaos/lab/spec.py``).
+``asleep_before``: how many of the pool's replicas answered ``/is_sleeping`` true just
+before each round (the requests woke a sleeping replica); ``activation_p95_s``: the
+pool's own measure of its wakes (``pools/us-east``: ``/wake_up``, the prefix-cache reset
+and the check, as the agent timed them), the engine's part of ``wake_s``.
+
+``--vllm``: us-east's warm pool runs two **real vLLM servers** (the CPU build in
+``.venv-vllm`` with the tiny model, launcher kind ``vllm``; ``WarmPoolSpec.vllm_units``),
+us-west keeps simulators, so that ``wake_s`` and the first tokens include a real vLLM
+sleep-mode wake. On CPU that wake is the dev-mode ``/sleep`` level 1 undone (scheduling
+resumed, the prefix cache reset); ``--enable-sleep-mode`` is refused there, so no
+weights leave or come back (docs/vllm-cpu.md): a GPU's wake, which reloads the weights
+into GPU memory, is longer and is not measured here.
 """
 
 from __future__ import annotations
@@ -60,6 +73,7 @@ from chaos.lab.epp_ask import ask_picker
 from chaos.lab.procs import Proc, start_picker
 from chaos.lab.run import running_lab
 from chaos.lab.spec import DeploymentSpec, WarmPoolSpec
+from chaos.lab.vllm_cpu import SETUP_HINT, vllm_available
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import RegionRecord, RegionState
 from controlplane.kernel.pool.loans import (
@@ -80,17 +94,34 @@ DESTINATION = "x-gateway-destination-endpoint"
 # exchanges given up on (the picker later than message_timeout: sent round robin)
 PICKED = "cluster.tectonic_picked.upstream_rq_total"
 FAILED_OPEN = "http.tectonic_inference.ext_proc.failure_mode_allowed"
+SLEEP_WITHIN_S = 30.0  # after --settle-s, for every replica of the pool at zero to sleep
 
 
-def spec_of(idle_s: float) -> DeploymentSpec:
-    """Two regions of 1 ACTIVE + 1 WARM simulators each; an idle pool sleeps after
-    ``idle_s`` (at zero it keeps its WARM replica: a wake, not a launch)."""
+def spec_of(idle_s: float, vllm: bool = False) -> DeploymentSpec:
+    """Two regions of 1 ACTIVE + 1 WARM simulators each (``vllm``: real vLLM CPU servers
+    in us-east's pool); an idle pool sleeps after ``idle_s`` (at zero it keeps its WARM
+    replica: a wake, not a launch)."""
+    pool = WarmPoolSpec(
+        active=1,
+        warm=1,
+        size=2,
+        active_min_s=2.0,
+        idle_min_s=1.0,
+        scaled_idle_min_s=1.0,  # the scaler sizes it: a drained replica sleeps after 1 s
+        vllm_units=(UNIT,) if vllm else (),
+    )
     return DeploymentSpec(
         regions=REGIONS,
         controlplanes=1,
-        warm_pool=WarmPoolSpec(active=1, warm=1, size=2, active_min_s=2.0, idle_min_s=1.0),
+        warm_pool=pool,
         scaling_overrides=(("min_active", 0), ("idle_to_zero_s", idle_s), ("burst_warm", 1)),
     )
+
+
+SERVERS = {
+    False: "simulator (instant /wake_up)",
+    True: "vllm CPU build (dev-mode sleep level 1: no weights offloaded, not a GPU's wake)",
+}
 
 
 @dataclass
@@ -120,6 +151,11 @@ class ZeroLab:
         if kv is None or members is None or not members.active:
             return None
         return members.at - decode(WakeRequest, kv.value, kv.key).at
+
+    async def activation_p95_s(self, unit: str = UNIT) -> float | None:
+        """The pool's own p95 of its last wakes, as its agent publishes it."""
+        members = await read_members(self.store, self.dep.keys, unit)
+        return None if members is None else members.activation_p95_s
 
     async def woken_by(self, unit: str = UNIT) -> str:
         """Who wrote the last wake request (a gateway or a picker), "" none."""
@@ -164,6 +200,35 @@ class ZeroLab:
                 RegionState.NORMAL if kv is None else decode(RegionRecord, kv.value, kv.key).state
             )
         return out
+
+
+async def asleep_count(http: aiohttp.ClientSession, servers: tuple[str, ...]) -> int:
+    """How many of ``servers`` (host:port) answer ``/is_sleeping`` true."""
+
+    async def one(hp: str) -> bool:
+        try:
+            async with http.get(f"http://{hp}/is_sleeping") as r:
+                return r.status == 200 and bool((await r.json()).get("is_sleeping"))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+
+    return sum(await asyncio.gather(*(one(hp) for hp in servers)))
+
+
+async def settle(http: aiohttp.ClientSession, servers: tuple[str, ...], settle_s: float) -> int:
+    """After the pool reached zero: ``settle_s``, then until every replica sleeps (its
+    drained one IDLE -> WARM), so that the requests wake a sleeping replica rather than
+    resume an idle one. Returns how many sleep."""
+    await asyncio.sleep(settle_s)
+    deadline = time.monotonic() + SLEEP_WITHIN_S
+    while (asleep := await asleep_count(http, servers)) < len(servers):
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"only {asleep} of {UNIT}'s {len(servers)} replicas asleep "
+                f"{settle_s + SLEEP_WITHIN_S:g} s after it reached zero"
+            )
+        await asyncio.sleep(0.2)
+    return asleep
 
 
 def _add(found: list[str], urls: tuple[str, ...]) -> None:
@@ -259,6 +324,7 @@ class PickerPath:
     or, without one, ``address`` spoken to directly over ext_proc."""
 
     address: str  # the picker's ext_proc host:port
+    servers: tuple[str, ...]  # the pool's replicas, host:port
     envoy: EnvoyProc | None = None
     why_not_envoy: str = ""
 
@@ -278,8 +344,10 @@ def envoy_missing() -> str:
 
 
 async def bench(args: argparse.Namespace, out: Reporter) -> dict[str, object]:
+    if args.vllm and not vllm_available():
+        raise BenchError(f"--vllm needs a real vLLM: {SETUP_HINT}")
     workdir = Path(tempfile.mkdtemp(prefix="tectonic-bench-zero-"))
-    spec = spec_of(args.idle_s)
+    spec = spec_of(args.idle_s, args.vllm)
     async with running_lab(spec, workdir, say=out.progress) as dep:
         store = EtcdStore(EtcdConfig(endpoints=dep.etcd_endpoints))
         await store.connect()
@@ -292,9 +360,9 @@ async def bench(args: argparse.Namespace, out: Reporter) -> dict[str, object]:
             )
             address = picker.url.removeprefix("grpc://")
             why = "--no-envoy" if args.no_envoy else envoy_missing()
+            assert spec.warm_pool is not None
+            servers = await lab.replica_urls(spec.warm_pool.size)
             if not why:
-                assert spec.warm_pool is not None
-                servers = await lab.replica_urls(spec.warm_pool.size)
                 out.progress(f"{UNIT}'s replicas {', '.join(servers)}: starting Envoy ...")
                 envoy_spec = EnvoySpec(
                     listen_port=free_port(),
@@ -303,7 +371,7 @@ async def bench(args: argparse.Namespace, out: Reporter) -> dict[str, object]:
                     servers=servers,
                 )
                 envoy = await asyncio.to_thread(start_envoy, envoy_spec, workdir, name="envoy-zero")
-            path = PickerPath(address, envoy, why)
+            path = PickerPath(address, servers, envoy, why)
             return await drive(lab, path, args, out)
         finally:
             if envoy is not None:
@@ -326,14 +394,17 @@ async def drive(
 
         out.progress(f"waiting for {UNIT} to go to zero (idle_to_zero_s {args.idle_s:g}) ...")
         await wait(asleep, args.idle_s + 60, f"{UNIT} at zero")
-        await asyncio.sleep(args.settle_s)  # IDLE -> WARM (1 s): a wake, not a resume
-        out.progress(f"{UNIT} at zero: {args.requests} requests through its gateway ...")
+        asleep_gateway = await settle(http, picker.servers, args.settle_s)
+        out.progress(
+            f"{UNIT} at zero ({asleep_gateway} of {len(picker.servers)} replicas asleep): "
+            f"{args.requests} requests through its gateway ..."
+        )
         gateway = await through_gateway(http, lab.dep.gateway_urls[UNIT], args.requests)
         wake_gateway = await lab.wake_s()
         by_gateway = await lab.woken_by()
         out.progress(f"waiting for {UNIT} to go back to zero ...")
         await wait(asleep, args.idle_s + 60, f"{UNIT} back at zero")
-        await asyncio.sleep(args.settle_s)
+        asleep_picker = await settle(http, picker.servers, args.settle_s)
         out.progress(
             f"{UNIT} at zero: {args.requests} requests through its endpoint picker "
             f"({picker.name()}) ..."
@@ -351,10 +422,12 @@ async def drive(
             counters = {}
         wake_picker = await lab.wake_s()
         by_picker = await lab.woken_by()
+        activation_p95 = await lab.activation_p95_s()
         states.append(await lab.states())
     wakes = [w for w in (wake_gateway, wake_picker) if w is not None]
     return {
         "bench": "zero",
+        "server": SERVERS[args.vllm],
         "first_token_s_gateway": _most(gateway.first_tokens),
         "first_token_s_picker": _most(picked.first_tokens),
         "picker_path": picker.name(),
@@ -362,6 +435,8 @@ async def drive(
         "wake_s": round(max(wakes), 3) if wakes else None,
         "wake_s_each": [round(w, 3) for w in wakes],
         "woken_by": [by_gateway, by_picker],  # who wrote each round's wake request
+        "asleep_before": [asleep_gateway, asleep_picker],  # of the pool's replicas
+        "activation_p95_s": None if activation_p95 is None else round(activation_p95, 3),
         "refused": gateway.refused + picked.refused,
         "requests": 2 * args.requests,
         "never_failed_over": all(s is RegionState.NORMAL for st in states for s in st.values()),
@@ -385,13 +460,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3.0,
         help="after the pool reaches zero, before the requests: its drained replica goes "
         "IDLE -> WARM (the lab's IDLE dwell is 1 s), so that the request wakes a sleeping "
-        "replica rather than resuming an idle one (default 3)",
+        "replica rather than resuming an idle one; then, until every replica answers "
+        "/is_sleeping true (at most 30 s more) (default 3)",
     )
     p.add_argument(
         "--no-envoy",
         action="store_true",
         help="the picker round without Envoy, ext_proc spoken to the picker directly "
         "(the default with no envoy binary)",
+    )
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="us-east's warm pool runs 2 real vLLM servers (the CPU build in .venv-vllm, "
+        "~2.3 GB each; us-west keeps simulators): the wake is a real vLLM sleep-mode wake, "
+        "on CPU (no weights offloaded, unlike a GPU's)",
     )
     p.add_argument("--quiet", action="store_true", help="only the headline")
 

@@ -49,6 +49,7 @@ from chaos.lab.procs import (
 from chaos.lab.spec import (
     SIM_ARGS,
     SIM_MODEL,
+    VLLM_START_TIMEOUT_S,
     DeploymentSpec,
     block_size,
     compressed_ladder,
@@ -60,9 +61,6 @@ from controlplane.kernel.prefix.sealing import generate_key
 
 log = logging.getLogger("chaos.lab.deployment")
 
-# Real vLLM start-up: ~20 s alone, but three at once, or one beside two busy ones, on two
-# cores have taken over 110 s here.
-VLLM_START_TIMEOUT_S = 300.0
 # Active-active: a drill through Envoy runs on the shipped shape, two pickers per Envoy.
 PICKERS_PER_REGION = 2
 # A picker must answer within Envoy's ext_proc message_timeout (1 s in the shipped file),
@@ -70,7 +68,8 @@ PICKERS_PER_REGION = 2
 # its cache (its default, 1 s, is the timeout itself). Seen on a loaded machine: requests
 # failed open while etcd answered slowly, and one in a region that was down got a 503.
 PICKER_ARGS = ("--report-interval", "0.5", "--store-timeout", "0.5")
-# An agent with a warm pool launches its simulators before it serves.
+# An agent with a warm pool launches its simulators before it serves (real vLLM servers:
+# as long as they take to start).
 POOL_AGENT_READY_TIMEOUT_S = 90.0
 
 
@@ -284,9 +283,17 @@ class LocalDeployment:
                     "--metrics-listen",
                     f"127.0.0.1:{self.agent_metrics_ports[unit]}",
                 ),
-                **({"ready_timeout": POOL_AGENT_READY_TIMEOUT_S} if self.spec.warm_pool else {}),
+                **(
+                    {"ready_timeout": self._pool_ready_timeout(unit)} if self.spec.warm_pool else {}
+                ),
             )
         return started
+
+    def _pool_ready_timeout(self, unit: str) -> float:
+        """How long ``unit``'s agent may take to launch its warm pool and serve."""
+        pool = self.spec.warm_pool
+        real = pool is not None and unit in pool.vllm_units
+        return VLLM_START_TIMEOUT_S + 30.0 if real else POOL_AGENT_READY_TIMEOUT_S
 
     def _pool_args(self, unit: str) -> list[str]:
         """``--pool-config`` (written to the workdir), ``--etcd`` and ``--cluster`` for a
@@ -295,7 +302,10 @@ class LocalDeployment:
         if pool is None:
             return []
         config = pool.pool_config(
-            self.spec.model_of(unit) or SIM_MODEL, block_size(self.spec), self.spec.sim_args
+            self.spec.model_of(unit) or SIM_MODEL,
+            block_size(self.spec),
+            self.spec.sim_args,
+            vllm=unit in pool.vllm_units,
         )
         path = self.workdir / f"pool-{unit}.yaml"
         path.write_text(yaml.safe_dump(config))

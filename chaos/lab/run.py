@@ -72,6 +72,8 @@ async def running_lab(
         if spec.warm_pool is not None:
             w = spec.warm_pool
             servers = f"an agent with a warm pool of simulators ({w.active} ACTIVE, {w.warm} WARM)"
+            if w.vllm_units:
+                servers += f" (real vLLM servers for {', '.join(w.vllm_units)})"
         say(f"starting regions {', '.join(spec.regions)} (in parallel): {each}{servers} each ...")
         await asyncio.gather(*(asyncio.to_thread(dep.start_region, r) for r in spec.regions))
         for rid in dep.cp_ports:

@@ -11,6 +11,7 @@ from typing import Literal
 
 import yaml
 
+from chaos.lab.vllm_cpu import TINY_MODEL_DIR, VLLM_PYTHON
 from controlplane.kernel.config import DegradedWhen
 from controlplane.kernel.ladder.file import DEFAULT_PATH as LADDER_PATH
 
@@ -19,6 +20,9 @@ REGIONS = ("us-east", "us-west", "us-central")
 # is how the pre-warm is verified while live traffic runs on the same replicas.
 SIM_ARGS = ("--enable-prompt-tokens-details",)
 SIM_MODEL = "tiny"  # what a simulator serves without a pool's model
+# Real vLLM start-up: ~20 s alone, but three at once, or one beside two busy ones, on two
+# cores have taken over 110 s here.
+VLLM_START_TIMEOUT_S = 300.0
 LAB_DEGRADED_WHEN = DegradedWhen(error_rate_over=0.05, ttft_p99_over_s=1.5)
 DataPlane = Literal["gateway", "envoy"]
 DATA_PLANES: tuple[DataPlane, ...] = ("gateway", "envoy")
@@ -43,15 +47,25 @@ class WarmPoolSpec:
     size: int = 4
     active_min_s: float = 5.0  # ACTIVE before drain (120 s in production)
     idle_min_s: float = 30.0  # IDLE before sleep (1800 s)
+    # IDLE before sleep while the leader's scaler sizes the pool (10 s; never under the
+    # 1 s drain)
+    scaled_idle_min_s: float = 10.0
     warm_min_s: float = 600.0  # WARM before stop (300 s): the standby stays for the run
     reconcile_interval_s: float = 0.5
+    # The units whose pool runs real vLLM servers (the launcher kind ``vllm``, the CPU
+    # build in .venv-vllm with the tiny model, ~2.3 GB each) instead of simulators: only
+    # where a measurement needs a real engine's sleep and wake. Empty: simulators only.
+    vllm_units: tuple[str, ...] = ()
 
     def pool_config(
-        self, model: str, block_size: int, sim_args: tuple[str, ...]
+        self, model: str, block_size: int, sim_args: tuple[str, ...], *, vllm: bool = False
     ) -> dict[str, object]:
-        """The agent's ``--pool-config`` file, as data."""
+        """The agent's ``--pool-config`` file, as data. ``vllm``: real vLLM CPU servers
+        serving ``model`` (their KV block is the CPU build's own, 128), else simulators."""
         return {
-            "launcher": {
+            "launcher": vllm_launcher(model, sim_args)
+            if vllm
+            else {
                 "kind": "simulator",
                 "model": model,
                 "block_size": block_size,
@@ -65,10 +79,26 @@ class WarmPoolSpec:
             "dwell": {
                 "active_min_s": self.active_min_s,
                 "idle_min_s": self.idle_min_s,
+                "scaled_idle_min_s": self.scaled_idle_min_s,
                 "warm_min_s": self.warm_min_s,
                 "drain_s": 1.0,
             },
         }
+
+
+def vllm_launcher(served_name: str, extra_args: tuple[str, ...]) -> dict[str, object]:
+    """A pool's launcher of real vLLM CPU servers (regions/pool/launchers.py, flavour
+    ``cpu``: eager, fp32, dev-mode ``/sleep`` and ``/wake_up``; docs/vllm-cpu.md)."""
+    return {
+        "kind": "vllm",
+        "flavour": "cpu",
+        "model": str(TINY_MODEL_DIR),
+        "python": str(VLLM_PYTHON),
+        "served_model_name": served_name,
+        "extra_args": list(extra_args),
+        # two starting at once beside the lab on two cores: well over the ~20 s alone
+        "ready_timeout_s": VLLM_START_TIMEOUT_S,
+    }
 
 
 @dataclass(frozen=True)
@@ -114,8 +144,8 @@ class DeploymentSpec:
     zones: tuple[tuple[str, str], ...] = ()
     sealed_payloads: bool = False
     # Warm pools (None: static servers, started by the lab, as before): every unit's
-    # agent runs a warm pool of simulators (whatever ``server`` says) of these sizes,
-    # with ``sim_args``, and follows scale/<unit>.
+    # agent runs a warm pool of simulators (whatever ``server`` says; real vLLM for the
+    # pool's ``vllm_units``) of these sizes, with ``sim_args``, and follows scale/<unit>.
     warm_pool: WarmPoolSpec | None = None
     # The topology's scaling: section (LAB_SCALING); False: none, the leader sizes nothing.
     scaling: bool = True

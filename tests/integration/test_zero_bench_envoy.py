@@ -19,12 +19,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 async def test_the_picker_round_goes_through_a_real_envoy() -> None:
-    args = argparse.Namespace(idle_s=4.0, requests=3, settle_s=3.0, no_envoy=False, quiet=True)
+    args = argparse.Namespace(
+        idle_s=4.0, requests=3, settle_s=3.0, no_envoy=False, vllm=False, quiet=True
+    )
     got = await bench(args, Reporter(quiet=True))
     assert got["picker_path"] == "envoy", got
     assert got["envoy_picked"] == 3 and got["envoy_failed_open"] == 0, got
     assert got["refused"] == 0, got
-    by_gateway, by_picker = got["woken_by"]  # type: ignore[misc]
+    assert got["asleep_before"] == [2, 2], got  # each round woke a sleeping replica
+    woken_by = got["woken_by"]
+    assert isinstance(woken_by, list), got
+    by_gateway, by_picker = woken_by
     assert str(by_gateway).startswith("gateway") and str(by_picker).startswith("picker"), got
     assert isinstance(got["first_token_s_picker"], float), got
     assert isinstance(got["first_token_s_gateway"], float), got
