@@ -185,14 +185,7 @@ class Facts:
 def age_text(now: float, ts: float) -> str:
     if ts <= 0:
         return "at an unrecorded time"
-    s = max(0.0, now - ts)
-    if s < 120:
-        return f"{s:.0f}s ago"
-    if s < 7200:
-        return f"{s / 60:.0f}m ago"
-    if s < 2 * 86400:
-        return f"{s / 3600:.1f}h ago"
-    return f"{s / 86400:.1f}d ago"
+    return f"{span_text(now - ts)} ago"
 
 
 def span_text(s: float | None) -> str:
