@@ -23,7 +23,7 @@ Real code in both (``bench/cost_model.py``): Tectonic's scaler
 (``bench/autoscale_policies.Tectonic``); the leader's view each second before the
 scaler: a snapshot of the pool (``pools/<unit>`` from the planner's slots: ACTIVE with
 WAKING, IDLE, WARM and of them those in their WARM dwell, launches) and of the failing
-source (FAILING_OVER with its plan), on which ``core/scale_tick._moving`` and
+source (FAILING_OVER with its plan), on which ``core/scale_tick.moving_loads`` and
 ``core/scale_tick.pool_budget`` decide what the scaler is handed: the moving load, the
 budget (``core/spend.budget_for`` with ``held``), exempt within the allowance, lapsed
 after it; and the real degradation ladder
@@ -282,7 +282,7 @@ def settings(b: Bench, s: autoscale.Setup, shape: Shape) -> dict[str, object]:
         f"{o.standby_rps:g}, the agent's warm-pool planner (bench/autoscale_policies.Tectonic; "
         "bench/cost_model.FailoverTarget passes the failover's moving load)",
         "leader": "each second before the scaler, controlplane.core.scale_tick.pool_budget "
-        "(and _moving) on a snapshot of the pool as the agent publishes pools/<unit> "
+        "(and moving_loads) on a snapshot of the pool as the agent publishes pools/<unit> "
         "(bench/cost_model.Leader): budget_for(CostPolicy(pool_budgets)) with held",
         "ladder": "the real executor (controlplane.core.ladder_executor.next_ladder_action) on "
         "runbooks/degradation.yaml, once a second after the scaler, on the model's clock; "

@@ -7,7 +7,7 @@ here: extra arrivals on the same model (Poisson, so the sum is one Poisson strea
 ``own_rps + moved_rps``), at the same hit rate (the pre-warm verified every chosen
 prefix: ``moved_hit_rate(source, 1.0)``). The failover runs to the end of the run (the
 source does not recover). What decides is the real code: the leader's view
-(``bench/cost_model.Leader``) hands the scaler ``scale_tick._moving``'s load and
+(``bench/cost_model.Leader``) hands the scaler ``scale_tick.moving_loads``'s load and
 ``scale_tick.pool_budget``'s budget, exempt until ``cost.failover_allowance_s`` less
 ``cost.failover_wind_down_s`` after the failover's start, binding again from then (the
 replicas it cuts stop without their WARM dwell while the pool is over its budget); the
@@ -211,7 +211,7 @@ def settings(shape: Shape, cost: CostPolicy) -> dict[str, object]:
         "leader": "each second before the scaler, a Snapshot of the pool (pools/<unit> "
         "from the planner's slots) and the source FAILING_OVER with its plan (moved_rps, "
         "source_hit_rate, targets {pool: 1}, PREWARM and SWITCH done) from failover_at_s; "
-        "controlplane.core.scale_tick._moving and pool_budget on it hand size_pool its "
+        "controlplane.core.scale_tick.moving_loads and pool_budget on it hand size_pool its "
         "moving and budget, as scale_moves does",
         "allowance_window": "the seconds (failover_at_s, failover_at_s + allowance_s] of "
         "the truth: their states follow decisions the budget exempted, and its last "

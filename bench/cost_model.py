@@ -6,7 +6,7 @@
   ``core/scale_tick`` builds it: a :class:`~controlplane.kernel.snapshot.Snapshot` with
   the pool's ``pools/<unit>`` counts (the planner's slots) and, once a failover runs,
   the source region FAILING_OVER with its plan; then the real
-  ``scale_tick._moving`` (the failover's load moving here, and its hit rate) and
+  ``scale_tick.moving_loads`` (the failover's load moving here, and its hit rate) and
   ``scale_tick.pool_budget`` (the budget, exempt within the failover's allowance,
   binding again after it) hand the scaler what the leader's tick hands ``size_pool``.
 - :class:`FailoverTarget`: the autoscale bench's Tectonic (``size_pool`` once a second,
@@ -40,7 +40,7 @@ from bench.autoscale_sim import (
 )
 from controlplane.core.ladder_executor import mode_for, next_ladder_action
 from controlplane.core.ladder_tick import budget_paid, ladder_lead_s
-from controlplane.core.scale_tick import _moving as leader_moving  # what scale_moves passes
+from controlplane.core.scale_tick import moving_loads as leader_moving  # what scale_moves passes
 from controlplane.core.scale_tick import pool_budget
 from controlplane.core.scaler import Capacity
 from controlplane.kernel.config import Topology, parse_topology
@@ -181,7 +181,7 @@ def topology(cost: CostPolicy) -> Topology:
 class Leader(Controller):
     """Once a second before the scaler: the leader's snapshot of the pool and the
     failover (when one runs), and what ``scale_tick`` hands ``size_pool`` from it: the
-    moving load (``_moving``) and the budget (``pool_budget``, with ``held``: what the
+    moving load (``moving_loads``) and the budget (``pool_budget``, with ``held``: what the
     pool holds now, ``pools/<unit>`` as the agent publishes it)."""
 
     interval_s = 1.0

@@ -47,7 +47,7 @@ def scale_moves(
     if policy is None or snap.paused:
         return (), {}
     newest = _newest_agent_reports(snap.reports)
-    moving = _moving(snap)
+    moving = moving_loads(snap)
     writes: list[ScaleWrite] = []
     sizes: dict[str, ScaleRecord] = {}
     spend = _committed(snap, topology, memory)
@@ -95,7 +95,7 @@ def scale_moves(
     return tuple(writes), sizes
 
 
-def _moving(snap: Snapshot) -> dict[str, Moving]:
+def moving_loads(snap: Snapshot) -> dict[str, Moving]:
     """Each failover target's share of the running failovers' load, and the hit rate it
     arrives with there: cold, or the source's times the pre-warm's verified attainment
     on that target (docs/capacity.md). Two failovers onto one target add up

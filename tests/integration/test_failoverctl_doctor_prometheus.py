@@ -19,7 +19,6 @@ import json
 import re
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
@@ -28,9 +27,9 @@ import pytest
 from chaos.lab.procs import until
 from controlplane.cli.doctor_prom import ACTIVATION_WAKES, BUDGET_MAX
 from controlplane.kernel.config import Topology
-from controlplane.kernel.pool.cost import CostPolicy, Prices
 from regions.agent.metrics import AgentMetrics, MetricsHttp
-from tests.integration.cp_harness import fast_topology, reporting, running_replica
+from tests.integration import test_failoverctl_doctor
+from tests.integration.cp_harness import reporting, running_replica
 from tests.integration.test_failoverctl import ctl, healthy
 from tests.integration.test_prometheus_lab import (
     Prom,
@@ -40,15 +39,8 @@ from tests.integration.test_prometheus_lab import (
 )
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def topology(etcd: object) -> Topology:
-    topo = fast_topology(etcd.endpoints, f"c{uuid.uuid4().hex[:8]}")  # type: ignore[attr-defined]
-    policy = CostPolicy(
-        prices=Prices(active=4.0, warm=1.0), pool_budgets={"east": 40.0}, fleet_budget=200.0
-    )
-    return topo.model_copy(update={"cost": policy})
+# the doctor test's topology (a cost section: east's budget, the fleet's): its fixture
+topology = test_failoverctl_doctor.topology
 
 
 def seen_s(evidence: str, unit: str) -> float:
@@ -64,7 +56,6 @@ async def test_doctor_reads_the_history_prometheus_holds(
     topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     binary = prometheus_binary()
-    started = time.monotonic()
     agent = AgentMetrics("east", pool=True)
     exporter = MetricsHttp(agent)
     agent_port = await exporter.start("127.0.0.1:0")
@@ -72,7 +63,6 @@ async def test_doctor_reads_the_history_prometheus_holds(
         await asked(topology, agent, agent_port, monkeypatch, binary)
     finally:
         await exporter.stop()
-    assert time.monotonic() - started < 45
 
 
 async def asked(
@@ -95,6 +85,7 @@ async def asked(
             tempfile.TemporaryDirectory() as tmp,
             prometheus_process(binary, Path(tmp), prometheus_config(targets)) as url,
         ):
+            started = time.monotonic()  # nothing Prometheus holds is older than this
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
                 prom = Prom(http, url)
                 await until(prom.ready, within=20, every=0.2, what="prometheus ready")
@@ -120,7 +111,9 @@ async def asked(
                 r"east: wake p95 0\.\d\d s <= \d+\.\d\d s \(SLO [\d.]+ s / 3\) over [45] wake\(s\)",
                 q2["evidence"],
             ), q2
-            assert 0 < seen_s(q2["evidence"], "east") < 60, q2
+            # how far back it could see: at most since Prometheus started (1 s of rounding)
+            held_s = time.monotonic() - started + 1
+            assert 0 < seen_s(q2["evidence"], "east") <= held_s, q2
             assert f"from Prometheus at {url}" in q2["evidence"]
             # west has no agent scraped: not a pass
             assert "west: Prometheus holds no tectonic_agent_pool_activation" in q2["evidence"]
@@ -128,7 +121,7 @@ async def asked(
             # the week's peak of every budget, with how far back it could see
             assert q8["verdict"] == "PASS", q8
             for scope in ("east", "fleet"):
-                assert 0 < seen_s(q8["evidence"], scope) < 60, q8
+                assert 0 < seen_s(q8["evidence"], scope) <= held_s, q8
             assert re.search(
                 r"east: at most \d+% of its budget in the \d+s Prometheus holds", q8["evidence"]
             )

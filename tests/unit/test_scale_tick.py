@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from controlplane.core.scale_tick import _moving
+from controlplane.core.scale_tick import moving_loads
 from controlplane.core.scaler import Capacity, Moving, PoolSignals, size_pool
 from controlplane.kernel.codec import decode
 from controlplane.kernel.model import (
@@ -222,7 +222,7 @@ def test_two_failovers_onto_one_target_add_up_from_the_earliest() -> None:
     regions["eu-west"] = regions["eu-west"].model_copy(
         update={"record": _failing("eu-west", 200.0, {"us-east": 0.5, "us-central": 0.5}, 80.0)}
     )
-    moving = _moving(snap.model_copy(update={"regions": regions}))
+    moving = moving_loads(snap.model_copy(update={"regions": regions}))
     east, central = moving["us-east"], moving["us-central"]
     assert (east.source, east.started_at, east.rps) == ("us-west", 100.0, 100.0)
     assert east.hit_rate == pytest.approx(0.3)
