@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controlplane.kernel.clock import Clock, SystemClock
@@ -57,7 +57,7 @@ log = logging.getLogger("tectonic.agent.pool")
 WAKES_KEPT = 32  # recent wakes whose p95 the agent reports
 
 
-def p95(values: deque[float]) -> float:
+def p95(values: Sequence[float]) -> float:
     """The 95th percentile of a few values (nearest rank: with under 20, the largest)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
@@ -109,8 +109,8 @@ class AgentPool:
         self.launcher = config.launcher.build() if pods is None else pods.launcher
         self._on_activation = on_activation
         # the last wakes' durations: their p95 is the shortest horizon the scaler may use
-        self._wakes: deque[float] = deque(maxlen=WAKES_KEPT)
-        self._woken_at: deque[float] = deque(maxlen=WAKES_KEPT)  # monotonic, as _wakes
+        # (monotonic time woken, seconds it took) of each
+        self._wakes: deque[tuple[float, float]] = deque(maxlen=WAKES_KEPT)
         self._slept_at: float | None = None  # monotonic: last seen asleep on purpose
         self.outlives_agent = pods is not None  # stop() leaves the replicas running
         # the pool's clock, held here too: which WARM replicas are still in their dwell
@@ -207,19 +207,22 @@ class AgentPool:
             "replicas_warm": float(self.pool.warm_count()),
             "pool_shortfall": float(self.pool.snapshot().shortfall),
         }
-        if self._wakes:
-            signals[ACTIVATION_SIGNAL] = p95(self._wakes)
+        if (wake_p95 := self._wake_p95()) is not None:
+            signals[ACTIVATION_SIGNAL] = wake_p95
             signals[ACTIVATION_WAKES_SIGNAL] = float(len(self._wakes))
-            signals[ACTIVATION_SPAN_SIGNAL] = time.monotonic() - self._woken_at[0]
+            signals[ACTIVATION_SPAN_SIGNAL] = time.monotonic() - self._wakes[0][0]
         rate = self.pool.activation_rate()
         if rate is not None:
             signals[ACTIVATION_RATE_SIGNAL] = rate
         return signals | self.spec_decode.signals() | self.scale.signals()
 
+    def _wake_p95(self) -> float | None:
+        """The last wakes' p95, seconds (None: none measured)."""
+        return p95([took for _, took in self._wakes]) if self._wakes else None
+
     def _activated(self, kind: ActivationKind, ok: bool, seconds: float) -> None:
         if kind == "wake" and ok:
-            self._wakes.append(max(0.0, seconds))
-            self._woken_at.append(time.monotonic())
+            self._wakes.append((time.monotonic(), max(0.0, seconds)))
         if self._on_activation is not None:
             self._on_activation(kind, ok, seconds)
 
@@ -283,7 +286,7 @@ class AgentPool:
             agent=self.agent_id,
             lent=self.pool.lent(),
             loan_refusals=self.pool.loan_refusals(),
-            activation_p95_s=p95(self._wakes) if self._wakes else None,
+            activation_p95_s=self._wake_p95(),
             activation_rate=self.pool.activation_rate(),
             asleep=self.asleep(),
         )
