@@ -138,8 +138,11 @@ def launch(p: PoolView, lift: Lift) -> Step:
     """Re-probe static COLD endpoints (reachable ones join as WARM) and launch managed
     COLD slots up to the standby wanted: the target's WARM and what scale-up could not
     bring ACTIVE. IDLE counts as standby here (it is ready at once) but not when
-    stopping (it may be resumed): a hysteresis that avoids launch/stop churn."""
-    standby = len(lift.still_warm) + len(lift.still_idle) + p.launching
+    stopping (it may be resumed): a hysteresis that avoids launch/stop churn. So does
+    ACTIVE beyond the target (drained now or once its dwell is over, it sleeps into
+    the standby): a scale-down that raises WARM as it lowers ACTIVE (the scaler's
+    planned burst) launched replicas for the standby those drained ones fill."""
+    standby = len(lift.still_warm) + len(lift.still_idle) + p.launching + _leaving(p)
     wanted = p.target.warm + lift.to_bring_up
     cold = p.of[COLD]
     managed = [r for r in cold if r.managed]
@@ -149,6 +152,11 @@ def launch(p: PoolView, lift: Lift) -> Step:
         for r in managed[: max(wanted - standby, 0)]
     )
     return Step(actions, notes=_slot_notes(p, wanted, standby, len(managed)))
+
+
+def _leaving(p: PoolView) -> int:
+    """ACTIVE replicas of the wanted variant beyond the target: drain's to let go."""
+    return max(0, p.n_active - p.n_stale_active - p.target.active)
 
 
 def _slot_notes(p: PoolView, wanted: int, standby: int, n_cold: int) -> tuple[str, ...]:

@@ -385,3 +385,21 @@ def test_an_over_budget_pool_stops_warm_without_the_warm_dwell() -> None:
     # and only WARM: the IDLE dwell and the ACTIVE anti-flap dwell hold
     assert dwell_for(D, overrun).idle_min_s == D.scaled_idle_min_s
     assert dwell_for(D, overrun).active_min_s == D.active_min_s
+
+
+def test_active_beyond_the_target_is_standby_and_launches_nothing() -> None:
+    """A scale-down that raises WARM as it lowers ACTIVE (the scaler's planned burst):
+    the drained replicas sleep into that standby, so nothing is launched for it; held
+    by the ACTIVE dwell they count too (they go once it is over). Only what they leave
+    short is launched."""
+    cold = [rep(f"c{i}", COLD) for i in range(4)]
+    old = [rep(f"a{i}", ACTIVE, 900) for i in range(5)]
+    p = plan([*old, *cold], PoolTarget(active=2, warm=3, scaled=True), T0, D)
+    assert sorted(a.kind for a in p.actions) == ["drain"] * 3
+    young = [rep(f"a{i}", ACTIVE, 30) for i in range(5)]  # ACTIVE dwell: 120 s
+    held = plan([*young, *cold], PoolTarget(active=2, warm=3, scaled=True), T0, D)
+    assert held.actions == ()
+    assert any("drain:" in d for d in held.deferred)
+    more = plan([*old, *cold], PoolTarget(active=2, warm=5, scaled=True), T0, D)
+    assert [a.kind for a in more.actions].count("launch") == 2
+    assert [a.reason for a in more.of("launch")] == ["standby 3 < wanted 5"] * 2
