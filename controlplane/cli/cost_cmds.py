@@ -33,7 +33,7 @@ from controlplane.cli.common import (
     parse_duration,
 )
 from controlplane.cli.hold_cmds import RegionArg
-from controlplane.core.spend import CostReport
+from controlplane.core.spend import CostReport, PoolCost
 
 cost_app = typer.Typer(
     help="What the pools spend against their budgets ($/h per pool, zone and fleet), and "
@@ -50,14 +50,30 @@ def _share(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%}"
 
 
+def _note(p: PoolCost) -> str:
+    """What the scaler last said of the pool's budget: a lift, an exemption and when it
+    ends (with the ACTIVE replicas the budget cuts then), a cap, or being over it."""
+    if p.lift is not None:
+        note = f"lifted until {render._clock(p.lift.until)}: {p.lift.reason}"
+    else:
+        note = p.binds or p.exempt
+    if p.exempt and p.ends_at is not None:
+        note += f"; binds again {render._clock(p.ends_at)}"
+        if p.short_at_end:
+            note += f", cutting {p.short_at_end} ACTIVE then"
+    if p.over:
+        note = "; ".join(
+            x for x in (note, "over the budget: WARM beyond the sizes stops at once") if x
+        )
+    return note
+
+
 def cost_tables(report: CostReport) -> tuple[Table, Table]:
     pools = Table(title="pools")
     for col in ("pool", "zone", "ACTIVE/WARM/LENT", "$/h", "budget", "used", "efficiency", "note"):
         pools.add_column(col)
     for p in report.pools:
-        note = p.binds or p.exempt
-        if p.lift is not None:
-            note = f"lifted until {render._clock(p.lift.until)}: {p.lift.reason}"
+        note = _note(p)
         pools.add_row(
             p.unit,
             p.zone,

@@ -429,6 +429,11 @@ class PoolCost(Frozen):
     lift: BudgetLift | None = None  # in force now
     idle: int = 0  # of warm, the IDLE ones (awake, drained: IDLE's price)
     launching: int = 0  # being launched: priced as ACTIVE
+    # the scaler's last word (BudgetNote): over the budget now (its WARM stops without
+    # the dwell), and when an exemption with an end stops, with the ACTIVE cut then
+    over: bool = False
+    ends_at: float | None = None
+    short_at_end: int = 0
 
 
 class ScopeCost(Frozen):
@@ -478,6 +483,9 @@ def cost_report(snap: Snapshot, topology: Topology) -> CostReport | None:
                 short=note.short if note else 0,
                 exempt=note.exempt if note else "",
                 lift=view.lifted(snap.now),
+                over=note.over if note else False,
+                ends_at=note.ends_at if note else None,
+                short_at_end=note.short_at_end if note else 0,
             )
         )
     scopes = tuple(

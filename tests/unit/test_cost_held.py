@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from controlplane.core.scale_tick import pool_budget
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
-from controlplane.core.spend import Held, budget_for, cost_report, held_spend
+from controlplane.core.spend import CostReport, Held, budget_for, cost_report, held_spend
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.model import RegionHealth, RegionRecord
@@ -188,3 +188,54 @@ def test_the_agent_publishes_idle_dwell_kept_warm_and_launches(
     m = agent.members()
     # in its dwell: w; static (never stopped by the pool): s; o may be stopped now
     assert (m.warm, m.idle, m.warm_kept, m.launching) == (4, 1, 2, 1)
+
+
+def test_cost_show_says_when_an_allowance_ends_and_when_a_pool_is_over() -> None:
+    """The scaler's note reaches ``failoverctl cost show``: an exemption's end and the
+    ACTIVE it cuts then, and a pool over its budget (its WARM stops without the dwell)."""
+    from rich.console import Console
+
+    from controlplane.cli.cost_cmds import cost_tables
+    from controlplane.kernel.pool.cost import BudgetNote
+
+    topo = topology().model_copy(
+        update={"cost": CostPolicy(prices=PRICES, pool_budgets={"us-east": 45.0})}
+    )
+    exempt = BudgetNote(
+        spend_per_hour=90.0,
+        exempt="failover from us-west: allowance until 1830 s",
+        ends_at=4_102_444_800.0,  # 2100-01-01 00:00 UTC
+        short_at_end=3,
+    )
+    over = BudgetNote(spend_per_hour=60.0, utilisation=1.33, over=True)
+
+    def view(n: str, note: BudgetNote | None) -> RegionView:
+        scale = (
+            None
+            if note is None
+            else ScaleRecord(unit=n, active=4, warm=1, decided_at=1.0, changed_at=1.0, budget=note)
+        )
+        return RegionView(
+            name=n,
+            record=RegionRecord(region=n, since=0.0),
+            health=RegionHealth(region=n, since=0.0),
+            scale=scale,
+        )
+
+    notes = {"us-east": exempt, "us-west": over}
+    snap = Snapshot(now=1.0, regions={n: view(n, notes.get(n)) for n in topo.names})
+    report = cost_report(snap, topo)
+    assert report is not None
+    lines = {p.unit: p for p in report.pools}
+    east, west = lines["us-east"], lines["us-west"]
+    assert (east.ends_at, east.short_at_end, east.over) == (4_102_444_800.0, 3, False)
+    assert (west.over, west.ends_at) == (True, None)
+    assert lines["eu-west"].over is False and lines["eu-west"].ends_at is None
+    console = Console(width=400, record=True)
+    for table in cost_tables(report):
+        console.print(table)
+    text = console.export_text()
+    assert "binds again 2100-01-01 00:00 UTC (in " in text
+    assert "cutting 3 ACTIVE then" in text
+    assert "over the budget: WARM beyond the sizes stops at once" in text
+    assert decode(CostReport, encode(report)) == report  # what GetCost carries, read back
