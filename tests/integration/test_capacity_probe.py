@@ -233,10 +233,12 @@ async def test_the_hit_rates_are_read_from_the_replicas_counters(
     share = sum(s.hit_tokens for s in expected) / sum(s.prompt_tokens for s in expected)
     assert cold.hit_rate < 0.02  # unique prompts
     assert warm.hit_rate == pytest.approx(share, abs=0.05)
-    # the same workload on a replica that caches nothing: 0 at both, no cache effect
+    # the same workload on a replica that caches nothing: 0 at both, no cache effect. Only
+    # the counters matter here, so screening starts a step up (8 rps: its lowest step
+    # is half as long, and still well within the SLA)
     flat = await probe_capacity(
         sims["nocache"].url,
-        config(step_s=0.4, max_steps=3, measure_recovery=False, budget_s=0.1),  # hits only
+        config(step_s=0.4, start_rps=8.0, max_steps=3, measure_recovery=False, budget_s=0.1),
         WORKLOAD,
     )
     assert [p.hit_rate for p in flat.probes] == [0.0, 0.0]
@@ -285,8 +287,9 @@ async def test_a_pair_probe_that_aborts_costs_only_the_scaling_efficiency(
     async with failing_half(pair_url):
         record = await probe_capacity(
             sims["cache"].url,
-            # the single probe's figures do not matter here: screening bounds them
-            config(measure_recovery=False, budget_s=0.1),
+            # the single probe's figures do not matter here: screening bounds them, from a
+            # step up (8 rps: each phase's lowest step, the pair's too, is half as long)
+            config(start_rps=8.0, measure_recovery=False, budget_s=0.1),
             WORKLOAD,
             pair_url=pair_url,
             progress=reports.append,

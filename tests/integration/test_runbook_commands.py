@@ -24,6 +24,10 @@ lab must give and why. ``FRAGMENTS`` lists the spans that are not whole commands
 (exit 2; run in this process, as it fails before anything is called) and nothing else
 may. Commands naming what the lab lacks (a model pool, a drill run)
 are skipped, each with its reason. No output may hold a traceback.
+
+Only exit codes, messages and states are judged, each state waited for up to a minute,
+so scripts/test.sh runs this module beside the benches' smoke tests (OUTCOMES_ONLY
+there): add nothing that times or judges a latency.
 """
 
 from __future__ import annotations

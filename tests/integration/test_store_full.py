@@ -36,6 +36,11 @@ what was seen, and the control planes' logs.
 A missing ``prometheus`` or ``etcdctl`` fails the test in CI and skips it elsewhere.
 
 The lab and what the test sees of it: tests/integration/store_full_helpers.py.
+
+What is judged is states, answers and alerts, each polled for a window many times what
+it takes (the alert's minute is the rule's own), so scripts/test.sh runs this module
+beside the benches' smoke tests (OUTCOMES_ONLY there): add nothing that times or judges
+a latency.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def vllms() -> Iterator[tuple[VllmProc, VllmProc]]:
             pytest.fail(f"CI must run the real-vLLM continuation test; {SETUP_HINT}")
         pytest.skip(f"real vLLM is not installed: {SETUP_HINT}")
     if not (CHAR_MODEL_DIR / "config.json").is_file():
-        build_tiny_model(CHAR_MODEL_DIR, char_level=True)  # ~10 s, in the vLLM venv
+        # scripts/setup_vllm_cpu.sh builds it; here only where it did not (~5-10 s)
+        build_tiny_model(CHAR_MODEL_DIR, char_level=True)
     procs = [launch_vllm(model_dir=CHAR_MODEL_DIR, name=f"vllm-{i}") for i in (1, 2)]
     try:
         a, b = (wait_vllm(p, timeout=300) for p in procs)  # both start meanwhile
