@@ -53,18 +53,17 @@ def _share(v: float | None) -> str:
 def _note(p: PoolCost) -> str:
     """What the scaler last said of the pool's budget: a lift, an exemption and when it
     ends (with the ACTIVE replicas the budget cuts then), a cap, or being over it."""
-    if p.lift is not None:
+    if p.lift is not None:  # its end is the exemption's
         note = f"lifted until {render._clock(p.lift.until)}: {p.lift.reason}"
+    elif p.exempt and p.ends_at is not None:
+        note = f"{p.exempt}; binds again {render._clock(p.ends_at)}"
     else:
         note = p.binds or p.exempt
-    if p.exempt and p.ends_at is not None:
-        note += f"; binds again {render._clock(p.ends_at)}"
-        if p.short_at_end:
-            note += f", cutting {p.short_at_end} ACTIVE then"
+    if p.exempt and p.short_at_end:
+        note += f", cutting {p.short_at_end} ACTIVE then"
     if p.over:
-        note = "; ".join(
-            x for x in (note, "over the budget: WARM beyond the sizes stops at once") if x
-        )
+        over = "over the budget: WARM beyond the sizes stops at once"
+        note = f"{note}; {over}" if note else over
     return note
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 
+from controlplane.cli.cost_cmds import cost_tables
 from controlplane.core.scale_tick import pool_budget
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
 from controlplane.core.spend import CostReport, Held, budget_for, cost_report, held_spend
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.model import RegionHealth, RegionRecord
-from controlplane.kernel.pool.cost import CostPolicy, Prices
+from controlplane.kernel.pool.cost import BudgetNote, CostPolicy, Prices
 from controlplane.kernel.pool.members import PoolMembers
 from controlplane.kernel.pool.scale import ScaleRecord, ScalingPolicy
 from controlplane.kernel.snapshot import RegionView, Snapshot
@@ -193,11 +195,6 @@ def test_the_agent_publishes_idle_dwell_kept_warm_and_launches(
 def test_cost_show_says_when_an_allowance_ends_and_when_a_pool_is_over() -> None:
     """The scaler's note reaches ``failoverctl cost show``: an exemption's end and the
     ACTIVE it cuts then, and a pool over its budget (its WARM stops without the dwell)."""
-    from rich.console import Console
-
-    from controlplane.cli.cost_cmds import cost_tables
-    from controlplane.kernel.pool.cost import BudgetNote
-
     topo = topology().model_copy(
         update={"cost": CostPolicy(prices=PRICES, pool_budgets={"us-east": 45.0})}
     )
