@@ -31,13 +31,13 @@ if [ "$#" -gt 0 ]; then
   echo "==> pytest $*"
   exec "${PYTEST[@]}" --durations=40 "$@"
 fi
-# The whole suite in three steps: the quick tests (in-process, or one small server
+# The whole suite in four steps: the quick tests (in-process, or one small server
 # each) on two workers; the benches' slow smoke tests on two workers too (they check a
 # headline's shape, never a goal or a timing), but for the soak's and the leader kill's,
 # which count what a deadline lost, with the outcome-only slow tests (below) run one at
-# a time beside them; then the other slow ones (labs of many processes, real vLLM) one
-# at a time, as their timing-sensitive checks were written for. All run even if one
-# fails; the exit status is the first failure's.
+# a time beside them; more outcome-only labs, two at a time; then the other slow ones
+# (labs of many processes, real vLLM) one at a time, as their timing-sensitive checks
+# were written for. All run even if one fails; the exit status is the first failure's.
 # OUTCOMES_ONLY: slow modules that judge no latency, deadline or rate, only what
 # happened (exit codes, states, alerts, records, each waited for in a window many times
 # what it takes), so that the smoke tests beside them only make them slower; mostly
@@ -48,8 +48,23 @@ OUTCOMES_ONLY=(
   tests/integration/test_runbook_commands.py
   tests/integration/test_store_full.py
 )
+# OUTCOMES_PAIRED: more slow tests that judge only outcomes, as OUTCOMES_ONLY's do, each
+# a lab of processes mostly waiting on the clock (~0.5 core): two at a time (one module
+# per worker: a lab is module-scoped) they take ~300 s, not ~550 s, and nothing timed
+# runs beside them. Not three at a time: three labs starting at once overran an agent's
+# 20 s start. Longest first (xdist hands them out in this order). The README's
+# walkthrough stays alone: it presses Ctrl-C 3 s into `events --follow`.
+OUTCOMES_PAIRED=(
+  tests/integration/test_reliability_faults.py
+  tests/integration/test_prometheus_lab.py
+  tests/test_drills.py
+  tests/integration/test_etcd_quota.py
+  tests/integration/test_payload_residency.py
+  tests/test_drills_pools.py
+  tests/test_demo.py::test_demo_runs_the_blackout_drill_and_prints_verdicts_and_the_report
+)
 SHAPE_ONLY=() ALONE=()
-for f in "${OUTCOMES_ONLY[@]}"; do ALONE+=(--deselect "$f"); done
+for f in "${OUTCOMES_ONLY[@]}" "${OUTCOMES_PAIRED[@]}"; do ALONE+=(--deselect "$f"); done
 for f in tests/test_bench_*.py; do
   case "$f" in
     tests/test_bench_soak.py | tests/test_bench_leader.py) ;;
@@ -72,6 +87,9 @@ wait "$BESIDE_PID" || beside_rc=$?
 cat "$BESIDE_LOG"
 rm -f "$BESIDE_LOG"
 [ "$beside_rc" -eq 0 ] || [ "$rc" -ne 0 ] || rc=$beside_rc
+echo "==> pytest: more outcome-only slow tests, two at a time"
+step -n 2 --dist loadfile --no-loadscope-reorder --durations=20 -m "slow or realvllm" \
+  "${OUTCOMES_PAIRED[@]}"
 echo "==> pytest: the other slow tests (labs, real vLLM), one at a time"
 step --durations=40 -m "slow or realvllm" "${ALONE[@]}"
 exit "$rc"

@@ -1,7 +1,13 @@
 """The README's main command works: the demo starts a whole deployment, runs the
 region-blackout drill under live chat sessions while the live view shows the states
 and routing change, and ends with the verdict per criterion and the report's path.
-With ``--vllm`` the same runs against real vLLM servers (the CPU build here)."""
+With ``--vllm`` the same runs against real vLLM servers (the CPU build here).
+
+The simulators' demo is judged on its verdicts (RTO and pre-warm windows: 30 s, many
+times what a blackout takes) and its output; so scripts/test.sh runs it two at a time
+with other outcome-only labs (OUTCOMES_PAIRED there): add nothing that times or judges a
+latency.
+"""
 
 from __future__ import annotations
 

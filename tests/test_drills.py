@@ -5,7 +5,13 @@ A healthy system passes the region-blackout drill, and its verdict lands in
 ``regions/<r>/readiness``; a dry run injects nothing. A system whose ladder is made to
 misbehave (its copy of the ladder applies step 2 before step 1) fails the auth 503
 storm drill on the degradation order, measured from the leader's audit trail; the
-failed region is then barred: the leader moves its traffic away."""
+failed region is then barred: the leader moves its traffic away.
+
+What is judged is the drills' verdicts, whose windows (RTO and pre-warm: 30 s) are many
+times what a blackout takes, the audited ladder order and states; so scripts/test.sh
+runs this module two at a time with other outcome-only labs (OUTCOMES_PAIRED there): add
+nothing that times or judges a latency.
+"""
 
 from __future__ import annotations
 

@@ -8,7 +8,13 @@ model's conversations (every other one is answered where it started, measured fr
 each request's answering region), warms that pool's targets with that model's
 prefixes only, and recovers. Then the ``region-blackout`` drill on us-west (every
 server of both its pools) passes for each pool and moves both models' conversations,
-each one region at a time."""
+each one region at a time.
+
+What is judged is the drills' verdicts, whose windows (RTO and pre-warm: 30 s) are many
+times what an outage takes, and where each conversation was answered; so scripts/test.sh
+runs this module two at a time with other outcome-only labs (OUTCOMES_PAIRED there): add
+nothing that times or judges a latency.
+"""
 
 from __future__ import annotations
 

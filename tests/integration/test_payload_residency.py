@@ -14,6 +14,11 @@ Then the "us" key is rotated under traffic: the new key seals from then on, the
 leader's catalogs lose the old key's envelopes, the old key is removed, and a second
 blackout (us-west's, pre-warmed on us-east) still attains 1.0 with nothing skipped
 for want of a key.
+
+What is judged is bytes on the members and the drills' verdicts, whose windows (RTO and
+pre-warm: 30 s) are many times what a blackout takes; so scripts/test.sh runs this
+module two at a time with other outcome-only labs (OUTCOMES_PAIRED there): add nothing
+that times or judges a latency.
 """
 
 from __future__ import annotations

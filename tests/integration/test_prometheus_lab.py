@@ -22,6 +22,12 @@ Prometheus's own HTTP API:
   evaluated without error throughout.
 
 A missing ``prometheus`` binary fails the test in CI and skips it elsewhere.
+
+What is judged is targets, alerts, rules and states, each waited for in a window many
+times what it takes (the alert's 30 s is the rule's own), and the drill's verdict, whose
+windows (RTO and pre-warm: 30 s) are many times what a blackout takes; so
+scripts/test.sh runs this module two at a time with other outcome-only labs
+(OUTCOMES_PAIRED there): add nothing that times or judges a latency.
 """
 
 from __future__ import annotations
