@@ -1,6 +1,6 @@
 """A small online forecaster for the scaler: a local-linear-trend Kalman filter of the
-served requests/s, one update per agent report, O(1) to predict, never refitted
-(docs/scaling.md). PURE.
+served requests/s and, beside it, a local level with a long memory, one update per
+agent report each, O(1) to predict, never refitted (docs/scaling.md). PURE.
 
 State: the rate ``l`` and its trend ``t`` per second. Between two reports ``dt`` apart
 the rate moves by ``t dt`` and a random acceleration (white noise, density
@@ -19,12 +19,30 @@ normalised innovations of consecutive reports lean the same way (a two-sided CUS
 A ramp from 12 requests/s is believed within 5-15 reports, while a flat noisy load
 keeps its band: an earlier rule widened on any report past 2 normalised squares, one
 in six on a flat load, and the band's top swung 20-40 % above the rate.
+
+**The flat model.** A trend filter quick enough for a ramp is noisy on a flat load: at
+a flat 240 requests/s its point 30 s ahead wandered 215-290 (the trend's error times
+22 s) and the scaler kept 17-18 replicas where 15 serve. So a local level runs beside
+it (random-walk variance ``rate / MEMORY_S^2`` per second: a memory of about
+``MEMORY_S`` reports, a level's error of 2 requests/s at 240) and is believed while
+the load is flat (``flat``): its point is its level, its band its own variance plus
+the walk to the horizon (240 -> 243 at P90). It gives way to the trend filter when its
+own CUSUM (``FLAT_H``) trips *and* the trend filter leans (its trend over ``ENTER_Z``
+standard deviations; a trip alone re-seeds the level at the trend filter's). The level
+runs on meanwhile, and the trend filter hands back once its trend has been neither
+significant (``EXIT_Z``) nor material (projected 30 s, under ``MATERIAL`` x the rate's
+Poisson deviation) for ``STILL`` reports in a row: at its own level where the two
+differ (after a ramp the level lags it), else at the level's. A ramp is believed as
+soon as before (the trend filter's evidence decides); a flat load leaves the level
+0.2-0.6 times an hour. Reports noisier than Poisson (batching clients) are learned as
+``dispersion`` (a mean of the level's squared innovations over Poisson's, at least 1)
+and scale both filters' report noise, so that they are not read as drifts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +59,19 @@ DRIFT_H = 4.0  # its threshold: a flat load trips a widening once per ~200-400 r
 # a ramp's knee an undamped trend asked for twice the replicas the top needs)
 DAMPING = 0.98
 INTERVAL_WEIGHT = 0.2  # of the newest interval between reports in their mean
+# the flat model: its memory in reports (seconds at one a second), its CUSUM's threshold
+# (a flat Poisson load trips it 0.2-0.6 times an hour; at 5, 2-4), the trend filter's
+# lean that a trip needs to hand over (in its trend's standard deviations) and what
+# hands back (STILL reports in a row of a trend neither over EXIT_Z deviations nor,
+# projected 30 s, over MATERIAL x the rate's Poisson deviation)
+MEMORY_S = 60.0
+FLAT_H = 7.0
+ENTER_Z = 1.0
+EXIT_Z = 2.0
+MATERIAL = 1.0
+STILL = 10
+DISPERSION_WEIGHT = 1 / 60  # of the newest report in the noise's dispersion
+_REACH_30 = DAMPING * (1 - DAMPING**30) / (1 - DAMPING)  # seconds of trend 30 s ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +83,9 @@ class Forecast:
 def start(y: float, at: float) -> ForecastState:
     y = max(0.0, y)
     scale = max(y, RATE_FLOOR)
-    return ForecastState(level=y, p_ll=scale, p_tt=(0.002 * scale) ** 2, observed_at=at)
+    return ForecastState(
+        level=y, p_ll=scale, p_tt=(0.002 * scale) ** 2, observed_at=at, flat_level=y, flat_var=scale
+    )
 
 
 def _process(level: float, dt: float) -> np.ndarray:
@@ -80,7 +113,7 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
         if state.observations == 1
         else (1 - INTERVAL_WEIGHT) * state.interval_s + INTERVAL_WEIGHT * dt
     )
-    noise = max(float(x[0]), 1.0) / interval
+    noise = state.dispersion * max(float(x[0]), 1.0) / interval
     innovation = max(0.0, y) - float(x[0])
     expected = float(p[0, 0]) + noise
     z = innovation / math.sqrt(expected)
@@ -94,7 +127,15 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
     gain = p[:, 0] / expected
     x = x + gain * innovation
     p = p - np.outer(gain, p[0, :])
+    flat = _flat(state, max(0.0, y), dt, interval, float(x[0]), float(x[1]), p)
     return ForecastState(
+        flat=flat.flat,
+        flat_level=flat.level,
+        flat_var=flat.var,
+        flat_up=flat.up,
+        flat_down=flat.down,
+        still=flat.still,
+        dispersion=flat.dispersion,
         level=float(x[0]),
         trend=float(x[1]),
         p_ll=max(0.0, float(p[0, 0])),
@@ -108,9 +149,83 @@ def update(state: ForecastState | None, y: float, at: float) -> ForecastState:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Flat:
+    """The flat model's part of the state after one report."""
+
+    flat: bool
+    level: float
+    var: float
+    up: float
+    down: float
+    still: int
+    dispersion: float
+
+
+def _flat(
+    state: ForecastState,
+    y: float,
+    dt: float,
+    interval: float,
+    level: float,
+    trend: float,
+    p: np.ndarray,
+) -> _Flat:
+    """The flat model after the report ``y``, and which model is believed; ``level``,
+    ``trend`` and ``p``: the trend filter's, with ``y`` folded in."""
+    trend_sd = math.sqrt(max(float(p[1, 1]), 0.0))
+    disp = state.dispersion
+    seeded = _Flat(False, level, max(float(p[0, 0]), 0.0), 0.0, 0.0, 0, disp)
+    was = state.level if state.flat_level is None else state.flat_level
+    predicted = state.flat_var + max(was, RATE_FLOOR) / MEMORY_S**2 * dt
+    poisson = max(was, 1.0) / interval
+    noise = disp * poisson
+    miss = y - was
+    gain = predicted / (predicted + noise)
+    own = _Flat(False, was + gain * miss, (1 - gain) * predicted, 0.0, 0.0, 0, disp)
+    if not state.flat:  # the level runs on (the rate surely there is the lower of both)
+        leaning = abs(trend) > EXIT_Z * trend_sd or abs(trend) * _REACH_30 > MATERIAL * math.sqrt(
+            max(level, RATE_FLOOR)
+        )
+        still = 0 if leaning else state.still + 1
+        if still >= STILL:  # handed back: at the trend filter's level where the two differ
+            apart = abs(own.level - seeded.level) > 2 * math.sqrt(own.var + seeded.var)
+            return replace(seeded if apart else own, flat=True)
+        return replace(own, still=still)
+    z = miss / math.sqrt(predicted + noise)
+    up = max(0.0, state.flat_up + z - DRIFT_K)
+    down = max(0.0, state.flat_down - z - DRIFT_K)
+    if max(up, down) > FLAT_H:  # it drifted: to the trend filter if that leans, else re-seeded
+        return own if abs(trend) > ENTER_Z * trend_sd else replace(seeded, flat=True)
+    dispersion = (1 - DISPERSION_WEIGHT) * disp + DISPERSION_WEIGHT * (
+        miss**2 - predicted
+    ) / poisson
+    return replace(own, flat=True, up=up, down=down, dispersion=max(1.0, dispersion))
+
+
+def basis(state: ForecastState) -> str:
+    """Which model the forecast is, for the scaler's reasons."""
+    return "flat" if state.flat else f"trend {state.trend:+.2g} rps/s"
+
+
+def surely(state: ForecastState, z: float) -> float:
+    """The rate surely there now, ``z`` deviations under the level: the flat model's
+    while it is believed, else the lower of both models' (the trend filter's level
+    jumps with one surprising report, the long memory's does not)."""
+    trend = state.level - z * math.sqrt(state.p_ll)
+    if state.flat_level is None:
+        return trend
+    flat = state.flat_level - z * math.sqrt(state.flat_var)
+    return flat if state.flat else min(flat, trend)
+
+
 def predict(state: ForecastState, horizon_s: float, z: float) -> Forecast:
-    """The rate ``horizon_s`` seconds after the last report (the trend damped), and its
-    upper band; never below 0 (a load is not negative)."""
+    """The rate ``horizon_s`` seconds after the last report (the flat model's level while
+    it is believed, else the trend damped), and its upper band; never below 0."""
+    if state.flat and state.flat_level is not None:  # the level, and its walk to then
+        level = state.flat_level
+        var = state.flat_var + max(level, RATE_FLOOR) / MEMORY_S**2 * horizon_s
+        return Forecast(point=max(0.0, level), upper=max(0.0, level + z * math.sqrt(var)))
     reach = DAMPING * (1 - DAMPING**horizon_s) / (1 - DAMPING)  # seconds of trend
     f = _transition(reach)
     x = f @ np.array([state.level, state.trend])

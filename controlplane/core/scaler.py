@@ -117,8 +117,9 @@ def size_pool(
     per = max(capacity.per_replica(hit), _EPS)
     need = _within(math.ceil(near.upper / per - _EPS), policy)
     longer = " (the measured wake p95)" if horizon > policy.horizon else ""
+    basis = f", {forecast.basis(state)}" if policy.forecast and state.observations >= WARMUP else ""
     reasons = [
-        f"load {load:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}) "
+        f"load {load:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}{basis}) "
         f"in {horizon:g} s{longer} at hit rate {hit:.2f}: {per:.3g} rps per replica "
         f"({capacity.source}) -> {need} ACTIVE"
     ]
@@ -126,7 +127,7 @@ def size_pool(
         # back up within a stable window of going down: only for the load the filter is
         # sure of now (its lower band: not a trend, an upper band or one outlier, which
         # a noisy flat load swings); the guard adds at once when queues build
-        sure = state.level - policy.band_z * math.sqrt(state.p_ll)
+        sure = forecast.surely(state, policy.band_z)
         need = max(base.active, _within(math.ceil(sure / per - _EPS), policy))
         reasons.append(
             f"went down {now - base.changed_at:.0f} s ago: up only for the load surely "

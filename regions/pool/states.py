@@ -68,6 +68,11 @@ class DwellPolicy(Frozen):
     # stable window is the hysteresis already, and an awake IDLE replica costs what an
     # ACTIVE one does; never below ``drain_s`` (sleep aborts what a replica still runs)
     scaled_idle_min_s: float = Field(10.0, ge=0)
+    # WARM before stop while the scaler sizes the pool: its WARM target already holds
+    # what the forecast needs two horizons ahead and the planned burst, so WARM beyond
+    # it is a forecast since revised (a ramp's knee); kept about a launch's time
+    # (60-180 s), not the pool file's 300 s, at 0.6 of ACTIVE's price
+    scaled_warm_min_s: float = Field(120.0, ge=0)
     active_min_s: float = Field(120.0, ge=0)  # ACTIVE before drain: the anti-flap rule
     # IDLE before a stale replica (another variant) is retired: requests routed to it
     # before gateways saw it drained finish first (sleep aborts running requests).
@@ -91,16 +96,18 @@ class PoolTarget(Frozen):
 
 def dwell_for(dwell: DwellPolicy, target: PoolTarget) -> DwellPolicy:
     """The dwell times that hold for ``target``: a scaled pool's IDLE sleeps after
-    ``scaled_idle_min_s`` (never under ``drain_s``); an over-budget pool's WARM stops
-    at once. The WARM dwell guards against launch churn (a replica stopped and launched
-    again minutes later, paid at ACTIVE's price while it loads); standby the budget cut
-    from a pool paying past it is not churn, and kept for the dwell (300 s) it would be
-    paid past the budget all that time. The IDLE dwell stays: it lets what a drained
+    ``scaled_idle_min_s`` (never under ``drain_s``) and its WARM beyond the target stops
+    after ``scaled_warm_min_s`` (at most ``warm_min_s``); an over-budget pool's WARM
+    stops at once. The WARM dwell guards against launch churn (a replica stopped and
+    launched again minutes later, paid at ACTIVE's price while it loads); standby the
+    budget cut from a pool paying past it is not churn, and kept for the dwell it would
+    be paid past the budget all that time. The IDLE dwell stays: it lets what a drained
     replica still runs finish before it sleeps. The planner plans with these and the
     pool checks its moves with them: one rule for both."""
     update: dict[str, float] = {}
     if target.scaled:
         update["idle_min_s"] = max(dwell.scaled_idle_min_s, dwell.drain_s)
+        update["warm_min_s"] = min(dwell.warm_min_s, dwell.scaled_warm_min_s)
     if target.over_budget:
         update["warm_min_s"] = 0.0
     return dwell.model_copy(update=update) if update else dwell

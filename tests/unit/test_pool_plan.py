@@ -357,8 +357,9 @@ def test_the_pool_checks_a_scaled_sleep_with_the_dwell_it_was_planned_with() -> 
 def test_an_over_budget_pool_stops_warm_without_the_warm_dwell() -> None:
     """The leader says the pool spends past its budget (``over_budget``: the end of a
     failover's allowance cut 3 ACTIVE, now asleep): WARM beyond the target stops at
-    once, the longest WARM first; within the budget the same replicas wait out their
-    300 s dwell (it guards against launch churn). IDLE still waits its drain."""
+    once, the longest WARM first; within the budget the same replicas wait out a scaled
+    pool's WARM dwell (120 s: it guards against launch churn). IDLE still waits its
+    drain."""
     pool = [
         rep("a", ACTIVE, 900),
         rep("w1", WARM, 400),
@@ -375,7 +376,7 @@ def test_an_over_budget_pool_stops_warm_without_the_warm_dwell() -> None:
     assert all("over the budget: no WARM dwell" in a.reason for a in over.actions)
     within = plan(pool, PoolTarget(active=1, warm=0, scaled=True), T0, D)
     assert [(a.kind, a.replica) for a in within.actions] == [("stop", "w1")]
-    assert any("w2 is WARM for 11 s < WARM dwell 300 s" in d for d in within.deferred)
+    assert any("w2 is WARM for 11 s < WARM dwell 120 s" in d for d in within.deferred)
     # the pool re-checks the stop with the same rule
     young = rep("w3", WARM, 1)
     overrun = PoolTarget(active=1, warm=0, scaled=True, over_budget=True)
@@ -385,6 +386,22 @@ def test_an_over_budget_pool_stops_warm_without_the_warm_dwell() -> None:
     # and only WARM: the IDLE dwell and the ACTIVE anti-flap dwell hold
     assert dwell_for(D, overrun).idle_min_s == D.scaled_idle_min_s
     assert dwell_for(D, overrun).active_min_s == D.active_min_s
+
+
+def test_a_scaled_pools_warm_beyond_the_target_stops_after_the_scaled_warm_dwell() -> None:
+    """WARM the scaler no longer asks for (launched for a ramp's knee that the forecast
+    has since revised) stops after ``scaled_warm_min_s`` (120 s), not the pool file's
+    ``warm_min_s`` (300 s); the pool file's sizes keep their 300 s, and a pool file
+    with a shorter WARM dwell keeps it under the scaler too."""
+    pool = [rep("a", ACTIVE, 900), rep("w1", WARM, 150), rep("w2", WARM, 100)]
+    scaled = plan(pool, PoolTarget(active=1, warm=0, scaled=True), T0, D)
+    assert [(a.kind, a.replica) for a in scaled.actions] == [("stop", "w1")]
+    assert any("w2 is WARM for 100 s < WARM dwell 120 s" in d for d in scaled.deferred)
+    filed = plan(pool, PoolTarget(active=1, warm=0), T0, D)
+    assert filed.actions == ()
+    assert any("w1 is WARM for 150 s < WARM dwell 300 s" in d for d in filed.deferred)
+    short = DwellPolicy(warm_min_s=60.0)
+    assert dwell_for(short, PoolTarget(active=1, warm=0, scaled=True)).warm_min_s == 60.0
 
 
 def test_active_beyond_the_target_is_standby_and_launches_nothing() -> None:

@@ -35,10 +35,13 @@ class Direction(StrEnum):
 
 
 class ForecastState(Frozen):
-    """A local-linear-trend Kalman filter of one series (controlplane/core/forecast.py):
-    the rate and its trend per second, their covariance (``p_ll``, ``p_lt``, ``p_tt``),
-    the mean interval between observations, the time of the last one folded in (an
-    observation no newer is not folded again) and its change detector's sums."""
+    """The forecaster of one series (controlplane/core/forecast.py): a local-linear-trend
+    Kalman filter (the rate and its trend per second, their covariance ``p_ll``,
+    ``p_lt``, ``p_tt``, its change detector's sums), the mean interval between
+    observations, the time of the last one folded in (an observation no newer is not
+    folded again), and the flat model beside it. A record written before the flat model
+    starts on the trend filter (``flat`` False) and hands to the level as a flat load
+    shows itself."""
 
     level: float
     trend: float = 0.0
@@ -52,6 +55,17 @@ class ForecastState(Frozen):
     # half seen when the leader changed is seen by the next one as soon
     drift_up: float = Field(0.0, ge=0)
     drift_down: float = Field(0.0, ge=0)
+    # the flat model beside it (a local level with a long memory): whether it is the one
+    # believed, its level and variance, its change detector's sums, how many reports in
+    # a row the trend filter has not leant (to hand back), and how much noisier than
+    # Poisson the reports are (both filters' report noise is scaled by it)
+    flat: bool = False
+    flat_level: float | None = None
+    flat_var: float = Field(0.0, ge=0)
+    flat_up: float = Field(0.0, ge=0)
+    flat_down: float = Field(0.0, ge=0)
+    still: int = Field(0, ge=0)
+    dispersion: float = Field(1.0, ge=1)
 
 
 class Incoming(Frozen):
