@@ -71,7 +71,6 @@ EXIT_Z = 2.0
 MATERIAL = 1.0
 STILL = 10
 DISPERSION_WEIGHT = 1 / 60  # of the newest report in the noise's dispersion
-_REACH_30 = DAMPING * (1 - DAMPING**30) / (1 - DAMPING)  # seconds of trend 30 s ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +183,8 @@ def _flat(
     gain = predicted / (predicted + noise)
     own = _Flat(False, was + gain * miss, (1 - gain) * predicted, 0.0, 0.0, 0, disp)
     if not state.flat:  # the level runs on (the rate surely there is the lower of both)
-        leaning = abs(trend) > EXIT_Z * trend_sd or abs(trend) * _REACH_30 > MATERIAL * math.sqrt(
-            max(level, RATE_FLOOR)
-        )
+        material = abs(trend) * _reach(30.0) > MATERIAL * math.sqrt(max(level, RATE_FLOOR))
+        leaning = abs(trend) > EXIT_Z * trend_sd or material
         still = 0 if leaning else state.still + 1
         if still >= STILL:  # handed back: at the trend filter's level where the two differ
             apart = abs(own.level - seeded.level) > 2 * math.sqrt(own.var + seeded.var)
@@ -226,13 +224,18 @@ def predict(state: ForecastState, horizon_s: float, z: float) -> Forecast:
         level = state.flat_level
         var = state.flat_var + max(level, RATE_FLOOR) / MEMORY_S**2 * horizon_s
         return Forecast(point=max(0.0, level), upper=max(0.0, level + z * math.sqrt(var)))
-    reach = DAMPING * (1 - DAMPING**horizon_s) / (1 - DAMPING)  # seconds of trend
+    reach = _reach(horizon_s)
     f = _transition(reach)
     x = f @ np.array([state.level, state.trend])
     p = f @ _cov(state) @ f.T + _process(state.level, reach)
     point = float(x[0])
     upper = point + z * math.sqrt(max(0.0, float(p[0, 0])))
     return Forecast(point=max(0.0, point), upper=max(0.0, upper))
+
+
+def _reach(horizon_s: float) -> float:
+    """The seconds of trend a prediction ``horizon_s`` ahead counts (damped)."""
+    return float(DAMPING * (1 - DAMPING**horizon_s) / (1 - DAMPING))
 
 
 def _cov(state: ForecastState) -> np.ndarray:

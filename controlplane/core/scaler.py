@@ -117,7 +117,7 @@ def size_pool(
     per = max(capacity.per_replica(hit), _EPS)
     need = _within(math.ceil(near.upper / per - _EPS), policy)
     longer = " (the measured wake p95)" if horizon > policy.horizon else ""
-    basis = f", {forecast.basis(state)}" if policy.forecast and state.observations >= WARMUP else ""
+    basis = f", {forecast.basis(state)}" if _forecasting(state, policy) else ""
     reasons = [
         f"load {load:.3g} rps, forecast {near.point:.3g} (P90 {near.upper:.3g}{basis}) "
         f"in {horizon:g} s{longer} at hit rate {hit:.2f}: {per:.3g} rps per replica "
@@ -248,13 +248,17 @@ def _ahead(
     """The forecast one horizon ahead and two (WARM's); until the filter has seen
     ``WARMUP`` reports its trend is a guess: the load now, for both (and always with
     the forecast off)."""
-    if state.observations < WARMUP or not policy.forecast:
+    if not _forecasting(state, policy):
         now = forecast.Forecast(point=load, upper=load)
         return now, now
     return (
         forecast.predict(state, horizon, policy.band_z),
         forecast.predict(state, 2 * horizon, policy.band_z),
     )
+
+
+def _forecasting(state: ForecastState, policy: ScalingPolicy) -> bool:
+    return policy.forecast and state.observations >= WARMUP
 
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
