@@ -149,7 +149,21 @@ async def first_hits(
     """Send one request through the gateway (nothing else may run on ``replicas``); the
     region that served it and how far ``vllm:prefix_cache_hits_total`` moved on
     ``replicas``, read once the queries counter has counted the request (vLLM updates
-    its counters as it processes outputs, which may trail the answer)."""
+    its counters as it processes outputs, which may trail the answer). Sent once the
+    gateway's own view of ``replicas`` is idle too: a load report read during a
+    pre-warm's replays holds until its next poll, and an owner seen busy sends its
+    prefix's request elsewhere (the bounded-load rule)."""
+    ours = {r.rstrip("/") for r in replicas}
+
+    async def seen_idle() -> bool:
+        return all(
+            b.load(r) == 0
+            for b in gw.balancers.values()
+            for r in b.replicas
+            if r.rstrip("/") in ours
+        )
+
+    await until(seen_idle, within=20, every=0.05, what="the gateway to see the replicas idle")
     q0 = sum(await queries_of(http, replicas))
     h0 = await hits_across(http, replicas)
     region, n = await send_usage(http, gw, session, prompt)
