@@ -32,11 +32,12 @@ standard deviations; a trip alone re-seeds the level at the trend filter's). The
 runs on meanwhile, and the trend filter hands back once its trend has been neither
 significant (``EXIT_Z``) nor material (projected 30 s, under ``MATERIAL`` x the rate's
 Poisson deviation) for ``STILL`` reports in a row: at its own level where the two
-differ (after a ramp the level lags it), else at the level's. A ramp is believed as
-soon as before (the trend filter's evidence decides); a flat load leaves the level
-0.2-0.6 times an hour. Reports noisier than Poisson (batching clients) are learned as
-``dispersion`` (a mean of the level's squared innovations over Poisson's, at least 1)
-and scale both filters' report noise, so that they are not read as drifts.
+differ by over ``APART_Z`` deviations (after a ramp the level lags it by far more),
+else at the level's. A ramp is believed as soon as before (the trend filter's
+evidence decides); a flat load leaves the level 0.2-0.6 times an hour. Reports
+noisier than Poisson (batching clients) are learned as ``dispersion`` (a mean of the
+level's squared innovations over Poisson's, at least 1) and scale both filters' report
+noise, so that they are not read as drifts.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ EXIT_Z = 2.0
 MATERIAL = 1.0
 STILL = 10
 DISPERSION_WEIGHT = 1 / 60  # of the newest report in the noise's dispersion
+# a hand-back takes the trend filter's level when the two are this many deviations
+# apart (after a ramp's knee the level lags by far more); at 2, a trend filter a noise
+# run had taken 22 rps over a flat 223 was handed back as the level, and the scaler
+# went back up 171 s after going down (the flap property, window 300 s)
+APART_Z = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +193,7 @@ def _flat(
         leaning = abs(trend) > EXIT_Z * trend_sd or material
         still = 0 if leaning else state.still + 1
         if still >= STILL:  # handed back: at the trend filter's level where the two differ
-            apart = abs(own.level - seeded.level) > 2 * math.sqrt(own.var + seeded.var)
+            apart = abs(own.level - seeded.level) > APART_Z * math.sqrt(own.var + seeded.var)
             return replace(seeded if apart else own, flat=True)
         return replace(own, still=still)
     z = miss / math.sqrt(predicted + noise)
