@@ -28,8 +28,9 @@ it (random-walk variance ``rate / MEMORY_S^2`` per second: a memory of about
 the load is flat (``flat``): its point is its level, its band its own variance plus
 the walk to the horizon (240 -> 243 at P90). It gives way to the trend filter when its
 own CUSUM (``FLAT_H``) trips *and* the trend filter leans (its trend over ``ENTER_Z``
-standard deviations; a trip alone re-seeds the level at the trend filter's). The level
-runs on meanwhile, and the trend filter hands back once its trend has been neither
+standard deviations; a trip alone re-seeds the level at the trend filter's, as sure of
+it as the two agree: its variance plus their gap squared). The level runs on
+meanwhile, and the trend filter hands back once its trend has been neither
 significant (``EXIT_Z``) nor material (projected 30 s, under ``MATERIAL`` x the rate's
 Poisson deviation) for ``STILL`` reports in a row: at its own level where the two
 differ by over ``APART_Z`` deviations (after a ramp the level lags it by far more),
@@ -200,7 +201,13 @@ def _flat(
     up = max(0.0, state.flat_up + z - DRIFT_K)
     down = max(0.0, state.flat_down - z - DRIFT_K)
     if max(up, down) > FLAT_H:  # it drifted: to the trend filter if that leans, else re-seeded
-        return own if abs(trend) > ENTER_Z * trend_sd else replace(seeded, flat=True)
+        if abs(trend) > ENTER_Z * trend_sd:
+            return own
+        # re-seeded at the trend filter's level, as sure of it as the two agree: a trip
+        # can be a noise run that took the trend filter with it, and the scaler's
+        # just-down rule trusts the level's lower band
+        gap = seeded.level - own.level
+        return replace(seeded, flat=True, var=seeded.var + gap * gap)
     dispersion = (1 - DISPERSION_WEIGHT) * disp + DISPERSION_WEIGHT * (
         miss**2 - predicted
     ) / poisson
