@@ -33,7 +33,7 @@ from controlplane.core.actions import TickResult
 from controlplane.core.bearing import HIT_RATE_SIGNAL, hit_rate_of, load_of, region_bearing
 from controlplane.core.cold_start import cold_starts
 from controlplane.core.machine import TRANSITIONS
-from controlplane.core.spend import cost_report
+from controlplane.core.spend import allowed_scopes, cost_report
 from controlplane.kernel.capacity.bearing import utilization
 from controlplane.kernel.capacity.record import Bearing, critical_hit_rate
 from controlplane.kernel.config import Topology
@@ -311,6 +311,14 @@ class ControlPlaneMetrics:
             ["scope", "name"],
             registry=r,
         )
+        self.budget_allowed = Gauge(
+            "tectonic_budget_allowed",
+            "1 while a scope with a budget may spend past it (an operator's lift, or a "
+            "failover target's allowance; a zone or the fleet: one of its pools'), else 0; "
+            "doctor's week of utilisation leaves those times out (leader only)",
+            ["scope", "name"],
+            registry=r,
+        )
         self.budget_binding = Gauge(
             "tectonic_budget_binding",
             "1 while the budget holds a pool under what its forecast needs (the scaler "
@@ -555,11 +563,14 @@ class ControlPlaneMetrics:
         """Spend, utilisation and efficiency of every pool, zone and the fleet, from the
         replicas running now; binding from the scaler's newest records. Nothing without
         ``cost:`` (no stale series either)."""
-        for g in (self.cost, self.budget_utilisation, self.budget_binding, self.pool_efficiency):
+        gauges = (self.cost, self.budget_utilisation, self.budget_allowed, self.budget_binding)
+        for g in (*gauges, self.pool_efficiency):
             g.clear()
         report = cost_report(snap, self.topology) if self.topology is not None else None
         if report is None:
             return
+        for (scope, name), why in allowed_scopes(report).items():
+            self.budget_allowed.labels(scope, name).set(1 if why else 0)
         for p in report.pools:
             self.cost.labels("pool", p.unit).set(p.dollars_per_hour)
             if p.utilisation is not None:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from tectonic_api.v1 import controlplane_pb2 as pb
 
 from controlplane.core.cold_start import ColdStart
-from controlplane.core.spend import CostReport, PoolCost
+from controlplane.core.spend import CostReport, PoolCost, ScopeCost, allowed_scopes
 from controlplane.kernel.capacity.record import CapacityRecord, critical_hit_rate
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.pool.members import ACTIVATION_SPAN_SIGNAL, ACTIVATION_WAKES_SIGNAL
@@ -149,6 +149,10 @@ class PromBudget:
 
     max_utilisation: float
     seen_s: float | None
+    # the highest while no lift or failover's allowance let it spend past its budget
+    # (the leader's tectonic_budget_allowed); None: not known (a leader older than the
+    # gauge), so the peak counts as not allowed
+    max_unallowed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1001,51 +1005,37 @@ def _spend(name: str, dollars: float, budget: float | None, util: float | None) 
     return f"{name}: ${dollars:,.2f}/h of ${budget:,.2f}/h ({util:.0%})"
 
 
-def _allowance(p: PoolCost) -> str:
-    """Why ``p`` may spend past its budgets now ("": it may not): an operator's lift, or
-    a failover target within ``failover_allowance_s`` (the scaler's note says so)."""
-    if p.lift is not None:
-        return p.lift.describe()
-    return p.exempt
-
-
 def budget_findings(report: CostReport, wanted: set[str]) -> list[Finding]:
     """Each pool in ``wanted``, its zones' and the fleet's utilisation now: over 1 fails
     unless a lift or a failover's allowance covers it (for a zone or the fleet: one of
     its pools')."""
+    allowed = allowed_scopes(report)
     findings = []
     pools = [p for p in report.pools if p.unit in wanted]
-    for p in pools:
-        text = _spend(p.unit, p.dollars_per_hour, p.budget, p.utilisation)
-        over = p.utilisation is not None and p.utilisation > 1
-        why = _allowance(p)
+    lines: list[tuple[str, str, str, PoolCost | ScopeCost]]
+    lines = [(p.unit, "pool", p.unit, p) for p in pools]
+    zones = {p.zone for p in pools}
+    lines += [
+        (s.name if s.scope == s.name else f"{s.scope} {s.name}", s.scope, s.name, s)  # "zone us"
+        for s in report.scopes
+        if s.budget is not None and (s.scope != "zone" or s.name in zones)
+    ]
+    for label, scope, name, line in lines:
+        text = _spend(label, line.dollars_per_hour, line.budget, line.utilisation)
+        over = line.utilisation is not None and line.utilisation > 1
+        why = allowed.get((scope, name), ())
         if over and not why:
             findings.append(Finding(Verdict.FAIL, f"{text}: over budget"))
         else:
-            findings.append(Finding(Verdict.PASS, f"{text}{f' ({why})' if over else ''}"))
-    zones = {p.zone for p in pools}
-    for s in report.scopes:
-        if s.budget is None or (s.scope == "zone" and s.name not in zones):
-            continue
-        name = s.name if s.scope == s.name else f"{s.scope} {s.name}"  # "fleet", "zone us"
-        text = _spend(name, s.dollars_per_hour, s.budget, s.utilisation)
-        over = s.utilisation is not None and s.utilisation > 1
-        covered = [
-            f"{p.unit}: {_allowance(p)}"
-            for p in report.pools
-            if _allowance(p) and (s.scope != "zone" or p.zone == s.name)
-        ]
-        if over and not covered:
-            findings.append(Finding(Verdict.FAIL, f"{text}: over budget"))
-        else:
-            findings.append(
-                Finding(Verdict.PASS, text + (f" ({'; '.join(covered)})" if over else ""))
-            )
+            findings.append(Finding(Verdict.PASS, text + (f" ({'; '.join(why)})" if over else "")))
     return findings
 
 
 PROM_BUDGET_DAYS = 7  # the window question 8 asks about
-PROM_BUDGET_QUERY = "max_over_time(tectonic_budget_utilisation[7d]) by scope and name"
+PROM_BUDGET_QUERY = (
+    "max_over_time(tectonic_budget_utilisation[7d]) by scope and name, and the same "
+    "unless tectonic_budget_allowed == 1"
+)
 
 
 def week_findings(
@@ -1054,9 +1044,10 @@ def week_findings(
     """The highest utilisation in the last 7 days of each budgeted scope question 8
     judges now (``wanted``'s pools, their zones, the fleet), as Prometheus holds it,
     with how far back it could see. Over 1 (spend over the budget) fails, as it does
-    now; a lift or a failover's allowance then is not in what doctor reads, so the
-    evidence says the peak and the todo where to look. A scope with a budget that
-    Prometheus holds nothing of is UNKNOWN (the leader is not scraped, or is older)."""
+    now, unless a lift or a failover's allowance let it then (the leader's
+    ``tectonic_budget_allowed``): the evidence then says the peak was allowed. A scope
+    with a budget that Prometheus holds nothing of is UNKNOWN (the leader is not
+    scraped, or is older)."""
     pools = [p for p in report.pools if p.unit in wanted]
     scopes = [("pool", p.unit) for p in pools if p.budget is not None]
     zones = {p.zone for p in pools}
@@ -1079,18 +1070,26 @@ def week_findings(
             )
             continue
         seen = f"the {span_text(b.seen_s)} Prometheus holds (of {PROM_BUDGET_DAYS}d asked)"
-        over = b.max_utilisation > 1
-        findings.append(
-            Finding(
-                Verdict.FAIL if over else Verdict.PASS,
-                f"{label}: at most {b.max_utilisation:.0%} of its budget in {seen}"
-                + (
-                    ": over budget (a lift or a failover's allowance then is not known here)"
-                    if over
-                    else ""
-                ),
+        unallowed = b.max_utilisation if b.max_unallowed is None else b.max_unallowed
+        text = f"{label}: at most {b.max_utilisation:.0%} of its budget in {seen}"
+        if unallowed > 1:
+            why = (
+                f"{unallowed:.0%} with no lift or failover's allowance"
+                if b.max_unallowed is not None
+                else "no tectonic_budget_allowed (an older leader): a lift or a failover's "
+                "allowance then is not known"
             )
-        )
+            findings.append(Finding(Verdict.FAIL, f"{text}: over budget, {why}"))
+        elif b.max_utilisation > 1:
+            findings.append(
+                Finding(
+                    Verdict.PASS,
+                    f"{text}: over budget only under a lift or a failover's allowance "
+                    f"(at most {unallowed:.0%} otherwise)",
+                )
+            )
+        else:
+            findings.append(Finding(Verdict.PASS, text))
     return findings
 
 
@@ -1103,7 +1102,7 @@ def check_budget(f: Facts) -> Line:
                 "restore the alerts TectonicBudgetBinding and TectonicPoolEfficiencyLow in the "
                 "rules Prometheus loads; for a scope over budget see runbooks/budget-binding.md "
                 "(raise the budget, or failoverctl cost lift POOL -r WHY); a peak over the "
-                "budget in the last week that a lift or a failover allowed: see the audit log"
+                "budget in the last week: the audit log says what spent it"
             )
         return "pass --rules PATH (the rules Prometheus loads), and check GetCost answers" + (
             "; make --prometheus answer (and scrape the leader)" if f.prom is not None else ""

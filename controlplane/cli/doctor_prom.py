@@ -9,7 +9,9 @@ turned into :class:`~controlplane.cli.doctor.PromFacts`; the judging is
   (``region`` is the agent's unit; ``kind="resume"``, IDLE -> ACTIVE, is not a cold
   start and is left out, as the agent's own p95 leaves it out);
 * 8: each pool's, zone's and the fleet's highest budget utilisation in the last 7 days,
-  from the leader's gauge ``tectonic_budget_utilisation{scope, name}``.
+  from the leader's gauge ``tectonic_budget_utilisation{scope, name}``, and the highest
+  while no lift or failover's allowance let the scope spend past its budget (its gauge
+  ``tectonic_budget_allowed`` not 1).
 
 Each comes with how far back Prometheus's samples of it go (:func:`seen_query`): its
 retention, or when it started scraping, may hold far less than the window asked. A
@@ -30,6 +32,7 @@ from controlplane.cli.doctor import PromActivation, PromBudget, PromFacts
 
 ACTIVATION = "tectonic_agent_pool_activation_duration_seconds"
 BUDGET = "tectonic_budget_utilisation"
+ALLOWED = "tectonic_budget_allowed"
 ACTIVATION_WINDOW, BUDGET_WINDOW = "90d", "7d"
 WAKES = f'{ACTIVATION}_count{{kind="wake"}}'
 
@@ -62,6 +65,19 @@ ACTIVATION_SEEN = seen_query(WAKES, "region", ACTIVATION_WINDOW, "1h")
 # 8: the week's peak per scope (several leaders over the week: the highest of theirs)
 BUDGET_MAX = f"max by (scope, name) (max_over_time({BUDGET}[{BUDGET_WINDOW}]))"
 BUDGET_SEEN = seen_query(BUDGET, "scope, name", BUDGET_WINDOW, "10m")
+# the peak while nothing allowed spending past the budget: the gauge where the leader's
+# tectonic_budget_allowed is not 1, sampled by a subquery (1 min steps over the week,
+# and 1 s over the last hour, as seen_query does: a coarse step misses what is younger
+# than it). With no tectonic_budget_allowed at all (an older leader) ``unless`` keeps
+# every sample, and BUDGET_ALLOWED_SEEN says the gauge was not there to judge by.
+_UNALLOWED = f"({BUDGET} unless on (scope, name) ({ALLOWED} == 1))"
+_COARSE = f"max_over_time({_UNALLOWED}[{BUDGET_WINDOW}:1m])"
+_FINE = f"max_over_time({_UNALLOWED}[1h:1s])"
+BUDGET_MAX_UNALLOWED = (
+    f'max by (scope, name) (label_replace({_COARSE}, "doctor_step", "coarse", "", "") or '
+    f'label_replace({_FINE}, "doctor_step", "fine", "", ""))'
+)
+BUDGET_ALLOWED_SEEN = f"max by (scope, name) (max_over_time({ALLOWED}[{BUDGET_WINDOW}]))"
 
 
 class PromError(Exception):
@@ -123,10 +139,23 @@ def read_budget(url: str, timeout_s: float) -> dict[tuple[str, str], PromBudget]
             (m.get("scope", ""), m.get("name", "")): v
             for m, v in query(url, BUDGET_SEEN, timeout_s)
         }
+        unallowed = {
+            (m.get("scope", ""), m.get("name", "")): v
+            for m, v in query(url, BUDGET_MAX_UNALLOWED, timeout_s)
+        }
+        judged = {
+            (m.get("scope", ""), m.get("name", ""))
+            for m, _ in query(url, BUDGET_ALLOWED_SEEN, timeout_s)
+        }
     except PromError as e:
         return str(e)
     return {
-        key: PromBudget(max_utilisation=v, seen_s=_value(seen.get(key, math.nan)))
+        key: PromBudget(
+            max_utilisation=v,
+            seen_s=_value(seen.get(key, math.nan)),
+            # every sample under an allowance: 0 outside one; no gauge at all: not known
+            max_unallowed=_value(unallowed.get(key, 0.0)) if key in judged else None,
+        )
         for key, v in peak.items()
         if _value(v) is not None
     }

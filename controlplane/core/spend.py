@@ -435,6 +435,11 @@ class PoolCost(Frozen):
     ends_at: float | None = None
     short_at_end: int = 0
 
+    def allowance(self) -> str:
+        """Why this pool may spend past its budgets now ("": it may not): an operator's
+        lift, or a failover target within ``failover_allowance_s`` (the scaler's note)."""
+        return self.lift.describe() if self.lift is not None else self.exempt
+
 
 class ScopeCost(Frozen):
     scope: str  # zone or fleet
@@ -450,6 +455,25 @@ class CostReport(Frozen):
     at: float
     pools: tuple[PoolCost, ...]
     scopes: tuple[ScopeCost, ...]
+
+
+def allowed_scopes(report: CostReport) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Each budgeted scope, (scope, name) as the metrics label it, and what lets it
+    spend past its budget now: its pool's allowance; a zone's or the fleet's, those of
+    its pools ("<unit>: <why>"). Empty: nothing does."""
+    out: dict[tuple[str, str], tuple[str, ...]] = {
+        ("pool", p.unit): (p.allowance(),) if p.allowance() else ()
+        for p in report.pools
+        if p.budget is not None
+    }
+    for s in report.scopes:
+        if s.budget is not None:
+            out[(s.scope, s.name)] = tuple(
+                f"{p.unit}: {p.allowance()}"
+                for p in report.pools
+                if p.allowance() and (s.scope != "zone" or p.zone == s.name)
+            )
+    return out
 
 
 def cost_report(snap: Snapshot, topology: Topology) -> CostReport | None:

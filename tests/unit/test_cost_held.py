@@ -12,7 +12,16 @@ from rich.console import Console
 from controlplane.cli.cost_cmds import cost_tables
 from controlplane.core.scale_tick import pool_budget
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
-from controlplane.core.spend import CostReport, Held, budget_for, cost_report, held_spend
+from controlplane.core.spend import (
+    CostReport,
+    Held,
+    PoolCost,
+    ScopeCost,
+    allowed_scopes,
+    budget_for,
+    cost_report,
+    held_spend,
+)
 from controlplane.kernel.clock import FakeClock
 from controlplane.kernel.codec import decode, encode
 from controlplane.kernel.model import RegionHealth, RegionRecord
@@ -147,9 +156,15 @@ def test_the_leader_hands_the_budget_what_the_pool_holds() -> None:
 
 def test_pool_members_carry_the_held_counts_and_refuse_bad_ones() -> None:
     m = PoolMembers(
-        region="eu", active=("http://a",), warm=3, idle=1, warm_kept=2, launching=2, at=1.0,
+        region="eu",
+        active=("http://a",),
+        warm=3,
+        idle=1,
+        warm_kept=2,
+        launching=2,
+        at=1.0,
         agent="agent:eu",
-    )  # fmt: skip
+    )
     assert decode(PoolMembers, encode(m)) == m
     plain = PoolMembers(region="eu", active=(), warm=0, at=1.0, agent="agent:eu")
     # zero counts are left out: a reader of the older shape still reads the value
@@ -236,3 +251,44 @@ def test_cost_show_says_when_an_allowance_ends_and_when_a_pool_is_over() -> None
     assert "cutting 3 ACTIVE then" in text
     assert "over the budget: WARM beyond the sizes stops at once" in text
     assert decode(CostReport, encode(report)) == report  # what GetCost carries, read back
+
+
+def test_allowed_scopes_name_what_lets_each_budgeted_scope_spend_past_it() -> None:
+    """A pool's own lift or failover allowance; a zone's or the fleet's: its pools'
+    (what tectonic_budget_allowed exports and doctor judges a week's peak by)."""
+
+    def pool(unit: str, zone: str, exempt: str = "", budget: float | None = 10.0) -> PoolCost:
+        return PoolCost(
+            unit=unit,
+            zone=zone,
+            active=1,
+            warm=0,
+            lent=0,
+            dollars_per_hour=12.0,
+            budget=budget,
+            utilisation=None if budget is None else 1.2,
+            efficiency=None,
+            exempt=exempt,
+        )
+
+    report = CostReport(
+        at=0.0,
+        pools=(
+            pool("us-east", "us", exempt="failover target from eu-west"),
+            pool("us-west", "us"),
+            pool("eu-west", "eu", budget=None),
+        ),
+        scopes=(
+            ScopeCost(scope="zone", name="us", dollars_per_hour=24.0, budget=20.0, utilisation=1.2),
+            ScopeCost(scope="zone", name="eu", dollars_per_hour=12.0, budget=20.0, utilisation=0.6),
+            ScopeCost(
+                scope="fleet", name="fleet", dollars_per_hour=36.0, budget=None, utilisation=None
+            ),
+        ),
+    )
+    assert allowed_scopes(report) == {
+        ("pool", "us-east"): ("failover target from eu-west",),
+        ("pool", "us-west"): (),
+        ("zone", "us"): ("us-east: failover target from eu-west",),
+        ("zone", "eu"): (),
+    }  # no budget, no line: eu-west's pool and the fleet

@@ -824,6 +824,21 @@ def test_budget_week_from_prometheus_fails_over_one() -> None:
     bad = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=over)))
     assert bad.verdict is V.FAIL and "east: at most 130% of its budget" in bad.evidence
     assert "over budget" in bad.evidence and "audit" in bad.todo
+    assert "not known" in bad.evidence  # no tectonic_budget_allowed: an older leader
+    # the same peak while a lift or a failover's allowance let it: a pass that says so
+    allowed = dict(under) | {
+        ("pool", "east"): d.PromBudget(max_utilisation=1.3, seen_s=DAY, max_unallowed=0.9)
+    }
+    ok = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=allowed)))
+    assert ok.verdict is V.PASS, ok.evidence
+    assert "east: at most 130% of its budget" in ok.evidence
+    assert "only under a lift or a failover's allowance (at most 90% otherwise)" in ok.evidence
+    # over it outside any allowance too: a fail that says how far
+    both = dict(under) | {
+        ("pool", "east"): d.PromBudget(max_utilisation=1.3, seen_s=DAY, max_unallowed=1.1)
+    }
+    no = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=both)))
+    assert no.verdict is V.FAIL and "110% with no lift or failover's allowance" in no.evidence
     # a budgeted scope Prometheus holds nothing of: not a pass
     missing = {k: v for k, v in under.items() if k != ("fleet", "fleet")}
     gap = d.check_budget(facts(cost=report, rules=RULES, prom=prom(budget=missing)))

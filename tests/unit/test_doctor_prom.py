@@ -5,6 +5,7 @@ crash. (A real Prometheus: tests/integration/test_failoverctl_doctor_prometheus.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from controlplane.cli import doctor_prom as dp
+from controlplane.cli.doctor import PromBudget
 
 
 def vector(*series: tuple[dict[str, str], str]) -> dict[str, object]:
@@ -64,6 +66,30 @@ def test_answers_parsed_and_an_error_is_a_reason(url: str) -> None:
     assert got.budget == "bad_data: parse error"
 
 
+def test_the_weeks_peak_with_and_without_the_allowances(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """east: 130 % at its peak, 90 % outside its allowances; the fleet: every sample
+    allowed (none outside: 0); zone us: no tectonic_budget_allowed (an older leader)."""
+    s = (
+        {"scope": "pool", "name": "east"},
+        {"scope": "fleet", "name": "fleet"},
+        {"scope": "zone", "name": "us"},
+    )
+    answers = ANSWERS | {
+        dp.BUDGET_MAX: (200, vector((s[0], "1.3"), (s[1], "1.1"), (s[2], "1.2"))),
+        dp.BUDGET_SEEN: (200, vector((s[0], "600"))),
+        dp.BUDGET_MAX_UNALLOWED: (200, vector((s[0], "0.9"), (s[2], "1.2"))),
+        dp.BUDGET_ALLOWED_SEEN: (200, vector((s[0], "1"), (s[1], "1"))),
+    }
+    monkeypatch.setattr(sys.modules[__name__], "ANSWERS", answers)
+    got = dp.read_budget(url, 2.0)
+    assert not isinstance(got, str)
+    assert got[("pool", "east")] == PromBudget(1.3, 600.0, max_unallowed=0.9)
+    assert got[("fleet", "fleet")] == PromBudget(1.1, None, max_unallowed=0.0)
+    assert got[("zone", "us")] == PromBudget(1.2, None, max_unallowed=None)
+
+
 def test_unreachable_is_a_reason_for_both() -> None:
     got = dp.read_prometheus("http://127.0.0.1:1", 1.0)
     assert isinstance(got.activation, str) and got.activation.startswith("unreachable")
@@ -75,4 +101,9 @@ def test_the_queries_read_the_metrics_the_agent_and_leader_export() -> None:
         dp.ACTIVATION_P95
     )
     assert dp.BUDGET_MAX == "max by (scope, name) (max_over_time(tectonic_budget_utilisation[7d]))"
+    unallowed = (
+        "(tectonic_budget_utilisation unless on (scope, name) (tectonic_budget_allowed == 1))"
+    )
+    assert f"max_over_time({unallowed}[7d:1m])" in dp.BUDGET_MAX_UNALLOWED
+    assert f"max_over_time({unallowed}[1h:1s])" in dp.BUDGET_MAX_UNALLOWED
     assert "[90d:1h]" in dp.ACTIVATION_SEEN and "[1h:1s]" in dp.ACTIVATION_SEEN
