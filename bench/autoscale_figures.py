@@ -127,7 +127,8 @@ def scenario_goals(policies: Mapping[str, Mapping[str, object]]) -> dict[str, ob
     peer's, at the default price sheet)."""
     t = policies["tectonic"]
     att, cost = float(t["slo_attainment"]), float(t["cost_over_oracle"])  # type: ignore[arg-type]
-    behind = {}
+    floor = policies.get("oracle", {}).get("causal_floor_cost_over_oracle")
+    behind, out_of_reach = {}, {}
     for name, p in peer_entries(policies).items():
         p_att, p_cost = float(p["slo_attainment"]), float(p["cost_over_oracle"])  # type: ignore[arg-type]
         why = []
@@ -137,13 +138,30 @@ def scenario_goals(policies: Mapping[str, Mapping[str, object]]) -> dict[str, ob
             why.append(f"cost {cost:.3f} > {p_cost:.3f} of the oracle's")
         if why:
             behind[name] = "; ".join(why)
+        # behind on cost alone, to a peer that misses the SLO for less than meeting it
+        # costs: the oracle's schedule (1), or the causal floor for the burst planned for
+        if att < p_att or cost <= p_cost or p_att >= GOALS.slo_attainment:
+            continue
+        if p_cost < 1.0:
+            out_of_reach[name] = (
+                f"its cost {p_cost:.3f} is under the oracle's (the cheapest schedule that "
+                f"meets the SLO), at attainment {p_att:.4f}"
+            )
+        elif isinstance(floor, float) and p_cost < floor:
+            out_of_reach[name] = (
+                f"its cost {p_cost:.3f} is under the causal floor {floor:.3f} (the oracle's "
+                f"and the standby for the burst planned for), at attainment {p_att:.4f}"
+            )
     p99 = t["p99_over_steady"]
     return {
         "p99_over_steady": isinstance(p99, float) and p99 <= GOALS.p99_over_steady,
         "slo_attainment": att >= GOALS.slo_attainment,
         "cost_over_oracle": cost <= GOALS.cost_over_oracle,
+        "cost_floor": floor,
         "ahead_of_peers": not behind,
         "behind": behind,
+        # no policy meeting the SLO (and planning for the burst) costs as little as these
+        "out_of_reach": out_of_reach,
     }
 
 
