@@ -155,13 +155,11 @@ async def first_hits(
     prefix's request elsewhere (the bounded-load rule)."""
     ours = {r.rstrip("/") for r in replicas}
 
-    async def seen_idle() -> bool:
-        return all(
-            b.load(r) == 0
-            for b in gw.balancers.values()
-            for r in b.replicas
-            if r.rstrip("/") in ours
-        )
+    async def seen_idle() -> bool:  # seen at all, too: a name no balancer holds never is
+        loads = [
+            b.load(r) for b in gw.balancers.values() for r in b.replicas if r.rstrip("/") in ours
+        ]
+        return bool(loads) and not any(loads)
 
     await until(seen_idle, within=20, every=0.05, what="the gateway to see the replicas idle")
     q0 = sum(await queries_of(http, replicas))
