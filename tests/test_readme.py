@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,7 @@ PORTS = (
     9103,
     9104,
 )
+BUSY_WAIT_S = 90.0  # for a port in the ephemeral range held by a passing connection
 RETRY_S = 45.0
 RETRY_CODES = (1, 3)
 FOLLOW_S = 3.0
@@ -116,6 +118,28 @@ def _busy(port: int) -> bool:
     return False
 
 
+def _holders(ports: list[int]) -> str:
+    """What `ss` says holds ``ports`` (empty if it cannot say)."""
+    try:
+        out = subprocess.run(["ss", "-tanp"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    marks = tuple(f":{p} " for p in ports)
+    return "\n".join(line for line in out.splitlines() if any(m in line for m in marks))
+
+
+def _wait_until_free(ports: tuple[int, ...]) -> list[int]:
+    """The README's ports still taken after BUSY_WAIT_S. Some lie in the kernel's
+    ephemeral range (50051-50064), where any outgoing connection may hold one a while as
+    its source port (seen in CI: 50064, with a suite of tests' connections about)."""
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        busy = [p for p in ports if _busy(p)]
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(1.0)
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTEST"))}
     # A reader's PATH: no venv active (the README activates it), the system's tools.
@@ -149,9 +173,12 @@ def _type(term: Terminal, command: str) -> Result:
 
 
 def test_running_it_yourself() -> None:
-    busy = [p for p in PORTS if _busy(p)]
+    busy = _wait_until_free(PORTS)
     if busy:
-        pytest.fail(f"the README's ports {busy} are taken on this machine; free them first")
+        pytest.fail(
+            f"the README's ports {busy} are taken on this machine; free them first\n"
+            + _holders(busy)
+        )
     shutil.rmtree(LOGS, ignore_errors=True)
     term = Terminal(ROOT, _env())
     ran: list[Result] = []

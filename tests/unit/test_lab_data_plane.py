@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -86,6 +88,25 @@ def test_reserved_ports_lie_below_the_ephemeral_range_and_are_free(
         monkeypatch.setattr(lab_ports, "_ephemeral_low", lambda: busy + 1)
         monkeypatch.setattr(lab_ports, "RESERVED_FLOOR", busy)
         assert reserved_port(set()) != busy  # no room left: a free port the usual way
+
+
+def test_a_port_another_process_chose_is_not_chosen_again_while_it_lives() -> None:
+    # Another process with the same luck (the same seed) chooses first and holds on.
+    code = (
+        "import random, sys; from chaos.lab.ports import reserved_port; "
+        "print(reserved_port(set(), random.Random(7)), flush=True); sys.stdin.read()"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None
+        theirs = int(other.stdout.readline())
+        assert reserved_port(set(), random.Random(7)) != theirs
+    finally:
+        other.communicate("", timeout=30)
+    # Gone, it holds nothing: a port this process had not held is ours to choose.
+    assert lab_ports._claim(theirs)
 
 
 class _Stop(Exception):
