@@ -554,7 +554,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="of the modelled capacity record: allowed = sustained / this (1.0: the "
-        "agents' load figure runs above the offered rate here, see bench/results/surge.md)",
+        "figures of the earlier runs; 1.5 and 2.0 measured in bench/results/surge.md)",
     )
     p.add_argument("--sample-s", type=float, default=1.0, help="s between replica counts (1)")
     p.add_argument("--seed", type=int, default=7)
