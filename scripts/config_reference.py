@@ -291,9 +291,10 @@ def _unit(name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return ""
     if name.endswith("_s"):
-        for unit, size in (("days", 86400), ("hours", 3600)):
+        for unit, size in (("day", 86400), ("hour", 3600)):
             if value >= size and value % size == 0:
-                return f" ({value / size:g} {unit})"
+                n = value / size
+                return f" ({n:g} {unit}{'' if n == 1 else 's'})"
     if name.endswith("_bytes"):
         for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
             if value >= size and value % size == 0:

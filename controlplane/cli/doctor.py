@@ -31,7 +31,12 @@ from controlplane.core.spend import CostReport, PoolCost, ScopeCost, allowed_sco
 from controlplane.kernel.capacity.record import CapacityRecord, critical_hit_rate
 from controlplane.kernel.drills import CAPACITY_PROBE
 from controlplane.kernel.pool.members import ACTIVATION_SPAN_SIGNAL, ACTIVATION_WAKES_SIGNAL
-from controlplane.kernel.pool.scale import ACTIVATION_RATE_SIGNAL, ACTIVATION_SIGNAL, ScaleRecord
+from controlplane.kernel.pool.scale import (
+    ACTIVATION_RATE_SIGNAL,
+    ACTIVATION_SIGNAL,
+    GuardLesson,
+    ScaleRecord,
+)
 from controlplane.kernel.pool.sizing import BurstProfile, check_pool
 
 DRILL_WINDOW_S = 7 * 86400.0  # a failover drill per region within this
@@ -948,9 +953,28 @@ def _capacity_finding(f: Facts, u: pb.RegionStatus) -> Finding:
             Verdict.FAIL,
             f"{u.name}: measured {when} on engine {b.engine_version}, it runs {running}",
         )
+    lesson = _guard_lesson(f, u.name)
+    if lesson is not None and (not b.HasField("measured_at") or lesson.at > b.measured_at):
+        return Finding(
+            Verdict.FAIL,
+            f"{u.name}: measured {when}, but since then the scaler's guard found "
+            f"{lesson.active} ACTIVE short at {lesson.load_rps:.3g} rps right after a "
+            f"scale-down ({age_text(f.now, lesson.at)}): a replica bears less than the "
+            "record says",
+        )
     return Finding(
         Verdict.PASS, f"{u.name}: measured {when} on engine {b.engine_version}, the one it runs"
     )
+
+
+def _guard_lesson(f: Facts, unit: str) -> GuardLesson | None:
+    """The guard's lesson in ``unit``'s scale record (core/guard_lesson.py), if any."""
+    if isinstance(f.scale, str):
+        return None
+    for p in f.scale.pools:
+        if p.unit == unit and not isinstance(r := _scale_record(p), str):
+            return r.lesson
+    return None
 
 
 def check_capacity(f: Facts) -> Line:

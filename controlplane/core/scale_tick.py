@@ -175,7 +175,9 @@ def _capacity(view: RegionView, topology: Topology, now: float) -> Capacity:
     record = bearing.record
     if bearing.source is CapacitySource.MEASURED and record is not None:
         eff, fos, effect = record.scaling_efficiency, record.factor_of_safety, record.effect
-        return Capacity(lambda h: effect.capacity(h) / fos * eff, "measured")
+        return Capacity(
+            lambda h: effect.capacity(h) / fos * eff, "measured", measured_at=record.measured_at
+        )
     n = max(1, view.active_replicas or 0)
     typed = topology.region(view.name).capacity_rps
     why = f"typed capacity_rps {typed:g} / {n} replicas"

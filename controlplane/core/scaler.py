@@ -17,7 +17,8 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
   over the SLO) asks for one replica more than serve now when the forecast missed, and
   forbids a scale-down;
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
-  a break, and then to the most it asked for in that window;
+  a break, and then to the most it asked for in that window; never back down to a size
+  the guard found short right after a scale-down, at that load (``core/guard_lesson.py``);
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
 - a pool being failed over is not scaled down: it must be ready to come back;
 - how far the forecasts missed a horizon later is kept in the record
@@ -30,7 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.core import forecast, forecast_error, zero
+from controlplane.core import forecast, forecast_error, guard_lesson, zero
 from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import (
     Direction,
@@ -68,6 +69,7 @@ class Capacity:
 
     per_replica: Callable[[float], float]
     source: str
+    measured_at: float | None = None  # when the record was measured (None: typed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ def size_pool(
     usual = _usual_hit(base, hit, seen, policy)
     horizon = max(policy.horizon, signals.activation_p95_s or 0.0)
     near, far = _ahead(state, load, policy, horizon)
+    lesson = guard_lesson.fresh(base.lesson, now, policy, capacity.measured_at)
     per = max(capacity.per_replica(hit), _EPS)
     need = _within(math.ceil(near.upper / per - _EPS), policy)
     longer = " (the measured wake p95)" if horizon > policy.horizon else ""
@@ -139,6 +142,18 @@ def size_pool(
             base, moving, need, near.upper, per, capacity, policy, now, reasons
         )
     guard = _guard(signals, ttft_slo_s, policy)
+    lesson = guard_lesson.learn(
+        lesson,
+        guard=guard,
+        guarded=bool(base.guard),
+        after_down=_just_down(base, now, policy),
+        asked=need,
+        serving=signals.active_now,
+        sized_for=near.upper,
+        hit_rate=hit,
+        now=now,
+        policy=policy,
+    )
     if guard:
         # one more than serves now: replicas still waking are the guard's last answer
         # (one more per tick while they wake would ratchet the pool to its maximum)
@@ -157,6 +172,12 @@ def size_pool(
     active, lower_since, window = _next_active(
         base, need, now, policy, hold_down=hold, reasons=reasons
     )
+    floor = guard_lesson.floor(lesson, near.upper)
+    if lesson is not None and floor and active < base.active and active < floor:
+        # the size the guard found missing at this load: not again (core/guard_lesson.py)
+        held = min(base.active, floor)
+        reasons.append(guard_lesson.reason(lesson, policy, wanted=active, held=held))
+        active = held
     if to_zero.may_sleep and not hold:
         # no load for the idle window (the band of a series at zero is noise, not load);
         # the window was the step's stable window
@@ -238,6 +259,7 @@ def size_pool(
             "forecast_due": missed.due,
             "forecast_error": missed.error,
             "forecast_error_samples": missed.samples,
+            "lesson": lesson,
         },
     )
 

@@ -27,7 +27,7 @@ from controlplane.kernel.capacity.record import (
 from controlplane.kernel.codec import encode
 from controlplane.kernel.ladder.file import load_ladder, parse_ladder
 from controlplane.kernel.pool.cost import BudgetLift
-from controlplane.kernel.pool.scale import ScaleRecord
+from controlplane.kernel.pool.scale import GuardLesson, ScaleRecord
 
 NOW = 1_800_000_000.0  # the fake clock
 DAY = 86400.0
@@ -507,6 +507,22 @@ def test_capacity_measured_of_the_engine_running_passes_stale_or_typed_fails() -
     assert line.verdict is V.FAIL and "east: stale: measured 20.0 days ago" in line.evidence
     upgraded = d.check_capacity(facts([unit(engine_version="0.11.0, 0.12.0")]))
     assert upgraded.verdict is V.FAIL and "it runs 0.11.0, 0.12.0" in upgraded.evidence
+
+
+def test_capacity_the_scalers_guard_found_short_since_its_probe_fails() -> None:
+    # the guard tripped right after a scale-down to 3, an hour after the probe (2 h ago)
+    lesson = GuardLesson(at=NOW - 3600, active=3, load_rps=80.0, hit_rate=0.5)
+    scale = with_scale(scale_record(lesson=lesson), scale_record("west"))
+    us = [unit(engine_version="0.11.0"), unit("west", engine_version="0.11.0")]
+    line = d.check_capacity(facts(us, scale=scale))
+    assert line.verdict is V.FAIL
+    assert "east: measured 2.0h ago, but since then the scaler's guard found 3 ACTIVE short" in (
+        line.evidence
+    )
+    assert "west: measured 2.0h ago on engine 0.11.0, the one it runs" in line.evidence
+    assert "failoverctl capacity probe" in line.todo
+    older = with_scale(scale_record(lesson=lesson.model_copy(update={"at": NOW - 9000})))
+    assert d.check_capacity(facts(us[:1], scale=older)).verdict is V.PASS  # probed since
 
 
 def test_capacity_not_compared_with_the_engine_running_is_unknown() -> None:

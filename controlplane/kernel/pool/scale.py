@@ -78,6 +78,19 @@ class Incoming(Frozen):
     baseline_rps: float = Field(ge=0)
 
 
+class GuardLesson(Frozen):
+    """What the reactive guard taught: it tripped soon after a scale-down to ``active``
+    ACTIVE replicas, sized for ``load_rps`` (the forecast's upper band then) at
+    ``hit_rate``, so that size misses at that load whatever the capacity record says.
+    While it holds, the scaler does not go back down to it at that load
+    (core/guard_lesson.py)."""
+
+    at: float  # when the guard tripped
+    active: int = Field(ge=1)
+    load_rps: float = Field(ge=0)
+    hit_rate: float = Field(ge=0, le=1)
+
+
 class ScaleRecord(Frozen):
     unit: str = Field(min_length=1)  # the failover unit: a region, or <region>.<pool>
     active: int = Field(ge=0)  # replicas serving
@@ -119,6 +132,9 @@ class ScaleRecord(Frozen):
     forecast_due: tuple[tuple[float, float], ...] = Field((), max_length=8)
     forecast_error: float | None = Field(None, ge=0)
     forecast_error_samples: int = Field(0, ge=0)
+    # the reactive guard's lesson about the capacity (core/guard_lesson.py; None: none
+    # fresh): in the record so that a new leader does not go back to the size that missed
+    lesson: GuardLesson | None = None
 
     @property
     def asleep(self) -> bool:
@@ -223,6 +239,17 @@ class ScalingPolicy(Frozen):
             "replica whatever the forecast says",
         ),
     ] = 4.0
+    guard_lesson_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="when the guard trips soon after a scale-down, the size the "
+            "pool went down to misses at that load (the capacity record overstates what "
+            "a replica bears): for this long (or until the capacity is measured again) "
+            "the scaler does not go back down to it while the load is as high, instead "
+            "of missing once a stable window; 0: off",
+        ),
+    ] = 3600.0
     checkpoint_s: Annotated[
         float,
         Field(gt=0, description="the forecaster's state is written at least this often"),

@@ -1,0 +1,155 @@
+"""The reactive guard's lesson (controlplane/core/guard_lesson.py), on a fake clock: a
+capacity record that overstates what a replica bears makes the scaler go down to a size
+that misses once a stable window, for ever; the lesson stops the cycle, survives a
+leader change, and lets go when its time is over or the capacity is measured again."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from controlplane.core import guard_lesson
+from controlplane.core.scaler import Capacity, PoolSignals, size_pool
+from controlplane.kernel.pool.scale import GuardLesson, ScaleRecord, ScalingPolicy
+
+RATE = 60.0  # requests/s, flat
+TRUE_RPS = 10.0  # what a replica bears: 60 requests/s need 6
+RECORD = Capacity(lambda h: 14.3, "measured")  # 43 % over: the forecast asks for 5
+POLICY = ScalingPolicy(horizon_s=30, stable_window_s=120, burst_warm=0, max_active=16)
+
+
+@dataclass
+class Plant:
+    """A pool ticked once a second whose replicas bear ``TRUE_RPS`` each: what they
+    cannot serve queues, and the queue drains at what they bear beyond the load."""
+
+    policy: ScalingPolicy = POLICY
+    stored: ScaleRecord | None = None
+    memory: ScaleRecord | None = None
+    serving: int = 5
+    backlog: float = 0.0
+    sizes: list[tuple[float, int]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+
+    def tick(self, now: float) -> ScaleRecord:
+        load = max(0.0, self.rng.gauss(RATE, RATE**0.5))
+        self.backlog = max(0.0, self.backlog + load - TRUE_RPS * self.serving)
+        signals = PoolSignals(
+            observed_at=now,
+            load_rps=load,
+            hit_rate=0.0,
+            queue_depth=self.backlog,
+            ttft_p99_s=None,
+            active_now=self.serving,
+        )
+        sized = size_pool(
+            "east",
+            self.stored,
+            signals,
+            RECORD,
+            self.policy,
+            now=now,
+            ttft_slo_s=2.0,
+            memory=self.memory,
+        )
+        self.memory = sized.record
+        if sized.due:
+            self.stored = sized.record
+        if sized.record.active != self.serving:
+            self.sizes.append((now, sized.record.active))
+        self.serving = sized.record.active
+        return sized.record
+
+    def run(self, start: float, end: float) -> None:
+        for t in range(int(start), int(end)):
+            self.tick(float(t))
+
+
+def downs(plant: Plant, since: float = 0.0) -> int:
+    before = [5] + [n for _, n in plant.sizes]
+    return sum(
+        1 for (t, n), last in zip(plant.sizes, before, strict=False) if t >= since and n < last
+    )
+
+
+def test_an_overstated_record_cycles_for_ever_without_the_lesson() -> None:
+    plant = Plant(policy=POLICY.model_copy(update={"guard_lesson_s": 0.0}))
+    plant.run(0, 3600)
+    assert downs(plant, since=1800) >= 5  # one scale-down a window, and the guard again
+    assert plant.memory is not None and plant.memory.lesson is None
+
+
+def test_the_guard_s_lesson_stops_the_cycle_and_a_new_leader_keeps_it() -> None:
+    plant = Plant()
+    plant.run(0, 1800)
+    rec = plant.memory
+    assert rec is not None and rec.lesson is not None
+    assert rec.lesson.active >= 5 and rec.lesson.load_rps > RATE * 0.9
+    settled = plant.serving
+    assert settled >= 6  # one over the size that missed: what the load needs
+    early = downs(plant)
+    assert early <= 3, plant.sizes  # one down per size that missed, then none
+    # a new leader: only what etcd holds, nothing of the old leader's memory
+    plant.memory = None
+    plant.run(1800, 3600)
+    assert downs(plant, since=1800) == 0, plant.sizes
+    assert plant.serving == settled  # never back down to a size that missed
+    assert plant.memory is not None
+    said = [r for r in plant.memory.reasons if r.startswith("guard's lesson")]
+    assert said and f"so {settled} ACTIVE, not 5" in said[0], plant.memory.reasons
+
+
+LESSON = GuardLesson(at=100.0, active=5, load_rps=63.0, hit_rate=0.0)
+
+
+def test_a_lesson_holds_for_its_time_and_until_the_capacity_is_measured_again() -> None:
+    assert guard_lesson.fresh(LESSON, 100.0 + POLICY.guard_lesson_s, POLICY, None) == LESSON
+    assert guard_lesson.fresh(LESSON, 101.0 + POLICY.guard_lesson_s, POLICY, None) is None
+    assert guard_lesson.fresh(LESSON, 200.0, POLICY, measured_at=50.0) == LESSON
+    assert guard_lesson.fresh(LESSON, 200.0, POLICY, measured_at=150.0) is None  # re-probed
+    off = POLICY.model_copy(update={"guard_lesson_s": 0.0})
+    assert guard_lesson.fresh(LESSON, 101.0, off, None) is None
+
+
+def test_a_lesson_floors_a_scale_down_only_at_a_load_as_high() -> None:
+    assert guard_lesson.floor(LESSON, 63.0) == 6
+    assert guard_lesson.floor(LESSON, 63.0 * (1 - guard_lesson.TOLERANCE)) == 6
+    assert guard_lesson.floor(LESSON, 63.0 * (1 - guard_lesson.TOLERANCE) - 0.01) == 0
+    assert guard_lesson.floor(None, 1000.0) == 0
+
+
+def _learn(**kw: object) -> GuardLesson | None:
+    args: dict[str, object] = {
+        "guard": "5 waiting per replica > 4",
+        "guarded": False,
+        "after_down": True,
+        "asked": 5,
+        "serving": 5,
+        "sized_for": 63.0,
+        "hit_rate": 0.0,
+        "now": 100.0,
+        "policy": POLICY,
+    }
+    args.update(kw)
+    return guard_lesson.learn(None, **args)  # type: ignore[arg-type]
+
+
+def test_only_a_trip_that_starts_an_episode_soon_after_a_scale_down_teaches() -> None:
+    assert _learn() == LESSON
+    assert _learn(guard="") is None  # no trip
+    assert _learn(guarded=True) is None  # the same episode: its queue draining
+    assert _learn(after_down=False) is None  # a pool near its rate, not a size that missed
+    assert _learn(serving=4) is None  # short of what the forecast asked: replicas waking
+    newer = guard_lesson.learn(
+        LESSON,
+        guard="x",
+        guarded=False,
+        after_down=True,
+        asked=6,
+        serving=6,
+        sized_for=64.0,
+        hit_rate=0.1,
+        now=500.0,
+        policy=POLICY,
+    )
+    assert newer == GuardLesson(at=500.0, active=6, load_rps=64.0, hit_rate=0.1)
