@@ -6,7 +6,7 @@ replica bears (the workload changed since the probe: longer prompts, another tem
 the forecast asks for too few, queues build, the guard adds one, the stable window
 passes, the forecast asks for the same too few again, and the guard trips again: one
 scale-down and one guard a stable window, for as long as the load lasts (at a capacity
-43 % over, 63 size changes in 30 minutes of a flat load: docs/scaling.md).
+43 % over, 47 size changes in 30 minutes of a flat load: docs/scaling.md).
 
 The evidence is the first half of that cycle: the guard tripping within a stable window
 of a scale-down, while the pool had every ACTIVE replica the forecast asked for. Only

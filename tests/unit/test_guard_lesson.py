@@ -118,7 +118,7 @@ def test_a_lesson_floors_a_scale_down_only_at_a_load_as_high() -> None:
     assert guard_lesson.floor(None, 1000.0) == 0
 
 
-def _learn(**kw: object) -> GuardLesson | None:
+def _learn(last: GuardLesson | None = None, **kw: object) -> GuardLesson | None:
     args: dict[str, object] = {
         "guard": "5 waiting per replica > 4",
         "guarded": False,
@@ -131,7 +131,7 @@ def _learn(**kw: object) -> GuardLesson | None:
         "policy": POLICY,
     }
     args.update(kw)
-    return guard_lesson.learn(None, **args)  # type: ignore[arg-type]
+    return guard_lesson.learn(last, **args)  # type: ignore[arg-type]
 
 
 def test_only_a_trip_that_starts_an_episode_soon_after_a_scale_down_teaches() -> None:
@@ -140,16 +140,5 @@ def test_only_a_trip_that_starts_an_episode_soon_after_a_scale_down_teaches() ->
     assert _learn(guarded=True) is None  # the same episode: its queue draining
     assert _learn(after_down=False) is None  # a pool near its rate, not a size that missed
     assert _learn(serving=4) is None  # short of what the forecast asked: replicas waking
-    newer = guard_lesson.learn(
-        LESSON,
-        guard="x",
-        guarded=False,
-        after_down=True,
-        asked=6,
-        serving=6,
-        sized_for=64.0,
-        hit_rate=0.1,
-        now=500.0,
-        policy=POLICY,
-    )
-    assert newer == GuardLesson(at=500.0, active=6, load_rps=64.0, hit_rate=0.1)
+    newer = _learn(LESSON, asked=6, serving=6, sized_for=64.0, hit_rate=0.1, now=500.0)
+    assert newer == GuardLesson(at=500.0, active=6, load_rps=64.0, hit_rate=0.1)  # replaces
