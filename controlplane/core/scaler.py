@@ -146,7 +146,8 @@ def size_pool(
         lesson,
         guard=guard,
         guarded=bool(base.guard),
-        after_down=_just_down(base, now, policy),
+        # ACTIVE went down within a stable window (changed_at moves with WARM too)
+        after_down=base.down_at is not None and now - base.down_at < policy.stable_window_s,
         asked=need,
         serving=signals.active_now,
         sized_for=near.upper,
@@ -468,9 +469,10 @@ def _settle(
     update: dict[str, object],
 ) -> Sized:
     changed = stored is None or (active, warm) != (stored.active, stored.warm)
-    direction = base.direction
+    direction, down_at = base.direction, base.down_at
     if stored is not None and active != stored.active:
         direction = Direction.UP if active > stored.active else Direction.DOWN
+        down_at = now if direction is Direction.DOWN else down_at
     record = base.model_copy(
         update={
             "active": active,
@@ -478,6 +480,7 @@ def _settle(
             "decided_at": now,
             "changed_at": now if changed else (stored or base).changed_at,
             "direction": direction,
+            "down_at": down_at,
             "reasons": reasons,
             **update,
         }

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from controlplane.core import guard_lesson
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
-from controlplane.kernel.pool.scale import GuardLesson, ScaleRecord, ScalingPolicy
+from controlplane.kernel.pool.scale import Direction, GuardLesson, ScaleRecord, ScalingPolicy
 
 RATE = 60.0  # requests/s, flat
 TRUE_RPS = 10.0  # what a replica bears: 60 requests/s need 6
@@ -142,3 +142,33 @@ def test_only_a_trip_that_starts_an_episode_soon_after_a_scale_down_teaches() ->
     assert _learn(serving=4) is None  # short of what the forecast asked: replicas waking
     newer = _learn(LESSON, asked=6, serving=6, sized_for=64.0, hit_rate=0.1, now=500.0)
     assert newer == GuardLesson(at=500.0, active=6, load_rps=64.0, hit_rate=0.1)  # replaces
+
+
+def _tripped(down_at: float) -> ScaleRecord:
+    """One tick whose guard trips (20 waiting per replica) on a pool at the 5 replicas
+    the forecast asks for, 5 s after a WARM change; ACTIVE last went down at
+    ``down_at``."""
+    stored = ScaleRecord(
+        unit="east",
+        active=5,
+        warm=2,
+        decided_at=999.0,
+        changed_at=995.0,
+        direction=Direction.DOWN,
+        down_at=down_at,
+    )
+    signals = PoolSignals(
+        observed_at=1000.0,
+        load_rps=RATE,
+        hit_rate=0.0,
+        queue_depth=100.0,
+        ttft_p99_s=None,
+        active_now=5,
+    )
+    return size_pool("east", stored, signals, RECORD, POLICY, now=1000.0, ttft_slo_s=2.0).record
+
+
+def test_a_trip_long_after_the_last_scale_down_teaches_nothing_whatever_warm_did() -> None:
+    assert _tripped(down_at=990.0).lesson is not None  # 10 s after going down to 5
+    # down 500 s ago: the WARM change 5 s ago is no scale-down
+    assert _tripped(down_at=500.0).lesson is None

@@ -98,6 +98,7 @@ class ScaleRecord(Frozen):
     decided_at: float
     changed_at: float  # when active or warm last changed
     direction: Direction = Direction.HOLD  # of the last change
+    down_at: float | None = None  # when ACTIVE last went down (None: never)
     reasons: tuple[str, ...] = ()
     # What it sized on, for status, failoverctl, the dashboard and metrics (None: the
     # signal was dark): the load reported, the forecast a horizon ahead and its upper
