@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from controlplane.core import guard_lesson
 from controlplane.core.scaler import Capacity, PoolSignals, size_pool
 from controlplane.kernel.pool.scale import Direction, GuardLesson, ScaleRecord, ScalingPolicy
+from tests.unit.test_scaler import Pool
 
 RATE = 60.0  # requests/s, flat
 TRUE_RPS = 10.0  # what a replica bears: 60 requests/s need 6
@@ -20,45 +21,26 @@ POLICY = ScalingPolicy(horizon_s=30, stable_window_s=120, burst_warm=0, max_acti
 
 @dataclass
 class Plant:
-    """A pool ticked once a second whose replicas bear ``TRUE_RPS`` each: what they
-    cannot serve queues, and the queue drains at what they bear beyond the load."""
+    """test_scaler's ``Pool`` (ticked once a second as the leader does) over replicas that
+    bear ``TRUE_RPS`` each: what they cannot serve queues, and the queue drains at what
+    they bear beyond the load."""
 
-    policy: ScalingPolicy = POLICY
-    stored: ScaleRecord | None = None
-    memory: ScaleRecord | None = None
-    serving: int = 5
+    pool: Pool = field(default_factory=lambda: Pool(policy=POLICY, capacity=RECORD, active_now=5))
     backlog: float = 0.0
     sizes: list[tuple[float, int]] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(7))
 
-    def tick(self, now: float) -> ScaleRecord:
+    @property
+    def serving(self) -> int:
+        return self.pool.active_now
+
+    def tick(self, now: float) -> None:
         load = max(0.0, self.rng.gauss(RATE, RATE**0.5))
         self.backlog = max(0.0, self.backlog + load - TRUE_RPS * self.serving)
-        signals = PoolSignals(
-            observed_at=now,
-            load_rps=load,
-            hit_rate=0.0,
-            queue_depth=self.backlog,
-            ttft_p99_s=None,
-            active_now=self.serving,
-        )
-        sized = size_pool(
-            "east",
-            self.stored,
-            signals,
-            RECORD,
-            self.policy,
-            now=now,
-            ttft_slo_s=2.0,
-            memory=self.memory,
-        )
-        self.memory = sized.record
-        if sized.due:
-            self.stored = sized.record
-        if sized.record.active != self.serving:
-            self.sizes.append((now, sized.record.active))
-        self.serving = sized.record.active
-        return sized.record
+        before = self.serving
+        record = self.pool.tick(now, load, queue=self.backlog)
+        if record.active != before:
+            self.sizes.append((now, record.active))
 
     def run(self, start: float, end: float) -> None:
         for t in range(int(start), int(end)):
@@ -73,16 +55,17 @@ def downs(plant: Plant, since: float = 0.0) -> int:
 
 
 def test_an_overstated_record_cycles_for_ever_without_the_lesson() -> None:
-    plant = Plant(policy=POLICY.model_copy(update={"guard_lesson_s": 0.0}))
+    off = POLICY.model_copy(update={"guard_lesson_s": 0.0})
+    plant = Plant(pool=Pool(policy=off, capacity=RECORD, active_now=5))
     plant.run(0, 3600)
     assert downs(plant, since=1800) >= 5  # one scale-down a window, and the guard again
-    assert plant.memory is not None and plant.memory.lesson is None
+    assert plant.pool.memory is not None and plant.pool.memory.lesson is None
 
 
 def test_the_guard_s_lesson_stops_the_cycle_and_a_new_leader_keeps_it() -> None:
     plant = Plant()
     plant.run(0, 1800)
-    rec = plant.memory
+    rec = plant.pool.memory
     assert rec is not None and rec.lesson is not None
     assert rec.lesson.active >= 5 and rec.lesson.load_rps > RATE * 0.9
     settled = plant.serving
@@ -90,13 +73,13 @@ def test_the_guard_s_lesson_stops_the_cycle_and_a_new_leader_keeps_it() -> None:
     early = downs(plant)
     assert early <= 3, plant.sizes  # one down per size that missed, then none
     # a new leader: only what etcd holds, nothing of the old leader's memory
-    plant.memory = None
+    plant.pool.memory = None
     plant.run(1800, 3600)
     assert downs(plant, since=1800) == 0, plant.sizes
     assert plant.serving == settled  # never back down to a size that missed
-    assert plant.memory is not None
-    said = [r for r in plant.memory.reasons if r.startswith("guard's lesson")]
-    assert said and f"so {settled} ACTIVE, not 5" in said[0], plant.memory.reasons
+    assert plant.pool.memory is not None
+    said = [r for r in plant.pool.memory.reasons if r.startswith("guard's lesson")]
+    assert said and f"so {settled} ACTIVE, not 5" in said[0], plant.pool.memory.reasons
 
 
 LESSON = GuardLesson(at=100.0, active=5, load_rps=63.0, hit_rate=0.0)
