@@ -146,8 +146,7 @@ def size_pool(
         lesson,
         guard=guard,
         guarded=bool(base.guard),
-        # ACTIVE went down within a stable window (changed_at moves with WARM too)
-        after_down=base.down_at is not None and now - base.down_at < policy.stable_window_s,
+        after_down=_went_down(base, now, policy),
         asked=need,
         serving=signals.active_now,
         sized_for=near.upper,
@@ -282,6 +281,14 @@ def _ahead(
 
 def _forecasting(state: ForecastState, policy: ScalingPolicy) -> bool:
     return policy.forecast and state.observations >= WARMUP
+
+
+def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
+    """ACTIVE's last change was down, within a stable window (``changed_at`` moves with
+    WARM too; a pool the guard has since raised did not go down to what serves now)."""
+    if base.direction is not Direction.DOWN or base.down_at is None:
+        return False
+    return now - base.down_at < policy.stable_window_s
 
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:

@@ -69,7 +69,9 @@ def test_the_guard_s_lesson_stops_the_cycle_and_a_new_leader_keeps_it() -> None:
     assert rec is not None and rec.lesson is not None
     assert rec.lesson.active >= 5 and rec.lesson.load_rps > RATE * 0.9
     settled = plant.serving
-    assert settled >= 6  # one over the size that missed: what the load needs
+    # one over the size that missed, 6: what 60 requests/s of 10 a replica need; not 8, as
+    # when a trip after the guard had raised the pool again counted as one after a down
+    assert settled == 7, plant.sizes
     early = downs(plant)
     assert early <= 3, plant.sizes  # one down per size that missed, then none
     # a new leader: only what etcd holds, nothing of the old leader's memory
