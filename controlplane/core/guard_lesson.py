@@ -9,7 +9,7 @@ scale-down and one guard a stable window, for as long as the load lasts (at a ca
 43 % over, 47 size changes in 30 minutes of a flat load: docs/scaling.md).
 
 The evidence is the first half of that cycle: the guard tripping within a stable window
-of a scale-down, while the pool had every ACTIVE replica the forecast asked for. Only
+of a scale-down, the pool not raised since, while the pool had every ACTIVE replica the forecast asked for. Only
 the trip that starts a guard episode counts (while the guard holds, the queue it found
 drains on the replicas it added). The lesson is the size that missed and the load it
 was sized for then (the forecast's upper band): while it holds, a scale-down stops one
