@@ -15,7 +15,10 @@ if [ "${TECTONIC_NO_VLLM:-0}" != "1" ] || [ -n "${CI:-}" ]; then
   VLLM_PID=$!
 fi
 scripts/setup.sh
-echo "==> ruff";  .venv/bin/ruff check . && .venv/bin/ruff format --check .
+# one command a line: under ``set -e`` a failure before ``&&`` does not stop the script
+echo "==> ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 echo "==> mypy";  .venv/bin/mypy
 echo "==> import layering"; .venv/bin/lint-imports
 if [ -n "$VLLM_PID" ]; then

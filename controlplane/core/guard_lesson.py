@@ -9,14 +9,15 @@ scale-down and one guard a stable window, for as long as the load lasts (at a ca
 43 % over, 47 size changes in 30 minutes of a flat load: docs/scaling.md).
 
 The evidence is the first half of that cycle: the guard tripping within a stable window
-of a scale-down, the pool not raised since, while the pool had every ACTIVE replica the forecast asked for. Only
-the trip that starts a guard episode counts (while the guard holds, the queue it found
-drains on the replicas it added). The lesson is the size that missed and the load it
-was sized for then (the forecast's upper band): while it holds, a scale-down stops one
-above that size as long as the load sized for is within ``TOLERANCE`` of it or more;
-below that, the size is tried again (and a miss there teaches anew). It holds for
-``scaling.guard_lesson_s`` after the trip, or until the capacity is measured again (a
-probe after the lesson answers the question it raises); a newer trip replaces it.
+of a scale-down, the pool not raised since, while the pool had every ACTIVE replica the
+forecast asked for. Only the trip that starts a guard episode counts (while the guard
+holds, the queue it found drains on the replicas it added). The lesson is the size that
+missed and the load it was sized for then (the forecast's upper band): while it holds, a
+scale-down stops one above that size as long as the load sized for is within
+``TOLERANCE`` of it or more; below that, the size is tried again (and a miss there
+teaches anew). It holds for ``scaling.guard_lesson_s`` after the trip, or until the
+capacity is measured again (a probe after the lesson answers the question it raises); a
+newer trip replaces it.
 
 A lesson neither scales the record nor raises a size: a pool whose record is right loses
 at most one replica's saving, at one load, for the lesson's time, after a burst that
