@@ -177,7 +177,10 @@ class Tectonic(Controller):
             return
         if r is None:
             return
-        if a.kind == "wake":
+        if a.kind == "cancel":  # a launch no longer wanted: paid only until now
+            sim.stop(r)
+            self.slots[a.replica] = None
+        elif a.kind == "wake":
             sim.wake(r)
         elif a.kind == "drain":
             sim.drain(r)

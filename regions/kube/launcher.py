@@ -25,6 +25,10 @@ StatefulSet), found through the EndpointSlices of the Service in front of them.
   ordinal (``name-<replicas-1>``). ``stop`` of that pod works; of any other it is refused
   (:class:`StopRefused`, a ``ReplicaError`` the pool logs and retries), since the scale-
   down would take a pod the pool did not choose. Prefer a Deployment for a pool.
+- A launch cancelled (the pool's targets fell while it waited) lowers ``replicas`` by
+  one again when a pod beyond those owned and awaited runs: the controller removes a
+  pod not ready first. A StatefulSet does so only when its highest ordinal is not the
+  pool's; else that pod stays for the next launch to take.
 - ``detach()`` (the agent shutting down): ``stop`` does nothing from then on. The pods
   outlive the agent (as a static pool's do) and the next agent takes them over.
 
@@ -95,7 +99,34 @@ class KubernetesLauncher:
             if replicas <= len(self._owned) + self._launching:
                 await self._scale(lambda n: n + 1, "launch")
             self._launching += 1  # until it owns a pod: then that pod counts instead
-        return await self._own_new_endpoint()
+        try:
+            return await self._own_new_endpoint()
+        except asyncio.CancelledError:
+            if not self._detached:  # the pool no longer wants it (not shutting down)
+                await self._withdraw()
+            raise
+
+    async def _withdraw(self) -> None:
+        """A launch cancelled: lower ``replicas`` by one when the workload runs a pod
+        beyond those the pool owns and the launches still in flight (the one this
+        launch asked for, still starting). The ReplicaSet controller removes a pod not
+        yet ready first. A StatefulSet removes its highest ordinal: only when the pool
+        does not own that pod; else the pod stays for the next launch to take."""
+        async with self._lock:
+            replicas = await self._read_replicas()
+            if replicas <= len(self._owned) + self._launching:
+                return
+            if self.workload.kind == "statefulset":
+                highest = f"{self.workload.name}-{replicas - 1}"
+                if highest in self._owned.values():
+                    log.info(
+                        "%s: launch cancelled; its pod stays for the next launch (the "
+                        "scale-down would remove %s, which the pool owns)",
+                        self.workload,
+                        highest,
+                    )
+                    return
+            await self._scale(lambda n: max(0, n - 1), "launch cancelled")
 
     async def stop(self, url: str) -> None:
         if self._detached:

@@ -62,7 +62,8 @@ class Launcher(Protocol):
 
     async def launch(self, variant: str | None = None) -> str:
         """Start one replica (of ``variant``; None: the default); return its base URL
-        once ``/health`` answers 200."""
+        once ``/health`` answers 200. Cancelled, it stops what it began (the pool
+        cancels a launch its targets no longer want)."""
         ...
 
     async def stop(self, url: str) -> None:
@@ -90,21 +91,36 @@ def speculative_args(
     ]
 
 
-async def _started(spawn: Callable[[], ServerProcess]) -> ServerProcess:
-    """Run a blocking start in a thread. A caller cancelled meanwhile (a pool stopping)
-    never gets the process, and the thread may still be starting it: whichever of the
-    two comes second kills it, so that no replica runs that nobody owns."""
+async def _started(
+    start: Callable[[], ServerProcess], ready: Callable[[ServerProcess], ServerProcess]
+) -> ServerProcess:
+    """Start a process and wait until it is ready (``ready`` kills it when it is not),
+    blocking, in a thread. A caller cancelled meanwhile (a launch the pool no longer
+    wants, or a pool stopping) never gets the process, and it dies at once: a process
+    still loading is sent SIGKILL (its wait fails and reaps it), one started or ready
+    just then is killed by the thread. Nothing runs that nobody owns, and a launch
+    called off does not load on for minutes."""
     lock, cancelled = threading.Lock(), threading.Event()
-    handed: list[ServerProcess] = []
+    loading: list[ServerProcess] = []
 
     def run() -> ServerProcess:
-        proc = spawn()
+        proc = start()
         with lock:
             orphan = cancelled.is_set()
             if not orphan:
-                handed.append(proc)
+                loading.append(proc)
         if orphan:
             proc.kill()
+            raise RuntimeError(f"{proc.name}: launch cancelled before it started")
+        try:
+            ready(proc)
+        finally:
+            with lock:
+                loading.remove(proc)
+                late = cancelled.is_set()
+        if late:  # ready just as the caller was cancelled
+            proc.kill()
+            raise RuntimeError(f"{proc.name}: launch cancelled")
         return proc
 
     try:
@@ -112,9 +128,8 @@ async def _started(spawn: Callable[[], ServerProcess]) -> ServerProcess:
     except asyncio.CancelledError:
         with lock:
             cancelled.set()
-            started = list(handed)
-        for proc in started:  # started and handed over just as the caller was cancelled
-            proc.kill()
+            for proc in loading:
+                proc.signal_kill()
         raise
 
 
@@ -166,13 +181,14 @@ class SimulatorLauncher:
             *args,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = start_process(argv, f"{self._name}{next(self._seq)}", env=env, stdout_pipe=True)
-        return wait_ready(proc, self.ready_timeout_s)
+        return start_process(argv, f"{self._name}{next(self._seq)}", env=env, stdout_pipe=True)
 
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)
         args = (*self.extra_args, *speculative_args(self.speculative_config, variant))
-        proc = await _started(lambda: self._spawn(args))
+        proc = await _started(
+            lambda: self._spawn(args), lambda p: wait_ready(p, self.ready_timeout_s)
+        )
         self._procs[proc.url] = proc
         return proc.url
 
@@ -318,7 +334,7 @@ class VllmLauncher:
             cmd.argv, f"vllm{next(self._seq)}", env=cmd.env, cwd=tmp, group=True, tmp=tmp
         )
         proc.port, proc.url = port, f"http://{self.spec.host}:{port}"
-        return wait_healthy(proc, self.spec.ready_timeout_s, "vLLM")
+        return proc
 
     async def launch(self, variant: str | None = None) -> str:
         _check_variant(self.variants, variant)
@@ -328,7 +344,10 @@ class VllmLauncher:
                 raise LaunchRefused(f"all {len(self.spec.devices)} GPU devices are in use")
             device = self._free_devices.pop(0)
         try:
-            proc = await _started(lambda: self._spawn(device, variant))
+            proc = await _started(
+                lambda: self._spawn(device, variant),
+                lambda p: wait_healthy(p, self.spec.ready_timeout_s, "vLLM"),
+            )
         except BaseException:
             if device is not None:
                 self._free_devices.append(device)

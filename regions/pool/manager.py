@@ -142,6 +142,9 @@ class WarmPool:
         self._loans: dict[str, str | None] | None = None
         self._refused: dict[str, str] = {}  # loans that will not be served, and why
         self._rates = WakeRates()  # the batches of wakes: the activation rate achieved
+        # launches in flight (a reconcile awaits them, minutes): a later plan's "cancel"
+        # cancels one the targets no longer want
+        self._launches: dict[str, asyncio.Future[None]] = {}
 
     # -- the API ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,7 +265,21 @@ class WarmPool:
             await self._observe(self._at(now))
             launching = await self._apply(self._plan(self._at(now)), now, launch=True)
         if launching:
-            await asyncio.gather(*(self._launch(name, now) for name in launching))
+            tasks = {name: asyncio.ensure_future(self._launch(name, now)) for name in launching}
+            self._launches.update(tasks)
+            try:
+                # a launch a later plan cancels ends cancelled: its plan's doing, not an
+                # error (a cancelled reconcile still cancels every launch it awaits)
+                done = await asyncio.gather(*tasks.values(), return_exceptions=True)
+            finally:
+                for name, task in tasks.items():
+                    if self._launches.get(name) is task:
+                        del self._launches[name]
+            for outcome in done:
+                if isinstance(outcome, BaseException) and not isinstance(
+                    outcome, asyncio.CancelledError
+                ):
+                    raise outcome
             async with self._lock:  # wake freshly launched replicas for a shortfall
                 await self._apply(self._plan(self._at(now)), now, launch=False)
         return self.snapshot()
@@ -344,13 +361,21 @@ class WarmPool:
                 log.warning("%s of %s %s failed: %s", a.kind, r.name, r.url, e)
                 continue
             self._move(a, self._at(now))
+        for a in p.of("cancel"):
+            task = self._launches.get(a.replica)
+            if task is not None and not task.done():
+                log.info("cancelling the launch of %s: %s", a.replica, a.reason)
+                del self._launches[a.replica]  # cancelled once, whatever later plans say
+                task.cancel()
         names = [a.replica for a in p.of("launch")] if launch and not self._closing else []
         for name in names:
             r = self._replicas[name]
             # A managed slot is launched as the variant wanted now; a static endpoint is
-            # whatever it is.
+            # whatever it is. ``since``: when the launch began (the newest go first when
+            # launches are cancelled).
             variant = self._target.variant if r.managed else r.variant
-            self._replicas[name] = r.model_copy(update={"busy": True, "variant": variant})
+            update = {"busy": True, "variant": variant, "since": self._at(now)}
+            self._replicas[name] = r.model_copy(update=update)
         return names
 
     def _allowed(self, a: Action, now: float | None) -> bool:
@@ -477,12 +502,13 @@ class WarmPool:
     async def _launch(self, name: str, now: float | None) -> None:
         """COLD -> WARM: launch (managed) or find reachable (static), then sleep."""
         r = self._replicas[name]
-        url = r.url
+        url, started = r.url, False
         try:
             if r.managed:
                 url = await (
                     self.launcher.launch() if r.variant is None else self.launcher.launch(r.variant)
                 )
+                started = True
             elif url is None or not await self._http.healthy(url):
                 return  # a static endpoint still unreachable: COLD, re-probed next tick
             elif self._adopt_serving(r, url, await self._http.is_sleeping(url), now):
@@ -490,6 +516,15 @@ class WarmPool:
             await self._http.sleep(url)
             if self._closing:
                 raise ReplicaError("the pool is stopping")
+        except asyncio.CancelledError:
+            # the targets no longer want it, or the pool is stopping: a launcher stops
+            # what it began when cancelled; a replica it handed over is stopped here
+            log.info("launch of %s cancelled", name)
+            if started and url is not None:
+                await self._stop_quietly(url)
+            if r.managed:
+                self._replicas[name] = self._replicas[name].model_copy(update={"variant": None})
+            raise
         except Exception as e:  # launcher errors vary (OSError, RuntimeError, ...): logged
             log.warning("bringing up %s failed: %s", name, e)
             if r.managed:

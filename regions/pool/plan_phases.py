@@ -18,6 +18,7 @@ from regions.pool.states import (
     PoolTarget,
     Replica,
     ReplicaState,
+    is_stale,
     refusal,
 )
 
@@ -152,6 +153,41 @@ def launch(p: PoolView, lift: Lift) -> Step:
         for r in managed[: max(wanted - standby, 0)]
     )
     return Step(actions, notes=_slot_notes(p, wanted, standby, len(managed)))
+
+
+def cancel(p: PoolView, lift: Lift) -> Step:
+    """Abandon the launches no longer wanted (the targets fell while they load: a
+    ramp's knee passed, a failover called off): those launched as another variant than
+    the target's (no one's standby once up), then, newest first (the furthest from
+    done), those beyond the target's WARM and what scale-up could not bring ACTIVE. Only
+    WARM replicas and launches count here; IDLE replicas and ACTIVE beyond the target
+    may be resumed yet (the launch phase counts them), so the two phases never undo each
+    other. A launch's progress is lost, but a replica loading is paid like an ACTIVE
+    one, and it would arrive to be stopped after its WARM dwell."""
+    loading = sorted(
+        (r for r in p.every if r.busy and r.state is COLD and r.managed),
+        key=lambda r: (-r.since, r.name),
+    )
+    stale = [r for r in loading if is_stale(r, p.target)]
+    wanted_variant = [r for r in loading if r not in stale]
+    wanted = p.target.warm + lift.to_bring_up
+    excess = min(len(wanted_variant), len(lift.still_warm) + len(wanted_variant) - wanted)
+    why = f"{len(lift.still_warm)} WARM + {len(wanted_variant)} launching > wanted {wanted}"
+    return Step(
+        tuple(
+            Action(
+                kind="cancel",
+                replica=r.name,
+                to=COLD,
+                reason=f"launching as {r.variant}, {p.target.variant} wanted",
+            )
+            for r in stale
+        )
+        + tuple(
+            Action(kind="cancel", replica=r.name, to=COLD, reason=why)
+            for r in wanted_variant[: max(0, excess)]
+        )
+    )
 
 
 def _leaving(p: PoolView) -> int:

@@ -18,8 +18,11 @@ replica when no WARM one is left. A LENT replica is never woken, drained, stoppe
 counted as standby. ``loans=None`` (not known yet, e.g. before the agent first read
 them): nothing is lent or returned.
 
+Launches in flight that the targets no longer want (they fell while the replicas load)
+are cancelled, newest first: a replica loading is paid like an ACTIVE one.
+
 The plan is made phase by phase (:data:`PHASES`: activate, lend, drain, retire, sleep,
-launch, stop; each a small function of the pool as read and of scale-up's choice, in
+launch, cancel, stop; each a small function of the pool as read and of scale-up's choice, in
 regions/pool/plan_phases.py and regions/pool/lending.py); the I/O adapter
 (:mod:`regions.pool.manager`) carries it out.
 """
@@ -38,6 +41,7 @@ from regions.pool.plan_phases import (
     PoolView,
     Step,
     activate,
+    cancel,
     drain,
     launch,
     retire,
@@ -86,6 +90,7 @@ class PlanPhase(StrEnum):
     RETIRE = "retire"  # the roll: stale standby sleeps (after drain_s) or stops
     SLEEP = "sleep"  # IDLE past its dwell back to WARM
     LAUNCH = "launch"  # COLD slots for the standby target and the ACTIVE shortfall
+    CANCEL = "cancel"  # launches in flight beyond what the targets want now
     STOP = "stop"  # WARM beyond the standby target, past its dwell
 
 
@@ -96,10 +101,11 @@ def plan(
     dwell: DwellPolicy,
     loans: Mapping[str, str | None] | None = None,
 ) -> Plan:
-    """Decide which replicas to wake, resume, drain, sleep, stop or launch to reach
-    ``target``. Scale-up is immediate (IDLE first: they are awake), scale-down waits
-    for the dwell times; COLD slots are launched to WARM for the standby target and
-    for any ACTIVE shortfall. Replicas of another variant than the target's are rolled
+    """Decide which replicas to wake, resume, drain, sleep, stop or launch (and which
+    launches to cancel) to reach ``target``. Scale-up is immediate (IDLE first: they
+    are awake), scale-down waits for the dwell times; COLD slots are launched to WARM
+    for the standby target and for any ACTIVE shortfall, and launches beyond both are
+    cancelled. Replicas of another variant than the target's are rolled
     out one at a time; ``loans`` lend WARM standby out of rotation (module docstring).
     The phases (:data:`PHASES`) run in order, each on the pool as it was read and on
     scale-up's and the loans' choice."""
@@ -190,5 +196,6 @@ PHASES: Mapping[PlanPhase, Callable[[PoolView, Lift], Step]] = {
     PlanPhase.RETIRE: retire,
     PlanPhase.SLEEP: sleep,
     PlanPhase.LAUNCH: launch,
+    PlanPhase.CANCEL: cancel,
     PlanPhase.STOP: stop,
 }

@@ -71,6 +71,14 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
+    def signal_kill(self) -> None:
+        """SIGKILL only, for a process another thread waits on: that thread sees it die
+        and reaps it (closing its pipe here could hand the thread another file's)."""
+        if self.group:
+            self._signal_group(signal.SIGKILL)
+        elif self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+
     def kill(self) -> None:
         """SIGKILL and reap: the process dies without any chance to clean up."""
         if self.group:

@@ -12,6 +12,7 @@ Edges (anything else is refused, with a reason)::
                                       +-----resume------+
     WARM --lend--> LENT --return--> WARM
     any --died (observed)--> COLD
+    COLD (launching) --cancel--> COLD: a launch the targets no longer want, abandoned
 
 - never COLD -> ACTIVE: a launched replica is put to sleep first and woken like any
   other, so every activation goes through ``/wake_up`` + ``/reset_prefix_cache``;
@@ -46,7 +47,9 @@ class ReplicaState(StrEnum):
 COLD, WARM = ReplicaState.COLD, ReplicaState.WARM  # short names for the tables below
 ACTIVE, IDLE, LENT = ReplicaState.ACTIVE, ReplicaState.IDLE, ReplicaState.LENT
 
-ActionKind = Literal["launch", "wake", "drain", "resume", "sleep", "stop", "lend", "return"]
+ActionKind = Literal[
+    "launch", "wake", "drain", "resume", "sleep", "stop", "lend", "return", "cancel"
+]
 EDGES: dict[tuple[ReplicaState, ReplicaState], ActionKind] = {
     (COLD, WARM): "launch",  # managed: launch + sleep; static: reachable again + sleep
     (WARM, ACTIVE): "wake",  # /wake_up then /reset_prefix_cache, then routed
@@ -57,6 +60,8 @@ EDGES: dict[tuple[ReplicaState, ReplicaState], ActionKind] = {
     (WARM, LENT): "lend",  # /wake_up then /reset_prefix_cache, never routed
     (LENT, WARM): "return",  # /reset_prefix_cache then /sleep?level=1, once the loan is gone
 }
+# "cancel" is no edge: a slot being launched is COLD before and after (what the launch
+# started is stopped); only the planner's CANCEL phase asks for it
 
 
 class DwellPolicy(Frozen):
@@ -230,6 +235,21 @@ def transition(
     variant = None if emptied else r.variant
     update = {"state": to, "since": now, "url": new_url, "variant": variant}
     return r.model_copy(update={**update, "loan": loan if to is LENT else None})
+
+
+def cancel_refusal(r: Replica) -> str | None:
+    """Why ``r``'s launch may not be cancelled (only a managed slot being launched may),
+    or None when it may."""
+    if r.state is COLD and r.busy and r.managed:
+        return None
+    return f"{r.name} is {r.state}{' (busy)' if r.busy else ''}: no launch of ours in flight"
+
+
+def cancelled(r: Replica) -> Replica:
+    """``r`` once its launch is cancelled: an empty COLD slot, free for the next launch."""
+    if (why := cancel_refusal(r)) is not None:
+        raise TransitionRefused(why)
+    return r.model_copy(update={"busy": False, "variant": None, "url": None})
 
 
 def died(r: Replica, now: float) -> Replica:

@@ -10,8 +10,9 @@ raises the scale subresource by one (with the version it read as a precondition)
 returns the new pod's endpoint; two launches at once get two pods; a stop annotates
 exactly the chosen pod with the lowest deletion cost, then scales down, and that pod is
 the one the controller removes; a StatefulSet only stops its highest ordinal; a pod
-that never gets ready times out with a reason and no second scale-up; the labels
-follow the pool's states."""
+that never gets ready times out with a reason and no second scale-up; a launch
+cancelled while its pod starts scales back down (not once the agent detached); the
+labels follow the pool's states."""
 
 from __future__ import annotations
 
@@ -166,6 +167,30 @@ async def test_a_pod_that_never_gets_ready_times_out_and_is_not_scaled_for_twice
     assert standin.replicas("deployment", "vllm") == 1
     with pytest.raises(LaunchRefused, match="one pod template"):
         await launcher.launch("no-spec-decode")
+
+
+@pytest.mark.parametrize("kind", ["deployment", "statefulset"])
+async def test_a_cancelled_launch_scales_back_down_unless_the_agent_detached(
+    standin: StandIn, discovery: EndpointSliceDiscovery, kind: str
+) -> None:
+    """The pool cancels a launch its targets no longer want while the pod starts (it
+    never gets ready here): ``replicas`` goes back down by one, so the pod asked for
+    goes. A detached launcher (the agent shutting down) leaves it for the next agent."""
+    await standin.add_workload(kind, "vllm", 0, APP, service="vllm", hang=True)
+    await started(discovery)
+    for detached, left in ((False, 0), (True, 1)):
+        launcher = launcher_for(discovery, f"{kind}/vllm")
+        launching = asyncio.ensure_future(launcher.launch())
+        deadline = asyncio.get_running_loop().time() + 10
+        while standin.replicas(kind, "vllm") != 1:
+            assert asyncio.get_running_loop().time() < deadline, "never scaled up"
+            await asyncio.sleep(0.05)
+        if detached:
+            launcher.detach()
+        launching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await launching
+        assert standin.replicas(kind, "vllm") == left, (detached, kind)
 
 
 def labels_of(standin: StandIn) -> dict[str, str | None]:

@@ -26,6 +26,7 @@ from regions.pool.states import (
     PoolTarget,
     Replica,
     ReplicaState,
+    cancelled,
     died,
     is_stale,
     refusal,
@@ -60,6 +61,9 @@ def apply(replicas: Sequence[Replica], p: Plan, now: float) -> list[Replica]:
     """What the manager does when every action succeeds."""
     by = {r.name: r for r in replicas}
     for a in p.actions:
+        if a.kind == "cancel":
+            by[a.replica] = cancelled(by[a.replica])
+            continue
         url = f"http://{a.replica}" if a.kind == "launch" else None
         by[a.replica] = transition(by[a.replica], a.to, now, D, url, retiring=a.retire, loan=a.loan)
     return list(by.values())

@@ -23,6 +23,7 @@ from regions.pool.states import (
     Replica,
     ReplicaState,
     TransitionRefused,
+    cancelled,
     dwell_for,
     is_stale,
     transition,
@@ -223,6 +224,7 @@ PHASE_OF_KIND = {
     "sleep": PlanPhase.SLEEP,
     "launch": PlanPhase.LAUNCH,
     "stop": PlanPhase.STOP,
+    "cancel": PlanPhase.CANCEL,
 }
 
 
@@ -238,6 +240,9 @@ def apply(
     by = {r.name: r for r in replicas}
     for a in p.actions:
         r = by[a.replica]
+        if a.kind == "cancel":  # the launch stops: the slot is free and COLD again
+            by[a.replica] = cancelled(r)
+            continue
         if a.kind == "launch":
             r = r.model_copy(update={"variant": target.variant})
         url = f"http://{a.replica}" if a.kind == "launch" else None
@@ -280,7 +285,7 @@ def test_scale_up_takes_the_warmest_caches_and_never_a_stale_replica(
     assert not any(is_stale(by[n], target) for n in picked)
     # A stale replica only leaves: drained while ACTIVE (the roll), then retired.
     on_stale = [a for a in p.actions if is_stale(by[a.replica], target)]
-    assert all(a.retire or a.kind == "drain" for a in on_stale)
+    assert all(a.retire or a.kind in ("drain", "cancel") for a in on_stale)
     assert all(is_stale(by[a.replica], target) for a in p.actions if a.retire)
 
     def key(r: Replica) -> tuple[float, str]:
@@ -420,3 +425,65 @@ def test_active_beyond_the_target_is_standby_and_launches_nothing() -> None:
     more = plan([*old, *cold], PoolTarget(active=2, warm=5, scaled=True), T0, D)
     assert [a.kind for a in more.actions].count("launch") == 2
     assert [a.reason for a in more.of("launch")] == ["standby 3 < wanted 5"] * 2
+
+
+KNEE = [  # a ramp's knee: the targets fell while three launches load (since: when begun)
+    rep("a0", ACTIVE, 900),
+    rep("a1", ACTIVE, 900),
+    rep("w0", WARM, 400),
+    rep("c0", COLD, 90, busy=True),
+    rep("c1", COLD, 30, busy=True),
+    rep("c2", COLD, 10, busy=True),
+    rep("i0", IDLE, 5),
+]
+
+
+def test_launches_beyond_what_the_targets_want_are_cancelled_newest_first() -> None:
+    """2 WARM wanted, 1 WARM and 3 launches: the 2 newest launches are cancelled (the
+    furthest from done); the IDLE replica is not counted (it may be resumed), so a
+    plan that cancels never launches. With 4 WARM wanted, or 3 more ACTIVE (the IDLE and
+    WARM replicas woken for two, the launches for the third and the standby), none is."""
+    p = plan(KNEE, PoolTarget(active=2, warm=2), T0, D)
+    assert [line(a) for a in p.of("cancel")] == [
+        "cancel c2 | 1 WARM + 3 launching > wanted 2",
+        "cancel c1 | 1 WARM + 3 launching > wanted 2",
+    ]
+    assert not p.of("launch")
+    assert not plan(KNEE, PoolTarget(active=2, warm=4), T0, D).of("cancel")
+    up = plan(KNEE, PoolTarget(active=5, warm=2), T0, D)
+    assert [a.kind for a in up.actions] == ["resume", "wake"]
+    # the standby all woken: the launches are what will be standby, two beyond the 1
+    # wanted
+    both = plan(KNEE, PoolTarget(active=4, warm=1), T0, D)
+    assert [line(a) for a in both.of("cancel")] == [
+        "cancel c2 | 0 WARM + 3 launching > wanted 1",
+        "cancel c1 | 0 WARM + 3 launching > wanted 1",
+    ]
+
+
+def test_a_launch_of_another_variant_is_cancelled_whatever_the_targets() -> None:
+    """Launched as ``a`` before the roll to ``b`` began: up, it would be no one's
+    standby (retired at once), so it is cancelled even where the standby is short."""
+    pool = [rep("a0", ACTIVE, 900, variant="b"), rep("c0", COLD, 10, variant="a", busy=True)]
+    p = plan(pool, PoolTarget(active=1, warm=3, variant="b"), T0, D)
+    assert [line(a) for a in p.of("cancel")] == ["cancel c0 | launching as a, b wanted"]
+
+
+@plans
+@given(pools(), targets, dwells)
+def test_a_plan_cancels_only_launches_and_never_launches_beside_a_cancel(
+    pool: list[Replica], target: PoolTarget, dwell: DwellPolicy
+) -> None:
+    p = plan(pool, target, T0, dwell)
+    by = {r.name: r for r in pool}
+    cancelled = [by[a.replica] for a in p.of("cancel")]
+    assert all(r.busy and r.state is COLD and r.managed for r in cancelled)
+    if any(not is_stale(r, target) for r in cancelled):
+        assert not [a for a in p.of("launch") if by[a.replica].managed]
+        # and never below what is wanted: WARM left and launches left cover it
+        after = apply(pool, p, target, T0, dwell)
+        warm = sum(r.state is WARM and not r.busy and not is_stale(r, target) for r in after)
+        loading = sum(
+            r.busy and r.state is COLD and r.managed and not is_stale(r, target) for r in after
+        )
+        assert warm + loading >= target.warm

@@ -21,6 +21,8 @@ from regions.pool.states import (
     Replica,
     ReplicaState,
     TransitionRefused,
+    cancel_refusal,
+    cancelled,
     died,
     refusal,
     transition,
@@ -51,6 +53,9 @@ def apply(replicas: Sequence[Replica], p: Plan, now: float) -> list[Replica]:
     """What the manager does when every action succeeds."""
     by = {r.name: r for r in replicas}
     for a in p.actions:
+        if a.kind == "cancel":
+            by[a.replica] = cancelled(by[a.replica])
+            continue
         url = f"http://{a.replica}" if a.kind == "launch" else None
         by[a.replica] = transition(by[a.replica], a.to, now, D, url)
     return list(by.values())
@@ -250,10 +255,22 @@ def test_every_planned_action_is_an_allowed_edge_once_per_replica(
     by = {r.name: r for r in pool}
     assert len({a.replica for a in p.actions}) == len(p.actions)
     for a in p.actions:
-        assert refusal(by[a.replica], a.to, now, D) is None, a
+        if a.kind == "cancel":
+            assert cancel_refusal(by[a.replica]) is None, a
+        else:
+            assert refusal(by[a.replica], a.to, now, D) is None, a
     after = apply(pool, p, now)
     reachable = sum(r.state is ACTIVE or (r.state in (IDLE, WARM) and not r.busy) for r in pool)
     assert sum(r.state is ACTIVE for r in after) >= min(active, reachable)  # scale-up now
+
+
+def test_only_a_managed_slot_being_launched_can_have_its_launch_cancelled() -> None:
+    loading = rep("c", COLD, busy=True)
+    assert cancelled(loading) == loading.model_copy(update={"busy": False})
+    for r in (rep("c", COLD), rep("s", COLD, managed=False, busy=True), rep("w", WARM)):
+        assert cancel_refusal(r) is not None
+        with pytest.raises(TransitionRefused, match="no launch of ours in flight"):
+            cancelled(r)
 
 
 def test_the_pure_modules_import_no_io() -> None:

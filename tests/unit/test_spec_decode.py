@@ -38,6 +38,8 @@ from regions.pool.states import (
     PoolTarget,
     Replica,
     ReplicaState,
+    cancel_refusal,
+    cancelled,
     is_stale,
     refusal,
     transition,
@@ -70,6 +72,9 @@ def apply(replicas: Sequence[Replica], p: Plan, target: PoolTarget, now: float) 
     by = {r.name: r for r in replicas}
     for a in p.actions:
         r = by[a.replica]
+        if a.kind == "cancel":
+            by[a.replica] = cancelled(r)
+            continue
         if a.kind == "launch":
             r = r.model_copy(update={"variant": target.variant})
         url = f"http://{a.replica}" if a.kind == "launch" else None
@@ -204,6 +209,9 @@ def test_a_plan_never_takes_active_below_the_target_nor_wakes_the_stale(
     p = plan(pool, target, now, D)
     by = {r.name: r for r in pool}
     for a in p.actions:
+        if a.kind == "cancel":
+            assert cancel_refusal(by[a.replica]) is None, a
+            continue
         assert refusal(by[a.replica], a.to, now, D, retiring=a.retire) is None, a
         if a.kind in ("wake", "resume"):
             assert not is_stale(by[a.replica], target), a
