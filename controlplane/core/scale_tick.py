@@ -152,8 +152,9 @@ def _newest_agent_reports(reports: tuple[HealthReport, ...]) -> dict[str, Health
 
 def _signals(view: RegionView, report: HealthReport | None) -> PoolSignals:
     active = view.active_replicas or 0
+    known = view.active_replicas is not None
     if report is None:
-        return PoolSignals(None, None, None, None, None, active)
+        return PoolSignals(None, None, None, None, None, active, serving_known=known)
     s = report.signals
     load = s.get(LOAD_RAW_SIGNAL, s.get(LOAD_SIGNAL))
     return PoolSignals(
@@ -165,6 +166,7 @@ def _signals(view: RegionView, report: HealthReport | None) -> PoolSignals:
         active_now=active,
         activation_p95_s=s.get(ACTIVATION_SIGNAL),
         wake_at=view.wake_at,
+        serving_known=known,
     )
 
 

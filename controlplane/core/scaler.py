@@ -19,6 +19,8 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
   a break, and then to the most it asked for in that window; never back down to a size
   the guard found short right after a scale-down, at that load (``core/guard_lesson.py``);
+  while it waits, a size the pool never reached is held at what serves (or the most
+  asked over the last horizon) once the ask has been lower for a horizon;
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
 - a pool being failed over is not scaled down: it must be ready to come back;
 - how far the forecasts missed a horizon later is kept in the record
@@ -43,6 +45,11 @@ from controlplane.kernel.pool.scale import (
 
 WARMUP = 5  # reports the forecaster folds in before its trend is used
 HIT_WEIGHT = 0.3  # of the newest hit rate in the smoothed one
+# the load "surely there" that takes a pool back up within a stable window of going
+# down: 2 deviations under the level (P2.3), not the band's P10. A noise run that trips
+# the level's CUSUM re-seeds it high, and four reports later its P10 was over what the
+# pool went down to (184 rps with 12.5 % noise: down, then up 81 s later)
+SURELY_Z = 2.0
 _EPS = 1e-9  # so that 90 / 30 is 3 replicas, not 4, after float rounding
 
 
@@ -60,6 +67,8 @@ class PoolSignals:
     active_now: int
     activation_p95_s: float | None = None  # the pool's last wakes, as its agent measured
     wake_at: float | None = None  # wake/<unit>: the newest request to wake it from zero
+    # whether ``active_now`` was reported (pools/<region>), not a 0 for want of one
+    serving_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +137,10 @@ def size_pool(
     ]
     if need > base.active and _just_down(base, now, policy):
         # back up within a stable window of going down: only for the load the filter is
-        # sure of now (its lower band: not a trend, an upper band or one outlier, which
-        # a noisy flat load swings); the guard adds at once when queues build
-        sure = forecast.surely(state, policy.band_z)
+        # sure of now (its lower band, SURELY_Z: not a trend, an upper band or one
+        # outlier, which a noisy flat load swings); the guard adds at once when queues
+        # build
+        sure = forecast.surely(state, SURELY_Z)
         need = max(base.active, _within(math.ceil(sure / per - _EPS), policy))
         reasons.append(
             f"went down {now - base.changed_at:.0f} s ago: up only for the load surely "
@@ -170,7 +180,23 @@ def size_pool(
         reasons.extend(to_zero.reasons)
     hold = bool(guard) or failing_over or moving is not None
     active, lower_since, window = _next_active(
-        base, need, now, policy, hold_down=hold, reasons=reasons
+        base,
+        need,
+        now,
+        policy,
+        hold_down=hold,
+        serving=signals.active_now if signals.serving_known else None,
+        horizon=horizon,
+        reasons=reasons,
+    )
+    # lower within the stable window: held at what serves (``_next_active``), which lets
+    # no replica go, so it is no scale-down (the window's own comes after it)
+    held_at = (
+        active
+        if lower_since is not None
+        and now - lower_since < policy.stable_window_s
+        and active < base.active
+        else None
     )
     floor = guard_lesson.floor(lesson, near.upper)
     if lesson is not None and floor and active < base.active and active < floor:
@@ -240,6 +266,7 @@ def size_pool(
         now=now,
         policy=policy,
         reasons=tuple(reasons),
+        not_down=held_at is not None and active >= held_at,
         update={
             "forecast": state,
             "hit_rate": hit,
@@ -430,16 +457,24 @@ def _next_active(
     policy: ScalingPolicy,
     *,
     hold_down: bool,
+    serving: int | None,
+    horizon: float,
     reasons: list[str],
 ) -> tuple[int, float | None, tuple[tuple[float, int], ...]]:
     """ACTIVE after this tick, since when the forecast has asked for fewer, and what it
     asked for over the last stable window (a scale-down goes to the most of it, as an
-    HPA's stabilisation window does)."""
+    HPA's stabilisation window does).
+
+    The window holds the replicas a pool has, not those still to come: once the
+    forecast has asked for fewer for a horizon, a size the pool never reached (at a
+    ramp's knee the trend asked for more than the top needs, and launches for it arrive
+    minutes later) is held at the most of what serves and what was asked over that
+    horizon, so that the launches and wakes for the older ask are called off."""
     if need >= base.active or hold_down:
         return max(need, base.active), None, ()
     since = base.lower_since if base.lower_since is not None else now
     window = _slide(base.window, now, need, now - policy.stable_window_s)
-    peak, waited = window[0][1], now - since
+    peak, waited = min(window[0][1], base.active), now - since
     if waited >= policy.stable_window_s:
         if peak < base.active:
             reasons.append(
@@ -450,6 +485,15 @@ def _next_active(
     reasons.append(
         f"scale-down to {peak} waits its stable window ({waited:.0f}/{policy.stable_window_s:g} s)"
     )
+    if serving is not None and serving < base.active and waited >= horizon:
+        recent = max(n for t, n in window if t > now - horizon)
+        held = min(base.active, max(recent, serving, policy.min_active))
+        if held < base.active:
+            reasons.append(
+                f"held at {held}: {serving} serve, at most {recent} asked for in the last "
+                f"{horizon:g} s; the {base.active - held} not up yet are not brought"
+            )
+        return held, since, window
     return base.active, since, window
 
 
@@ -474,10 +518,13 @@ def _settle(
     policy: ScalingPolicy,
     reasons: tuple[str, ...],
     update: dict[str, object],
+    not_down: bool = False,
 ) -> Sized:
+    """The record after this tick; ``not_down``: a lower ACTIVE that let no replica go
+    (held at what serves), not a scale-down."""
     changed = stored is None or (active, warm) != (stored.active, stored.warm)
     direction, down_at = base.direction, base.down_at
-    if stored is not None and active != stored.active:
+    if stored is not None and active != stored.active and not (not_down and active < stored.active):
         direction = Direction.UP if active > stored.active else Direction.DOWN
         down_at = now if direction is Direction.DOWN else down_at
     record = base.model_copy(

@@ -37,6 +37,7 @@ class Pool:
     memory: ScaleRecord | None = None
     history: list[ScaleRecord] = field(default_factory=list)
     active_now: int = 1
+    serving_known: bool = True  # False: as a region whose pools/<region> is not published
 
     def tick(
         self,
@@ -59,6 +60,7 @@ class Pool:
             ttft_p99_s=ttft,
             active_now=self.active_now,
             activation_p95_s=activation,
+            serving_known=self.serving_known,
         )
         sized = size_pool(
             "east",
@@ -282,6 +284,46 @@ def test_a_dark_signal_holds_the_size_past_the_stable_window() -> None:
     assert pool.history[-1].active == size
 
 
+def _knee(serving_at_most: int, *, known: bool = True) -> Pool:
+    """100 rps, a spike to 300 for 10 s that the trend extrapolates (60 asked for),
+    then 100 again; replicas beyond ``serving_at_most`` are still launching (they never
+    come up here)."""
+    rng = random.Random(5)
+    pool = Pool(serving_known=known)
+    for t in range(0, 300):
+        load = 300.0 if 120 <= t < 130 else 100.0
+        pool.tick(float(t), poisson_rate(load, rng))
+        pool.active_now = min(pool.active_now, serving_at_most)
+    return pool
+
+
+def test_a_held_size_is_what_serves_once_the_ask_has_been_lower_for_a_horizon() -> None:
+    """The stable window holds the replicas a pool has, not those still to come: the
+    spike asked for more than come up in time; once the ask has been lower for a
+    horizon (30 s), the size is held at what serves (or the most asked over that
+    horizon), so that the launches for the spike are called off. No replica went, so
+    it is no scale-down. With every replica up, or no count of them reported, the
+    window holds the spike's size."""
+    slow = _knee(serving_at_most=12)
+    top = max(r.active for r in slow.history)
+    assert top > 14  # the spike's ask, more than came up
+    held = [
+        (t, r)
+        for t, r in enumerate(slow.history)
+        if any("not up yet are not brought" in why for why in r.reasons)
+    ]
+    # from a horizon after the ask fell (during the spike, the trend's extrapolation),
+    # down the staircase of the last horizon's asks, to what serves: 12
+    assert held and all(150 <= t < 200 for t, _ in held)
+    assert slow.history[200].active <= 13  # the window (300 s) would hold it until 420
+    assert all(r.direction is Direction.UP and r.down_at is None for r in slow.history[120:250])
+    quick = _knee(serving_at_most=64)
+    assert quick.history[200].active == max(r.active for r in quick.history)
+    # a serving count never reported is not taken as none serving
+    unknown = _knee(serving_at_most=12, known=False)
+    assert unknown.history[200].active == max(r.active for r in unknown.history)
+
+
 def test_the_guard_adds_a_replica_and_forbids_a_scale_down() -> None:
     pool = Pool()
     pool.run(lambda t: 50.0, 0, 60)
@@ -387,6 +429,7 @@ def test_writes_are_due_on_a_change_and_at_each_checkpoint() -> None:
 @settings(max_examples=25, deadline=None)
 @example(level=223.0, noise=0.09375, seed=2098277)  # a noisy trend filter handed back
 @example(level=158.0, noise=0.125, seed=5248673)  # the level re-seeded at a noise run
+@example(level=184.0, noise=0.125, seed=316143169)  # and its P10 trusted 4 reports later
 @given(
     level=st.floats(5.0, 500.0),
     noise=st.floats(0.0, 0.2),
