@@ -283,7 +283,8 @@ def test_scale_up_takes_the_warmest_caches_and_never_a_stale_replica(
     by = {r.name: r for r in pool}
     picked = {a.replica for a in p.of("resume", "wake")}
     assert not any(is_stale(by[n], target) for n in picked)
-    # A stale replica only leaves: drained while ACTIVE (the roll), then retired.
+    # A stale replica only leaves: drained while ACTIVE (the roll), then retired (or its
+    # launch cancelled).
     on_stale = [a for a in p.actions if is_stale(by[a.replica], target)]
     assert all(a.retire or a.kind in ("drain", "cancel") for a in on_stale)
     assert all(is_stale(by[a.replica], target) for a in p.actions if a.retire)
