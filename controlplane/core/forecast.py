@@ -230,6 +230,12 @@ def surely(state: ForecastState, z: float) -> float:
     return flat if state.flat else min(flat, trend)
 
 
+def falling(state: ForecastState, z: float) -> bool:
+    """Whether the load is falling for sure: the trend filter is believed (not the flat
+    model) and its trend is more than ``z`` standard deviations under 0."""
+    return not state.flat and state.trend < -z * math.sqrt(max(state.p_tt, 0.0))
+
+
 def predict(state: ForecastState, horizon_s: float, z: float) -> Forecast:
     """The rate ``horizon_s`` seconds after the last report (the flat model's level while
     it is believed, else the trend damped), and its upper band; never below 0."""

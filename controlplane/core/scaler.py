@@ -20,7 +20,9 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
   a break, and then to the most it asked for in that window; never back down to a size
   the guard found short right after a scale-down, at that load (``core/guard_lesson.py``);
   while it waits, a size the pool never reached is held at what serves (or the most
-  asked over the last horizon) once the ask has been lower for a horizon;
+  asked over the last horizon) once the ask has been lower for a horizon; a load
+  falling for sure waits ``decline_window_s`` (one horizon), not the window, unless the
+  pool went up within a window;
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
 - a pool being failed over is not scaled down: it must be ready to come back;
 - how far the forecasts missed a horizon later is kept in the record
@@ -50,6 +52,10 @@ HIT_WEIGHT = 0.3  # of the newest hit rate in the smoothed one
 # the level's CUSUM re-seeds it high, and four reports later its P10 was over what the
 # pool went down to (184 rps with 12.5 % noise: down, then up 81 s later)
 SURELY_Z = 2.0
+# the trend (in its deviations) under which the load is falling for sure, and a
+# scale-down waits ``decline_window_s`` (one horizon), not the stable window: on the
+# flap property's noisy flat loads (up to 20 % noise) no trend leans this far down
+DECLINE_Z = 4.0
 _EPS = 1e-9  # so that 90 / 30 is 3 replicas, not 4, after float rounding
 
 
@@ -179,23 +185,23 @@ def size_pool(
     else:
         reasons.extend(to_zero.reasons)
     hold = bool(guard) or failing_over or moving is not None
+    window_s = _window_s(base, state, policy, now, horizon, reasons)
     active, lower_since, window = _next_active(
         base,
         need,
         now,
-        policy,
+        window_s,
         hold_down=hold,
         serving=signals.active_now if signals.serving_known else None,
         horizon=horizon,
+        min_active=policy.min_active,
         reasons=reasons,
     )
     # lower within the stable window: held at what serves (``_next_active``), which lets
     # no replica go, so it is no scale-down (the window's own comes after it)
     held_at = (
         active
-        if lower_since is not None
-        and now - lower_since < policy.stable_window_s
-        and active < base.active
+        if lower_since is not None and now - lower_since < window_s and active < base.active
         else None
     )
     floor = guard_lesson.floor(lesson, near.upper)
@@ -308,6 +314,33 @@ def _ahead(
 
 def _forecasting(state: ForecastState, policy: ScalingPolicy) -> bool:
     return policy.forecast and state.observations >= WARMUP
+
+
+def _window_s(
+    base: ScaleRecord,
+    state: ForecastState,
+    policy: ScalingPolicy,
+    now: float,
+    horizon: float,
+    reasons: list[str],
+) -> float:
+    """How long a scale-down waits: the stable window, or ``decline_window_s`` (one
+    horizon unless set) while the load is falling for sure, unless the pool went up
+    within a stable window (a noisy load can swing the trend filter up, then down: the
+    way back down waits the whole window, so the size changes direction at most once
+    per window whatever the filter does)."""
+    if not _forecasting(state, policy) or not forecast.falling(state, DECLINE_Z):
+        return policy.stable_window_s
+    if base.direction is Direction.UP and now - base.changed_at < policy.stable_window_s:
+        return policy.stable_window_s
+    short = horizon if policy.decline_window_s is None else policy.decline_window_s
+    short = min(short, policy.stable_window_s)
+    if short < policy.stable_window_s:
+        reasons.append(
+            f"falling for sure (trend {state.trend:+.2g} rps/s, over {DECLINE_Z:g} "
+            f"deviations): a scale-down waits {short:g} s, not {policy.stable_window_s:g}"
+        )
+    return short
 
 
 def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
@@ -454,11 +487,12 @@ def _next_active(
     base: ScaleRecord,
     need: int,
     now: float,
-    policy: ScalingPolicy,
+    window_s: float,
     *,
     hold_down: bool,
     serving: int | None,
     horizon: float,
+    min_active: int,
     reasons: list[str],
 ) -> tuple[int, float | None, tuple[tuple[float, int], ...]]:
     """ACTIVE after this tick, since when the forecast has asked for fewer, and what it
@@ -473,21 +507,16 @@ def _next_active(
     if need >= base.active or hold_down:
         return max(need, base.active), None, ()
     since = base.lower_since if base.lower_since is not None else now
-    window = _slide(base.window, now, need, now - policy.stable_window_s)
+    window = _slide(base.window, now, need, now - window_s)
     peak, waited = min(window[0][1], base.active), now - since
-    if waited >= policy.stable_window_s:
+    if waited >= window_s:
         if peak < base.active:
-            reasons.append(
-                f"asked for {peak} or fewer for the last {policy.stable_window_s:g} s: "
-                f"down to {peak}"
-            )
+            reasons.append(f"asked for {peak} or fewer for the last {window_s:g} s: down to {peak}")
         return peak, since, window
-    reasons.append(
-        f"scale-down to {peak} waits its stable window ({waited:.0f}/{policy.stable_window_s:g} s)"
-    )
+    reasons.append(f"scale-down to {peak} waits its stable window ({waited:.0f}/{window_s:g} s)")
     if serving is not None and serving < base.active and waited >= horizon:
         recent = max(n for t, n in window if t > now - horizon)
-        held = min(base.active, max(recent, serving, policy.min_active))
+        held = min(base.active, max(recent, serving, min_active))
         if held < base.active:
             reasons.append(
                 f"held at {held}: {serving} serve, at most {recent} asked for in the last "

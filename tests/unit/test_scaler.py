@@ -324,6 +324,32 @@ def test_a_held_size_is_what_serves_once_the_ask_has_been_lower_for_a_horizon() 
     assert unknown.history[200].active == max(r.active for r in unknown.history)
 
 
+def _way_down(t: float) -> float:
+    """240 rps, then down to 12 over 90 s from t = 700 (the reference ramp's way down,
+    after a stable window of 240 has passed)."""
+    return 240.0 if t < 700 else max(12.0, 240.0 - 228.0 * (t - 700) / 90)
+
+
+def test_a_load_falling_for_sure_is_followed_down_after_a_horizon_not_the_window() -> None:
+    """On the way down the trend filter leans down by far more than 4 deviations: a
+    scale-down waits one horizon (30 s), not the stable window (300 s here), each step
+    to the most asked over the last horizon. With ``decline_window_s`` at the stable
+    window, the pool holds its size for the whole window, as before."""
+    rng = random.Random(7)
+    quick, slow = Pool(), Pool(policy=POLICY.model_copy(update={"decline_window_s": 300.0}))
+    for t in range(0, 1100):
+        load = poisson_rate(_way_down(t), rng)
+        quick.tick(float(t), load)
+        slow.tick(float(t), load)
+    size = quick.history[699].active
+    assert size >= 24 and slow.history[699].active == size
+    first = next(t for t in range(700, 1100) if quick.history[t].active < size)
+    assert first <= 700 + 30 + 30  # a horizon, and the filter's seconds to see the trend
+    assert any("falling for sure" in r for r in quick.history[first].reasons)
+    assert quick.history[820].active <= 3  # 12 rps: 2, and the band
+    assert all(slow.history[t].active == size for t in range(700, 990))
+
+
 def test_the_guard_adds_a_replica_and_forbids_a_scale_down() -> None:
     pool = Pool()
     pool.run(lambda t: 50.0, 0, 60)
@@ -430,6 +456,7 @@ def test_writes_are_due_on_a_change_and_at_each_checkpoint() -> None:
 @example(level=223.0, noise=0.09375, seed=2098277)  # a noisy trend filter handed back
 @example(level=158.0, noise=0.125, seed=5248673)  # the level re-seeded at a noise run
 @example(level=184.0, noise=0.125, seed=316143169)  # and its P10 trusted 4 reports later
+@example(level=163.0, noise=0.15625, seed=2525)  # a noise trend up, then "falling" at once
 @given(
     level=st.floats(5.0, 500.0),
     noise=st.floats(0.0, 0.2),

@@ -222,6 +222,17 @@ class ScalingPolicy(Frozen):
             "any goes (through IDLE)",
         ),
     ] = 120.0
+    decline_window_s: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="while the load is falling for sure (the trend filter believed, "
+            "its trend over 4 deviations down), a scale-down waits this long instead of "
+            "stable_window_s (at most that); unset: one horizon. A stable window guards "
+            "against noise, and a significant trend is not noise: on the reference ramp's "
+            "way down the full window held the peak's replicas for 120 s",
+        ),
+    ] = None
     band_z: Annotated[
         float, Field(gt=0, description="the upper band, in residual deviations (P90: 1.28)")
     ] = 1.2816
