@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from controlplane.core import forecast, forecast_error, guard_lesson, zero
 from controlplane.core.spend import Budget
@@ -186,7 +187,7 @@ def size_pool(
         reasons.extend(to_zero.reasons)
     hold = bool(guard) or failing_over or moving is not None
     window_s = _window_s(base, state, policy, now, horizon, reasons)
-    active, lower_since, window = _next_active(
+    step = _next_active(
         base,
         need,
         now,
@@ -197,13 +198,7 @@ def size_pool(
         min_active=policy.min_active,
         reasons=reasons,
     )
-    # lower within the stable window: held at what serves (``_next_active``), which lets
-    # no replica go, so it is no scale-down (the window's own comes after it)
-    held_at = (
-        active
-        if lower_since is not None and now - lower_since < window_s and active < base.active
-        else None
-    )
+    active, lower_since, window = step.active, step.lower_since, step.window
     floor = guard_lesson.floor(lesson, near.upper)
     if lesson is not None and floor and active < base.active and active < floor:
         # the size the guard found missing at this load: not again (core/guard_lesson.py)
@@ -272,7 +267,8 @@ def size_pool(
         now=now,
         policy=policy,
         reasons=tuple(reasons),
-        not_down=held_at is not None and active >= held_at,
+        # held at what serves lets no replica go: no scale-down (those below it are)
+        not_down=step.held is not None and active >= step.held,
         update={
             "forecast": state,
             "hit_rate": hit,
@@ -483,6 +479,16 @@ def _guard(signals: PoolSignals, ttft_slo_s: float | None, policy: ScalingPolicy
     return ", ".join(why)
 
 
+class _Next(NamedTuple):
+    """ACTIVE after this tick, since when the forecast has asked for fewer, what it
+    asked for over the window, and the size held at what serves (None: not held so)."""
+
+    active: int
+    lower_since: float | None
+    window: tuple[tuple[float, int], ...]
+    held: int | None = None
+
+
 def _next_active(
     base: ScaleRecord,
     need: int,
@@ -494,7 +500,7 @@ def _next_active(
     horizon: float,
     min_active: int,
     reasons: list[str],
-) -> tuple[int, float | None, tuple[tuple[float, int], ...]]:
+) -> _Next:
     """ACTIVE after this tick, since when the forecast has asked for fewer, and what it
     asked for over the last stable window (a scale-down goes to the most of it, as an
     HPA's stabilisation window does).
@@ -505,14 +511,14 @@ def _next_active(
     minutes later) is held at the most of what serves and what was asked over that
     horizon, so that the launches and wakes for the older ask are called off."""
     if need >= base.active or hold_down:
-        return max(need, base.active), None, ()
+        return _Next(max(need, base.active), None, ())
     since = base.lower_since if base.lower_since is not None else now
     window = _slide(base.window, now, need, now - window_s)
     peak, waited = min(window[0][1], base.active), now - since
     if waited >= window_s:
         if peak < base.active:
             reasons.append(f"asked for {peak} or fewer for the last {window_s:g} s: down to {peak}")
-        return peak, since, window
+        return _Next(peak, since, window)
     reasons.append(f"scale-down to {peak} waits its stable window ({waited:.0f}/{window_s:g} s)")
     if serving is not None and serving < base.active and waited >= horizon:
         recent = max(n for t, n in window if t > now - horizon)
@@ -522,8 +528,8 @@ def _next_active(
                 f"held at {held}: {serving} serve, at most {recent} asked for in the last "
                 f"{horizon:g} s; the {base.active - held} not up yet are not brought"
             )
-        return held, since, window
-    return base.active, since, window
+        return _Next(held, since, window, held if held < base.active else None)
+    return _Next(base.active, since, window)
 
 
 def _slide(

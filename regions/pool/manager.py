@@ -75,6 +75,7 @@ from regions.pool.states import (
     PoolConfig,
     Replica,
     ReplicaState,
+    cancelled,
     died,
     dwell_for,
     refusal,
@@ -523,7 +524,7 @@ class WarmPool:
             if started and url is not None:
                 await self._stop_quietly(url)
             if r.managed:
-                self._replicas[name] = self._replicas[name].model_copy(update={"variant": None})
+                self._replicas[name] = cancelled(self._replicas[name])
             raise
         except Exception as e:  # launcher errors vary (OSError, RuntimeError, ...): logged
             log.warning("bringing up %s failed: %s", name, e)

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from chaos.lab.procs import until
 from regions.kube.client import KubeConnection
 from regions.kube.discovery import EndpointSliceDiscovery
 from regions.kube.launcher import DELETION_COST, KubernetesLauncher, StopRefused
@@ -181,10 +182,11 @@ async def test_a_cancelled_launch_scales_back_down_unless_the_agent_detached(
     for detached, left in ((False, 0), (True, 1)):
         launcher = launcher_for(discovery, f"{kind}/vllm")
         launching = asyncio.ensure_future(launcher.launch())
-        deadline = asyncio.get_running_loop().time() + 10
-        while standin.replicas(kind, "vllm") != 1:
-            assert asyncio.get_running_loop().time() < deadline, "never scaled up"
-            await asyncio.sleep(0.05)
+
+        async def scaled_up() -> bool:
+            return standin.replicas(kind, "vllm") == 1
+
+        await until(scaled_up, what="the launch's scale-up")
         if detached:
             launcher.detach()
         launching.cancel()
