@@ -150,7 +150,7 @@ def size_pool(
         sure = forecast.surely(state, SURELY_Z)
         need = max(base.active, _within(math.ceil(sure / per - _EPS), policy))
         reasons.append(
-            f"went down {now - base.changed_at:.0f} s ago: up only for the load surely "
+            f"went down {now - _down_at(base):.0f} s ago: up only for the load surely "
             f"there now ({max(0.0, sure):.3g} rps)"
         )
     incoming = None
@@ -348,7 +348,15 @@ def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
 
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
-    return base.direction is Direction.DOWN and now - base.changed_at < policy.stable_window_s
+    """ACTIVE went down within a stable window: counted from ``down_at``, not from
+    ``changed_at``, which WARM moves too (each change of the standby held the pool to
+    the load surely there for a window more, and the reason said it went down then)."""
+    return base.direction is Direction.DOWN and now - _down_at(base) < policy.stable_window_s
+
+
+def _down_at(base: ScaleRecord) -> float:
+    """When ACTIVE last went down; a record written before ``down_at``: its last change."""
+    return base.down_at if base.down_at is not None else base.changed_at
 
 
 def _first(unit: str, active_now: int, policy: ScalingPolicy, now: float) -> ScaleRecord:

@@ -350,6 +350,38 @@ def test_a_load_falling_for_sure_is_followed_down_after_a_horizon_not_the_window
     assert all(slow.history[t].active == size for t in range(700, 990))
 
 
+def test_the_hold_after_a_scale_down_counts_from_active_going_down_not_warm() -> None:
+    """Going back up within a stable window (300 s) of going down is held to the load
+    surely there. The window counts from when ACTIVE went down (``down_at``), not from
+    the last change of WARM (``changed_at``), which the standby moves on its own."""
+    rng = random.Random(5)
+    pool = Pool()
+    for t in range(0, 100):  # into the reference ramp: the trend asks for more
+        pool.tick(float(t), poisson_rate(ramp(t), rng))
+    mid = pool.memory
+    assert mid is not None
+    load = poisson_rate(ramp(100), rng)
+
+    def after(down_ago: float, changed_ago: float) -> ScaleRecord:
+        record = mid.model_copy(
+            update={
+                "active": 3,
+                "direction": Direction.DOWN,
+                "down_at": 100.0 - down_ago,
+                "changed_at": 100.0 - changed_ago,
+            }
+        )
+        return Pool(stored=record, memory=record, active_now=3).tick(100.0, load)
+
+    held, free = after(down_ago=20.0, changed_ago=20.0), after(down_ago=400.0, changed_ago=400.0)
+    assert any("went down 20 s ago" in why for why in held.reasons)
+    assert held.active < free.active  # the hold is what keeps it lower
+    # went down 400 s ago, WARM changed 20 s ago: not held
+    warm_moved = after(down_ago=400.0, changed_ago=20.0)
+    assert warm_moved.active == free.active
+    assert not any("went down" in why for why in warm_moved.reasons)
+
+
 def test_the_guard_adds_a_replica_and_forbids_a_scale_down() -> None:
     pool = Pool()
     pool.run(lambda t: 50.0, 0, 60)
