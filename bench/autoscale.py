@@ -175,12 +175,18 @@ def tectonic(
     )  # fmt: skip
 
     def seed(sim: Sim) -> list[Controller]:
-        h = s.scenario.hit(s.start)  # the WARM its first decision keeps, already asleep
-        standby = math.ceil(policy.standby_rps / (s.per_replica(h) / fos) - 1e-9) - s.need[0]
-        ctl.seed(sim, s.need[0], policy.burst_warm + max(0, standby))
+        ctl.seed(sim, s.need[0], first_warm(s, policy))
         return [ctl]
 
     return seed
+
+
+def first_warm(s: Setup, policy: ScalingPolicy) -> int:
+    """The WARM Tectonic's first decision keeps on a flat start, already asleep: the
+    planned burst beyond the starting ACTIVE, or ``burst_warm`` where that is more."""
+    per = s.per_replica(s.scenario.hit(s.start)) / s.o.factor_of_safety
+    standby = math.ceil(policy.standby_rps / per - 1e-9) - s.need[0]
+    return max(policy.burst_warm, standby)
 
 
 def kube(s: Setup, metric: str, target: float) -> Callable[[Sim], list[Controller]]:

@@ -121,10 +121,7 @@ def failover_target(s: autoscale.Setup) -> FailoverTarget:
 
 
 def seed_pool(s: autoscale.Setup, scaler: FailoverTarget, sim: Sim) -> None:
-    o = s.o
-    per = s.per_replica(s.scenario.hit(s.start)) / o.factor_of_safety
-    standby = math.ceil(scaler.policy.standby_rps / per - 1e-9) - s.need[0]
-    scaler.seed(sim, s.need[0], scaler.policy.burst_warm + max(0, standby))
+    scaler.seed(sim, s.need[0], autoscale.first_warm(s, scaler.policy))
 
 
 # ---- the leader's view: the snapshot scale_tick reads ---------------------------------------

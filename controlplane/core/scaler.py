@@ -8,11 +8,12 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 
 - ACTIVE = ceil(upper band of the load ``horizon`` ahead / what one replica bears at
   the forecast hit rate), within ``min_active``..``max_active``;
-- WARM = ``burst_warm`` + the larger of what the forecast's point asks beyond ACTIVE
+- WARM = the larger of ``burst_warm`` + what the forecast's point asks beyond ACTIVE
   one horizon further (those must be asleep and ready by then, so their launch starts
   now) and what ``standby_rps`` asks beyond what ACTIVE bears (the burst planned for,
   which no forecast sees coming), at the pool's usual hit rate (an hour's mean: a
-  burst is new traffic);
+  burst is new traffic); ``burst_warm`` is the margin for a burst nobody sized, so a
+  planned burst's standby holds it, not it and one more;
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
   over the SLO) asks for one replica more than serve now when the forecast missed, and
   forbids a scale-down;
@@ -228,16 +229,18 @@ def size_pool(
     per_usual = max(capacity.per_replica(usual), _EPS)
     beyond = max(0.0, policy.standby_rps - active * per)
     standby = math.ceil(beyond / per_usual - _EPS)
+    # burst_warm is the margin for a burst nobody sized; standby_rps is that burst sized,
+    # so the larger counts, not their sum (the sum kept one WARM beyond the plan always)
     warm = zero.warm_at_zero(
-        active, min(policy.max_active, policy.burst_warm + max(more, standby)), policy
+        active, min(policy.max_active, max(policy.burst_warm + more, standby)), policy
     )
-    if more >= standby and more:
-        reasons.append(f"{more} WARM for the forecast {2 * horizon:g} s ahead")
-    elif standby:
+    if standby > policy.burst_warm + more:
         reasons.append(
             f"{standby} WARM to reach standby_rps {policy.standby_rps:g} at the usual hit "
-            f"rate {usual:.2f} ({per_usual:.3g} rps per replica)"
+            f"rate {usual:.2f} ({per_usual:.3g} rps per replica; burst_warm within it)"
         )
+    elif more:
+        reasons.append(f"{more} WARM for the forecast {2 * horizon:g} s ahead")
     # score the forecasts now due against the rate this report shows (the filtered level:
     # a forecast is of the rate, not of one round's count) and remember this one
     missed = forecast_error.track(

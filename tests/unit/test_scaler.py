@@ -413,10 +413,22 @@ def test_standby_rps_keeps_warm_what_active_does_not_carry() -> None:
     pool = Pool(policy=policy)
     pool.run(lambda t: 12.0, 0, 60)  # 10 rps per replica at hit rate 0: 24 reach 240
     rec = pool.history[-1]
-    assert rec.active + rec.warm == 24 + 1  # and burst_warm on top
-    assert any("standby_rps 240" in r for r in rec.reasons)
+    assert rec.active + rec.warm == 24  # burst_warm within them, not on top
+    assert any("standby_rps 240" in r and "burst_warm within it" in r for r in rec.reasons)
     pool.run(lambda t: 240.0, 60, 200)  # at the standby load ACTIVE carries it: burst_warm
     assert pool.history[-1].active >= 24 and pool.history[-1].warm >= 1
+
+
+def test_burst_warm_counts_within_the_planned_standby_not_on_top_of_it() -> None:
+    """``burst_warm`` is the margin for a burst nobody sized and ``standby_rps`` that
+    burst sized: WARM is the larger of the two, so a plan of 50 rps over the 20 that
+    ACTIVE bears keeps 3 WARM (not 4), and a margin of 5 keeps 5 (not 8)."""
+    for burst_warm, warm in ((1, 3), (5, 5)):
+        policy = ScalingPolicy(horizon_s=30, burst_warm=burst_warm, standby_rps=50.0)
+        pool = Pool(policy=policy)
+        pool.run(lambda t: 12.0, 0, 60)  # 10 rps per replica at hit rate 0
+        rec = pool.history[-1]
+        assert (rec.active, rec.warm) == (2, warm), (burst_warm, rec)
 
 
 def test_the_standby_counts_a_burst_at_the_usual_hit_rate_not_this_minutes() -> None:

@@ -192,7 +192,11 @@ class ScalingPolicy(Frozen):
     max_active: Annotated[int, Field(ge=1, description="never more ACTIVE replicas")] = 64
     burst_warm: Annotated[
         int,
-        Field(ge=0, description="WARM replicas kept for a burst beyond the forecast"),
+        Field(
+            ge=0,
+            description="WARM replicas kept for a burst beyond the forecast; within "
+            "standby_rps's WARM where that is more (the planned burst, sized)",
+        ),
     ] = 1
     standby_rps: Annotated[
         float,
@@ -200,8 +204,8 @@ class ScalingPolicy(Frozen):
             ge=0,
             description="a load the pool must be able to carry within one horizon at "
             "any time (the burst it plans for, requests/s): WARM replicas cover what "
-            "ACTIVE does not, at the pool's hit rate over standby_hit_window_s; 0: none "
-            "beyond burst_warm",
+            "ACTIVE does not, at the pool's hit rate over standby_hit_window_s; burst_warm "
+            "counts within them; 0: none beyond burst_warm",
         ),
     ] = 0.0
     standby_hit_window_s: Annotated[
