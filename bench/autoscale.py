@@ -251,22 +251,37 @@ def run_scenario(
 
 
 def causal_floor(s: Setup, oracle_cost: float) -> float:
-    """The oracle's cost plus the standby a policy that cannot see the future must keep
-    on top of the oracle's ACTIVE replicas: WARM for ``standby_rps`` beyond what they
-    bear, each second, at the pool's usual hit rate (the scenario's, averaged over
-    ``standby_hit_window_s`` as the scaler does) and the WARM price. The least a causal
-    policy planning for that burst pays, over the oracle's."""
-    o = s.o
+    """The least a policy without foresight pays to hold the burst planned for, over the
+    oracle's cost. Each second it needs the oracle's ACTIVE replicas and, beyond what
+    they bear, WARM for ``standby_rps`` at the pool's usual hit rate (the scenario's,
+    averaged over ``standby_hit_window_s`` as the scaler does), at the WARM price. It
+    starts with the pre-roll's replicas (unpaid, as every policy does); a replica the
+    plan needs beyond the most it has held is launched once the need shows (it cannot
+    launch ahead of what it does not foresee) and loads for at least ``launch_min_s`` at
+    the LOADING price, not the WARM one, or was kept WARM since the start, whichever
+    costs less. Wakes, IDLE replicas and the rounding of a forecast's band are not
+    counted, so no policy that holds the plan pays less.
+
+    (The oracle's own launches are not counted: a policy with the standby wakes it
+    instead. Until 2026-12 the floor was the oracle's cost plus the standby, which
+    counted them, and a policy that held the plan could cost less than it.)"""
+    o, prices = s.o, Prices(warm=s.o.warm_price)
     keep = math.exp(-1.0 / ScalingPolicy().standby_hit_window_s)
     usual = s.scenario.hit(s.start)
-    warm_s = 0.0
-    for i, t in enumerate(range(int(s.start), math.ceil(s.scenario.end_s))):
+    end = math.ceil(s.scenario.end_s)
+    cost, held = 0.0, 0
+    for i, t in enumerate(range(int(s.start), end)):
         usual = keep * usual + (1 - keep) * s.scenario.hit(t)
-        if t < 0:
-            continue
         beyond = o.standby_rps - s.need[i] * s.per_replica(s.scenario.hit(t))
-        warm_s += max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
-    return round((oracle_cost + o.warm_price * warm_s) / oracle_cost, 4)
+        warm = max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
+        fleet = s.need[i] + warm
+        if i and fleet > held and t >= 0:
+            launch = (prices.loading - prices.warm) * min(LIFE.launch_min_s, end - t)
+            cost += (fleet - held) * min(launch, prices.warm * t)
+        held = fleet if i == 0 else max(held, fleet)
+        if t >= 0:
+            cost += s.need[i] + prices.warm * warm
+    return round(cost / oracle_cost, 4)
 
 
 def _with_dynamo(

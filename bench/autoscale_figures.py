@@ -149,8 +149,8 @@ def scenario_goals(policies: Mapping[str, Mapping[str, object]]) -> dict[str, ob
             )
         elif isinstance(floor, float) and p_cost < floor:
             out_of_reach[name] = (
-                f"its cost {p_cost:.3f} is under the causal floor {floor:.3f} (the oracle's "
-                f"and the standby for the burst planned for), at attainment {p_att:.4f}"
+                f"its cost {p_cost:.3f} is under the causal floor {floor:.3f} (the least a "
+                f"policy that holds the burst planned for pays), at attainment {p_att:.4f}"
             )
     p99 = t["p99_over_steady"]
     return {
