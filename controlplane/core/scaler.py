@@ -343,11 +343,9 @@ def _window_s(
 
 
 def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
-    """ACTIVE's last change was down, within a stable window (``changed_at`` moves with
-    WARM too; a pool the guard has since raised did not go down to what serves now)."""
-    if base.direction is not Direction.DOWN or base.down_at is None:
-        return False
-    return now - base.down_at < policy.stable_window_s
+    """``_just_down``, for a record that says when (the guard's lesson: a record written
+    before ``down_at`` did not, and its last change may have been WARM's)."""
+    return base.down_at is not None and _just_down(base, now, policy)
 
 
 def _just_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
