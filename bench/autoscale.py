@@ -68,7 +68,7 @@ from bench.autoscale_sim import (
     launch_times,
     make_arrivals,
 )
-from controlplane.core.scaler import Capacity
+from controlplane.core.scaler import Capacity, planned_standby, warm_wanted
 from controlplane.core.spend import Budget
 from controlplane.kernel.pool.scale import ScalingPolicy
 from regions.pool.states import DwellPolicy
@@ -182,11 +182,10 @@ def tectonic(
 
 
 def first_warm(s: Setup, policy: ScalingPolicy) -> int:
-    """The WARM Tectonic's first decision keeps on a flat start, already asleep: the
-    planned burst beyond the starting ACTIVE, or ``burst_warm`` where that is more."""
+    """The WARM Tectonic's first decision keeps on a flat start, already asleep (the
+    scaler's own rule, at the start's hit rate, with nothing forecast beyond it)."""
     per = s.per_replica(s.scenario.hit(s.start)) / s.o.factor_of_safety
-    standby = math.ceil(policy.standby_rps / per - 1e-9) - s.need[0]
-    return max(policy.burst_warm, standby)
+    return warm_wanted(policy, 0, planned_standby(policy, s.need[0], per, per))
 
 
 def kube(s: Setup, metric: str, target: float) -> Callable[[Sim], list[Controller]]:
@@ -269,16 +268,16 @@ def causal_floor(s: Setup, oracle_cost: float) -> float:
     keep = math.exp(-1.0 / ScalingPolicy().standby_hit_window_s)
     usual = s.scenario.hit(s.start)
     end = math.ceil(s.scenario.end_s)
-    cost, held = 0.0, 0
+    cost, held = 0.0, None  # held: the most replicas the plan has needed so far
     for i, t in enumerate(range(int(s.start), end)):
         usual = keep * usual + (1 - keep) * s.scenario.hit(t)
         beyond = o.standby_rps - s.need[i] * s.per_replica(s.scenario.hit(t))
         warm = max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
         fleet = s.need[i] + warm
-        if i and fleet > held and t >= 0:
+        if held is not None and fleet > held and t >= 0:
             launch = (prices.loading - prices.warm) * min(LIFE.launch_min_s, end - t)
             cost += (fleet - held) * min(launch, prices.warm * t)
-        held = fleet if i == 0 else max(held, fleet)
+        held = fleet if held is None else max(held, fleet)
         if t >= 0:
             cost += s.need[i] + prices.warm * warm
     return round(cost / oracle_cost, 4)

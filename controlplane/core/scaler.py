@@ -227,12 +227,9 @@ def size_pool(
     # the planned burst beyond what ACTIVE bears now, as new traffic: at the usual hit
     # rate (a collapse of this minute's raises ACTIVE, not the standby with it)
     per_usual = max(capacity.per_replica(usual), _EPS)
-    beyond = max(0.0, policy.standby_rps - active * per)
-    standby = math.ceil(beyond / per_usual - _EPS)
-    # burst_warm is the margin for a burst nobody sized; standby_rps is that burst sized,
-    # so the larger counts, not their sum (the sum kept one WARM beyond the plan always)
+    standby = planned_standby(policy, active, per, per_usual)
     warm = zero.warm_at_zero(
-        active, min(policy.max_active, max(policy.burst_warm + more, standby)), policy
+        active, min(policy.max_active, warm_wanted(policy, more, standby)), policy
     )
     if standby > policy.burst_warm + more:
         reasons.append(
@@ -313,6 +310,21 @@ def _ahead(
 
 def _forecasting(state: ForecastState, policy: ScalingPolicy) -> bool:
     return policy.forecast and state.observations >= WARMUP
+
+
+def planned_standby(policy: ScalingPolicy, active: int, per: float, per_usual: float) -> int:
+    """WARM replicas for the burst planned for (``standby_rps``) beyond what ``active``
+    bear at ``per`` requests/s each, counted at ``per_usual`` (the usual hit rate's)."""
+    beyond = max(0.0, policy.standby_rps - active * per)
+    return math.ceil(beyond / max(per_usual, _EPS) - _EPS)
+
+
+def warm_wanted(policy: ScalingPolicy, more: int, standby: int) -> int:
+    """WARM the pool asks for: ``burst_warm`` and the ``more`` the forecast needs, or the
+    planned burst's ``standby`` where that is larger. ``burst_warm`` is the margin for a
+    burst nobody sized and the standby that burst sized, so they are not added (the sum
+    kept one WARM beyond the plan always)."""
+    return max(policy.burst_warm + more, standby)
 
 
 def _window_s(
