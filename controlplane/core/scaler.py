@@ -16,12 +16,14 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
   planned burst's standby holds it, not it and one more;
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
   over the SLO) asks for one replica more than serve now when the forecast missed, and
-  forbids a scale-down;
+  forbids a scale-down; an episode that began while the pool was still waking to the
+  forecast's ask cleared a step's backlog: one horizon after it ends, the replicas it
+  added beyond what the forecast asked go (not a stable window later);
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
   a break, and then to the most it asked for in that window; never back down to a size
   the guard found short right after a scale-down, at that load (``core/guard_lesson.py``);
-  while it waits, a size the pool never reached is held at what serves (or the most
-  asked over the last horizon) once the ask has been lower for a horizon; a load
+  while it waits, a size the pool never reached is held at what serves (or the ask now,
+  if more) once the ask has been lower for a horizon; a load
   falling for sure waits ``decline_window_s`` (one horizon), not the window, unless the
   pool went up within a window;
 - no fresh agent report for ``dark_after_s``: the size holds (never scale down blind);
@@ -172,6 +174,8 @@ def size_pool(
         now=now,
         policy=policy,
     )
+    asked = need  # the forecast's (and the failover's), before the guard
+    backlog = _backlog(base, guard, asked, signals.active_now if signals.serving_known else None)
     if guard:
         # one more than serves now: replicas still waking are the guard's last answer
         # (one more per tick while they wake would ratchet the pool to its maximum)
@@ -194,6 +198,7 @@ def size_pool(
         now,
         window_s,
         hold_down=hold,
+        backlog=backlog,
         serving=signals.active_now if signals.serving_known else None,
         horizon=horizon,
         min_active=policy.min_active,
@@ -279,6 +284,7 @@ def size_pool(
             "per_replica_rps": per,
             "capacity": capacity.source,
             "guard": guard,
+            "backlog_asked": backlog if active >= base.active else None,
             "lower_since": lower_since,
             "window": window,
             "incoming": incoming,
@@ -352,6 +358,24 @@ def _window_s(
             f"deviations): a scale-down waits {short:g} s, not {policy.stable_window_s:g}"
         )
     return short
+
+
+def _backlog(base: ScaleRecord, guard: str, asked: int, serving: int | None) -> int | None:
+    """The most the forecast asked for during a guard episode that began while fewer
+    replicas served than it asked for (the queue is the backlog of a step the pool was
+    catching up to: at a hit-rate collapse, the minutes before the woken replicas serve);
+    None for an episode that began at the size asked for (the size may be short: it
+    holds a stable window, and the guard's lesson learns from a trip after it goes), or
+    where no agent reports how many serve (``serving`` None: it holds, as before)."""
+    if guard:
+        if base.backlog_asked is not None:  # the same backlog (a quiet tick is no end)
+            return max(base.backlog_asked, asked)
+        if not base.guard and serving is not None and serving < asked:  # begins short
+            return asked
+        return None
+    if base.backlog_asked is None or asked >= base.active:
+        return None  # the forecast asks for the size: the guard's replicas are its own
+    return base.backlog_asked
 
 
 def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
@@ -517,6 +541,7 @@ def _next_active(
     window_s: float,
     *,
     hold_down: bool,
+    backlog: int | None,
     serving: int | None,
     horizon: float,
     min_active: int,
@@ -529,8 +554,10 @@ def _next_active(
     The window holds the replicas a pool has, not those still to come: once the
     forecast has asked for fewer for a horizon, a size the pool never reached (at a
     ramp's knee the trend asked for more than the top needs, and launches for it arrive
-    minutes later) is held at the most of what serves and what was asked over that
-    horizon, so that the launches and wakes for the older ask are called off."""
+    minutes later) is held at what serves, or the ask now if more, so that the launches
+    and wakes for the older asks, which the newest replaced, are called off. A guard
+    that cleared a step's backlog (``backlog``: the most the forecast asked for during
+    it) gives back what it added beyond that once quiet for a horizon."""
     if need >= base.active or hold_down:
         return _Next(max(need, base.active), None, ())
     since = base.lower_since if base.lower_since is not None else now
@@ -540,14 +567,21 @@ def _next_active(
         if peak < base.active:
             reasons.append(f"asked for {peak} or fewer for the last {window_s:g} s: down to {peak}")
         return _Next(peak, since, window)
+    if backlog is not None and waited >= horizon:
+        to = min(base.active, max(backlog, peak))
+        if to < base.active:
+            reasons.append(
+                f"the guard's {base.active - to} beyond the {backlog} asked for cleared a "
+                f"step's backlog, quiet for {waited:.0f} s: down to {to}"
+            )
+            return _Next(to, since, window)
     reasons.append(f"scale-down to {peak} waits its stable window ({waited:.0f}/{window_s:g} s)")
     if serving is not None and serving < base.active and waited >= horizon:
-        recent = max(n for t, n in window if t > now - horizon)
-        held = min(base.active, max(recent, serving, min_active))
+        held = min(base.active, max(need, serving, min_active))
         if held < base.active:
             reasons.append(
-                f"held at {held}: {serving} serve, at most {recent} asked for in the last "
-                f"{horizon:g} s; the {base.active - held} not up yet are not brought"
+                f"held at {held}: {serving} serve, {need} asked for now; the "
+                f"{base.active - held} not up yet are not brought"
             )
         return _Next(held, since, window, held if held < base.active else None)
     return _Next(base.active, since, window)

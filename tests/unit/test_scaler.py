@@ -300,10 +300,11 @@ def _knee(serving_at_most: int, *, known: bool = True) -> Pool:
 def test_a_held_size_is_what_serves_once_the_ask_has_been_lower_for_a_horizon() -> None:
     """The stable window holds the replicas a pool has, not those still to come: the
     spike asked for more than come up in time; once the ask has been lower for a
-    horizon (30 s), the size is held at what serves (or the most asked over that
-    horizon), so that the launches for the spike are called off. No replica went, so
-    it is no scale-down. With every replica up, or no count of them reported, the
-    window holds the spike's size."""
+    horizon (30 s), the size is held at what serves (or what is asked for now, if more),
+    so that the launches and wakes for the spike are called off: the older asks of that
+    horizon are forecasts the newest one replaced. No replica went, so it is no
+    scale-down. With every replica up, or no count of them reported, the window holds
+    the spike's size."""
     slow = _knee(serving_at_most=12)
     top = max(r.active for r in slow.history)
     assert top > 14  # the spike's ask, more than came up
@@ -313,8 +314,11 @@ def test_a_held_size_is_what_serves_once_the_ask_has_been_lower_for_a_horizon() 
         if any("not up yet are not brought" in why for why in r.reasons)
     ]
     # from a horizon after the ask fell (during the spike, the trend's extrapolation),
-    # down the staircase of the last horizon's asks, to what serves: 12
+    # at what serves (12) or the ask now, if more
     assert held and all(150 <= t < 200 for t, _ in held)
+    for _, r in held:
+        assert r.upper_rps is not None and r.per_replica_rps is not None
+        assert r.active == max(12, math.ceil(r.upper_rps / r.per_replica_rps - 1e-9))
     assert slow.history[200].active <= 13  # the window (300 s) would hold it until 420
     assert all(r.direction is Direction.UP and r.down_at is None for r in slow.history[120:250])
     quick = _knee(serving_at_most=64)
@@ -406,6 +410,40 @@ def test_the_guard_adds_one_over_what_serves_not_one_per_tick_while_it_wakes() -
     assert {r.active for r in pool.history[60:]} == {serving + 1}
     pool.tick(90.0, 50.0, queue=10.0 * (serving + 1))  # it serves; the queue is still there
     assert pool.history[-1].active == serving + 2
+
+
+def test_a_guard_that_cleared_a_steps_backlog_gives_its_extra_back_after_a_horizon() -> None:
+    """The hit rate collapses at a flat load: the forecast asks for more at once and,
+    while they wake, the queue trips the guard, which goes one beyond the ask to clear
+    the backlog. Quiet for a horizon, that one goes (not a stable window later). A
+    guard that trips on a pool at the size asked for says the size may be short: its
+    replica holds the stable window, as before."""
+
+    def collapse(queue_while_short: bool, known: bool = True) -> tuple[Pool, int]:
+        pool = Pool(serving_known=known)
+        pool.run(lambda t: 50.0, 0, 120, hit=0.75)  # 25 rps per replica
+        before = pool.active_now
+        rec = pool.tick(120.0, 50.0, hit=0.0, queue=10.0 * before if queue_while_short else 0)
+        asked = rec.active
+        assert asked > before + 1  # 10 rps per replica now: asked at once
+        for t in range(121, 130):  # they serve; the backlog is still there
+            pool.active_now = asked
+            pool.tick(float(t), 50.0, hit=0.0, queue=10.0 * asked)
+        assert pool.history[-1].active == asked + 1
+        pool.run(lambda t: 50.0, 130, 600, hit=0.0)  # the backlog drained
+        return pool, asked
+
+    pool, asked = collapse(queue_while_short=True)
+    back = next(i for i, r in enumerate(pool.history) if i > 130 and r.active == asked)
+    assert 130 + POLICY.horizon <= back < 130 + POLICY.stable_window_s
+    assert any("cleared a step's backlog" in r for r in pool.history[back].reasons)
+    assert pool.history[back].backlog_asked is None
+    pool, asked = collapse(queue_while_short=False)  # tripped at the size asked for
+    held = [r.active for r in pool.history[130 : 130 + int(POLICY.stable_window_s)]]
+    assert set(held) == {asked + 1}
+    pool, asked = collapse(queue_while_short=True, known=False)  # no count of who serves
+    held = [r.active for r in pool.history[130 : 130 + int(POLICY.stable_window_s)]]
+    assert set(held) == {asked + 1}
 
 
 def test_standby_rps_keeps_warm_what_active_does_not_carry() -> None:

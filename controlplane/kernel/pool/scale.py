@@ -109,6 +109,11 @@ class ScaleRecord(Frozen):
     per_replica_rps: float | None = None
     capacity: str = ""
     guard: str = ""  # why the reactive guard added a replica ("" it did not)
+    # a guard episode that began while the pool was still waking to what the forecast
+    # asked (a step's backlog, not a size that misses): the most the forecast asked
+    # during it, which its extra replicas go back to one horizon after it ends (None:
+    # no such episode, or they went, or the forecast asked for the size since)
+    backlog_asked: int | None = Field(None, ge=0)
     forecast: ForecastState | None = None  # of the served requests/s
     hit_rate: float | None = None  # smoothed prefix-cache hit rate, as used
     # the hit rate over about ``scaling.standby_hit_window_s`` (an EWMA): what the
