@@ -245,11 +245,13 @@ def run_scenario(
             {"scenario": s.scenario.name, "policy": name, **raw[name], "timeline": timeline(sim)}
         )
     rel = relative(raw, steady_p99)
-    rel["oracle"]["causal_floor_cost_over_oracle"] = causal_floor(s, float(raw["oracle"]["cost"]))  # type: ignore[arg-type]
+    oracle_cost = float(raw["oracle"]["cost"])  # type: ignore[arg-type]
+    rel["oracle"]["causal_floor_cost_over_oracle"] = causal_floor(s, oracle_cost)
+    rel["oracle"]["causal_floor_drawn_launches"] = causal_floor(s, oracle_cost, drawn=True)
     return _with_dynamo(rel, predictions), steady_p99
 
 
-def causal_floor(s: Setup, oracle_cost: float) -> float:
+def causal_floor(s: Setup, oracle_cost: float, *, drawn: bool = False) -> float:
     """The least a policy without foresight pays to hold the burst planned for, over the
     oracle's cost. Each second it needs the oracle's ACTIVE replicas and, beyond what
     they bear, WARM for ``standby_rps`` at the pool's usual hit rate (the scenario's,
@@ -263,20 +265,28 @@ def causal_floor(s: Setup, oracle_cost: float) -> float:
 
     (The oracle's own launches are not counted: a policy with the standby wakes it
     instead. Until 2026-12 the floor was the oracle's cost plus the standby, which
-    counted them, and a policy that held the plan could cost less than it.)"""
+    counted them, and a policy that held the plan could cost less than it.)
+
+    ``drawn``: each launch loads for as long as the run draws for it (the k-th launch
+    of a run takes ``s.launches[k]``, 60-180 s) instead of the least, as for a policy
+    that launches nothing but these: the floor of what the scenario's launches cost
+    where the plain one is the floor of what any launch can cost."""
     o, prices = s.o, Prices(warm=s.o.warm_price)
     keep = math.exp(-1.0 / ScalingPolicy().standby_hit_window_s)
     usual = s.scenario.hit(s.start)
     end = math.ceil(s.scenario.end_s)
     cost, held = 0.0, None  # held: the most replicas the plan has needed so far
+    launched = 0
     for i, t in enumerate(range(int(s.start), end)):
         usual = keep * usual + (1 - keep) * s.scenario.hit(t)
         beyond = o.standby_rps - s.need[i] * s.per_replica(s.scenario.hit(t))
         warm = max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
         fleet = s.need[i] + warm
-        if held is not None and fleet > held and t >= 0:
-            launch = (prices.loading - prices.warm) * min(LIFE.launch_min_s, end - t)
-            cost += (fleet - held) * min(launch, prices.warm * t)
+        for _ in range(fleet - held if held is not None and t >= 0 else 0):
+            load_s = s.launches[launched % len(s.launches)] if drawn else LIFE.launch_min_s
+            launched += 1
+            launch = (prices.loading - prices.warm) * min(load_s, end - t)
+            cost += min(launch, prices.warm * t)
         held = fleet if held is None else max(held, fleet)
         if t >= 0:
             cost += s.need[i] + prices.warm * warm

@@ -100,6 +100,8 @@ def test_quick_run_prints_one_headline_with_sane_figures() -> None:
         # a floor: the Tectonic policies hold that plan, and none pays less
         assert floor <= policies["tectonic"]["cost_over_oracle"]
         assert floor <= policies["tectonic_reactive"]["cost_over_oracle"]
+        # the launches charged as drawn, not at their least: never under the floor
+        assert policies["oracle"]["causal_floor_drawn_launches"] >= floor
         dynamo = policies["dynamo"]
         assert "skipped" in dynamo or set(dynamo["by_predictor"]) <= {"kalman", "constant"}
     assert isinstance(head["model_error"], float) and 0 <= head["model_error"] < 10

@@ -1,5 +1,6 @@
 """bench autoscale's causal floor (bench/autoscale.py): the least a policy without
-foresight pays to hold its planned burst, worked by hand on a small hit-rate collapse."""
+foresight pays to hold its planned burst, worked by hand on a small hit-rate collapse;
+and the same charged the launch times the run draws."""
 
 from __future__ import annotations
 
@@ -31,3 +32,9 @@ def test_the_floor_counts_need_standby_and_the_launches_the_plan_cannot_avoid() 
     s2 = Setup(s.o, late, s.per_replica, seed=1)
     cost = 99 * (2 + 0.6 * 4) + (4 + 0.6 * 2) + 100 * (4 + 0.6 * 4) + 2 * 24
     assert causal_floor(s2, oracle_cost=1000.0) == round(cost / 1000.0, 4)
+    # charged the run's own draws (the first two launches: 60-180 s each, at most the
+    # 100 s left), each at 0.4 a second over WARM, or WARM since the start (99 x 0.6)
+    first, second = (min(d, 100.0) * 0.4 for d in s2.launches[:2])
+    assert max(first, second) > 24  # a draw over the least: the figure differs
+    drawn = cost - 2 * 24 + min(first, 59.4) + min(second, 59.4)
+    assert causal_floor(s2, oracle_cost=1000.0, drawn=True) == round(drawn / 1000.0, 4)
