@@ -282,11 +282,12 @@ def causal_floor(s: Setup, oracle_cost: float, *, drawn: bool = False) -> float:
         beyond = o.standby_rps - s.need[i] * s.per_replica(s.scenario.hit(t))
         warm = max(0, math.ceil(beyond / s.per_replica(usual) - 1e-9))
         fleet = s.need[i] + warm
-        for _ in range(fleet - held if held is not None and t >= 0 else 0):
-            load_s = s.launches[launched % len(s.launches)] if drawn else LIFE.launch_min_s
-            launched += 1
-            launch = (prices.loading - prices.warm) * min(load_s, end - t)
-            cost += min(launch, prices.warm * t)
+        if held is not None and t >= 0:
+            for _ in range(fleet - held):  # none when the fleet did not grow past it
+                load_s = s.launches[launched % len(s.launches)] if drawn else LIFE.launch_min_s
+                launched += 1
+                launch = (prices.loading - prices.warm) * min(load_s, end - t)
+                cost += min(launch, prices.warm * t)
         held = fleet if held is None else max(held, fleet)
         if t >= 0:
             cost += s.need[i] + prices.warm * warm

@@ -175,7 +175,8 @@ def size_pool(
         policy=policy,
     )
     asked = need  # the forecast's (and the failover's), before the guard
-    backlog = _backlog(base, guard, asked, signals.active_now if signals.serving_known else None)
+    serving = signals.active_now if signals.serving_known else None
+    backlog = _backlog(base, guard, asked, serving)
     if guard:
         # one more than serves now: replicas still waking are the guard's last answer
         # (one more per tick while they wake would ratchet the pool to its maximum)
@@ -199,7 +200,7 @@ def size_pool(
         window_s,
         hold_down=hold,
         backlog=backlog,
-        serving=signals.active_now if signals.serving_known else None,
+        serving=serving,
         horizon=horizon,
         min_active=policy.min_active,
         reasons=reasons,
