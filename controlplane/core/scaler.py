@@ -176,8 +176,17 @@ def size_pool(
     )
     asked = need  # the forecast's (and the failover's), before the guard
     serving = signals.active_now if signals.serving_known else None
-    backlog = _backlog(base, guard, asked, serving)
-    if guard:
+    backlog = _backlog(base, guard, asked, serving, now=now, horizon=horizon)
+    in_backlog = bool(guard) and backlog is not None
+    drain = _drain_s(signals, ttft_slo_s, per, near.point) if in_backlog else None
+    if drain is not None and drain <= horizon:
+        # a step's backlog the replicas asked for, now up, clear within a horizon: one
+        # more would drain it sooner and go a horizon later, paid for a minute
+        reasons.append(
+            f"guard: {guard}; the step's backlog drains in about {drain:.0f} s at the "
+            f"{signals.active_now} serving -> {need} ACTIVE, no scale-down while it holds"
+        )
+    elif guard:
         # one more than serves now: replicas still waking are the guard's last answer
         # (one more per tick while they wake would ratchet the pool to its maximum)
         need = _within(max(need, signals.active_now + 1), policy)
@@ -285,6 +294,7 @@ def size_pool(
             "per_replica_rps": per,
             "capacity": capacity.source,
             "guard": guard,
+            "guard_at": now if guard else base.guard_at,
             "backlog_asked": backlog if active >= base.active else None,
             "lower_since": lower_since,
             "window": window,
@@ -361,22 +371,41 @@ def _window_s(
     return short
 
 
-def _backlog(base: ScaleRecord, guard: str, asked: int, serving: int | None) -> int | None:
+def _backlog(
+    base: ScaleRecord, guard: str, asked: int, serving: int | None, *, now: float, horizon: float
+) -> int | None:
     """The most the forecast asked for during a guard episode that began while fewer
     replicas served than it asked for (the queue is the backlog of a step the pool was
     catching up to: at a hit-rate collapse, the minutes before the woken replicas serve);
     None for an episode that began at the size asked for (the size may be short: it
     holds a stable window, and the guard's lesson learns from a trip after it goes), or
-    where no agent reports how many serve (``serving`` None: it holds, as before)."""
+    where no agent reports how many serve (``serving`` None: it holds, as before). A
+    quiet tick is no end: the episode ends when the guard's replicas go, or when the
+    forecast asks for the size and the guard has been quiet for a horizon."""
     if guard:
-        if base.backlog_asked is not None:  # the same backlog (a quiet tick is no end)
+        if base.backlog_asked is not None:  # the same backlog
             return max(base.backlog_asked, asked)
         if not base.guard and serving is not None and serving < asked:  # begins short
             return asked
         return None
-    if base.backlog_asked is None or asked >= base.active:
+    if base.backlog_asked is None:
+        return None
+    quiet = base.guard_at is None or now - base.guard_at >= horizon
+    if asked >= base.active and quiet:
         return None  # the forecast asks for the size: the guard's replicas are its own
     return base.backlog_asked
+
+
+def _drain_s(
+    signals: PoolSignals, ttft_slo_s: float | None, per: float, rate: float
+) -> float | None:
+    """Seconds the replicas serving take to clear the queue at what they bear beyond the
+    ``rate`` expected; None where they bear no more, or where first tokens already miss
+    the SLO (a miss users feel is not waited out)."""
+    spare = signals.active_now * per - rate
+    if spare <= 0 or _slo_missed(signals, ttft_slo_s):
+        return None
+    return (signals.queue_depth or 0.0) / spare
 
 
 def _went_down(base: ScaleRecord, now: float, policy: ScalingPolicy) -> bool:
@@ -519,10 +548,14 @@ def _guard(signals: PoolSignals, ttft_slo_s: float | None, policy: ScalingPolicy
     per = (signals.queue_depth or 0.0) / max(1, signals.active_now)
     if per > policy.guard_queue_per_replica:
         why.append(f"{per:.3g} waiting per replica > {policy.guard_queue_per_replica:g}")
-    p99 = signals.ttft_p99_s
-    if ttft_slo_s is not None and p99 is not None and p99 > ttft_slo_s:
-        why.append(f"first-token p99 {p99:.3g} s > {ttft_slo_s:g} s")
+    if _slo_missed(signals, ttft_slo_s):
+        why.append(f"first-token p99 {signals.ttft_p99_s:.3g} s > {ttft_slo_s:g} s")
     return ", ".join(why)
+
+
+def _slo_missed(signals: PoolSignals, ttft_slo_s: float | None) -> bool:
+    p99 = signals.ttft_p99_s
+    return ttft_slo_s is not None and p99 is not None and p99 > ttft_slo_s
 
 
 class _Next(NamedTuple):

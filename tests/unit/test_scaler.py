@@ -417,7 +417,9 @@ def test_a_guard_that_cleared_a_steps_backlog_gives_its_extra_back_after_a_horiz
     while they wake, the queue trips the guard, which goes one beyond the ask to clear
     the backlog. Quiet for a horizon, that one goes (not a stable window later). A
     guard that trips on a pool at the size asked for says the size may be short: its
-    replica holds the stable window, as before."""
+    replica holds the stable window, as before. (The backlog here is one the replicas
+    asked for would take over a horizon to clear: else none is added, as the next test
+    shows.)"""
 
     def collapse(queue_while_short: bool, known: bool = True) -> tuple[Pool, int]:
         pool = Pool(serving_known=known)
@@ -426,9 +428,9 @@ def test_a_guard_that_cleared_a_steps_backlog_gives_its_extra_back_after_a_horiz
         rec = pool.tick(120.0, 50.0, hit=0.0, queue=10.0 * before if queue_while_short else 0)
         asked = rec.active
         assert asked > before + 1  # 10 rps per replica now: asked at once
-        for t in range(121, 130):  # they serve; the backlog is still there
+        for t in range(121, 130):  # they serve; a backlog of minutes is still there
             pool.active_now = asked
-            pool.tick(float(t), 50.0, hit=0.0, queue=10.0 * asked)
+            pool.tick(float(t), 50.0, hit=0.0, queue=100.0 * asked)
         assert pool.history[-1].active == asked + 1
         pool.run(lambda t: 50.0, 130, 600, hit=0.0)  # the backlog drained
         return pool, asked
@@ -444,6 +446,40 @@ def test_a_guard_that_cleared_a_steps_backlog_gives_its_extra_back_after_a_horiz
     pool, asked = collapse(queue_while_short=True, known=False)  # no count of who serves
     held = [r.active for r in pool.history[130 : 130 + int(POLICY.stable_window_s)]]
     assert set(held) == {asked + 1}
+
+
+def test_a_steps_backlog_the_woken_replicas_clear_within_a_horizon_adds_none() -> None:
+    """The same collapse, with a backlog the replicas asked for clear at what they bear
+    beyond the load within a horizon: the guard holds the size (no scale-down) but adds
+    none, also when it trips again a few seconds after a quiet tick (the same episode).
+    A backlog that grows past a horizon's drain, or first tokens over the SLO, add one."""
+
+    def collapsed() -> tuple[Pool, int]:
+        pool = Pool()
+        pool.run(lambda t: 50.0, 0, 120, hit=0.75)  # 25 rps per replica
+        before = pool.active_now
+        asked = pool.tick(120.0, 50.0, hit=0.0, queue=10.0 * before).active
+        pool.active_now = asked  # they serve: 10 rps each, some beyond the 50 rps
+        return pool, asked
+
+    pool, asked = collapsed()
+    spare = asked * 10.0 - pool.history[-1].forecast_rps  # type: ignore[operator]
+    queue = 0.5 * POLICY.horizon * spare  # clears in half a horizon
+    assert queue / asked > POLICY.guard_queue_per_replica  # the guard trips on it
+    for t in range(121, 126):
+        rec = pool.tick(float(t), 50.0, hit=0.0, queue=queue)
+        assert rec.active == asked and rec.guard
+        assert any("the step's backlog drains in about" in r for r in rec.reasons)
+    pool.tick(126.0, 50.0, hit=0.0, queue=0.0)  # a quiet tick
+    rec = pool.tick(130.0, 50.0, hit=0.0, queue=queue)  # trips again: the same backlog
+    assert rec.active == asked and rec.backlog_asked == asked
+    pool.run(lambda t: 50.0, 131, 140, hit=0.0)
+    assert {r.active for r in pool.history[-9:]} == {asked}
+    # a backlog no horizon clears, or first tokens over the SLO: one more
+    pool, asked = collapsed()
+    assert pool.tick(121.0, 50.0, hit=0.0, queue=3 * POLICY.horizon * spare).active == asked + 1
+    pool, asked = collapsed()
+    assert pool.tick(121.0, 50.0, hit=0.0, queue=queue, ttft=3.0).active == asked + 1
 
 
 def test_standby_rps_keeps_warm_what_active_does_not_carry() -> None:

@@ -108,11 +108,15 @@ class ScaleRecord(Frozen):
     upper_rps: float | None = None
     per_replica_rps: float | None = None
     capacity: str = ""
-    guard: str = ""  # why the reactive guard added a replica ("" it did not)
+    # why the reactive guard tripped ("" it did not): it adds a replica, or holds the
+    # size where the replicas a step asked for clear its backlog within a horizon
+    guard: str = ""
+    guard_at: float | None = None  # when the guard last tripped (None: never)
     # a guard episode that began while the pool was still waking to what the forecast
     # asked (a step's backlog, not a size that misses): the most the forecast asked
     # during it, which its extra replicas go back to one horizon after it ends (None:
-    # no such episode, or they went, or the forecast asked for the size since)
+    # no such episode, or they went, or the forecast asked for the size since and the
+    # guard has been quiet for a horizon)
     backlog_asked: int | None = Field(None, ge=0)
     forecast: ForecastState | None = None  # of the served requests/s
     hit_rate: float | None = None  # smoothed prefix-cache hit rate, as used
