@@ -17,8 +17,10 @@ checkpointed every ``checkpoint_s`` so that a new leader continues from it).
 - the guard (queue per replica over ``guard_queue_per_replica``, or first-token p99
   over the SLO) asks for one replica more than serve now when the forecast missed, and
   forbids a scale-down; an episode that began while the pool was still waking to the
-  forecast's ask cleared a step's backlog: one horizon after it ends, the replicas it
-  added beyond what the forecast asked go (not a stable window later);
+  forecast's ask is a step's backlog: once the replicas asked for serve, it adds none
+  while they clear the queue within a horizon (``_drain_s``), and one horizon after it
+  ends, the replicas it added beyond what the forecast asked go (not a stable window
+  later);
 - fewer replicas only after the forecast asked for fewer for ``stable_window_s`` without
   a break, and then to the most it asked for in that window; never back down to a size
   the guard found short right after a scale-down, at that load (``core/guard_lesson.py``);
