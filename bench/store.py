@@ -327,10 +327,13 @@ async def load_lab(
             cp_urls = [f"http://127.0.0.1:{p}" for p in dep.cp_http_ports.values()]
             gw_urls = list(dep.data_plane_metrics_urls.values())
             compactions = await summed(http, cp_urls, CP_COMPACTIONS)
-            etcd_text = await scrape(http, etcd_url)
             cp_revisions = [
                 v for u in cp_urls for v in metric_values(await scrape(http, u), CP_COMPACTED)
             ]
+            # etcd's after the leader's: the leader still compacts every interval, and it
+            # sets its gauge once etcd has compacted, so read in this order the leader's
+            # revision can never be ahead of etcd's (read the other way round, it was).
+            etcd_text = await scrape(http, etcd_url)
             dropped = await summed(http, gw_urls, PAYLOADS_DROPPED)
             alarms = await store.alarms()
     finally:
