@@ -38,4 +38,6 @@ def test_short_soak_loses_nothing_and_keeps_sessions_consistent() -> None:
     assert isinstance(head["continued"], int) and head["continued"] >= 0
     assert head["consistency_violations"] == 0
     assert head["ok"] + head["lost"] + head["cut"] == head["requests"]
-    assert head["rss_growth_ratio"] > 0 and head["failover_at_s"] == 18.0
+    assert head["rss_growth_ratio"] > 0
+    # the fault at the run's middle; a loop busy with 30 sessions may wake a little late
+    assert head["failover_at_s"] == pytest.approx(18.0, abs=1.0)
